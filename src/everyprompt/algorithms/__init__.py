@@ -1,0 +1,28 @@
+"""The RL math: advantage estimators, policy losses and their aggregation, as pure tensor functions.
+
+Everything is registered by name; the trainer calls only :func:`compute_advantages` and
+:func:`policy_loss`, never an implementation directly.
+"""
+
+from everyprompt.algorithms import advantages as _advantages  # noqa: F401  (registers estimators)
+from everyprompt.algorithms import losses as _losses  # noqa: F401  (registers losses)
+from everyprompt.algorithms.aggregation import AGGREGATIONS, aggregate
+from everyprompt.algorithms.registry import (
+    compute_advantages,
+    policy_loss,
+    register_advantage,
+    register_policy_loss,
+    registered_advantages,
+    registered_policy_losses,
+)
+
+__all__ = [
+    "AGGREGATIONS",
+    "aggregate",
+    "compute_advantages",
+    "policy_loss",
+    "register_advantage",
+    "register_policy_loss",
+    "registered_advantages",
+    "registered_policy_losses",
+]

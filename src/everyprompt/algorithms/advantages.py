@@ -1,0 +1,52 @@
+"""Group-relative advantage estimators (ALGORITHMS.md section 1).
+
+All take rewards [N] (NaN where the reward is None) and group indices [N]; NaN rewards are left out of
+their group's statistics and get advantage 0. Group statistics use scatter ops, no Python loop.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from everyprompt.algorithms.registry import register_advantage
+
+
+def _group_stats(rewards: torch.Tensor, group_index: torch.Tensor):
+    """Per-completion group count, mean and unbiased std over the valid (non-NaN) rewards of its group."""
+    valid = ~torch.isnan(rewards)
+    values = torch.where(valid, rewards, torch.zeros_like(rewards)).double()
+    groups = int(group_index.max()) + 1 if group_index.numel() else 0
+    count = torch.zeros(groups, dtype=torch.float64).index_add_(0, group_index, valid.double())
+    total = torch.zeros(groups, dtype=torch.float64).index_add_(0, group_index, values)
+    mean = total / count.clamp(min=1)
+    squared = (values - mean[group_index]).pow(2) * valid
+    sum_sq = torch.zeros(groups, dtype=torch.float64).index_add_(0, group_index, squared)
+    std = (sum_sq / (count - 1).clamp(min=1)).sqrt()
+    return valid, count[group_index], mean[group_index], std[group_index], total[group_index]
+
+
+@register_advantage("grpo")
+def grpo_advantages(
+    rewards: torch.Tensor, group_index: torch.Tensor, eps: float = 1e-6, normalize_std: bool = True
+) -> torch.Tensor:
+    """A_i = (R_i - mean_g R) / (std_g R + eps); std is the unbiased sample std of the group."""
+    valid, _, mean, std, _ = _group_stats(rewards, group_index)
+    centred = rewards.double() - mean
+    advantages = centred / (std + eps) if normalize_std else centred
+    return torch.where(valid, advantages, torch.zeros_like(advantages)).to(rewards.dtype)
+
+
+@register_advantage("dr_grpo")
+def dr_grpo_advantages(rewards: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
+    """A_i = R_i - mean_g R (Dr.GRPO: no division by the group std)."""
+    return grpo_advantages(rewards, group_index, normalize_std=False)
+
+
+@register_advantage("rloo")
+def rloo_advantages(rewards: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
+    """A_i = R_i - mean_{j != i} R_j  (leave-one-out baseline; 0 for a group of one valid reward)."""
+    valid, count, _, _, total = _group_stats(rewards, group_index)
+    r = rewards.double()
+    baseline = (total - torch.where(valid, r, torch.zeros_like(r))) / (count - 1).clamp(min=1)
+    advantages = torch.where(valid & (count > 1), r - baseline, torch.zeros_like(r))
+    return advantages.to(rewards.dtype)

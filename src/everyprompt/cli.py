@@ -1,0 +1,185 @@
+"""The `everyprompt` command: parses arguments, builds objects, calls the library.
+
+    everyprompt demo [--seed S] [KEY=VALUE ...]
+    everyprompt train [CONFIG.yaml] [KEY=VALUE ...] [--run-dir D] [--resume RUN_DIR]
+    everyprompt sft [CONFIG.yaml] [KEY=VALUE ...] [--run-dir D]
+    everyprompt eval CHECKPOINT [--data FILE] [CONFIG.yaml] [KEY=VALUE ...]
+    everyprompt score INPUT.jsonl --reward math [--completion-field F] [--answer-field F] [-o OUT]
+
+A bad config, data file, checkpoint or reward exits with code 2 and a one-line message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from everyprompt.config import Config, ConfigError, load_config, read_yaml
+
+EXIT_USAGE = 2
+
+
+def _split_config_args(values: list[str]) -> tuple[str | None, list[str]]:
+    files = [v for v in values if "=" not in v]
+    if len(files) > 1:
+        raise ConfigError(f"expected at most one config file, got {files}; overrides are KEY=VALUE")
+    return (files[0] if files else None), [v for v in values if "=" in v]
+
+
+def _config(values: list[str], extra: list[str] = ()) -> Config:
+    path, overrides = _split_config_args(values)
+    return load_config(path, [*overrides, *extra])
+
+
+def cmd_demo(args) -> int:
+    from everyprompt.pipeline import demo
+
+    extra = [f"seed={args.seed}"] if args.seed is not None else []
+    config = _config(args.config, extra)
+    demo(config, run_dir=args.run_dir)
+    return 0
+
+
+def cmd_train(args) -> int:
+    from everyprompt.pipeline import train
+
+    if args.resume:
+        saved = Path(args.resume) / "config.yaml"
+        if not saved.is_file():
+            raise ConfigError(f"--resume {args.resume}: no config.yaml there; is it a run directory?")
+        read_yaml(saved)
+        config = load_config(saved, _split_config_args(args.config)[1])
+        train(config, run_dir=args.resume, resume=True)
+    else:
+        train(_config(args.config), run_dir=args.run_dir)
+    return 0
+
+
+def cmd_sft(args) -> int:
+    from everyprompt.pipeline import Run
+
+    run = Run(_config(args.config), args.run_dir)
+    run.warm_started_model()
+    run.console.print(f"SFT checkpoint: {run.run_dir / 'checkpoints' / 'sft'}")
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from everyprompt.data import load_prompt_file
+    from everyprompt.models.io import load_pretrained
+    from everyprompt.pipeline import Run
+    from everyprompt.rollout import NativeEngine
+    from everyprompt.trainer import resolve_checkpoint
+
+    config = _config(args.config)
+    checkpoint = resolve_checkpoint(args.checkpoint)
+    model, tokenizer = load_pretrained(checkpoint)
+    run = Run(config, run_dir=args.run_dir or checkpoint / "eval")
+    rows = load_prompt_file(args.data, args.prompt_field, args.answer_field) if args.data else None
+    engine = NativeEngine.from_model(model, tokenizer, batch_size=config.rollout.batch_size)
+    results = run.evaluate(engine, tokenizer, rows)
+    (run.run_dir / "eval.json").write_text(json.dumps(results, indent=2))
+    _print_eval(results, config.eval.pass_k)
+    return 0
+
+
+def _print_eval(results: dict[str, float], pass_k: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"Held-out evaluation ({int(results['num_prompts'])} prompts)")
+    table.add_column("split")
+    table.add_column("greedy pass@1", justify="right")
+    table.add_column(f"pass@{pass_k}", justify="right")
+    levels = sorted(k.split("/", 1)[1] for k in results if k.startswith("greedy_accuracy/"))
+    for label, suffix in [("overall", "")] + [(lvl, "/" + lvl) for lvl in levels]:
+        sampled = results.get(f"pass@{pass_k}{suffix}")
+        table.add_row(label, f"{results['greedy_accuracy' + suffix]:.1%}", "-" if sampled is None else f"{sampled:.1%}")
+    Console().print(table)
+
+
+def cmd_score(args) -> int:
+    from everyprompt.data.datasets import read_jsonl
+    from everyprompt.rewards import get_reward, score_completions
+
+    fields = (args.completion_field, args.answer_field)
+    rows = read_jsonl(args.input, required=fields)
+    fn = get_reward(args.reward)
+    columns = {key: [row.get(key) for row in rows] for key in sorted({k for row in rows for k in row})}
+    columns["answer"] = [str(row[args.answer_field]) for row in rows]
+    columns.pop(args.completion_field, None)
+    completions = [str(row[args.completion_field]) for row in rows]
+    rewards, errors = score_completions(fn, completions, columns)
+    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    try:
+        for row, reward in zip(rows, rewards):
+            out.write(json.dumps({**row, "reward": reward}) + "\n")
+    finally:
+        if args.output:
+            out.close()
+    scored = [r for r in rewards if r is not None]
+    mean = sum(scored) / len(scored) if scored else float("nan")
+    print(f"scored {len(rows)} rows: mean reward {mean:.4f}, {errors} errors", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="everyprompt", description="RL post-training for reasoning models.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("demo", help="SFT warm start, RL and held-out eval of a tiny MoE on CPU")
+    p.add_argument("config", nargs="*", help="optional CONFIG.yaml, then KEY=VALUE overrides")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--run-dir", default=None)
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("train", help="SFT warm start (if configured) then RL")
+    p.add_argument("config", nargs="*", help="CONFIG.yaml (default: the demo config), then KEY=VALUE overrides")
+    p.add_argument("--run-dir", default=None)
+    p.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run from its latest checkpoint")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("sft", help="supervised warm start on worked solutions")
+    p.add_argument("config", nargs="*")
+    p.add_argument("--run-dir", default=None)
+    p.set_defaults(func=cmd_sft)
+
+    p = sub.add_parser("eval", help="greedy pass@1 and sampled pass@k of a checkpoint")
+    p.add_argument("checkpoint", help="checkpoint directory or run directory")
+    p.add_argument("config", nargs="*")
+    p.add_argument("--data", default=None, help="JSONL/Parquet with prompt and answer fields")
+    p.add_argument("--prompt-field", default="prompt")
+    p.add_argument("--answer-field", default="answer")
+    p.add_argument("--run-dir", default=None, help="where eval.json goes (default: CHECKPOINT/eval)")
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("score", help="score completions in a JSONL file with a reward function")
+    p.add_argument("input")
+    p.add_argument("--reward", default="math", help="registered name or package.module:function")
+    p.add_argument("--completion-field", default="completion")
+    p.add_argument("--answer-field", default="answer")
+    p.add_argument("-o", "--output", default=None, help="output JSONL (default: stdout)")
+    p.set_defaults(func=cmd_score)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from everyprompt.data import DataError
+    from everyprompt.models.io import ModelError
+    from everyprompt.rewards import RewardError
+    from everyprompt.trainer import CheckpointError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as err:
+        print(f"everyprompt: config error: {err}", file=sys.stderr)
+    except (DataError, ModelError, RewardError, CheckpointError) as err:
+        print(f"everyprompt: {err}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""The one typed configuration tree of everyprompt.
+
+Every setting lives here, with its type, its default and a one-line description; nothing else in the
+package holds a default of its own. A run's config is a YAML file plus dotted command-line overrides
+(``rl.lr=1e-4``); an unknown key or a bad value raises :class:`ConfigError`, whose message names the key,
+the value and what was expected. The resolved config is written into the run directory.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A config file or override that cannot be used; the message is meant for the user as is."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(Section):
+    preset: Literal["tiny-moe"] = Field("tiny-moe", description="Built-in random-init model used when `path` is unset.")
+    path: str | None = Field(None, description="Local Hugging Face causal-LM checkpoint directory (overrides `preset`).")
+    hidden_size: int = Field(128, gt=0, description="Preset only: hidden width.")
+    num_layers: int = Field(4, gt=0, description="Preset only: decoder layers (all MoE).")
+    num_experts: int = Field(8, gt=0, description="Preset only: routed experts per MoE layer.")
+    top_k: int = Field(2, gt=0, description="Preset only: experts per token.")
+    moe_intermediate_size: int = Field(128, gt=0, description="Preset only: hidden width of one expert.")
+    num_heads: int = Field(4, gt=0, description="Preset only: attention heads.")
+    num_kv_heads: int = Field(2, gt=0, description="Preset only: key/value heads (GQA).")
+
+
+class DataConfig(Section):
+    task: Literal["arithmetic"] = Field("arithmetic", description="Built-in verifiable task used when no files are given.")
+    train_file: str | None = Field(None, description="JSONL/Parquet prompts for RL (fields `prompt`, `answer`, optional `level`).")
+    eval_file: str | None = Field(None, description="JSONL/Parquet held-out prompts for evaluation.")
+    levels: list[int] = Field([1, 2, 3, 4, 5], description="Difficulty levels (1..5) of the built-in task to use.")
+    num_train: int = Field(20000, gt=0, description="Built-in task: problems in the train split.")
+    num_eval: int = Field(500, gt=0, description="Built-in task: problems in the held-out split.")
+    split_seed: int = Field(1234, description="Seed of the built-in task's train/held-out split.")
+
+
+class SFTConfig(Section):
+    steps: int = Field(300, ge=0, description="SFT optimizer steps (0 skips SFT).")
+    batch_size: int = Field(64, gt=0, description="Worked solutions per SFT step.")
+    lr: float = Field(3e-3, gt=0, description="Peak AdamW learning rate.")
+    warmup_steps: int = Field(20, ge=0, description="Linear warm-up steps.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    levels: list[int] = Field([1, 2, 3, 4, 5], description="Difficulty levels of the worked solutions.")
+
+
+class RolloutConfig(Section):
+    engine: Literal["native"] = Field("native", description="Rollout engine implementation.")
+    max_new_tokens: int = Field(64, gt=0, description="Completion length cap (tokens).")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature; the trainer's log-probs use the same.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    batch_size: int = Field(256, gt=0, description="Sequences decoded together.")
+
+
+class RewardsConfig(Section):
+    function: str = Field("math", description="Registered reward name or `package.module:function`.")
+
+
+class RLConfig(Section):
+    steps: int = Field(60, ge=0, description="RL steps (one rollout batch and its updates each).")
+    prompts_per_step: int = Field(16, gt=0, description="Prompts sampled per step.")
+    group_size: int = Field(8, ge=2, description="Completions per prompt (the GRPO group).")
+    lr: float = Field(2e-4, gt=0, description="Peak AdamW learning rate.")
+    warmup_steps: int = Field(5, ge=0, description="Linear warm-up steps.")
+    lr_schedule: Literal["constant", "cosine"] = Field("constant", description="Schedule after warm-up.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
+    mini_batches: int = Field(2, gt=0, description="Optimizer steps per rollout batch (PPO mini-batches).")
+    micro_batch_size: int = Field(64, gt=0, description="Sequences per forward/backward (gradient accumulation).")
+    advantage: str = Field("grpo", description="Advantage estimator (algorithms registry name).")
+    loss: str = Field("ppo_clip", description="Policy loss (algorithms registry name).")
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field(
+        "token-mean", description="How per-token losses are reduced."
+    )
+    clip_low: float = Field(0.2, ge=0, description="PPO-clip lower epsilon.")
+    clip_high: float = Field(0.28, ge=0, description="PPO-clip upper epsilon (DAPO clip-higher).")
+    levels: list[int] | None = Field(None, description="Built-in task levels for RL prompts (None: data.levels).")
+
+
+class EvalConfig(Section):
+    every: int = Field(0, ge=0, description="Evaluate every N RL steps (0: only at the end).")
+    num_samples: int = Field(4, ge=1, description="Samples per prompt for pass@k.")
+    pass_k: int = Field(4, ge=1, description="k of the sampled pass@k.")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature for pass@k.")
+
+    @model_validator(mode="after")
+    def _k_within_samples(self) -> EvalConfig:
+        if self.pass_k > self.num_samples:
+            raise ValueError(f"pass_k ({self.pass_k}) must not exceed num_samples ({self.num_samples})")
+        return self
+
+
+class CheckpointConfig(Section):
+    every: int = Field(50, ge=0, description="Save every N RL steps (0: only at the end).")
+    keep_last: int = Field(2, ge=1, description="Step checkpoints kept on disk.")
+
+
+class LoggingConfig(Section):
+    progress: bool = Field(True, description="Show a progress bar.")
+    tensorboard: bool = Field(True, description="Write TensorBoard event files.")
+
+
+class Config(Section):
+    seed: int = Field(0, description="Seed of model init, sampling and prompt order.")
+    run_dir: str | None = Field(None, description="Run directory (default: runs/<name>-<time>).")
+    name: str = Field("demo", description="Run name used in the default run directory.")
+    threads: int = Field(0, ge=0, description="torch CPU threads (0: torch's default).")
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    rewards: RewardsConfig = Field(default_factory=RewardsConfig)
+    rl: RLConfig = Field(default_factory=RLConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+
+DEMO_CONFIG = "demo.yaml"
+
+
+def demo_config_path() -> Path:
+    """The embedded default config (`configs/demo.yaml`, shipped inside the package)."""
+    return Path(str(resources.files("everyprompt") / "configs" / DEMO_CONFIG))
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Split ``a.b.c=value`` into its key path and its YAML-parsed value."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {text!r}: expected KEY=VALUE with a dotted key, e.g. rl.lr=1e-4")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as err:
+        raise ConfigError(f"override {text!r}: value is not valid YAML ({err.__class__.__name__})") from None
+    return key.strip().split("."), value
+
+
+def apply_override(tree: dict, path: list[str], value: Any) -> None:
+    node: Any = tree
+    model: type[BaseModel] | None = Config
+    for depth, part in enumerate(path):
+        dotted = ".".join(path[: depth + 1])
+        if model is not None and part not in model.model_fields:
+            valid = ", ".join(sorted(model.model_fields))
+            raise ConfigError(f"unknown config key '{dotted}' (valid keys here: {valid})")
+        annotation = model.model_fields[part].annotation if model is not None else None
+        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+        if depth == len(path) - 1:
+            node[part] = value
+        else:
+            child = node.get(part)
+            if child is not None and not isinstance(child, dict):
+                raise ConfigError(f"config key '{dotted}' is a value, not a section")
+            node = node.setdefault(part, {})
+
+
+def _describe_error(err: dict, source: str) -> str:
+    key = ".".join(str(p) for p in err["loc"])
+    if err["type"] == "extra_forbidden":
+        parent = _section_for(err["loc"][:-1])
+        valid = ", ".join(sorted(parent.model_fields)) if parent else ""
+        return f"{source}unknown config key '{key}' (valid keys here: {valid})"
+    given = err.get("input")
+    return f"{source}config key '{key}': {err['msg']}, got {given!r}"
+
+
+def _section_for(loc: tuple) -> type[BaseModel] | None:
+    model: Any = Config
+    for part in loc:
+        field = model.model_fields.get(part) if model else None
+        model = field.annotation if field is not None else None
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+    return model
+
+
+def build_config(tree: dict, source: str = "") -> Config:
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as err:
+        prefix = f"{source}: " if source else ""
+        raise ConfigError(_describe_error(err.errors()[0], prefix)) from None
+
+
+def read_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}{where}: not valid YAML ({getattr(err, 'problem', err)})") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: expected a mapping of config keys at the top level")
+    return tree
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read a YAML config (the embedded demo default when `path` is None) and apply dotted overrides."""
+    path = Path(path) if path is not None else demo_config_path()
+    tree = read_yaml(path)
+    for text in overrides:
+        keys, value = parse_override(text)
+        apply_override(tree, keys, value)
+    return build_config(tree, source=str(path))
+
+
+def save_config(config: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))

@@ -1,0 +1,59 @@
+"""Held-out evaluation: greedy pass@1 and sampled pass@k, overall and per difficulty level.
+
+A completion passes when its reward is at least 1.0 (full marks of a verifiable reward).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from math import comb
+
+from everyprompt.rewards import score_completions
+from everyprompt.rollout import GenerationRequest, SamplingParams
+from everyprompt.trainer.rl import derive_seed, reward_columns
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct: 1 - C(n - c, k) / C(n, k)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+def _passes(engine, tokenizer, rows, reward_fn, params: SamplingParams, samples: int, seed: int) -> list[list[bool]]:
+    requests = [
+        GenerationRequest(i * samples + j, tokenizer(row["prompt"]).input_ids, derive_seed(seed, i, j))
+        for i, row in enumerate(rows)
+        for j in range(samples)
+    ]
+    completions = sorted(engine.generate(requests, params), key=lambda c: c.request_id)
+    texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
+    expanded = [rows[i] for i in range(len(rows)) for _ in range(samples)]
+    rewards, _ = score_completions(reward_fn, texts, reward_columns(expanded))
+    flags = [r is not None and r >= 1.0 for r in rewards]
+    return [flags[i * samples : (i + 1) * samples] for i in range(len(rows))]
+
+
+def _summarise(rows, values: list[float], name: str) -> dict[str, float]:
+    out = {name: sum(values) / len(values)}
+    by_level: dict[object, list[float]] = defaultdict(list)
+    for row, value in zip(rows, values):
+        if row.get("level") is not None:
+            by_level[row["level"]].append(value)
+    for level in sorted(by_level):
+        out[f"{name}/level_{level}"] = sum(by_level[level]) / len(by_level[level])
+    return out
+
+
+def evaluate(engine, tokenizer, rows: list[dict], reward_fn, *, max_new_tokens: int, num_samples: int = 0,
+             pass_k: int = 1, temperature: float = 1.0, seed: int = 0) -> dict[str, float]:
+    """Greedy accuracy (and pass@k when `num_samples` > 0) of `engine` on `rows`."""
+    greedy = SamplingParams(max_new_tokens, greedy=True)
+    results = _summarise(rows, [float(p[0]) for p in _passes(engine, tokenizer, rows, reward_fn, greedy, 1, seed)],
+                         "greedy_accuracy")
+    if num_samples:
+        sampled = SamplingParams(max_new_tokens, temperature=temperature)
+        flags = _passes(engine, tokenizer, rows, reward_fn, sampled, num_samples, seed)
+        results.update(_summarise(rows, [pass_at_k(num_samples, sum(f), pass_k) for f in flags], f"pass@{pass_k}"))
+    results["num_prompts"] = float(len(rows))
+    return results

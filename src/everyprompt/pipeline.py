@@ -1,0 +1,162 @@
+"""Runs: the run directory, the data and model of a config, and the train / demo pipelines."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from datetime import datetime
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from everyprompt.config import Config, save_config
+from everyprompt.data import load_prompt_file, make_splits
+from everyprompt.evaluate import evaluate
+from everyprompt.models.io import load_model_and_tokenizer, load_pretrained
+from everyprompt.rewards import get_reward
+from everyprompt.trainer import RLTrainer, resolve_checkpoint, run_sft, save_checkpoint
+from everyprompt.trainer.checkpoint import checkpoint_root, load_trainer_state
+
+log = logging.getLogger(__name__)
+
+
+def quiet_libraries() -> None:
+    """Silence library progress bars and advisory warnings that would bury our own output."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+class Run:
+    """One run directory and what a config needs: data splits, model, evaluation."""
+
+    def __init__(self, config: Config, run_dir: str | Path | None = None, console: Console | None = None):
+        quiet_libraries()
+        self.config = config
+        self.console = console or Console(stderr=True)
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        self.run_dir = Path(run_dir or config.run_dir or f"runs/{config.name}-{stamp}")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        random.seed(config.seed)
+        torch.manual_seed(config.seed)
+        self._splits = None
+
+    # ------------------------------------------------------------ data
+    def _builtin(self):
+        if self._splits is None:
+            data = self.config.data
+            self._splits = make_splits(data.split_seed, data.num_train, data.num_eval, data.levels)
+        return self._splits
+
+    def rl_rows(self) -> list[dict]:
+        if self.config.data.train_file:
+            return load_prompt_file(self.config.data.train_file)
+        levels = set(self.config.rl.levels or self.config.data.levels)
+        return [p.as_row() for p in self._builtin()[0] if p.level in levels]
+
+    def sft_rows(self) -> list[dict]:
+        if self.config.data.train_file:
+            return load_prompt_file(self.config.data.train_file)
+        levels = set(self.config.sft.levels)
+        return [p.as_row() for p in self._builtin()[0] if p.level in levels]
+
+    def eval_rows(self) -> list[dict]:
+        if self.config.data.eval_file:
+            return load_prompt_file(self.config.data.eval_file)
+        return [p.as_row() for p in self._builtin()[1]]
+
+    # ------------------------------------------------------------ model
+    def warm_started_model(self):
+        """The starting policy: the configured model, after the SFT stage when `sft.steps` > 0.
+
+        An SFT checkpoint already in the run directory is reused (a resumed run does not retrain it).
+        """
+        sft_dir = checkpoint_root(self.run_dir) / "sft"
+        if self.config.sft.steps and (sft_dir / "config.json").is_file():
+            return load_pretrained(sft_dir)
+        model, tokenizer = load_model_and_tokenizer(self.config.model, self.config.seed)
+        if self.config.sft.steps:
+            run_sft(model, tokenizer, self.sft_rows(), self.config.sft, self.config.seed, self.run_dir,
+                    self.config.logging)
+            save_checkpoint(self.run_dir, "sft", model, tokenizer, state=None)
+        return model, tokenizer
+
+    def trainer(self, resume: bool = False) -> RLTrainer:
+        save_config(self.config, self.run_dir / "config.yaml")
+        if resume:
+            latest = resolve_checkpoint(checkpoint_root(self.run_dir) / "latest")
+            model, tokenizer = load_pretrained(latest)
+            trainer = RLTrainer(self.config, model, tokenizer, self.rl_rows(), self.run_dir)
+            trainer.load_state_dict(load_trainer_state(latest))
+            self.console.print(f"resumed from {latest} at step {trainer.step}")
+            return trainer
+        model, tokenizer = self.warm_started_model()
+        return RLTrainer(self.config, model, tokenizer, self.rl_rows(), self.run_dir)
+
+    def evaluate(self, engine, tokenizer, rows: list[dict] | None = None) -> dict[str, float]:
+        config = self.config
+        return evaluate(
+            engine, tokenizer, rows if rows is not None else self.eval_rows(), get_reward(config.rewards.function),
+            max_new_tokens=config.rollout.max_new_tokens, num_samples=config.eval.num_samples,
+            pass_k=config.eval.pass_k, temperature=config.eval.temperature, seed=config.seed,
+        )
+
+
+def has_rl_checkpoint(run_dir: str | Path) -> bool:
+    return (checkpoint_root(run_dir) / "latest").exists()
+
+
+def train(config: Config, run_dir: str | Path | None = None, resume: bool = False) -> RLTrainer:
+    """SFT warm start (if configured), then RL; returns the trainer after its last step."""
+    run = Run(config, run_dir)
+    trainer = run.trainer(resume=resume)
+    trainer.train(evaluate_fn=lambda engine: run.evaluate(engine, trainer.tokenizer))
+    run.console.print(f"run directory: {run.run_dir}")
+    return trainer
+
+
+def accuracy_table(before: dict[str, float], after: dict[str, float], pass_key: str) -> Table:
+    table = Table(title="Held-out accuracy before and after RL")
+    for column in ("split", "greedy before", "greedy after", "change", f"{pass_key} before", f"{pass_key} after"):
+        table.add_column(column, justify="right")
+    levels = sorted(k.split("/", 1)[1] for k in before if k.startswith("greedy_accuracy/"))
+    for label, suffix in [("overall", "")] + [(lvl.replace("_", " "), "/" + lvl) for lvl in levels]:
+        b, a = before[f"greedy_accuracy{suffix}"], after[f"greedy_accuracy{suffix}"]
+        pb, pa = before.get(f"{pass_key}{suffix}", float("nan")), after.get(f"{pass_key}{suffix}", float("nan"))
+        table.add_row(label, f"{b:.1%}", f"{a:.1%}", f"{(a - b) * 100:+.1f} pt", f"{pb:.1%}", f"{pa:.1%}")
+    return table
+
+
+def demo(config: Config, run_dir: str | Path | None = None, console: Console | None = None) -> dict:
+    """SFT warm start, held-out eval, RL, held-out eval; prints the table and writes summary.json."""
+    started = time.perf_counter()
+    run = Run(config, run_dir, console)
+    trainer = run.trainer()
+    before = run.evaluate(trainer.engine, trainer.tokenizer)
+    run.console.print(f"after SFT: greedy accuracy {before['greedy_accuracy']:.1%}")
+    trainer.train(evaluate_fn=lambda engine: run.evaluate(engine, trainer.tokenizer))
+    after = run.evaluate(trainer.engine, trainer.tokenizer)
+    pass_key = f"pass@{config.eval.pass_k}"
+    summary = {
+        "accuracy_before_rl": before["greedy_accuracy"],
+        "accuracy_after_rl": after["greedy_accuracy"],
+        "eval_before_rl": before,
+        "eval_after_rl": after,
+        "rl_steps": trainer.step,
+        "seed": config.seed,
+        "wall_seconds": time.perf_counter() - started,
+        "run_dir": str(run.run_dir.resolve()),
+    }
+    (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    out = console or Console()
+    out.print(accuracy_table(before, after, pass_key))
+    out.print(f"wall time {summary['wall_seconds']:.0f} s; run directory {run.run_dir} (summary.json, metrics.jsonl, "
+              "tensorboard/, checkpoints/)")
+    return summary

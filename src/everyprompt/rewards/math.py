@@ -1,0 +1,78 @@
+"""Math answer verification: our own final-answer extraction, then `math-verify` for equivalence.
+
+Extraction looks, in order, for the last ``\\boxed{...}``, the text after the last ``####``, "The answer
+is ...", an ``A:`` line, and else the last number in the completion. Integers on both sides are compared
+directly (the common case, and much faster); anything else goes through math-verify's parser and
+symbolic comparison.
+"""
+
+from __future__ import annotations
+
+import re
+
+from everyprompt.rewards.base import register_reward
+
+_NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
+_INTEGER = re.compile(r"-?\d+")
+_ANSWER_IS = re.compile(r"answer is[:\s]*\$?([^\n$]+?)\$?\s*\.?\s*(?:\n|$)", re.IGNORECASE)
+_A_LINE = re.compile(r"(?:^|\n)\s*A:\s*([^\n]+)")
+
+
+def _last_boxed(text: str) -> str | None:
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, begin = 0, start + len("\\boxed{")
+    for index in range(begin, len(text)):
+        if text[index] == "{":
+            depth += 1
+        elif text[index] == "}":
+            if depth == 0:
+                return text[begin:index].strip()
+            depth -= 1
+    return None
+
+
+def extract_answer(completion: str) -> str | None:
+    """The final answer a completion states, or None if it states none."""
+    boxed = _last_boxed(completion)
+    if boxed:
+        return boxed
+    if "####" in completion:
+        tail = completion.rsplit("####", 1)[1].strip()
+        if tail:
+            return tail.splitlines()[0].strip()
+    for pattern in (_ANSWER_IS, _A_LINE):
+        matches = pattern.findall(completion)
+        if matches and matches[-1].strip():
+            return matches[-1].strip()
+    numbers = _NUMBER.findall(completion)
+    return numbers[-1].replace(",", "") if numbers else None
+
+
+def _math_verify_equal(gold: str, predicted: str) -> bool:
+    from math_verify import parse, verify
+
+    gold_parsed = parse(f"${gold}$")
+    if not gold_parsed:
+        raise ValueError(f"reference answer {gold!r} cannot be parsed")
+    return bool(verify(gold_parsed, parse(f"${predicted}$")))
+
+
+def answers_match(gold: str, predicted: str | None) -> bool:
+    if predicted is None:
+        return False
+    gold, predicted = gold.strip(), predicted.strip()
+    if _INTEGER.fullmatch(gold) and _INTEGER.fullmatch(predicted):
+        return int(gold) == int(predicted)
+    return _math_verify_equal(gold, predicted)
+
+
+@register_reward("math")
+def math_reward(completions: list[str], answer: list[str], **_: object) -> list[float | None]:
+    """1.0 when the completion's final answer equals `answer` mathematically, else 0.0.
+
+    >>> math_reward(["7+8+0=15;3+4+1=8|85", "so the answer is 84"], answer=["85", "85"])
+    [1.0, 0.0]
+    """
+    return [float(answers_match(str(gold), extract_answer(text))) for text, gold in zip(completions, answer)]

@@ -1,0 +1,44 @@
+"""The rollout-engine contract shared by every engine implementation."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int
+    temperature: float = 1.0  # log-probs are of softmax(logits / temperature)
+    top_p: float = 1.0
+    greedy: bool = False
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    request_id: int
+    prompt_ids: list[int]
+    seed: int = 0  # sampling noise depends only on (seed, position), never on the batch around it
+
+
+@dataclass
+class Completion:
+    request_id: int
+    prompt_ids: list[int]
+    token_ids: list[int]  # sampled tokens, EOS included when finish_reason == "eos"
+    logprobs: torch.Tensor  # [len(token_ids)] float32, log softmax(logits / T) of each sampled token
+    finish_reason: Literal["eos", "length"]
+    timing: dict[str, float] = field(default_factory=dict)
+
+
+class RolloutEngine(Protocol):
+    def generate(self, requests: Iterable[GenerationRequest], params: SamplingParams) -> Iterator[Completion]:
+        """Yield each request's completion when it finishes (order not guaranteed)."""
+        ...
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Replace the engine's weights with the trainer's (weight sync)."""
+        ...

@@ -1,0 +1,66 @@
+"""The rollout batch: everything one RL step knows about its completions, in one typed structure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class RolloutBatch:
+    prompt_ids: list[list[int]]  # N prompts' token ids (BOS included)
+    completion_ids: list[list[int]]  # N sampled completions (EOS included when finished by EOS)
+    rollout_logprobs: list[torch.Tensor]  # N tensors [len(completion)]: the engine's log-probs
+    finish_reason: list[str]  # N x "eos" | "length"
+    group_index: torch.Tensor  # [N] long: the prompt group of each completion (0..P-1)
+    prompt_index: list[int]  # N: index of the prompt in the data
+    completion_text: list[str] = field(default_factory=list)  # N decoded completions (no special tokens)
+    rewards: torch.Tensor | None = None  # [N] float, NaN where the reward is None
+    reward_components: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [N]
+    advantages: torch.Tensor | None = None  # [N] float
+    old_logprobs: list[torch.Tensor] | None = None  # N x [len(completion)]: trainer's pre-update log-probs
+    routed_experts: list[torch.Tensor] | None = None  # N x [T, L_moe, k] int16 (router replay)
+    timing: dict[str, float] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.completion_ids)
+
+    @property
+    def num_groups(self) -> int:
+        return int(self.group_index.max()) + 1 if len(self) else 0
+
+    def padded(self, rows: list[int] | torch.Tensor, pad_id: int) -> dict[str, torch.Tensor]:
+        """Right-padded training tensors for `rows`.
+
+        input_ids [n, L]: prompt + completion; the rest are [n, L - 1], aligned with the *targets*
+        input_ids[:, 1:]: mask (1 on completion tokens), rollout_logp (engine log-probs, 0 elsewhere),
+        old_logp (trainer's pre-update log-probs, when computed).
+        """
+        rows = [int(r) for r in rows]
+        lengths = [len(self.prompt_ids[r]) + len(self.completion_ids[r]) for r in rows]
+        width = max(lengths)
+        input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+        mask = torch.zeros(len(rows), width - 1)
+        rollout_logp = torch.zeros(len(rows), width - 1)
+        old_logp = torch.zeros(len(rows), width - 1) if self.old_logprobs is not None else None
+        for out, r in enumerate(rows):
+            prompt, completion = self.prompt_ids[r], self.completion_ids[r]
+            input_ids[out, : lengths[out]] = torch.tensor(prompt + completion)
+            start = len(prompt) - 1  # target index of the first completion token
+            mask[out, start : start + len(completion)] = 1.0
+            rollout_logp[out, start : start + len(completion)] = self.rollout_logprobs[r]
+            if old_logp is not None:
+                old_logp[out, start : start + len(completion)] = self.old_logprobs[r]
+        tensors = {"input_ids": input_ids, "mask": mask, "rollout_logp": rollout_logp}
+        if old_logp is not None:
+            tensors["old_logp"] = old_logp
+        return tensors
+
+    def completion_values(self, rows: list[int], padded_values: torch.Tensor) -> list[torch.Tensor]:
+        """Inverse of `padded` for one target-aligned [n, L - 1] tensor: per-row completion slices."""
+        out = []
+        for index, r in enumerate(rows):
+            start = len(self.prompt_ids[r]) - 1
+            out.append(padded_values[index, start : start + len(self.completion_ids[r])].detach().clone())
+        return out

@@ -1,0 +1,63 @@
+"""Metrics: `metrics.jsonl` (one object per step, namespaced keys), TensorBoard, and a progress bar."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+# Metrics shown on the progress bar: key -> short label.
+BAR_FIELDS = {"reward/mean": "reward", "reward/accuracy": "acc", "rollout/tokens_per_s": "tok/s"}
+
+
+def _format(value: float) -> str:
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3f}"
+
+
+class MetricsLogger:
+    def __init__(self, run_dir: str | Path, total_steps: int, description: str, start_step: int = 0,
+                 progress: bool = True, tensorboard: bool = True, console: Console | None = None):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.console = console or Console(stderr=True)
+        self._jsonl = (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8")
+        self._writer = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(str(self.run_dir / "tensorboard"))
+        self._total, self._description = total_steps, description
+        self._progress = None
+        self._print_every = max(1, total_steps // 10)
+        if progress:
+            self._progress = Progress(
+                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[postfix]}"),
+                console=self.console, transient=False,
+            )
+            self._task = self._progress.add_task(description, total=total_steps, completed=start_step, postfix="")
+            self._progress.start()
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        record = {"step": step, **{k: v for k, v in metrics.items() if isinstance(v, (int, float))}}
+        self._jsonl.write(json.dumps(record) + "\n")
+        self._jsonl.flush()
+        if self._writer is not None:
+            for key, value in record.items():
+                if key != "step" and math.isfinite(value):
+                    self._writer.add_scalar(key, value, step)
+        postfix = "  ".join(f"{label} {_format(metrics[key])}" for key, label in BAR_FIELDS.items() if key in metrics)
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step, postfix=postfix)
+            if not self.console.is_terminal and (step % self._print_every == 0 or step == self._total):
+                self.console.print(f"{self._description} step {step}/{self._total}  {postfix}")
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+        if self._writer is not None:
+            self._writer.close()
+        self._jsonl.close()

@@ -1,0 +1,64 @@
+"""Supervised warm start on worked solutions: next-token loss on the completion tokens only."""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from everyprompt.config import LoggingConfig, SFTConfig
+from everyprompt.trainer.logprobs import token_logprobs
+from everyprompt.trainer.metrics import MetricsLogger
+from everyprompt.trainer.optim import build_optimizer, build_scheduler
+
+
+def sft_batch(tokenizer, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+    """input_ids [B, L] (prompt + solution + EOS, right-padded) and the target mask [B, L - 1]."""
+    sequences, starts = [], []
+    for row in rows:
+        prompt = tokenizer(row["prompt"]).input_ids
+        completion = tokenizer(row["solution"], add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+        sequences.append(prompt + completion)
+        starts.append(len(prompt) - 1)
+    width = max(len(s) for s in sequences)
+    input_ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), width - 1)
+    for i, (sequence, start) in enumerate(zip(sequences, starts)):
+        input_ids[i, : len(sequence)] = torch.tensor(sequence)
+        mask[i, start : len(sequence) - 1] = 1.0
+    return input_ids, mask
+
+
+def run_sft(model, tokenizer, rows: list[dict], sft: SFTConfig, seed: int, run_dir: str | Path,
+            logging: LoggingConfig) -> list[dict[str, float]]:
+    """Train `sft.steps` steps on random batches of `rows` (each needs `prompt` and `solution`)."""
+    missing = [i for i, row in enumerate(rows) if not row.get("solution")]
+    if missing:
+        raise ValueError(f"SFT needs a `solution` field on every row; row {missing[0] + 1} has none")
+    rng = random.Random(seed)
+    optimizer = build_optimizer(model, sft.lr, sft.weight_decay)
+    scheduler = build_scheduler(optimizer, sft.warmup_steps, sft.steps, "cosine")
+    logger = MetricsLogger(Path(run_dir) / "sft", sft.steps, "SFT", progress=logging.progress,
+                           tensorboard=logging.tensorboard)
+    model.train()
+    history = []
+    try:
+        for step in range(1, sft.steps + 1):
+            started = time.perf_counter()
+            input_ids, mask = sft_batch(tokenizer, rng.sample(rows, min(sft.batch_size, len(rows))))
+            logp, _ = token_logprobs(model, input_ids)
+            loss = -(logp * mask).sum() / mask.sum()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            metrics = {"sft/loss": float(loss), "sft/grad_norm": float(grad_norm),
+                       "sft/lr": scheduler.get_last_lr()[0], "time/step_s": time.perf_counter() - started}
+            logger.log(step, metrics)
+            history.append(metrics)
+    finally:
+        logger.close()
+    return history
