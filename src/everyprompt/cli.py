@@ -96,7 +96,9 @@ def _print_eval(results: dict[str, float], pass_k: int) -> None:
     levels = sorted(k.split("/", 1)[1] for k in results if k.startswith("greedy_accuracy/"))
     for label, suffix in [("overall", "")] + [(lvl, "/" + lvl) for lvl in levels]:
         sampled = results.get(f"pass@{pass_k}{suffix}")
-        table.add_row(label, f"{results['greedy_accuracy' + suffix]:.1%}", "-" if sampled is None else f"{sampled:.1%}")
+        table.add_row(
+            label, f"{results['greedy_accuracy' + suffix]:.1%}", "-" if sampled is None else f"{sampled:.1%}"
+        )
     Console().print(table)
 
 
@@ -136,9 +138,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("train", help="SFT warm start (if configured) then RL")
-    p.add_argument("config", nargs="*", help="CONFIG.yaml (default: the demo config), then KEY=VALUE overrides")
+    p.add_argument(
+        "config", nargs="*", help="CONFIG.yaml (default: the demo config), then KEY=VALUE overrides"
+    )
     p.add_argument("--run-dir", default=None)
-    p.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run from its latest checkpoint")
+    p.add_argument(
+        "--resume", default=None, metavar="RUN_DIR", help="continue a run from its latest checkpoint"
+    )
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("sft", help="supervised warm start on worked solutions")

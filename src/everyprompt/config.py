@@ -25,8 +25,12 @@ class Section(BaseModel):
 
 
 class ModelConfig(Section):
-    preset: Literal["tiny-moe"] = Field("tiny-moe", description="Built-in random-init model used when `path` is unset.")
-    path: str | None = Field(None, description="Local Hugging Face causal-LM checkpoint directory (overrides `preset`).")
+    preset: Literal["tiny-moe"] = Field(
+        "tiny-moe", description="Built-in random-init model used when `path` is unset."
+    )
+    path: str | None = Field(
+        None, description="Local Hugging Face causal-LM checkpoint directory (overrides `preset`)."
+    )
     hidden_size: int = Field(128, gt=0, description="Preset only: hidden width.")
     num_layers: int = Field(4, gt=0, description="Preset only: decoder layers (all MoE).")
     num_experts: int = Field(8, gt=0, description="Preset only: routed experts per MoE layer.")
@@ -37,10 +41,16 @@ class ModelConfig(Section):
 
 
 class DataConfig(Section):
-    task: Literal["arithmetic"] = Field("arithmetic", description="Built-in verifiable task used when no files are given.")
-    train_file: str | None = Field(None, description="JSONL/Parquet prompts for RL (fields `prompt`, `answer`, optional `level`).")
+    task: Literal["arithmetic"] = Field(
+        "arithmetic", description="Built-in verifiable task used when no files are given."
+    )
+    train_file: str | None = Field(
+        None, description="JSONL/Parquet prompts for RL (fields `prompt`, `answer`, optional `level`)."
+    )
     eval_file: str | None = Field(None, description="JSONL/Parquet held-out prompts for evaluation.")
-    levels: list[int] = Field([1, 2, 3, 4, 5], description="Difficulty levels (1..5) of the built-in task to use.")
+    levels: list[int] = Field(
+        [1, 2, 3, 4, 5], description="Difficulty levels (1..5) of the built-in task to use."
+    )
     num_train: int = Field(20000, gt=0, description="Built-in task: problems in the train split.")
     num_eval: int = Field(500, gt=0, description="Built-in task: problems in the held-out split.")
     split_seed: int = Field(1234, description="Seed of the built-in task's train/held-out split.")
@@ -58,7 +68,9 @@ class SFTConfig(Section):
 class RolloutConfig(Section):
     engine: Literal["native"] = Field("native", description="Rollout engine implementation.")
     max_new_tokens: int = Field(64, gt=0, description="Completion length cap (tokens).")
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature; the trainer's log-probs use the same.")
+    temperature: float = Field(
+        1.0, gt=0, description="Sampling temperature; the trainer's log-probs use the same."
+    )
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
     batch_size: int = Field(256, gt=0, description="Sequences decoded together.")
 
@@ -77,7 +89,9 @@ class RLConfig(Section):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
     mini_batches: int = Field(2, gt=0, description="Optimizer steps per rollout batch (PPO mini-batches).")
-    micro_batch_size: int = Field(64, gt=0, description="Sequences per forward/backward (gradient accumulation).")
+    micro_batch_size: int = Field(
+        64, gt=0, description="Sequences per forward/backward (gradient accumulation)."
+    )
     advantage: str = Field("grpo", description="Advantage estimator (algorithms registry name).")
     loss: str = Field("ppo_clip", description="Policy loss (algorithms registry name).")
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field(
@@ -85,7 +99,9 @@ class RLConfig(Section):
     )
     clip_low: float = Field(0.2, ge=0, description="PPO-clip lower epsilon.")
     clip_high: float = Field(0.28, ge=0, description="PPO-clip upper epsilon (DAPO clip-higher).")
-    levels: list[int] | None = Field(None, description="Built-in task levels for RL prompts (None: data.levels).")
+    levels: list[int] | None = Field(
+        None, description="Built-in task levels for RL prompts (None: data.levels)."
+    )
 
 
 class EvalConfig(Section):

@@ -20,7 +20,9 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
-def _passes(engine, tokenizer, rows, reward_fn, params: SamplingParams, samples: int, seed: int) -> list[list[bool]]:
+def _passes(
+    engine, tokenizer, rows, reward_fn, params: SamplingParams, samples: int, seed: int
+) -> list[list[bool]]:
     requests = [
         GenerationRequest(i * samples + j, tokenizer(row["prompt"]).input_ids, derive_seed(seed, i, j))
         for i, row in enumerate(rows)
@@ -45,15 +47,30 @@ def _summarise(rows, values: list[float], name: str) -> dict[str, float]:
     return out
 
 
-def evaluate(engine, tokenizer, rows: list[dict], reward_fn, *, max_new_tokens: int, num_samples: int = 0,
-             pass_k: int = 1, temperature: float = 1.0, seed: int = 0) -> dict[str, float]:
+def evaluate(
+    engine,
+    tokenizer,
+    rows: list[dict],
+    reward_fn,
+    *,
+    max_new_tokens: int,
+    num_samples: int = 0,
+    pass_k: int = 1,
+    temperature: float = 1.0,
+    seed: int = 0,
+) -> dict[str, float]:
     """Greedy accuracy (and pass@k when `num_samples` > 0) of `engine` on `rows`."""
     greedy = SamplingParams(max_new_tokens, greedy=True)
-    results = _summarise(rows, [float(p[0]) for p in _passes(engine, tokenizer, rows, reward_fn, greedy, 1, seed)],
-                         "greedy_accuracy")
+    results = _summarise(
+        rows,
+        [float(p[0]) for p in _passes(engine, tokenizer, rows, reward_fn, greedy, 1, seed)],
+        "greedy_accuracy",
+    )
     if num_samples:
         sampled = SamplingParams(max_new_tokens, temperature=temperature)
         flags = _passes(engine, tokenizer, rows, reward_fn, sampled, num_samples, seed)
-        results.update(_summarise(rows, [pass_at_k(num_samples, sum(f), pass_k) for f in flags], f"pass@{pass_k}"))
+        results.update(
+            _summarise(rows, [pass_at_k(num_samples, sum(f), pass_k) for f in flags], f"pass@{pass_k}")
+        )
     results["num_prompts"] = float(len(rows))
     return results

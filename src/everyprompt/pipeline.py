@@ -83,8 +83,15 @@ class Run:
             return load_pretrained(sft_dir)
         model, tokenizer = load_model_and_tokenizer(self.config.model, self.config.seed)
         if self.config.sft.steps:
-            run_sft(model, tokenizer, self.sft_rows(), self.config.sft, self.config.seed, self.run_dir,
-                    self.config.logging)
+            run_sft(
+                model,
+                tokenizer,
+                self.sft_rows(),
+                self.config.sft,
+                self.config.seed,
+                self.run_dir,
+                self.config.logging,
+            )
             save_checkpoint(self.run_dir, "sft", model, tokenizer, state=None)
         return model, tokenizer
 
@@ -103,9 +110,15 @@ class Run:
     def evaluate(self, engine, tokenizer, rows: list[dict] | None = None) -> dict[str, float]:
         config = self.config
         return evaluate(
-            engine, tokenizer, rows if rows is not None else self.eval_rows(), get_reward(config.rewards.function),
-            max_new_tokens=config.rollout.max_new_tokens, num_samples=config.eval.num_samples,
-            pass_k=config.eval.pass_k, temperature=config.eval.temperature, seed=config.seed,
+            engine,
+            tokenizer,
+            rows if rows is not None else self.eval_rows(),
+            get_reward(config.rewards.function),
+            max_new_tokens=config.rollout.max_new_tokens,
+            num_samples=config.eval.num_samples,
+            pass_k=config.eval.pass_k,
+            temperature=config.eval.temperature,
+            seed=config.seed,
         )
 
 
@@ -124,12 +137,22 @@ def train(config: Config, run_dir: str | Path | None = None, resume: bool = Fals
 
 def accuracy_table(before: dict[str, float], after: dict[str, float], pass_key: str) -> Table:
     table = Table(title="Held-out accuracy before and after RL")
-    for column in ("split", "greedy before", "greedy after", "change", f"{pass_key} before", f"{pass_key} after"):
+    for column in (
+        "split",
+        "greedy before",
+        "greedy after",
+        "change",
+        f"{pass_key} before",
+        f"{pass_key} after",
+    ):
         table.add_column(column, justify="right")
     levels = sorted(k.split("/", 1)[1] for k in before if k.startswith("greedy_accuracy/"))
     for label, suffix in [("overall", "")] + [(lvl.replace("_", " "), "/" + lvl) for lvl in levels]:
         b, a = before[f"greedy_accuracy{suffix}"], after[f"greedy_accuracy{suffix}"]
-        pb, pa = before.get(f"{pass_key}{suffix}", float("nan")), after.get(f"{pass_key}{suffix}", float("nan"))
+        pb, pa = (
+            before.get(f"{pass_key}{suffix}", float("nan")),
+            after.get(f"{pass_key}{suffix}", float("nan")),
+        )
         table.add_row(label, f"{b:.1%}", f"{a:.1%}", f"{(a - b) * 100:+.1f} pt", f"{pb:.1%}", f"{pa:.1%}")
     return table
 
@@ -157,6 +180,8 @@ def demo(config: Config, run_dir: str | Path | None = None, console: Console | N
     (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     out = console or Console()
     out.print(accuracy_table(before, after, pass_key))
-    out.print(f"wall time {summary['wall_seconds']:.0f} s; run directory {run.run_dir} (summary.json, metrics.jsonl, "
-              "tensorboard/, checkpoints/)")
+    out.print(
+        f"wall time {summary['wall_seconds']:.0f} s; run directory {run.run_dir} (summary.json, metrics.jsonl, "
+        "tensorboard/, checkpoints/)"
+    )
     return summary

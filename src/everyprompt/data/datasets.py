@@ -31,7 +31,9 @@ def read_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> list[dict]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as err:
-                raise DataError(f"{path}:{number}: not valid JSON ({err.msg} at column {err.colno})") from None
+                raise DataError(
+                    f"{path}:{number}: not valid JSON ({err.msg} at column {err.colno})"
+                ) from None
             rows.append(_check_row(row, f"{path}:{number}", required))
     return rows
 
@@ -46,7 +48,9 @@ def read_parquet(path: str | Path, required: tuple[str, ...] = ()) -> list[dict]
     return table.to_pylist()
 
 
-def load_prompt_file(path: str | Path, prompt_field: str = "prompt", answer_field: str = "answer") -> list[dict]:
+def load_prompt_file(
+    path: str | Path, prompt_field: str = "prompt", answer_field: str = "answer"
+) -> list[dict]:
     """Prompt rows from JSONL or Parquet, normalised to `prompt` (str), `answer` (str), `level` (int or None)."""
     path = Path(path)
     if not path.is_file():
@@ -100,6 +104,8 @@ class PromptCursor:
 
     def load_state_dict(self, state: dict) -> None:
         if state["size"] != self.size:
-            raise DataError(f"checkpoint's prompt cursor covers {state['size']} prompts, the data has {self.size}")
+            raise DataError(
+                f"checkpoint's prompt cursor covers {state['size']} prompts, the data has {self.size}"
+            )
         self.seed, self.epoch, self.position = state["seed"], state["epoch"], state["position"]
         self._order = self._permutation()

@@ -30,7 +30,9 @@ def load_pretrained(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokeni
     return model, tokenizer
 
 
-def load_model_and_tokenizer(model: ModelConfig, seed: int) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_model_and_tokenizer(
+    model: ModelConfig, seed: int
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The checkpoint at `model.path` if set, else a random-init preset (seeded) with the char tokenizer."""
     if model.path:
         return load_pretrained(model.path)
@@ -45,6 +47,8 @@ def load_model_and_tokenizer(model: ModelConfig, seed: int) -> tuple[PreTrainedM
     return network, tokenizer
 
 
-def save_pretrained(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: str | Path) -> None:
+def save_pretrained(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: str | Path
+) -> None:
     model.save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)

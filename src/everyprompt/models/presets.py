@@ -7,7 +7,9 @@ from transformers import Qwen3MoeConfig
 from everyprompt.config import ModelConfig
 
 
-def tiny_moe_config(model: ModelConfig, vocab_size: int, pad_id: int, bos_id: int, eos_id: int) -> Qwen3MoeConfig:
+def tiny_moe_config(
+    model: ModelConfig, vocab_size: int, pad_id: int, bos_id: int, eos_id: int
+) -> Qwen3MoeConfig:
     """A Qwen3-MoE config of a few M parameters: every layer sparse, `top_k` of `num_experts` experts."""
     head_dim = model.hidden_size // model.num_heads
     return Qwen3MoeConfig(

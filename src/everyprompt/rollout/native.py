@@ -60,8 +60,15 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 class NativeEngine:
     """RolloutEngine over a Qwen3(-MoE) state dict. Build it with :meth:`from_model` or the config."""
 
-    def __init__(self, config, state_dict: dict[str, torch.Tensor], eos_token_id: int, pad_token_id: int,
-                 batch_size: int = 256, dtype: torch.dtype = torch.float32):
+    def __init__(
+        self,
+        config,
+        state_dict: dict[str, torch.Tensor],
+        eos_token_id: int,
+        pad_token_id: int,
+        batch_size: int = 256,
+        dtype: torch.dtype = torch.float32,
+    ):
         model_type = getattr(config, "model_type", None)
         if model_type not in SUPPORTED_ARCHITECTURES:
             raise UnsupportedModelError(
@@ -78,12 +85,16 @@ class NativeEngine:
         self.top_k = getattr(config, "num_experts_per_tok", 0)
         self.norm_topk_prob = getattr(config, "norm_topk_prob", False)
         theta = config.rope_parameters["rope_theta"]
-        self.inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float) / self.head_dim))
+        self.inv_freq = 1.0 / (
+            theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float) / self.head_dim)
+        )
         self.load_weights(state_dict)
 
     @classmethod
     def from_model(cls, model, tokenizer, batch_size: int = 256) -> NativeEngine:
-        return cls(model.config, model.state_dict(), tokenizer.eos_token_id, tokenizer.pad_token_id, batch_size)
+        return cls(
+            model.config, model.state_dict(), tokenizer.eos_token_id, tokenizer.pad_token_id, batch_size
+        )
 
     # ---------------------------------------------------------------- weights
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
@@ -100,10 +111,14 @@ class NativeEngine:
         for i in range(self.config.num_hidden_layers):
             p = f"model.layers.{i}."
             layer = _Layer(
-                q=get(p + "self_attn.q_proj.weight"), k=get(p + "self_attn.k_proj.weight"),
-                v=get(p + "self_attn.v_proj.weight"), o=get(p + "self_attn.o_proj.weight"),
-                q_norm=get(p + "self_attn.q_norm.weight"), k_norm=get(p + "self_attn.k_norm.weight"),
-                input_norm=get(p + "input_layernorm.weight"), post_norm=get(p + "post_attention_layernorm.weight"),
+                q=get(p + "self_attn.q_proj.weight"),
+                k=get(p + "self_attn.k_proj.weight"),
+                v=get(p + "self_attn.v_proj.weight"),
+                o=get(p + "self_attn.o_proj.weight"),
+                q_norm=get(p + "self_attn.q_norm.weight"),
+                k_norm=get(p + "self_attn.k_norm.weight"),
+                input_norm=get(p + "input_layernorm.weight"),
+                post_norm=get(p + "post_attention_layernorm.weight"),
             )
             if p + "mlp.gate.weight" in state_dict:
                 layer.router = get(p + "mlp.gate.weight")
@@ -123,8 +138,12 @@ class NativeEngine:
 
     def _attention(self, layer: _Layer, x: torch.Tensor, rope, cache, slot: int, key_mask: torch.Tensor):
         batch, length, _ = x.shape
-        q = _rms_norm((x @ layer.q.T).view(batch, length, self.num_heads, self.head_dim), layer.q_norm, self.eps)
-        k = _rms_norm((x @ layer.k.T).view(batch, length, self.num_kv_heads, self.head_dim), layer.k_norm, self.eps)
+        q = _rms_norm(
+            (x @ layer.q.T).view(batch, length, self.num_heads, self.head_dim), layer.q_norm, self.eps
+        )
+        k = _rms_norm(
+            (x @ layer.k.T).view(batch, length, self.num_kv_heads, self.head_dim), layer.k_norm, self.eps
+        )
         v = (x @ layer.v.T).view(batch, length, self.num_kv_heads, self.head_dim)
         cos, sin = rope
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, T, D]
@@ -174,7 +193,9 @@ class NativeEngine:
         x = self.embed[tokens]
         rope = self._rope(positions)
         for layer, cache in zip(self.layers, caches):
-            x = x + self._attention(layer, _rms_norm(x, layer.input_norm, self.eps), rope, cache, slot, key_mask)
+            x = x + self._attention(
+                layer, _rms_norm(x, layer.input_norm, self.eps), rope, cache, slot, key_mask
+            )
             x = x + self._mlp(layer, _rms_norm(x, layer.post_norm, self.eps))
         return (_rms_norm(x[:, -1], self.final_norm, self.eps) @ self.lm_head.T).float()
 
@@ -185,7 +206,9 @@ class NativeEngine:
         for start in range(0, len(pending), self.batch_size):
             yield from self._generate_batch(pending[start : start + self.batch_size], params)
 
-    def _generate_batch(self, requests: list[GenerationRequest], params: SamplingParams) -> Iterator[Completion]:
+    def _generate_batch(
+        self, requests: list[GenerationRequest], params: SamplingParams
+    ) -> Iterator[Completion]:
         began = time.perf_counter()
         lengths = torch.tensor([len(r.prompt_ids) for r in requests])
         if int(lengths.min()) == 0:
@@ -202,7 +225,9 @@ class NativeEngine:
         prefill_mask = visible[:, None, :] & causal  # [B, P, total]
         positions = (slots[None, :prompt_len] - offsets[:, None]).clamp(min=0)
         shape = (batch, self.num_kv_heads, total, self.head_dim)
-        caches = [(torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype)) for _ in self.layers]
+        caches = [
+            (torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype)) for _ in self.layers
+        ]
         logits = self._forward(tokens, positions, caches, 0, prefill_mask)
 
         seeds = torch.tensor([r.seed for r in requests], dtype=torch.long)
@@ -231,7 +256,9 @@ class NativeEngine:
             step_positions = (lengths[rows] + step)[:, None]
             logits = self._forward(sampled[:, None], step_positions, caches, slot, visible[:, None, :])
 
-    def _completion(self, requests, row: int, out_tokens, out_logprobs, length: int, began: float) -> Completion:
+    def _completion(
+        self, requests, row: int, out_tokens, out_logprobs, length: int, began: float
+    ) -> Completion:
         token_ids = out_tokens[row, :length].tolist()
         reason = "eos" if token_ids[-1] == self.eos_token_id else "length"
         request = requests[row]

@@ -22,7 +22,9 @@ def checkpoint_root(run_dir: str | Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
-def save_checkpoint(run_dir: str | Path, name: str, model, tokenizer, state: dict | None, keep_last: int = 0) -> Path:
+def save_checkpoint(
+    run_dir: str | Path, name: str, model, tokenizer, state: dict | None, keep_last: int = 0
+) -> Path:
     root = checkpoint_root(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / name
@@ -68,7 +70,9 @@ def resolve_checkpoint(path: str | Path) -> Path:
     for candidate in (path, path / "latest", path / "checkpoints" / "latest"):
         if (candidate / "config.json").is_file():
             return candidate.resolve()
-    raise CheckpointError(f"{path}: no checkpoint there (looked for config.json in it, latest/, checkpoints/latest/)")
+    raise CheckpointError(
+        f"{path}: no checkpoint there (looked for config.json in it, latest/, checkpoints/latest/)"
+    )
 
 
 def load_trainer_state(checkpoint: str | Path) -> dict:
@@ -78,4 +82,6 @@ def load_trainer_state(checkpoint: str | Path) -> dict:
     try:
         return torch.load(file, map_location="cpu", weights_only=False)
     except Exception as err:  # noqa: BLE001  (torch raises many types for a damaged file)
-        raise CheckpointError(f"{file}: cannot be read ({type(err).__name__}: {err}); the file is damaged") from None
+        raise CheckpointError(
+            f"{file}: cannot be read ({type(err).__name__}: {err}); the file is damaged"
+        ) from None

@@ -7,7 +7,14 @@ import math
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 # Metrics shown on the progress bar: key -> short label.
 BAR_FIELDS = {"reward/mean": "reward", "reward/accuracy": "acc", "rollout/tokens_per_s": "tok/s"}
@@ -18,8 +25,16 @@ def _format(value: float) -> str:
 
 
 class MetricsLogger:
-    def __init__(self, run_dir: str | Path, total_steps: int, description: str, start_step: int = 0,
-                 progress: bool = True, tensorboard: bool = True, console: Console | None = None):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        total_steps: int,
+        description: str,
+        start_step: int = 0,
+        progress: bool = True,
+        tensorboard: bool = True,
+        console: Console | None = None,
+    ):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.console = console or Console(stderr=True)
@@ -34,11 +49,18 @@ class MetricsLogger:
         self._print_every = max(1, total_steps // 10)
         if progress:
             self._progress = Progress(
-                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[postfix]}"),
-                console=self.console, transient=False,
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[postfix]}"),
+                console=self.console,
+                transient=False,
             )
-            self._task = self._progress.add_task(description, total=total_steps, completed=start_step, postfix="")
+            self._task = self._progress.add_task(
+                description, total=total_steps, completed=start_step, postfix=""
+            )
             self._progress.start()
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -49,7 +71,9 @@ class MetricsLogger:
             for key, value in record.items():
                 if key != "step" and math.isfinite(value):
                     self._writer.add_scalar(key, value, step)
-        postfix = "  ".join(f"{label} {_format(metrics[key])}" for key, label in BAR_FIELDS.items() if key in metrics)
+        postfix = "  ".join(
+            f"{label} {_format(metrics[key])}" for key, label in BAR_FIELDS.items() if key in metrics
+        )
         if self._progress is not None:
             self._progress.update(self._task, completed=step, postfix=postfix)
             if not self.console.is_terminal and (step % self._print_every == 0 or step == self._total):

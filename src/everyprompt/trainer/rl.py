@@ -64,7 +64,9 @@ class RLTrainer:
         self.reward_fn = get_reward(config.rewards.function)
         self.engine = NativeEngine.from_model(model, tokenizer, batch_size=config.rollout.batch_size)
         self.optimizer = build_optimizer(model, self.rl.lr, self.rl.weight_decay)
-        self.scheduler = build_scheduler(self.optimizer, self.rl.warmup_steps, self.rl.steps, self.rl.lr_schedule)
+        self.scheduler = build_scheduler(
+            self.optimizer, self.rl.warmup_steps, self.rl.steps, self.rl.lr_schedule
+        )
         self.cursor = PromptCursor(len(prompts), config.seed)
         self.step = 0
         self.reward_errors = 0
@@ -93,7 +95,11 @@ class RLTrainer:
 
     def save(self) -> Path:
         return save_checkpoint(
-            self.run_dir, f"step_{self.step}", self.model, self.tokenizer, self.state_dict(),
+            self.run_dir,
+            f"step_{self.step}",
+            self.model,
+            self.tokenizer,
+            self.state_dict(),
             keep_last=self.config.checkpoint.keep_last,
         )
 
@@ -106,8 +112,9 @@ class RLTrainer:
             for sample in range(self.rl.group_size):
                 seed = derive_seed(self.config.seed, self.step, group, sample)
                 requests.append(GenerationRequest(len(requests), self._prompt_ids[index], seed))
-        params = SamplingParams(self.config.rollout.max_new_tokens, self.config.rollout.temperature,
-                                self.config.rollout.top_p)
+        params = SamplingParams(
+            self.config.rollout.max_new_tokens, self.config.rollout.temperature, self.config.rollout.top_p
+        )
         completions = sorted(self.engine.generate(requests, params), key=lambda c: c.request_id)
         group_index = torch.arange(len(prompt_indices)).repeat_interleave(self.rl.group_size)
         return RolloutBatch(
@@ -117,7 +124,9 @@ class RLTrainer:
             finish_reason=[c.finish_reason for c in completions],
             group_index=group_index,
             prompt_index=[prompt_indices[g] for g in group_index.tolist()],
-            completion_text=self.tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True),
+            completion_text=self.tokenizer.batch_decode(
+                [c.token_ids for c in completions], skip_special_tokens=True
+            ),
             timing={"rollout_s": time.perf_counter() - started},
         )
 
@@ -165,29 +174,43 @@ class RLTrainer:
         for start in range(0, len(rows), self.rl.micro_batch_size):
             part = slice(start, start + self.rl.micro_batch_size)
             mask = data["mask"][part]
-            logp, entropy = token_logprobs(self.model, data["input_ids"][part], self.config.rollout.temperature,
-                                           with_entropy=True)
+            logp, entropy = token_logprobs(
+                self.model, data["input_ids"][part], self.config.rollout.temperature, with_entropy=True
+            )
             old_logp = data["old_logp"][part] if "old_logp" in data else logp.detach()
             loss, metrics = policy_loss(
-                self.rl.loss, logp, old_logp, advantages[part], mask, agg=self.rl.loss_agg,
-                max_length=self.config.rollout.max_new_tokens, num_tokens=num_tokens, num_sequences=len(rows),
-                clip_low=self.rl.clip_low, clip_high=self.rl.clip_high,
+                self.rl.loss,
+                logp,
+                old_logp,
+                advantages[part],
+                mask,
+                agg=self.rl.loss_agg,
+                max_length=self.config.rollout.max_new_tokens,
+                num_tokens=num_tokens,
+                num_sequences=len(rows),
+                clip_low=self.rl.clip_low,
+                clip_high=self.rl.clip_high,
             )
             if not torch.isfinite(loss):
                 log.warning("non-finite loss at step %d; this mini-batch's update is skipped", self.step)
                 self.optimizer.zero_grad(set_to_none=True)
                 return {"actor/skipped_updates": 1.0}
             loss.backward()
-            total_loss += float(loss)
+            total_loss += float(loss.detach())
             entropy_sum += float((entropy * mask).sum())
             weight = float(mask.sum()) / num_tokens
             for key, value in metrics.items():
                 stats[key] = stats.get(key, 0.0) + value * weight
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.rl.max_grad_norm)
         self.optimizer.step()
-        return {**stats, "loss/policy": total_loss, "actor/entropy": entropy_sum / num_tokens,
-                "actor/grad_norm": float(grad_norm), "actor/lr": self.scheduler.get_last_lr()[0],
-                "actor/skipped_updates": 0.0}
+        return {
+            **stats,
+            "loss/policy": total_loss,
+            "actor/entropy": entropy_sum / num_tokens,
+            "actor/grad_norm": float(grad_norm),
+            "actor/lr": self.scheduler.get_last_lr()[0],
+            "actor/skipped_updates": 0.0,
+        }
 
     def train_step(self) -> dict[str, float]:
         batch = self.rollout()
@@ -225,8 +248,14 @@ class RLTrainer:
     # ------------------------------------------------------------ the loop
     def train(self, evaluate_fn=None) -> list[dict[str, float]]:
         """Run until `rl.steps`; checkpoint every `checkpoint.every` steps and at the end."""
-        logger = MetricsLogger(self.run_dir, self.rl.steps, "RL", start_step=self.step,
-                               progress=self.config.logging.progress, tensorboard=self.config.logging.tensorboard)
+        logger = MetricsLogger(
+            self.run_dir,
+            self.rl.steps,
+            "RL",
+            start_step=self.step,
+            progress=self.config.logging.progress,
+            tensorboard=self.config.logging.tensorboard,
+        )
         history = []
         try:
             while self.step < self.rl.steps:

@@ -31,8 +31,9 @@ def sft_batch(tokenizer, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
     return input_ids, mask
 
 
-def run_sft(model, tokenizer, rows: list[dict], sft: SFTConfig, seed: int, run_dir: str | Path,
-            logging: LoggingConfig) -> list[dict[str, float]]:
+def run_sft(
+    model, tokenizer, rows: list[dict], sft: SFTConfig, seed: int, run_dir: str | Path, logging: LoggingConfig
+) -> list[dict[str, float]]:
     """Train `sft.steps` steps on random batches of `rows` (each needs `prompt` and `solution`)."""
     missing = [i for i, row in enumerate(rows) if not row.get("solution")]
     if missing:
@@ -40,8 +41,9 @@ def run_sft(model, tokenizer, rows: list[dict], sft: SFTConfig, seed: int, run_d
     rng = random.Random(seed)
     optimizer = build_optimizer(model, sft.lr, sft.weight_decay)
     scheduler = build_scheduler(optimizer, sft.warmup_steps, sft.steps, "cosine")
-    logger = MetricsLogger(Path(run_dir) / "sft", sft.steps, "SFT", progress=logging.progress,
-                           tensorboard=logging.tensorboard)
+    logger = MetricsLogger(
+        Path(run_dir) / "sft", sft.steps, "SFT", progress=logging.progress, tensorboard=logging.tensorboard
+    )
     model.train()
     history = []
     try:
@@ -55,8 +57,12 @@ def run_sft(model, tokenizer, rows: list[dict], sft: SFTConfig, seed: int, run_d
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             scheduler.step()
-            metrics = {"sft/loss": float(loss), "sft/grad_norm": float(grad_norm),
-                       "sft/lr": scheduler.get_last_lr()[0], "time/step_s": time.perf_counter() - started}
+            metrics = {
+                "sft/loss": float(loss.detach()),
+                "sft/grad_norm": float(grad_norm),
+                "sft/lr": scheduler.get_last_lr()[0],
+                "time/step_s": time.perf_counter() - started,
+            }
             logger.log(step, metrics)
             history.append(metrics)
     finally:

@@ -1,0 +1,52 @@
+"""Shared fixtures: a very small model and config so that the whole suite runs in minutes on 2 cores."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from everyprompt.config import Config, ModelConfig, load_config
+from everyprompt.models import load_model_and_tokenizer
+
+TINY_OVERRIDES = [
+    "model.hidden_size=32",
+    "model.num_layers=2",
+    "model.num_experts=4",
+    "model.moe_intermediate_size=32",
+    "model.num_heads=2",
+    "model.num_kv_heads=1",
+    "data.num_train=64",
+    "data.num_eval=10",
+    "sft.steps=2",
+    "sft.batch_size=8",
+    "rl.steps=2",
+    "rl.prompts_per_step=2",
+    "rl.group_size=2",
+    "rl.micro_batch_size=2",
+    "rl.mini_batches=2",
+    "rollout.max_new_tokens=12",
+    "eval.num_samples=2",
+    "eval.pass_k=2",
+    "checkpoint.every=1",
+    "logging.progress=false",
+]
+
+
+def tiny_config(*extra: str) -> Config:
+    return load_config(None, [*TINY_OVERRIDES, *extra])
+
+
+@pytest.fixture
+def tiny_model():
+    """A random-init 2-layer Qwen3-MoE (4 experts, top-2) with the char tokenizer, router weights randomised."""
+    config = ModelConfig(
+        hidden_size=32, num_layers=2, num_experts=4, moe_intermediate_size=32, num_heads=2, num_kv_heads=1
+    )
+    model, tokenizer = load_model_and_tokenizer(config, seed=0)
+    with torch.no_grad():  # make weights larger than the init so that outputs vary by token
+        generator = torch.Generator().manual_seed(0)
+        for param in model.parameters():
+            if param.dim() >= 2:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.2)
+    model.eval()
+    return model, tokenizer

@@ -1,0 +1,109 @@
+import pytest
+import torch
+
+from everyprompt.rollout import GenerationRequest, NativeEngine, SamplingParams, UnsupportedModelError
+
+
+def _requests(tokenizer, prompts, seed=0):
+    return [GenerationRequest(i, tokenizer(p).input_ids, seed=seed + i) for i, p in enumerate(prompts)]
+
+
+def _hf_logprobs(model, completion, temperature=1.0):
+    ids = torch.tensor([completion.prompt_ids + completion.token_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].float() / temperature
+    start = len(completion.prompt_ids) - 1
+    targets = torch.tensor(completion.token_ids)
+    return (
+        torch.log_softmax(logits, -1)[start : start + len(targets)].gather(-1, targets[:, None]).squeeze(-1)
+    )
+
+
+PROMPTS = ["37+48=", "1+2=", "123+456+789=", "9="]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_engine_logprobs_match_hf_forward(tiny_model, temperature):
+    model, tokenizer = tiny_model
+    engine = NativeEngine.from_model(model, tokenizer)
+    completions = list(
+        engine.generate(_requests(tokenizer, PROMPTS), SamplingParams(16, temperature=temperature))
+    )
+    assert len(completions) == len(PROMPTS)
+    for completion in completions:
+        reference = _hf_logprobs(model, completion, temperature)
+        torch.testing.assert_close(completion.logprobs, reference, atol=1e-4, rtol=0)
+
+
+def test_greedy_matches_hf_argmax(tiny_model):
+    model, tokenizer = tiny_model
+    engine = NativeEngine.from_model(model, tokenizer)
+    for completion in engine.generate(_requests(tokenizer, PROMPTS), SamplingParams(10, greedy=True)):
+        ids = completion.prompt_ids
+        for token in completion.token_ids:
+            with torch.no_grad():
+                expected = int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
+            assert token == expected
+            ids = ids + [token]
+
+
+def test_sampling_is_reproducible_and_batch_invariant(tiny_model):
+    model, tokenizer = tiny_model
+    engine = NativeEngine.from_model(model, tokenizer, batch_size=3)
+    params = SamplingParams(12)
+    batched = {c.request_id: c.token_ids for c in engine.generate(_requests(tokenizer, PROMPTS), params)}
+    again = {c.request_id: c.token_ids for c in engine.generate(_requests(tokenizer, PROMPTS), params)}
+    alone = {
+        r.request_id: next(iter(engine.generate([r], params))).token_ids
+        for r in _requests(tokenizer, PROMPTS)
+    }
+    assert batched == again == alone
+    other_seed = {
+        c.request_id: c.token_ids for c in engine.generate(_requests(tokenizer, PROMPTS, 100), params)
+    }
+    assert other_seed != batched
+
+
+def test_stops_at_eos_and_at_max_tokens(tiny_model):
+    model, tokenizer = tiny_model
+    params = SamplingParams(8, greedy=True)
+    free = next(
+        iter(NativeEngine.from_model(model, tokenizer).generate(_requests(tokenizer, PROMPTS[:1]), params))
+    )
+    assert free.finish_reason == "length" and len(free.token_ids) == 8
+    # Declare the third greedy token to be EOS: decoding must stop right there, with that token kept.
+    stop = free.token_ids[2]
+    engine = NativeEngine(
+        model.config, model.state_dict(), eos_token_id=stop, pad_token_id=tokenizer.pad_token_id
+    )
+    stopped = next(iter(engine.generate(_requests(tokenizer, PROMPTS[:1]), params)))
+    first = free.token_ids.index(stop)
+    assert stopped.finish_reason == "eos"
+    assert stopped.token_ids == free.token_ids[: first + 1]
+    torch.testing.assert_close(stopped.logprobs, free.logprobs[: first + 1])
+
+
+def test_load_weights_changes_the_policy(tiny_model):
+    model, tokenizer = tiny_model
+    engine = NativeEngine.from_model(model, tokenizer)
+    params = SamplingParams(6, greedy=True)
+    before = next(iter(engine.generate(_requests(tokenizer, PROMPTS[:1]), params)))
+    state = {k: v * 1.5 if v.dim() == 2 else v for k, v in model.state_dict().items()}
+    engine.load_weights(state)
+    after = next(iter(engine.generate(_requests(tokenizer, PROMPTS[:1]), params)))
+    assert not torch.allclose(before.logprobs[:1], after.logprobs[:1])
+    with pytest.raises(KeyError, match="lm_head.weight|embed_tokens"):
+        engine.load_weights({})
+
+
+def test_unsupported_architecture_is_a_clear_error(tiny_model):
+    model, tokenizer = tiny_model
+    model.config.model_type = "gpt2"
+    with pytest.raises(UnsupportedModelError, match="gpt2"):
+        NativeEngine.from_model(model, tokenizer)
+
+
+def test_empty_prompt_is_rejected(tiny_model):
+    engine = NativeEngine.from_model(*tiny_model)
+    with pytest.raises(ValueError, match="empty prompt"):
+        list(engine.generate([GenerationRequest(0, [])], SamplingParams(4)))

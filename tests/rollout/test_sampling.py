@@ -1,0 +1,39 @@
+import torch
+
+from everyprompt.rollout.sampling import nucleus_filter, sample_tokens, uniform_noise
+
+
+def test_noise_is_uniform_and_deterministic():
+    seeds, positions = torch.arange(2000), torch.zeros(2000, dtype=torch.long)
+    noise = uniform_noise(seeds, positions, 64)
+    assert noise.min() > 0 and noise.max() < 1
+    assert abs(float(noise.mean()) - 0.5) < 0.005
+    assert abs(float(noise.var()) - 1 / 12) < 0.002
+    assert torch.equal(noise, uniform_noise(seeds, positions, 64))
+    assert not torch.equal(noise, uniform_noise(seeds, positions + 1, 64))
+
+
+def test_samples_follow_the_distribution():
+    n = 40000
+    logits = torch.tensor([0.0, 1.0, 2.0]).repeat(n, 1)
+    tokens, logprobs = sample_tokens(
+        logits, torch.arange(n), torch.zeros(n, dtype=torch.long), 1.0, 1.0, False
+    )
+    frequencies = torch.bincount(tokens, minlength=3) / n
+    expected = torch.softmax(torch.tensor([0.0, 1.0, 2.0]), -1)  # 0.090, 0.245, 0.665
+    torch.testing.assert_close(frequencies, expected, atol=0.01, rtol=0)
+    torch.testing.assert_close(logprobs, expected.log()[tokens])
+
+
+def test_nucleus_keeps_the_smallest_set_reaching_top_p():
+    logprobs = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
+    kept = torch.isfinite(nucleus_filter(logprobs, 0.7))
+    # 0.5 < 0.7, 0.5 + 0.3 >= 0.7: the first two tokens are kept
+    assert kept.tolist() == [[True, True, False, False]]
+    assert torch.isfinite(nucleus_filter(logprobs, 1.0)).all()
+
+
+def test_greedy_takes_the_argmax():
+    logits = torch.tensor([[0.1, 3.0, 0.2], [5.0, 0.0, 0.0]])
+    tokens, _ = sample_tokens(logits, torch.arange(2), torch.zeros(2, dtype=torch.long), 1.0, 1.0, True)
+    assert tokens.tolist() == [1, 0]

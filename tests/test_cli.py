@@ -1,0 +1,96 @@
+"""Smoke tests of every entry point on a tiny model."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from everyprompt.cli import main
+from tests.conftest import TINY_OVERRIDES
+
+
+def test_train_two_steps_then_eval_then_resume(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", *TINY_OVERRIDES, "--run-dir", str(run)]) == 0
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
+    assert main(["eval", str(run), *TINY_OVERRIDES, "--run-dir", str(tmp_path / "ev")]) == 0
+    results = json.loads((tmp_path / "ev" / "eval.json").read_text())
+    assert 0.0 <= results["greedy_accuracy"] <= 1.0 and "pass@2/level_1" in results
+    assert main(["train", "--resume", str(run), "rl.steps=3"]) == 0
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 3
+
+
+def test_eval_on_a_prompt_file(tmp_path):
+    run = tmp_path / "run"
+    assert main(["sft", *TINY_OVERRIDES, "--run-dir", str(run)]) == 0
+    data = tmp_path / "q.jsonl"
+    data.write_text('{"question": "1+1=", "gold": "2"}\n{"question": "2+3=", "gold": "5"}\n')
+    code = main(
+        [
+            "eval",
+            str(run / "checkpoints" / "sft"),
+            *TINY_OVERRIDES,
+            "--data",
+            str(data),
+            "--prompt-field",
+            "question",
+            "--answer-field",
+            "gold",
+            "--run-dir",
+            str(tmp_path / "ev"),
+        ]
+    )
+    assert code == 0
+    assert json.loads((tmp_path / "ev" / "eval.json").read_text())["num_prompts"] == 2
+
+
+def test_demo_writes_summary(tmp_path, capsys):
+    assert main(["demo", *TINY_OVERRIDES, "--seed", "3", "--run-dir", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    for key in ("accuracy_before_rl", "accuracy_after_rl", "wall_seconds", "run_dir"):
+        assert key in summary
+    assert summary["seed"] == 3
+    assert "Held-out accuracy before and after RL" in capsys.readouterr().out
+
+
+def test_score_command(tmp_path, capsys):
+    data = tmp_path / "c.jsonl"
+    data.write_text(
+        '{"completion": "so |85", "answer": "85", "id": 1}\n{"completion": "84", "answer": "85"}\n'
+    )
+    out = tmp_path / "scored.jsonl"
+    assert main(["score", str(data), "--reward", "math", "-o", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["reward"] for r in rows] == [1.0, 0.0] and rows[0]["id"] == 1
+
+
+def test_score_renamed_fields_and_bad_row(tmp_path, capsys):
+    data = tmp_path / "c.jsonl"
+    data.write_text('{"text": "#### 3", "gold": 3}\n')
+    assert main(["score", str(data), "--completion-field", "text", "--answer-field", "gold"]) == 0
+    assert json.loads(capsys.readouterr().out)["reward"] == 1.0
+    data.write_text('{"text": "#### 3", "gold": 3}\n{"text": oops}\n')
+    assert main(["score", str(data), "--completion-field", "text", "--answer-field", "gold"]) == 2
+    assert "c.jsonl:2: not valid JSON" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["eval", "/nonexistent/ckpt"], ["score", "x.jsonl", "--reward", "nope"]])
+def test_bad_paths_exit_2(argv, capsys, tmp_path):
+    if argv[0] == "score":
+        (tmp_path / "x.jsonl").write_text('{"completion": "1", "answer": "1"}\n')
+        argv = ["score", str(tmp_path / "x.jsonl"), "--reward", "nope"]
+    assert main(argv) == 2
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_console_script_runs():
+    result = subprocess.run(
+        [sys.executable, "-m", "everyprompt.cli", "train", "rl.nope=1"], capture_output=True, text=True
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "everyprompt: config error: unknown config key 'rl.nope' (valid keys here: "
+        + ", ".join(sorted(__import__("everyprompt.config").config.RLConfig.model_fields))
+        + ")"
+    )

@@ -1,0 +1,71 @@
+import pytest
+import yaml
+
+from everyprompt.cli import main
+from everyprompt.config import Config, ConfigError, demo_config_path, load_config
+
+
+def test_demo_config_is_embedded_and_valid():
+    config = load_config()
+    assert demo_config_path().is_file()
+    assert config.rl.loss == "ppo_clip"
+    assert config.model.preset == "tiny-moe"
+
+
+def test_every_field_has_a_description():
+    def walk(model):
+        for name, field in model.model_fields.items():
+            assert field.description or isinstance(field.default_factory, type), f"{model.__name__}.{name}"
+            annotation = field.annotation
+            if isinstance(annotation, type) and issubclass(annotation, Config.__mro__[1]):
+                walk(annotation)
+
+    walk(Config)
+
+
+def test_dotted_overrides_are_parsed_as_yaml():
+    config = load_config(None, ["rl.lr=1e-4", "data.levels=[1,2]", "logging.progress=false"])
+    assert config.rl.lr == pytest.approx(1e-4)
+    assert config.data.levels == [1, 2]
+    assert config.logging.progress is False
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("rl.lrr=1", "rl.lrr"),
+        ("nope=1", "nope"),
+        ("rl.lr=abc", "rl.lr"),
+        ("rl.group_size=1", "rl.group_size"),
+    ],
+)
+def test_bad_override_names_the_key(override, named):
+    with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
+        load_config(None, [override])
+
+
+def test_unknown_key_in_yaml_names_file_and_key(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"rl": {"learning_rate": 0.1}}))
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert "rl.learning_rate" in str(err.value) and str(path) in str(err.value)
+
+
+def test_invalid_yaml_names_the_line(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("rl:\n  lr: [1, 2\n")
+    with pytest.raises(ConfigError, match=r"broken\.yaml:\d+"):
+        load_config(path)
+
+
+@pytest.mark.parametrize(("args", "named"), [(["rl.bogus=3"], "rl.bogus"), (["rl.steps=many"], "rl.steps")])
+def test_cli_config_error_exits_2_with_one_line(args, named, capsys):
+    assert main(["train", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert named in err and "Traceback" not in err and len(err.splitlines()) == 1
+
+
+def test_pass_k_above_samples_is_rejected():
+    with pytest.raises(ConfigError, match="pass_k"):
+        load_config(None, ["eval.num_samples=2", "eval.pass_k=4"])
