@@ -14,10 +14,10 @@ from dataclasses import dataclass
 # level -> (operands, min digits, max digits)
 LEVELS: dict[int, tuple[int, int, int]] = {
     1: (2, 1, 2),
-    2: (2, 2, 3),
-    3: (2, 3, 4),
-    4: (3, 2, 3),
-    5: (3, 3, 4),
+    2: (2, 2, 2),
+    3: (2, 3, 3),
+    4: (3, 2, 2),
+    5: (3, 3, 3),
 }
 
 

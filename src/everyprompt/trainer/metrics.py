@@ -17,7 +17,7 @@ from rich.progress import (
 )
 
 # Metrics shown on the progress bar: key -> short label.
-BAR_FIELDS = {"reward/mean": "reward", "reward/accuracy": "acc", "rollout/tokens_per_s": "tok/s"}
+BAR_FIELDS = {"sft/loss": "loss", "reward/mean": "reward", "reward/accuracy": "acc", "rollout/tokens_per_s": "tok/s"}
 
 
 def _format(value: float) -> str:
