@@ -80,10 +80,10 @@ class RewardsConfig(Section):
 
 
 class RLConfig(Section):
-    steps: int = Field(60, ge=0, description="RL steps (one rollout batch and its updates each).")
+    steps: int = Field(80, ge=0, description="RL steps (one rollout batch and its updates each).")
     prompts_per_step: int = Field(16, gt=0, description="Prompts sampled per step.")
     group_size: int = Field(8, ge=2, description="Completions per prompt (the GRPO group).")
-    lr: float = Field(2e-4, gt=0, description="Peak AdamW learning rate.")
+    lr: float = Field(1e-5, gt=0, description="Peak AdamW learning rate.")
     warmup_steps: int = Field(5, ge=0, description="Linear warm-up steps.")
     lr_schedule: Literal["constant", "cosine"] = Field("constant", description="Schedule after warm-up.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")

@@ -95,3 +95,23 @@ def test_reward_errors_are_counted_not_fatal(tmp_path):
     line = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
     assert trainer.reward_errors == line["reward/errors"] > 0
     assert line["reward/none_fraction"] > 0
+
+
+def test_update_moves_log_probs_along_the_advantages(tmp_path):
+    """One update must raise sum_i A_i * logp(y_i): correct completions up, wrong ones down."""
+    from everyprompt.trainer.logprobs import token_logprobs
+
+    trainer = Run(tiny_config("rl.lr=1e-3", "rl.mini_batches=1"), tmp_path).trainer()
+    batch = trainer.rollout()
+    batch.rewards = torch.tensor([1.0, 0.0] * (len(batch) // 2))
+    batch.advantages = torch.tensor([1.0, -1.0] * (len(batch) // 2))
+
+    def objective() -> float:
+        data = batch.padded(list(range(len(batch))), trainer.tokenizer.pad_token_id)
+        with torch.no_grad():
+            logp, _ = token_logprobs(trainer.model, data["input_ids"])
+        return float(((logp * data["mask"]).sum(-1) * batch.advantages).sum())
+
+    before = objective()
+    trainer.update(batch)
+    assert objective() > before + 1e-3

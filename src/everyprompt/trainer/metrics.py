@@ -17,7 +17,12 @@ from rich.progress import (
 )
 
 # Metrics shown on the progress bar: key -> short label.
-BAR_FIELDS = {"sft/loss": "loss", "reward/mean": "reward", "reward/accuracy": "acc", "rollout/tokens_per_s": "tok/s"}
+BAR_FIELDS = {
+    "sft/loss": "loss",
+    "reward/mean": "reward",
+    "reward/accuracy": "acc",
+    "rollout/tokens_per_s": "tok/s",
+}
 
 
 def _format(value: float) -> str:
