@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from everyprompt.config import Config, ConfigError, load_config, read_yaml
+from everyprompt.config import Config, ConfigError, load_config
 
 EXIT_USAGE = 2
 
@@ -49,7 +49,6 @@ def cmd_train(args) -> int:
         saved = Path(args.resume) / "config.yaml"
         if not saved.is_file():
             raise ConfigError(f"--resume {args.resume}: no config.yaml there; is it a run directory?")
-        read_yaml(saved)
         config = load_config(saved, _split_config_args(args.config)[1])
         train(config, run_dir=args.resume, resume=True)
     else:
@@ -105,11 +104,12 @@ def _print_eval(results: dict[str, float], pass_k: int) -> None:
 def cmd_score(args) -> int:
     from everyprompt.data.datasets import read_jsonl
     from everyprompt.rewards import get_reward, score_completions
+    from everyprompt.trainer.rl import reward_columns
 
     fields = (args.completion_field, args.answer_field)
     rows = read_jsonl(args.input, required=fields)
     fn = get_reward(args.reward)
-    columns = {key: [row.get(key) for row in rows] for key in sorted({k for row in rows for k in row})}
+    columns = reward_columns(rows)
     columns["answer"] = [str(row[args.answer_field]) for row in rows]
     columns.pop(args.completion_field, None)
     completions = [str(row[args.completion_field]) for row in rows]
