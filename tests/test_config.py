@@ -1,3 +1,5 @@
+import re
+
 import pytest
 import yaml
 
@@ -69,3 +71,20 @@ def test_cli_config_error_exits_2_with_one_line(args, named, capsys):
 def test_pass_k_above_samples_is_rejected():
     with pytest.raises(ConfigError, match="pass_k"):
         load_config(None, ["eval.num_samples=2", "eval.pass_k=4"])
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("rl.loss=ppo", "config key 'rl.loss': expected one of cispo, espo, gspo, gspo_token, ppo_clip"),
+        ("rl.advantage=gae", "config key 'rl.advantage': expected one of dr_grpo, grpo, rloo"),
+        ("rl.espo.high_frac=1.5", "config key 'rl.espo.high_frac'"),
+        ("rl.espo.alpha=0", "config key 'rl.espo.alpha'"),
+        ("rl.kl.estimator=k4", "config key 'rl.kl.estimator'"),
+        ("rl.rollout_correction.cap=0.5", "config key 'rl.rollout_correction.cap'"),
+        ("rl.loss_agg=sum", "config key 'rl.loss_agg'"),
+    ],
+)
+def test_algorithm_options_are_validated(override, needle):
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        load_config(None, [override])

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -57,7 +57,7 @@ class DataConfig(Section):
 
 
 class SFTConfig(Section):
-    steps: int = Field(300, ge=0, description="SFT optimizer steps (0 skips SFT).")
+    steps: int = Field(450, ge=0, description="SFT optimizer steps (0 skips SFT).")
     batch_size: int = Field(64, gt=0, description="Worked solutions per SFT step.")
     lr: float = Field(3e-3, gt=0, description="Peak AdamW learning rate.")
     warmup_steps: int = Field(20, ge=0, description="Linear warm-up steps.")
@@ -79,6 +79,50 @@ class RewardsConfig(Section):
     function: str = Field("math", description="Registered reward name or `package.module:function`.")
 
 
+class PPOClipConfig(Section):
+    clip_low: float = Field(0.2, ge=0, lt=1, description="Lower ratio epsilon: clip at 1 - clip_low.")
+    clip_high: float = Field(0.28, ge=0, description="Upper ratio epsilon (DAPO clip-higher: > clip_low).")
+    dual_clip: float | None = Field(
+        None, gt=1, description="Dual-clip constant c: caps a negative-advantage token's loss at -c A."
+    )
+
+
+class GSPOConfig(Section):
+    clip_low: float = Field(3e-4, ge=0, lt=1, description="Sequence-ratio lower epsilon.")
+    clip_high: float = Field(4e-4, ge=0, description="Sequence-ratio upper epsilon.")
+
+
+class CISPOConfig(Section):
+    clip_low: float = Field(1.0, ge=0, le=1, description="IS-weight lower epsilon (1: no lower bound).")
+    clip_high: float = Field(0.28, ge=0, description="IS-weight upper epsilon: weight <= 1 + clip_high.")
+
+
+class ESPOConfig(Section):
+    alpha: float = Field(0.02, gt=0, description="Clip scale: eps = alpha * mean group entropy / log|V|.")
+    num_groups: int = Field(2, ge=1, description="Entropy groups per sequence.")
+    high_frac: float = Field(
+        0.2, gt=0, lt=1, description="K = 2: share of a sequence's tokens in the high-entropy group."
+    )
+    ratio_denominator: Literal["current", "old"] = Field(
+        "current", description="Token ratio sg[s]*pi/sg[pi] ('current') or sg[s]*pi/pi_old ('old')."
+    )
+
+
+class KLConfig(Section):
+    estimator: Literal["k1", "k2", "k3"] | None = Field(
+        None, description="KL estimator against the frozen starting policy (None: no KL term)."
+    )
+    coef: float = Field(1e-3, ge=0, description="Weight of the KL term in the loss.")
+
+
+class RolloutCorrectionConfig(Section):
+    mode: Literal["tis", "mis"] | None = Field(
+        None, description="tis: truncated IS weight; mis: mask tokens outside [1/C, C]; None: off."
+    )
+    level: Literal["token", "sequence"] = Field("token", description="Ratio per token or per sequence.")
+    cap: float = Field(2.0, gt=1, description="The cap C.")
+
+
 class RLConfig(Section):
     steps: int = Field(80, ge=0, description="RL steps (one rollout batch and its updates each).")
     prompts_per_step: int = Field(16, gt=0, description="Prompts sampled per step.")
@@ -93,15 +137,58 @@ class RLConfig(Section):
         64, gt=0, description="Sequences per forward/backward (gradient accumulation)."
     )
     advantage: str = Field("grpo", description="Advantage estimator (algorithms registry name).")
-    loss: str = Field("ppo_clip", description="Policy loss (algorithms registry name).")
-    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field(
-        "token-mean", description="How per-token losses are reduced."
+    loss: str = Field(
+        "ppo_clip",
+        description="Policy loss (algorithms registry name: ppo_clip, gspo, gspo_token, espo, cispo).",
     )
-    clip_low: float = Field(0.2, ge=0, description="PPO-clip lower epsilon.")
-    clip_high: float = Field(0.28, ge=0, description="PPO-clip upper epsilon (DAPO clip-higher).")
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] | None = Field(
+        None, description="How per-token losses are reduced (None: the loss's own default)."
+    )
+    loss_options: dict[str, Any] = Field(
+        default_factory=dict, description="Extra keyword options for a user-registered loss."
+    )
+    ppo: PPOClipConfig = Field(default_factory=lambda: PPOClipConfig(), description="ppo_clip options.")
+    gspo: GSPOConfig = Field(default_factory=lambda: GSPOConfig(), description="gspo / gspo_token options.")
+    cispo: CISPOConfig = Field(default_factory=lambda: CISPOConfig(), description="cispo options.")
+    espo: ESPOConfig = Field(default_factory=lambda: ESPOConfig(), description="espo options.")
+    kl: KLConfig = Field(default_factory=lambda: KLConfig(), description="KL penalty to the starting policy.")
+    rollout_correction: RolloutCorrectionConfig = Field(
+        default_factory=lambda: RolloutCorrectionConfig(),
+        description="Train/rollout mismatch correction with the engine's log-probs.",
+    )
     levels: list[int] | None = Field(
         None, description="Built-in task levels for RL prompts (None: data.levels)."
     )
+
+    @field_validator("advantage")
+    @classmethod
+    def _known_advantage(cls, name: str) -> str:
+        from everyprompt.algorithms import registered_advantages
+
+        if name not in registered_advantages():
+            raise ValueError(f"expected one of {', '.join(registered_advantages())}")
+        return name
+
+    @field_validator("loss")
+    @classmethod
+    def _known_loss(cls, name: str) -> str:
+        from everyprompt.algorithms import registered_policy_losses
+
+        if name not in registered_policy_losses():
+            raise ValueError(f"expected one of {', '.join(registered_policy_losses())}")
+        return name
+
+    def loss_kwargs(self) -> dict[str, Any]:
+        """The per-method options of `loss`, as keyword arguments of its registered function."""
+        if self.loss == "ppo_clip":
+            return self.ppo.model_dump()
+        if self.loss in ("gspo", "gspo_token"):
+            return self.gspo.model_dump()
+        if self.loss == "cispo":
+            return self.cispo.model_dump()
+        if self.loss == "espo":
+            return self.espo.model_dump()
+        return dict(self.loss_options)
 
 
 class EvalConfig(Section):
@@ -189,7 +276,8 @@ def _describe_error(err: dict, source: str) -> str:
         valid = ", ".join(sorted(parent.model_fields)) if parent else ""
         return f"{source}unknown config key '{key}' (valid keys here: {valid})"
     given = err.get("input")
-    return f"{source}config key '{key}': {err['msg']}, got {given!r}"
+    message = err["msg"].removeprefix("Value error, ")
+    return f"{source}config key '{key}': {message}, got {given!r}"
 
 
 def _section_for(loc: tuple) -> type[BaseModel] | None:

@@ -100,7 +100,8 @@ class Run:
         if resume:
             latest = resolve_checkpoint(checkpoint_root(self.run_dir) / "latest")
             model, tokenizer = load_pretrained(latest)
-            trainer = RLTrainer(self.config, model, tokenizer, self.rl_rows(), self.run_dir)
+            reference = self.warm_started_model()[0] if self.config.rl.kl.estimator else None
+            trainer = RLTrainer(self.config, model, tokenizer, self.rl_rows(), self.run_dir, reference)
             trainer.load_state_dict(load_trainer_state(latest))
             self.console.print(f"resumed from {latest} at step {trainer.step}")
             return trainer

@@ -11,3 +11,8 @@ def flaky(completions, answer, **_):
             raise RuntimeError("judge unavailable")
         out.append(float(completion.strip() == answer))
     return out
+
+
+def parity(completions, **columns):
+    """Reward 1 for an even-length completion: varies within groups, so every step updates the model."""
+    return [float(len(text) % 2 == 0) for text in completions]

@@ -115,3 +115,57 @@ def test_update_moves_log_probs_along_the_advantages(tmp_path):
     before = objective()
     trainer.update(batch)
     assert objective() > before + 1e-3
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("rl.loss=espo",),
+        ("rl.loss=espo", "rl.mini_batches=1", "rl.espo.num_groups=3"),
+        ("rl.loss=gspo", "rl.advantage=dr_grpo"),
+        ("rl.loss=gspo_token", "rl.loss_agg=token-mean"),
+        ("rl.loss=cispo", "rl.advantage=rloo"),
+        ("rl.kl.estimator=k3", "rl.kl.coef=0.1"),
+        ("rl.rollout_correction.mode=tis", "rl.rollout_correction.level=sequence"),
+        ("rl.rollout_correction.mode=mis",),
+    ],
+)
+def test_every_method_trains_through_the_config(tmp_path, overrides):
+    trainer = train(tiny_config("rl.steps=1", "checkpoint.every=0", *overrides), run_dir=tmp_path)
+    line = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert trainer.step == 1 and line["actor/skipped_updates"] == 0
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    if "rl.loss=espo" in overrides:
+        assert "espo/epsilon_mean" in line
+        assert ("espo/clip_fraction_high" in line) != ("espo/clip_fraction_0" in line)
+    if "rl.kl.estimator=k3" in overrides:
+        assert line["actor/kl_ref"] >= 0
+    if "rl.rollout_correction.mode=mis" in overrides:
+        # the engine and the trainer agree in fp32, so no token is masked
+        assert line["rollout_correction/mis_affected_fraction"] == 0
+
+
+def test_espo_uses_the_sampling_policys_entropies(tmp_path):
+    """With two mini-batches, the second one's entropies are the pre-update ones, not the live model's."""
+    trainer = Run(tiny_config("rl.loss=espo", "rl.lr=1e-2"), tmp_path).trainer()
+    batch = trainer.rollout()
+    trainer.score(batch)
+    batch.advantages = torch.linspace(-1, 1, len(batch))
+    trainer.update(batch)
+    assert batch.old_entropies is not None and len(batch.old_entropies) == len(batch)
+    data = batch.padded(list(range(len(batch))), trainer.tokenizer.pad_token_id)
+    from everyprompt.trainer.logprobs import token_logprobs
+
+    with torch.no_grad():
+        _, live = token_logprobs(trainer.model, data["input_ids"], with_entropy=True)
+    assert not torch.allclose(live * data["mask"], data["old_entropy"], atol=1e-6)
+
+
+def test_kl_reference_is_the_starting_policy_after_resume(tmp_path):
+    options = ("rl.kl.estimator=k2", "rl.lr=1e-2", "rewards.function=tests.trainer.flaky_reward:parity")
+    train(tiny_config("rl.steps=1", *options), run_dir=tmp_path)
+    start = Run(tiny_config(), tmp_path).warm_started_model()[0]
+    resumed = Run(tiny_config("rl.steps=2", *options), tmp_path).trainer(resume=True)
+    torch.testing.assert_close(resumed.reference.state_dict(), start.state_dict())
+    moved = resumed.model.model.embed_tokens.weight
+    assert not torch.allclose(moved, resumed.reference.model.embed_tokens.weight)

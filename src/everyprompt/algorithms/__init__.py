@@ -7,9 +7,18 @@ Everything is registered by name; the trainer calls only :func:`compute_advantag
 from everyprompt.algorithms import advantages as _advantages  # noqa: F401  (registers estimators)
 from everyprompt.algorithms import losses as _losses  # noqa: F401  (registers losses)
 from everyprompt.algorithms.aggregation import AGGREGATIONS, aggregate
+from everyprompt.algorithms.corrections import (
+    CORRECTION_LEVELS,
+    CORRECTIONS,
+    KL_ESTIMATORS,
+    kl_penalty,
+    rollout_correction,
+)
+from everyprompt.algorithms.losses import entropy_groups
 from everyprompt.algorithms.registry import (
     compute_advantages,
     policy_loss,
+    policy_loss_spec,
     register_advantage,
     register_policy_loss,
     registered_advantages,
@@ -18,11 +27,18 @@ from everyprompt.algorithms.registry import (
 
 __all__ = [
     "AGGREGATIONS",
+    "CORRECTIONS",
+    "CORRECTION_LEVELS",
+    "KL_ESTIMATORS",
     "aggregate",
     "compute_advantages",
+    "entropy_groups",
+    "kl_penalty",
     "policy_loss",
+    "policy_loss_spec",
     "register_advantage",
     "register_policy_loss",
     "registered_advantages",
     "registered_policy_losses",
+    "rollout_correction",
 ]

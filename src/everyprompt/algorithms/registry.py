@@ -1,39 +1,62 @@
-"""Name -> function registries for advantage estimators and policy losses."""
+"""Name -> function registries for advantage estimators and policy losses, and the two entry points."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
-from everyprompt.algorithms.aggregation import aggregate
+from everyprompt.algorithms.aggregation import AGGREGATIONS, aggregate
+from everyprompt.algorithms.corrections import kl_penalty, rollout_correction
 
 _ADVANTAGES: dict[str, Callable] = {}
-_POLICY_LOSSES: dict[str, Callable] = {}
+_POLICY_LOSSES: dict[str, LossSpec] = {}
 
 
-def _register(table: dict[str, Callable], kind: str, name: str) -> Callable[[Callable], Callable]:
-    def decorate(fn: Callable) -> Callable:
-        if name in table:
-            raise ValueError(f"{kind} {name!r} is already registered")
-        table[name] = fn
-        return fn
-
-    return decorate
+@dataclass(frozen=True)
+class LossSpec:
+    fn: Callable
+    default_agg: str = "token-mean"
+    needs_entropy: bool = False
 
 
-def _lookup(table: dict[str, Callable], kind: str, name: str) -> Callable:
+def _lookup(table: dict, kind: str, name: str):
     if name not in table:
         raise KeyError(f"unknown {kind} {name!r}; valid: {', '.join(sorted(table))}")
     return table[name]
 
 
 def register_advantage(name: str) -> Callable[[Callable], Callable]:
-    return _register(_ADVANTAGES, "advantage estimator", name)
+    """Decorator: register `fn(rewards [N], group_index [N], **options) -> advantages [N]` as `name`."""
+
+    def decorate(fn: Callable) -> Callable:
+        if name in _ADVANTAGES:
+            raise ValueError(f"advantage estimator {name!r} is already registered")
+        _ADVANTAGES[name] = fn
+        return fn
+
+    return decorate
 
 
-def register_policy_loss(name: str) -> Callable[[Callable], Callable]:
-    return _register(_POLICY_LOSSES, "policy loss", name)
+def register_policy_loss(
+    name: str, *, default_agg: str = "token-mean", needs_entropy: bool = False
+) -> Callable[[Callable], Callable]:
+    """Decorator: register `fn(logp, old_logp, advantages, mask, *, entropy=None, **options)` as `name`.
+
+    The function returns (per-token loss [B, T], detached metrics). `default_agg` is the aggregation used
+    when the caller names none; `needs_entropy` makes a call without entropies an error.
+    """
+    if default_agg not in AGGREGATIONS:
+        raise ValueError(f"default_agg {default_agg!r} is not one of {', '.join(AGGREGATIONS)}")
+
+    def decorate(fn: Callable) -> Callable:
+        if name in _POLICY_LOSSES:
+            raise ValueError(f"policy loss {name!r} is already registered")
+        _POLICY_LOSSES[name] = LossSpec(fn, default_agg, needs_entropy)
+        return fn
+
+    return decorate
 
 
 def registered_advantages() -> list[str]:
@@ -42,6 +65,11 @@ def registered_advantages() -> list[str]:
 
 def registered_policy_losses() -> list[str]:
     return sorted(_POLICY_LOSSES)
+
+
+def policy_loss_spec(name: str) -> LossSpec:
+    """How the loss `name` was registered (its default aggregation, whether it needs entropies)."""
+    return _lookup(_POLICY_LOSSES, "policy loss", name)
 
 
 def compute_advantages(
@@ -61,22 +89,57 @@ def policy_loss(
     advantages: torch.Tensor,  # [B] or [B, T]
     mask: torch.Tensor,  # [B, T] 1 on completion tokens
     *,
-    agg: str = "token-mean",
+    entropy: torch.Tensor | None = None,  # [B, T] token entropies under the sampling policy
+    agg: str | None = None,
     max_length: int | None = None,
     num_tokens: float | None = None,
     num_sequences: float | None = None,
+    ref_logp: torch.Tensor | None = None,  # [B, T] reference-model log-probs (KL penalty)
+    kl: str | None = None,
+    kl_coef: float = 0.0,
+    rollout_logp: torch.Tensor | None = None,  # [B, T] engine log-probs (mismatch correction)
+    correction: str | None = None,
+    correction_level: str = "token",
+    correction_cap: float = 2.0,
     **options,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Scalar loss and detached metrics: the registered per-token objective, then its aggregation.
+    """Scalar loss and detached metrics.
 
-    `num_tokens` / `num_sequences` are the denominators of the whole mini-batch when this call sees one
-    micro-batch of it (see :func:`aggregate`).
+    The registered per-token objective, times the rollout-correction weights when `correction` is
+    "tis" or "mis", plus `kl_coef` times the `kl` estimator against `ref_logp`, reduced by `agg` (the
+    loss's own default when None). `num_tokens` / `num_sequences` are the whole mini-batch's
+    denominators when this call sees one micro-batch of it (see :func:`aggregate`).
     """
-    fn = _lookup(_POLICY_LOSSES, "policy loss", name)
+    spec = policy_loss_spec(name)
+    if spec.needs_entropy and entropy is None:
+        raise ValueError(f"policy loss {name!r} needs per-token entropies (entropy=...)")
     if advantages.dim() == 1:
         advantages = advantages[:, None].expand_as(logp)
-    token_loss, metrics = fn(logp, old_logp, advantages, mask, **options)
+    token_loss, metrics = spec.fn(logp, old_logp, advantages, mask, entropy=entropy, **options)
+    if correction is not None:
+        if rollout_logp is None:
+            raise ValueError(
+                f"rollout correction {correction!r} needs the engine's log-probs (rollout_logp=...)"
+            )
+        weight, correction_metrics = rollout_correction(
+            old_logp, rollout_logp, mask, correction, correction_level, correction_cap
+        )
+        token_loss = token_loss * weight
+        metrics.update(correction_metrics)
+    if kl is not None:
+        if ref_logp is None:
+            raise ValueError(f"KL estimator {kl!r} needs the reference model's log-probs (ref_logp=...)")
+        penalty = kl_penalty(logp, ref_logp, kl)
+        token_loss = token_loss + kl_coef * penalty
+        with torch.no_grad():
+            m = mask.to(penalty.dtype)
+            metrics["actor/kl_ref"] = float((penalty * m).sum() / m.sum().clamp(min=1))
     loss = aggregate(
-        token_loss, mask, agg, max_length=max_length, num_tokens=num_tokens, num_sequences=num_sequences
+        token_loss,
+        mask,
+        agg or spec.default_agg,
+        max_length=max_length,
+        num_tokens=num_tokens,
+        num_sequences=num_sequences,
     )
     return loss, metrics

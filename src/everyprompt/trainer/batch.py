@@ -20,6 +20,7 @@ class RolloutBatch:
     reward_components: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [N]
     advantages: torch.Tensor | None = None  # [N] float
     old_logprobs: list[torch.Tensor] | None = None  # N x [len(completion)]: trainer's pre-update log-probs
+    old_entropies: list[torch.Tensor] | None = None  # N x [len(completion)]: their token entropies
     routed_experts: list[torch.Tensor] | None = None  # N x [T, L_moe, k] int16 (router replay)
     timing: dict[str, float] = field(default_factory=dict)
 
@@ -35,7 +36,7 @@ class RolloutBatch:
 
         input_ids [n, L]: prompt + completion; the rest are [n, L - 1], aligned with the *targets*
         input_ids[:, 1:]: mask (1 on completion tokens), rollout_logp (engine log-probs, 0 elsewhere),
-        old_logp (trainer's pre-update log-probs, when computed).
+        old_logp / old_entropy (trainer's pre-update log-probs and entropies, when computed).
         """
         rows = [int(r) for r in rows]
         lengths = [len(self.prompt_ids[r]) + len(self.completion_ids[r]) for r in rows]
@@ -44,6 +45,7 @@ class RolloutBatch:
         mask = torch.zeros(len(rows), width - 1)
         rollout_logp = torch.zeros(len(rows), width - 1)
         old_logp = torch.zeros(len(rows), width - 1) if self.old_logprobs is not None else None
+        old_entropy = torch.zeros(len(rows), width - 1) if self.old_entropies is not None else None
         for out, r in enumerate(rows):
             prompt, completion = self.prompt_ids[r], self.completion_ids[r]
             input_ids[out, : lengths[out]] = torch.tensor(prompt + completion)
@@ -52,9 +54,13 @@ class RolloutBatch:
             rollout_logp[out, start : start + len(completion)] = self.rollout_logprobs[r]
             if old_logp is not None:
                 old_logp[out, start : start + len(completion)] = self.old_logprobs[r]
+            if old_entropy is not None:
+                old_entropy[out, start : start + len(completion)] = self.old_entropies[r]
         tensors = {"input_ids": input_ids, "mask": mask, "rollout_logp": rollout_logp}
         if old_logp is not None:
             tensors["old_logp"] = old_logp
+        if old_entropy is not None:
+            tensors["old_entropy"] = old_entropy
         return tensors
 
     def completion_values(self, rows: list[int], padded_values: torch.Tensor) -> list[torch.Tensor]:

@@ -9,6 +9,7 @@ micro-batch size); then copies the new weights into the engine.
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import random
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from everyprompt.algorithms import compute_advantages, policy_loss
+from everyprompt.algorithms import compute_advantages, policy_loss, policy_loss_spec
 from everyprompt.config import Config
 from everyprompt.data import PromptCursor
 from everyprompt.rewards import get_reward, score_completions
@@ -57,7 +58,9 @@ def zero_variance_rate(rewards: torch.Tensor, group_index: torch.Tensor) -> floa
 class RLTrainer:
     """Composes the engine, reward function, optimizer, logger and checkpoints of one RL run."""
 
-    def __init__(self, config: Config, model, tokenizer, prompts: list[dict], run_dir: str | Path):
+    def __init__(
+        self, config: Config, model, tokenizer, prompts: list[dict], run_dir: str | Path, reference=None
+    ):
         self.config, self.model, self.tokenizer = config, model, tokenizer
         self.prompts, self.run_dir = prompts, Path(run_dir)
         self.rl = config.rl
@@ -71,6 +74,14 @@ class RLTrainer:
         self.step = 0
         self.reward_errors = 0
         self._prompt_ids = [tokenizer(p["prompt"]).input_ids for p in prompts]
+        self._needs_entropy = policy_loss_spec(self.rl.loss).needs_entropy
+        self._loss_options = self.rl.loss_kwargs()
+        if self.rl.loss == "espo":
+            self._loss_options["vocab_size"] = model.config.vocab_size
+        # The KL term's reference: the starting policy, frozen (a copy of `model` unless given).
+        self.reference = None
+        if self.rl.kl.estimator is not None:
+            self.reference = (reference or copy.deepcopy(model)).eval().requires_grad_(False)
 
     # ------------------------------------------------------------ state
     def state_dict(self) -> dict:
@@ -144,7 +155,7 @@ class RLTrainer:
         generator = torch.Generator().manual_seed(derive_seed(self.config.seed, self.step, 7))
         order = torch.randperm(len(batch), generator=generator)
         if self.rl.mini_batches > 1:
-            batch.old_logprobs = self._old_logprobs(batch)
+            self._old_logprobs(batch)
         stats: dict[str, list[float]] = {}
         for mini in order.chunk(self.rl.mini_batches):
             for key, value in self._mini_batch_step(batch, mini.tolist()).items():
@@ -155,15 +166,25 @@ class RLTrainer:
         return metrics
 
     @torch.no_grad()
-    def _old_logprobs(self, batch: RolloutBatch) -> list[torch.Tensor]:
+    def _old_logprobs(self, batch: RolloutBatch) -> None:
+        """The trainer's pre-update log-probs (and entropies, when the loss needs them) of the batch."""
         rows = list(range(len(batch)))
-        out: list[torch.Tensor] = []
+        logprobs: list[torch.Tensor] = []
+        entropies: list[torch.Tensor] = []
         for start in range(0, len(rows), self.rl.micro_batch_size):
             chunk = rows[start : start + self.rl.micro_batch_size]
             data = batch.padded(chunk, self.tokenizer.pad_token_id)
-            logp, _ = token_logprobs(self.model, data["input_ids"], self.config.rollout.temperature)
-            out.extend(batch.completion_values(chunk, logp))
-        return out
+            logp, entropy = token_logprobs(
+                self.model,
+                data["input_ids"],
+                self.config.rollout.temperature,
+                with_entropy=self._needs_entropy,
+            )
+            logprobs.extend(batch.completion_values(chunk, logp))
+            if entropy is not None:
+                entropies.extend(batch.completion_values(chunk, entropy))
+        batch.old_logprobs = logprobs
+        batch.old_entropies = entropies or None
 
     def _mini_batch_step(self, batch: RolloutBatch, rows: list[int]) -> dict[str, float]:
         data = batch.padded(rows, self.tokenizer.pad_token_id)
@@ -174,22 +195,38 @@ class RLTrainer:
         for start in range(0, len(rows), self.rl.micro_batch_size):
             part = slice(start, start + self.rl.micro_batch_size)
             mask = data["mask"][part]
+            input_ids = data["input_ids"][part]
             logp, entropy = token_logprobs(
-                self.model, data["input_ids"][part], self.config.rollout.temperature, with_entropy=True
+                self.model, input_ids, self.config.rollout.temperature, with_entropy=True
             )
+            # Without a separate old-policy pass (one mini-batch), this forward *is* the old policy.
             old_logp = data["old_logp"][part] if "old_logp" in data else logp.detach()
+            old_entropy = data["old_entropy"][part] if "old_entropy" in data else entropy
+            extra = {}
+            if self.reference is not None:
+                with torch.no_grad():
+                    extra["ref_logp"], _ = token_logprobs(
+                        self.reference, input_ids, self.config.rollout.temperature
+                    )
             loss, metrics = policy_loss(
                 self.rl.loss,
                 logp,
                 old_logp,
                 advantages[part],
                 mask,
+                entropy=old_entropy,
                 agg=self.rl.loss_agg,
                 max_length=self.config.rollout.max_new_tokens,
                 num_tokens=num_tokens,
                 num_sequences=len(rows),
-                clip_low=self.rl.clip_low,
-                clip_high=self.rl.clip_high,
+                kl=self.rl.kl.estimator,
+                kl_coef=self.rl.kl.coef,
+                rollout_logp=data["rollout_logp"][part],
+                correction=self.rl.rollout_correction.mode,
+                correction_level=self.rl.rollout_correction.level,
+                correction_cap=self.rl.rollout_correction.cap,
+                **extra,
+                **self._loss_options,
             )
             if not torch.isfinite(loss):
                 log.warning("non-finite loss at step %d; this mini-batch's update is skipped", self.step)

@@ -1,0 +1,71 @@
+"""KL penalties against a reference model and train/rollout mismatch corrections (ALGORITHMS.md s. 1).
+
+KL estimators of KL(pi || pi_ref) per token, with d = logp - ref_logp (Schulman's k1/k2/k3):
+  k1 = d,    k2 = d^2 / 2,    k3 = exp(-d) - 1 + d    (k3 >= 0 and unbiased).
+
+Rollout corrections weight each token's loss by how far the trainer's old policy is from the engine
+that sampled, rho = exp(old_logp - rollout_logp):
+  tis: w = min(rho, C)                (truncated importance sampling)
+  mis: w = 1 if 1/C <= rho <= C else 0 (masked importance sampling)
+at token level (rho per token) or sequence level (rho = exp(sum_t of the log-ratio), one per sequence).
+The weights are detached; masked tokens keep their place in the aggregation's denominators.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+KL_ESTIMATORS = ("k1", "k2", "k3")
+CORRECTIONS = ("tis", "mis")
+CORRECTION_LEVELS = ("token", "sequence")
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token KL estimate [B, T] (differentiable in logp)."""
+    d = logp - ref_logp.detach()
+    if estimator == "k1":
+        return d
+    if estimator == "k2":
+        return 0.5 * d.pow(2)
+    if estimator == "k3":
+        return (-d).clamp(max=20.0).exp() - 1.0 + d
+    raise KeyError(f"unknown KL estimator {estimator!r}; valid: {', '.join(KL_ESTIMATORS)}")
+
+
+def rollout_correction(
+    old_logp: torch.Tensor,  # [B, T] trainer's log-probs of the sampled tokens before the update
+    rollout_logp: torch.Tensor,  # [B, T] the engine's log-probs of the same tokens
+    mask: torch.Tensor,  # [B, T]
+    mode: str = "tis",
+    level: str = "token",
+    cap: float = 2.0,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Detached per-token loss weights [B, T] and metrics (mean weight, share of tokens capped/masked)."""
+    if mode not in CORRECTIONS:
+        raise KeyError(f"unknown rollout correction {mode!r}; valid: {', '.join(CORRECTIONS)}")
+    if level not in CORRECTION_LEVELS:
+        raise KeyError(f"unknown rollout correction level {level!r}; valid: {', '.join(CORRECTION_LEVELS)}")
+    if cap <= 1.0:
+        raise ValueError(f"the rollout correction cap C must be > 1, got {cap}")
+    mask = mask.to(old_logp.dtype)
+    with torch.no_grad():
+        log_rho = (old_logp - rollout_logp) * mask
+        if level == "sequence":
+            log_rho = log_rho.sum(-1, keepdim=True).expand_as(mask)
+        log_cap = math.log(cap)
+        if mode == "tis":
+            weight = log_rho.clamp(max=log_cap).exp()
+            affected = log_rho > log_cap
+        else:
+            inside = (log_rho >= -log_cap) & (log_rho <= log_cap)
+            weight = inside.to(mask.dtype)
+            affected = ~inside
+        weight = weight * mask
+        tokens = mask.sum().clamp(min=1)
+        metrics = {
+            f"rollout_correction/{mode}_weight_mean": float(weight.sum() / tokens),
+            f"rollout_correction/{mode}_affected_fraction": float((affected * mask).sum() / tokens),
+        }
+    return weight, metrics
