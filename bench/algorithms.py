@@ -1,0 +1,288 @@
+"""Ablation of the policy losses: GRPO, DAPO, GSPO and ESPO on the demo task.
+
+Every method starts from the same SFT checkpoint and gets the same rollout budget (steps x prompts x
+group size) under the same three seeds; only the loss (and its aggregation / clip settings) differs.
+
+    python bench/algorithms.py                 # the full ablation (~20 minutes on 2 CPU cores)
+    python bench/algorithms.py --steps 20      # shorter
+    python bench/algorithms.py --tiny          # seconds: a smoke run on a 2-layer model
+
+Writes bench/results/algorithms.json (per method and seed: held-out accuracy after each eval, clip
+fractions, entropy, wall time) and bench/results/algorithms.png (accuracy vs rollouts); prints the
+summary table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+
+# method -> config overrides (the rest is configs/demo.yaml)
+METHODS: dict[str, list[str]] = {
+    "GRPO": [
+        "rl.loss=ppo_clip",
+        "rl.ppo.clip_low=0.2",
+        "rl.ppo.clip_high=0.2",
+        "rl.loss_agg=seq-mean-token-mean",
+    ],
+    "DAPO": ["rl.loss=ppo_clip", "rl.ppo.clip_low=0.2", "rl.ppo.clip_high=0.28", "rl.loss_agg=token-mean"],
+    "GSPO": ["rl.loss=gspo"],
+    "ESPO": ["rl.loss=espo"],
+}
+
+TINY = [
+    "model.hidden_size=32",
+    "model.num_layers=2",
+    "model.num_experts=4",
+    "model.moe_intermediate_size=32",
+    "model.num_heads=2",
+    "model.num_kv_heads=1",
+    "data.num_train=64",
+    "data.num_eval=10",
+    "sft.steps=4",
+    "sft.batch_size=8",
+    "rl.prompts_per_step=2",
+    "rl.group_size=2",
+    "rollout.max_new_tokens=12",
+]
+
+
+def _mean(values: list[float]) -> float:
+    values = [v for v in values if v == v]
+    return sum(values) / len(values) if values else float("nan")
+
+
+def prepare_sft(base: list[str], out: Path) -> Path:
+    """Train (or reuse) the shared SFT checkpoint and return its directory."""
+    from everyprompt.config import load_config
+    from everyprompt.pipeline import Run
+    from everyprompt.trainer.checkpoint import checkpoint_root
+
+    sft_dir = checkpoint_root(out) / "sft"
+    if not (sft_dir / "config.json").is_file():
+        config = load_config(None, [*base, "logging.progress=true", "logging.tensorboard=false"])
+        Run(config, out).warm_started_model()
+    return sft_dir
+
+
+def run_one(job: dict) -> dict:
+    """One RL run in its own process: train, evaluate every `eval.every` steps and at the end."""
+    import torch
+
+    torch.set_num_threads(job["threads"])
+    from everyprompt.config import load_config
+    from everyprompt.pipeline import Run
+
+    config = load_config(None, job["overrides"])
+    started = time.perf_counter()
+    run = Run(config, job["run_dir"])
+    trainer = run.trainer()
+    initial = run.evaluate(trainer.engine, trainer.tokenizer) if job["eval_initial"] else None
+    history = trainer.train(evaluate_fn=lambda engine: run.evaluate(engine, trainer.tokenizer))
+    final = run.evaluate(trainer.engine, trainer.tokenizer)
+    wall = time.perf_counter() - started
+    rollouts_per_step = config.rl.prompts_per_step * config.rl.group_size
+    evals = [{"step": 0, "rollouts": 0, **_eval_fields(initial)}] if initial else []
+    for step, metrics in enumerate(history, start=1):
+        if "eval/greedy_accuracy" in metrics:
+            fields = {k.removeprefix("eval/"): v for k, v in metrics.items() if k.startswith("eval/")}
+            evals.append({"step": step, "rollouts": step * rollouts_per_step, **_eval_fields(fields)})
+    evals.append({"step": len(history), "rollouts": len(history) * rollouts_per_step, **_eval_fields(final)})
+    per_step = {
+        key: [m.get(key, float("nan")) for m in history]
+        for key in sorted({k for m in history for k in m})
+        if key.startswith(("actor/", "espo/", "reward/"))
+    }
+    return {
+        "method": job["method"],
+        "seed": job["seed"],
+        "evals": evals,
+        "final_greedy_accuracy": final["greedy_accuracy"],
+        "clip_fraction_mean": _mean(per_step.get("actor/clip_fraction", [])),
+        "entropy_first": per_step["actor/entropy"][0],
+        "entropy_last": per_step["actor/entropy"][-1],
+        "reward_mean": _mean(per_step.get("reward/mean", [])),
+        "espo": {key: _mean(values) for key, values in per_step.items() if key.startswith("espo/")},
+        "per_step": per_step,
+        "wall_seconds": wall,
+        "run_dir": str(job["run_dir"]),
+    }
+
+
+def _eval_fields(evaluation: dict) -> dict:
+    return {
+        "greedy_accuracy": evaluation["greedy_accuracy"],
+        "pass@1": evaluation.get("pass@1", float("nan")),
+    }
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colours = dict(zip(METHODS, ("tab:blue", "tab:orange", "tab:green", "tab:red")))
+    for method in METHODS:
+        runs = [r for r in results if r["method"] == method]
+        for index, run in enumerate(runs):
+            xs = [e["rollouts"] for e in run["evals"]]
+            ys = [100 * e["greedy_accuracy"] for e in run["evals"]]
+            ax.plot(
+                xs,
+                ys,
+                color=colours[method],
+                alpha=0.8,
+                marker="o",
+                ms=3,
+                label=method if index == 0 else None,
+            )
+    ax.set_xlabel("rollouts (completions sampled)")
+    ax.set_ylabel("held-out greedy accuracy (%)")
+    ax.set_title("Policy losses from one SFT checkpoint (3 seeds each)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def summary_table(results: list[dict], start: float):
+    from rich.table import Table
+
+    table = Table(title=f"Policy-loss ablation (SFT start: {start:.1%} greedy)")
+    for column in (
+        "method",
+        "final greedy (mean ± sd)",
+        "per seed",
+        "change",
+        "clip frac",
+        "entropy",
+        "wall s",
+    ):
+        table.add_column(column, justify="right")
+    for method in METHODS:
+        runs = [r for r in results if r["method"] == method]
+        if not runs:
+            continue
+        finals = [r["final_greedy_accuracy"] for r in runs]
+        sd = statistics.stdev(finals) if len(finals) > 1 else 0.0
+        table.add_row(
+            method,
+            f"{_mean(finals):.1%} ± {sd:.1%}",
+            " ".join(f"{f:.1%}" for f in finals),
+            f"{(_mean(finals) - start) * 100:+.1f} pt",
+            f"{_mean([r['clip_fraction_mean'] for r in runs]):.4f}",
+            f"{_mean([r['entropy_first'] for r in runs]):.3f}→{_mean([r['entropy_last'] for r in runs]):.3f}",
+            f"{_mean([r['wall_seconds'] for r in runs]):.0f}",
+        )
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--steps", type=int, default=60, help="RL steps per run (the rollout budget)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument(
+        "--evals", type=int, default=3, help="evaluations during each run (plus the final one)"
+    )
+    parser.add_argument("--workers", type=int, default=2, help="runs in parallel (1 thread each when > 1)")
+    parser.add_argument(
+        "--sft-seed", type=int, default=1, help="seed of the shared SFT checkpoint (1: the most RL headroom)"
+    )
+    parser.add_argument("--tiny", action="store_true", help="smoke run on a 2-layer model in seconds")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+
+    from rich.console import Console
+
+    console = Console(width=110)
+    base = ["eval.num_samples=1", "eval.pass_k=1"] + (TINY if args.tiny else [])
+    out = args.out
+    work = out / "algorithms_runs"
+    work.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    console.print("training the shared SFT checkpoint (or reusing it)...")
+    sft_dir = prepare_sft([*base, f"seed={args.sft_seed}"], work / f"sft_seed{args.sft_seed}")
+    every = max(1, args.steps // (args.evals + 1))
+    jobs = []
+    for seed in args.seeds:
+        for method in args.methods:
+            run_dir = work / f"{method.lower()}_seed{seed}"
+            if run_dir.exists():
+                import shutil
+
+                shutil.rmtree(run_dir)
+            overrides = [
+                *base,
+                f"seed={seed}",
+                f"model.path={sft_dir}",
+                "sft.steps=0",
+                f"rl.steps={args.steps}",
+                f"eval.every={every}",
+                "checkpoint.every=0",
+                "logging.progress=false",
+                "logging.tensorboard=false",
+                *METHODS[method],
+            ]
+            jobs.append(
+                {
+                    "method": method,
+                    "seed": seed,
+                    "overrides": overrides,
+                    "run_dir": run_dir,
+                    "threads": 1 if args.workers > 1 else 2,
+                    "eval_initial": not jobs,
+                }
+            )
+    console.print(f"{len(jobs)} runs of {args.steps} steps, {args.workers} at a time")
+    if args.workers > 1:
+        with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:
+            results = []
+            for result in pool.map(run_one, jobs):
+                console.print(
+                    f"  {result['method']} seed {result['seed']}: greedy {result['final_greedy_accuracy']:.1%} "
+                    f"({result['wall_seconds']:.0f} s)"
+                )
+                results.append(result)
+    else:
+        results = [run_one(job) for job in jobs]
+    start = results[0]["evals"][0]["greedy_accuracy"]
+    for result in results:  # every run starts from the same checkpoint: one initial evaluation serves all
+        if result["evals"][0]["step"] != 0:
+            result["evals"].insert(0, {**results[0]["evals"][0]})
+    payload = {
+        "benchmark": "algorithms",
+        "sft_checkpoint": str(sft_dir),
+        "sft_seed": args.sft_seed,
+        "steps": args.steps,
+        "seeds": args.seeds,
+        "methods": {m: METHODS[m] for m in args.methods},
+        "tiny": args.tiny,
+        "sft_greedy_accuracy": start,
+        "wall_seconds": time.perf_counter() - started,
+        "runs": results,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "algorithms.json").write_text(json.dumps(payload, indent=1, default=str))
+    plot(results, out / "algorithms.png")
+    console.print(f"wrote {out / 'algorithms.json'} and {out / 'algorithms.png'}")
+    console.print(summary_table(results, start))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
