@@ -74,8 +74,8 @@ def cmd_eval(args) -> int:
 
     config = _config(args.config)
     checkpoint = resolve_checkpoint(args.checkpoint)
+    run = Run(config, run_dir=args.run_dir or checkpoint / "eval")  # also quiets library progress bars
     model, tokenizer = load_pretrained(checkpoint)
-    run = Run(config, run_dir=args.run_dir or checkpoint / "eval")
     rows = load_prompt_file(args.data, args.prompt_field, args.answer_field) if args.data else None
     engine = NativeEngine.from_model(model, tokenizer, batch_size=config.rollout.batch_size)
     results = run.evaluate(engine, tokenizer, rows)

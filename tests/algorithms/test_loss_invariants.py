@@ -113,7 +113,9 @@ def _espo_loop(logp, old, advantages, mask, entropy, alpha, num_groups, high_fra
             high = max(1, math.ceil(n * high_frac))
             groups = [ranked[:high], ranked[high:]]
         else:
-            groups = [[t for r, t in enumerate(ranked) if r * num_groups // n == k] for k in range(num_groups)]
+            groups = [
+                [t for r, t in enumerate(ranked) if r * num_groups // n == k] for k in range(num_groups)
+            ]
         group_losses = []
         for group in groups:
             if not group:

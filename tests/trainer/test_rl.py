@@ -169,3 +169,16 @@ def test_kl_reference_is_the_starting_policy_after_resume(tmp_path):
     torch.testing.assert_close(resumed.reference.state_dict(), start.state_dict())
     moved = resumed.model.model.embed_tokens.weight
     assert not torch.allclose(moved, resumed.reference.model.embed_tokens.weight)
+
+
+def test_zero_variance_rate_equals_a_loop():
+    generator = torch.Generator().manual_seed(4)
+    rewards = torch.randint(0, 2, (40,), generator=generator).float()
+    rewards[::6] = float("nan")
+    rewards[32:36] = float("nan")  # a group with no valid reward
+    groups = torch.arange(10).repeat_interleave(4)
+    expected = 0
+    for g in range(10):
+        values = rewards[(groups == g) & ~torch.isnan(rewards)]
+        expected += int(values.numel() == 0 or bool((values == values[0]).all()))
+    assert zero_variance_rate(rewards, groups) == pytest.approx(expected / 10)

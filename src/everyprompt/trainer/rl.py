@@ -48,11 +48,12 @@ def reward_columns(rows: list[dict]) -> dict[str, list]:
 def zero_variance_rate(rewards: torch.Tensor, group_index: torch.Tensor) -> float:
     """Share of groups whose valid rewards are all equal (their advantages are all zero)."""
     groups = int(group_index.max()) + 1
-    zero = 0
-    for g in range(groups):
-        values = rewards[(group_index == g) & ~torch.isnan(rewards)]
-        zero += int(values.numel() == 0 or bool((values == values[0]).all()))
-    return zero / groups
+    valid = ~torch.isnan(rewards)
+    values, index = rewards[valid].double(), group_index[valid]
+    low = torch.full((groups,), math.inf, dtype=torch.float64).scatter_reduce(0, index, values, "amin")
+    high = torch.full((groups,), -math.inf, dtype=torch.float64).scatter_reduce(0, index, values, "amax")
+    # a group with no valid reward has low = inf > high = -inf: zero variance as well
+    return float((high <= low).double().mean())
 
 
 class RLTrainer:

@@ -1,0 +1,29 @@
+"""Smoke tests of the benchmark scripts on a 2-layer model (the real runs are minutes long)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_algorithms_bench_smoke(tmp_path, capsys):
+    bench = _load("algorithms")
+    args = "--tiny --steps 2 --evals 1 --workers 1 --seeds 0".split() + ["--out", str(tmp_path)]
+    assert bench.main([*args, "--methods", "DAPO", "ESPO"]) == 0
+    payload = json.loads((tmp_path / "algorithms.json").read_text())
+    assert [(r["method"], r["seed"]) for r in payload["runs"]] == [("DAPO", 0), ("ESPO", 0)]
+    for run in payload["runs"]:
+        # initial eval, one during the run (step 1), final (step 2)
+        assert [e["step"] for e in run["evals"]] == [0, 1, 2]
+        assert len(run["per_step"]["actor/clip_fraction"]) == 2
+    assert "espo/clip_fraction_high" in payload["runs"][1]["espo"]
+    assert (tmp_path / "algorithms.png").stat().st_size > 0
+    assert "Policy-loss ablation" in capsys.readouterr().out
