@@ -57,7 +57,7 @@ class DataConfig(Section):
 
 
 class SFTConfig(Section):
-    steps: int = Field(450, ge=0, description="SFT optimizer steps (0 skips SFT).")
+    steps: int = Field(600, ge=0, description="SFT optimizer steps (0 skips SFT).")
     batch_size: int = Field(64, gt=0, description="Worked solutions per SFT step.")
     lr: float = Field(3e-3, gt=0, description="Peak AdamW learning rate.")
     warmup_steps: int = Field(20, ge=0, description="Linear warm-up steps.")

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from everyprompt.rollout.sampling import nucleus_filter, sample_tokens, uniform_noise
@@ -37,3 +38,20 @@ def test_greedy_takes_the_argmax():
     logits = torch.tensor([[0.1, 3.0, 0.2], [5.0, 0.0, 0.0]])
     tokens, _ = sample_tokens(logits, torch.arange(2), torch.zeros(2, dtype=torch.long), 1.0, 1.0, True)
     assert tokens.tolist() == [1, 0]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"temperature": 0.0}, "use greedy=True"),
+        ({"temperature": -1.0}, "temperature must be > 0"),
+        ({"top_p": 0.0}, "top_p must be in"),
+        ({"max_new_tokens": 0}, "max_new_tokens must be >= 1"),
+    ],
+)
+def test_bad_sampling_params_are_clear_errors(kwargs, needle):
+    from everyprompt.rollout import SamplingParams
+
+    with pytest.raises(ValueError, match=needle):
+        SamplingParams(**{"max_new_tokens": 8, **kwargs})
+    SamplingParams(8, temperature=0.0, greedy=True)  # greedy ignores the temperature

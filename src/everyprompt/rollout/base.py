@@ -16,6 +16,16 @@ class SamplingParams:
     top_p: float = 1.0
     greedy: bool = False
 
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not self.greedy and not self.temperature > 0:
+            raise ValueError(
+                f"temperature must be > 0 for sampling, got {self.temperature} (use greedy=True for greedy decoding)"
+            )
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
 
 @dataclass(frozen=True)
 class GenerationRequest:
