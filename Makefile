@@ -3,14 +3,15 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# No .pyc precompilation of every installed file: imports compile what they use (saves ~40 s).
+PIP := $(BIN)/pip install --quiet --no-compile --disable-pip-version-check
 
 .PHONY: demo test test-slow lint bench install
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e ".[dev]"
+	$(PIP) torch==2.13.0
+	$(PIP) -e ".[dev]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -28,5 +29,5 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
 
 bench: $(STAMP)
-	$(BIN)/pip install --quiet -e ".[bench]"
+	$(PIP) -e ".[bench]"
 	$(BIN)/python bench/algorithms.py
