@@ -145,20 +145,37 @@ def test_every_method_trains_through_the_config(tmp_path, overrides):
         assert line["rollout_correction/mis_affected_fraction"] == 0
 
 
-def test_espo_uses_the_sampling_policys_entropies(tmp_path):
-    """With two mini-batches, the second one's entropies are the pre-update ones, not the live model's."""
+def test_espo_uses_the_sampling_policys_entropies(tmp_path, monkeypatch):
+    """The entropies the loss receives are the pre-update ones, in every mini-batch, not the live model's."""
+    import everyprompt.trainer.rl as rl_module
+    from everyprompt.trainer.logprobs import token_logprobs
+
     trainer = Run(tiny_config("rl.loss=espo", "rl.lr=1e-2"), tmp_path).trainer()
     batch = trainer.rollout()
     trainer.score(batch)
     batch.advantages = torch.linspace(-1, 1, len(batch))
-    trainer.update(batch)
-    assert batch.old_entropies is not None and len(batch.old_entropies) == len(batch)
     data = batch.padded(list(range(len(batch))), trainer.tokenizer.pad_token_id)
-    from everyprompt.trainer.logprobs import token_logprobs
-
     with torch.no_grad():
-        _, live = token_logprobs(trainer.model, data["input_ids"], with_entropy=True)
-    assert not torch.allclose(live * data["mask"], data["old_entropy"], atol=1e-6)
+        _, before = token_logprobs(trainer.model, data["input_ids"], with_entropy=True)
+    seen = []
+    real_policy_loss = rl_module.policy_loss
+
+    def spy(*args, entropy=None, **kwargs):
+        seen.append((entropy.detach().clone(), kwargs["rollout_logp"]))
+        return real_policy_loss(*args, entropy=entropy, **kwargs)
+
+    monkeypatch.setattr(rl_module, "policy_loss", spy)
+    trainer.update(batch)
+    assert len(seen) == len(batch) // trainer.rl.micro_batch_size  # every micro-batch of both mini-batches
+    # rows are matched by their engine log-probs (distinct per completion); padding widths may differ
+    expected = {
+        tuple(row[data["mask"][i] > 0].tolist()): before[i][data["mask"][i] > 0]
+        for i, row in enumerate(data["rollout_logp"])
+    }
+    for entropy, rollout_logp in seen:
+        for row, values in zip(rollout_logp, entropy):
+            kept = row != 0
+            torch.testing.assert_close(values[kept], expected[tuple(row[kept].tolist())])
 
 
 def test_kl_reference_is_the_starting_policy_after_resume(tmp_path):

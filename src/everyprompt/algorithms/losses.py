@@ -78,23 +78,12 @@ def gspo_loss(
 
     The sequence loss -min(s A_i, clip(s) A_i) is written on every completion token of the sequence, so
     `seq-mean-token-mean` gives the paper's mean over sequences. A_i is the sequence's advantage (its
-    first completion token's value when per-token advantages are given).
+    first completion token's value when per-token advantages are given). Computed as GSPO-token with
+    that advantage on every token: same values, same gradient, and a clip fraction over tokens that is
+    comparable with the token-level losses'.
     """
-    mask = mask.to(logp.dtype)
-    log_ratio = ((logp - old_logp) * mask).clamp(-20.0, 20.0)
-    sequence_ratio = _sequence_log_ratio(log_ratio, mask).exp()  # [B]
-    sequence_advantage = _first_valid(advantages, mask)  # [B]
-    loss, was_clipped = _clipped_objective(
-        sequence_ratio, sequence_advantage, 1.0 - clip_low, 1.0 + clip_high
-    )
-    with torch.no_grad():
-        has_tokens = (mask.sum(-1) > 0).to(logp.dtype)
-        metrics = {
-            "actor/clip_fraction": float((was_clipped * has_tokens).sum() / has_tokens.sum().clamp(min=1)),
-            "actor/ratio_mean": float((sequence_ratio * has_tokens).sum() / has_tokens.sum().clamp(min=1)),
-            "actor/approx_kl": _masked_mean(0.5 * log_ratio.pow(2), mask),
-        }
-    return loss[:, None].expand_as(logp), metrics
+    sequence_advantage = _first_valid(advantages, mask.to(logp.dtype))[:, None].expand_as(logp)
+    return gspo_token_loss(logp, old_logp, sequence_advantage, mask, clip_low, clip_high)
 
 
 def _first_valid(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
