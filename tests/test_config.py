@@ -88,3 +88,29 @@ def test_pass_k_above_samples_is_rejected():
 def test_algorithm_options_are_validated(override, needle):
     with pytest.raises(ConfigError, match=re.escape(needle)):
         load_config(None, [override])
+
+
+def test_rollout_old_logprobs_cannot_be_corrected_against_themselves():
+    with pytest.raises(ConfigError, match=r"config section 'rl': .*set rl.old_logprobs=recompute$"):
+        load_config(None, ["rl.old_logprobs=rollout", "rl.rollout_correction.mode=tis"])
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("zve.reshape.length_coef=0.96", "or a wrong answer could outrank a right one"),
+        ("zve.filter.low=1", "low (1.0) must be below high (1.0)"),
+        (
+            "curriculum.stages=[{mixture: {4: -1}}]",
+            "'curriculum.stages.0.mixture': expected non-negative weights",
+        ),
+        (
+            "curriculum.stages=[{mixture: {4: 1}, overrides: {rl.lr: 1}}]",
+            "unknown stage override(s) ['rl.lr']",
+        ),
+        ("zve.expansion.max_group_size=1", "config key 'zve.expansion.max_group_size'"),
+    ],
+)
+def test_zve_and_curriculum_options_are_validated(override, needle):
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        load_config(None, [override])

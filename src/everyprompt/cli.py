@@ -5,6 +5,7 @@
     everyprompt sft [CONFIG.yaml] [KEY=VALUE ...] [--run-dir D]
     everyprompt eval CHECKPOINT [--data FILE] [CONFIG.yaml] [KEY=VALUE ...]
     everyprompt score INPUT.jsonl --reward math [--completion-field F] [--answer-field F] [-o OUT]
+    everyprompt filter DATA|builtin --model CKPT [--samples K] [--low L] [--high H] [--out DIR]
 
 A bad config, data file, checkpoint or reward exits with code 2 and a one-line message.
 """
@@ -127,6 +128,117 @@ def cmd_score(args) -> int:
     return 0
 
 
+def cmd_filter(args) -> int:
+    """ZVE stage 0: estimate each prompt's pass rate with K samples; keep low < p < high."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from everyprompt.data import load_prompt_file
+    from everyprompt.data.passrate import PassRateStore
+    from everyprompt.models.io import load_pretrained
+    from everyprompt.pipeline import Run
+    from everyprompt.rewards import get_reward
+    from everyprompt.rollout import NativeEngine, SamplingParams
+    from everyprompt.trainer import resolve_checkpoint
+    from everyprompt.trainer.metrics import progress_bar
+    from everyprompt.zve import estimate_pass_rates, filter_by_pass_rate
+
+    extra = [
+        f"zve.filter.{key}={value}"
+        for key in ("samples", "low", "high")
+        if (value := getattr(args, key)) is not None
+    ]
+    config = _config(args.config, extra)
+    rules = config.zve.filter
+    checkpoint = resolve_checkpoint(args.model)
+    out = Path(
+        args.out or (f"{Path(args.data).stem}-filtered" if args.data != "builtin" else "builtin-filtered")
+    )
+    run = Run(config, run_dir=out)
+    rows = run.rl_rows() if args.data == "builtin" else load_prompt_file(args.data)
+    model, tokenizer = load_pretrained(checkpoint)
+    engine = NativeEngine.from_model(model, tokenizer, batch_size=config.rollout.batch_size)
+    params = SamplingParams(config.rollout.max_new_tokens, config.rollout.temperature, config.rollout.top_p)
+    with progress_bar(len(rows), "pass rates", enabled=config.logging.progress) as advance:
+        estimate = estimate_pass_rates(
+            engine,
+            tokenizer,
+            rows,
+            get_reward(config.rewards.function),
+            rules.samples,
+            params,
+            config.seed,
+            config.zve.correct_reward,
+            progress=advance,
+        )
+    result = filter_by_pass_rate(estimate, rules.low, rules.high)
+    with open(out / "kept.jsonl", "w", encoding="utf-8") as handle:
+        for index in result.kept:
+            rate = estimate.rate(index)
+            handle.write(
+                json.dumps({**rows[index], "pass_rate": rate, "attempts": estimate.attempts[index]}) + "\n"
+            )
+    store = PassRateStore(out / "passrates.sqlite")
+    store.record(
+        [
+            (row["prompt"], estimate.attempts[i], estimate.successes[i], estimate.mean_length[i])
+            for i, row in enumerate(rows)
+            if estimate.attempts[i]
+        ],
+        step=-1,
+    )
+    store.close()
+    report = {
+        "data": args.data,
+        "model": str(checkpoint),
+        "prompts": len(rows),
+        "samples": rules.samples,
+        "low": rules.low,
+        "high": rules.high,
+        "kept": len(result.kept),
+        "too_easy": result.too_easy,
+        "too_hard": result.too_hard,
+        "unscored": result.unscored,
+        "reward_errors": estimate.errors,
+        "histogram": result.histogram,
+    }
+    (out / "report.json").write_text(json.dumps(report, indent=2))
+    _plot_pass_rates(estimate, rules, out / "pass_rates.png")
+    table = Table(title=f"Pass rates of {len(rows)} prompts, {rules.samples} samples each")
+    table.add_column("pass rate", justify="right")
+    table.add_column("prompts", justify="right")
+    for value, count in result.histogram.items():
+        table.add_row(value, str(count))
+    console = Console()
+    console.print(table)
+    console.print(
+        f"kept {len(result.kept)} (low < p < high: {rules.low:g} < p < {rules.high:g}); dropped "
+        f"{result.too_easy} too easy, {result.too_hard} too hard, {result.unscored} unscored\n"
+        f"wrote {out}/kept.jsonl, report.json, pass_rates.png, passrates.sqlite"
+    )
+    return 0
+
+
+def _plot_pass_rates(estimate, rules, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # the plot is optional; report.json has the histogram
+        return
+    rates = [r for i in range(len(estimate.attempts)) if (r := estimate.rate(i)) is not None]
+    figure, axis = plt.subplots(figsize=(6, 3.5))
+    axis.hist(rates, bins=rules.samples + 1, range=(0, 1), color="#4c72b0", edgecolor="white")
+    axis.axvline(rules.low, color="#c44e52", linestyle="--")
+    axis.axvline(rules.high, color="#c44e52", linestyle="--")
+    axis.set_xlabel(f"pass rate ({rules.samples} samples)")
+    axis.set_ylabel("prompts")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="everyprompt", description="RL post-training for reasoning models.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -168,6 +280,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--answer-field", default="answer")
     p.add_argument("-o", "--output", default=None, help="output JSONL (default: stdout)")
     p.set_defaults(func=cmd_score)
+
+    p = sub.add_parser(
+        "filter", help="ZVE stage 0: estimate pass rates, keep prompts neither solved nor hopeless"
+    )
+    p.add_argument("data", help="JSONL/Parquet prompts (prompt, answer), or 'builtin' for the config's task")
+    p.add_argument("config", nargs="*", help="optional CONFIG.yaml, then KEY=VALUE overrides")
+    p.add_argument("--model", required=True, help="checkpoint directory or run directory")
+    p.add_argument("--samples", type=int, default=None, help="samples per prompt (zve.filter.samples)")
+    p.add_argument("--low", type=float, default=None, help="drop p <= low (zve.filter.low)")
+    p.add_argument("--high", type=float, default=None, help="drop p >= high (zve.filter.high)")
+    p.add_argument("--out", default=None, help="output directory (default: DATA-filtered)")
+    p.set_defaults(func=cmd_filter)
     return parser
 
 

@@ -13,13 +13,17 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from everyprompt.config import Config, save_config
-from everyprompt.data import load_prompt_file, make_splits
+from everyprompt.config import Config, ConfigError, save_config
+from everyprompt.data import DataError, load_prompt_file, make_splits
+from everyprompt.data.passrate import PassRateStore
 from everyprompt.evaluate import evaluate
 from everyprompt.models.io import load_model_and_tokenizer, load_pretrained
 from everyprompt.rewards import get_reward
+from everyprompt.rollout import NativeEngine, SamplingParams
 from everyprompt.trainer import RLTrainer, resolve_checkpoint, run_sft, save_checkpoint
-from everyprompt.trainer.checkpoint import checkpoint_root, load_trainer_state
+from everyprompt.trainer.checkpoint import checkpoint_root, load_trainer_state, write_json_atomic
+from everyprompt.trainer.metrics import progress_bar
+from everyprompt.zve import estimate_pass_rates, filter_by_pass_rate, seeded_sample
 
 log = logging.getLogger(__name__)
 
@@ -91,22 +95,111 @@ class Run:
                 self.config.seed,
                 self.run_dir,
                 self.config.logging,
+                pack_sequences=self.config.model.pack_sequences,
             )
             save_checkpoint(self.run_dir, "sft", model, tokenizer, state=None)
         return model, tokenizer
 
     def trainer(self, resume: bool = False) -> RLTrainer:
         save_config(self.config, self.run_dir / "config.yaml")
+        store = self.pass_rate_store()
         if resume:
             latest = resolve_checkpoint(checkpoint_root(self.run_dir) / "latest")
             model, tokenizer = load_pretrained(latest)
             reference = self.warm_started_model()[0] if self.config.rl.kl.estimator else None
-            trainer = RLTrainer(self.config, model, tokenizer, self.rl_rows(), self.run_dir, reference)
+            trainer = RLTrainer(
+                self.config, model, tokenizer, self.filtered_rl_rows(), self.run_dir, reference, store
+            )
             trainer.load_state_dict(load_trainer_state(latest))
             self.console.print(f"resumed from {latest} at step {trainer.step}")
             return trainer
         model, tokenizer = self.warm_started_model()
-        return RLTrainer(self.config, model, tokenizer, self.rl_rows(), self.run_dir)
+        rows = self.rl_rows()
+        if self.config.zve.enabled and self.config.zve.filter.enabled:
+            rows = self.offline_filter(model, tokenizer, rows, store)
+        return RLTrainer(self.config, model, tokenizer, rows, self.run_dir, store=store)
+
+    # ------------------------------------------------------------ zero-variance elimination
+    def pass_rate_store(self) -> PassRateStore:
+        """The run's store (`passrates.sqlite`), seeded from `zve.pass_rates` when the run starts."""
+        zve = self.config.zve
+        path = self.run_dir / "passrates.sqlite"
+        fresh = not path.exists()
+        store = PassRateStore(path, ema_decay=zve.retirement.ema_decay)
+        if fresh and zve.pass_rates:
+            source = Path(zve.pass_rates)
+            if not source.is_file():
+                raise ConfigError(f"config key 'zve.pass_rates': no pass-rate store at {source}")
+            store.load_state_dict(PassRateStore(source).state_dict())
+        return store
+
+    def offline_filter(self, model, tokenizer, rows: list[dict], store: PassRateStore) -> list[dict]:
+        """ZVE stage 0 before RL: estimate pass rates with the starting policy, keep low < p < high."""
+        config, rules = self.config, self.config.zve.filter
+        chosen = seeded_sample(range(len(rows)), rules.max_prompts, config.seed)
+        candidates = [rows[i] for i in chosen]
+        engine = NativeEngine.from_model(model, tokenizer, batch_size=config.rollout.batch_size)
+        params = SamplingParams(
+            config.rollout.max_new_tokens, config.rollout.temperature, config.rollout.top_p
+        )
+        started = time.perf_counter()
+        with progress_bar(len(candidates), "pass rates", enabled=config.logging.progress) as advance:
+            estimate = estimate_pass_rates(
+                engine,
+                tokenizer,
+                candidates,
+                get_reward(config.rewards.function),
+                rules.samples,
+                params,
+                config.seed,
+                config.zve.correct_reward,
+                progress=advance,
+            )
+        result = filter_by_pass_rate(estimate, rules.low, rules.high)
+        store.record(
+            [
+                (row["prompt"], estimate.attempts[i], estimate.successes[i], estimate.mean_length[i])
+                for i, row in enumerate(candidates)
+                if estimate.attempts[i]
+            ],
+            step=-1,
+        )
+        kept = [chosen[i] for i in result.kept]
+        report = {
+            "prompts": len(rows),
+            "estimated": len(candidates),
+            "samples": rules.samples,
+            "kept": len(kept),
+            "too_easy": result.too_easy,
+            "too_hard": result.too_hard,
+            "unscored": result.unscored,
+            "reward_errors": estimate.errors,
+            "histogram": result.histogram,
+            "seconds": time.perf_counter() - started,
+            "kept_indices": kept,
+        }
+        write_json_atomic(self.run_dir / "filter.json", report)
+        self.console.print(
+            f"offline filter: kept {len(kept)} of {len(candidates)} prompts "
+            f"({result.too_easy} too easy, {result.too_hard} too hard) in {report['seconds']:.0f} s"
+        )
+        if not kept:
+            raise DataError(
+                f"the offline filter kept no prompt ({result.too_easy} too easy, {result.too_hard} too hard); "
+                "widen zve.filter.low / zve.filter.high"
+            )
+        return [rows[i] for i in kept]
+
+    def filtered_rl_rows(self) -> list[dict]:
+        """The RL prompts of this run: after the offline filter when it ran (its kept list is saved)."""
+        rows = self.rl_rows()
+        report = self.run_dir / "filter.json"
+        if self.config.zve.enabled and self.config.zve.filter.enabled:
+            if not report.is_file():
+                raise DataError(f"{report}: missing; the run's offline filter result is needed to resume")
+            kept = json.loads(report.read_text())["kept_indices"]
+            return [rows[i] for i in kept]
+        return rows
 
     def evaluate(self, engine, tokenizer, rows: list[dict] | None = None) -> dict[str, float]:
         config = self.config

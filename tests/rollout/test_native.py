@@ -8,15 +8,16 @@ def _requests(tokenizer, prompts, seed=0):
     return [GenerationRequest(i, tokenizer(p).input_ids, seed=seed + i) for i, p in enumerate(prompts)]
 
 
-def _hf_logprobs(model, completion, temperature=1.0):
+def _hf_logprobs(model, completion, temperature=1.0, entropy=False):
     ids = torch.tensor([completion.prompt_ids + completion.token_ids])
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0].float() / temperature
     start = len(completion.prompt_ids) - 1
     targets = torch.tensor(completion.token_ids)
-    return (
-        torch.log_softmax(logits, -1)[start : start + len(targets)].gather(-1, targets[:, None]).squeeze(-1)
-    )
+    logprobs = torch.log_softmax(logits, -1)[start : start + len(targets)]
+    if entropy:
+        return -(logprobs.exp() * logprobs).sum(-1)
+    return logprobs.gather(-1, targets[:, None]).squeeze(-1)
 
 
 PROMPTS = ["37+48=", "1+2=", "123+456+789=", "9="]
@@ -33,6 +34,8 @@ def test_engine_logprobs_match_hf_forward(tiny_model, temperature):
     for completion in completions:
         reference = _hf_logprobs(model, completion, temperature)
         torch.testing.assert_close(completion.logprobs, reference, atol=1e-4, rtol=0)
+        entropy = _hf_logprobs(model, completion, temperature, entropy=True)
+        torch.testing.assert_close(completion.entropies, entropy, atol=1e-4, rtol=0)
 
 
 def test_greedy_matches_hf_argmax(tiny_model):

@@ -16,3 +16,13 @@ def flaky(completions, answer, **_):
 def parity(completions, **columns):
     """Reward 1 for an even-length completion: varies within groups, so every step updates the model."""
     return [float(len(text) % 2 == 0) for text in completions]
+
+
+def always(completions, **columns):
+    """Reward 1 for everything: every group is all-correct (zero-variance)."""
+    return [1.0 for _ in completions]
+
+
+def by_level(completions, level, **columns):
+    """Level-4 prompts always right, level-5 prompts always wrong: zero-variance groups of both kinds."""
+    return [1.0 if lvl == 4 else 0.0 for lvl in level]

@@ -126,8 +126,14 @@ def test_update_moves_log_probs_along_the_advantages(tmp_path):
         ("rl.loss=gspo_token", "rl.loss_agg=token-mean"),
         ("rl.loss=cispo", "rl.advantage=rloo"),
         ("rl.kl.estimator=k3", "rl.kl.coef=0.1"),
-        ("rl.rollout_correction.mode=tis", "rl.rollout_correction.level=sequence"),
-        ("rl.rollout_correction.mode=mis",),
+        (
+            "rl.rollout_correction.mode=tis",
+            "rl.rollout_correction.level=sequence",
+            "rl.old_logprobs=recompute",
+        ),
+        ("rl.rollout_correction.mode=mis", "rl.old_logprobs=recompute"),
+        ("rl.old_logprobs=rollout",),
+        ("rl.old_logprobs=rollout", "rl.loss=espo"),
     ],
 )
 def test_every_method_trains_through_the_config(tmp_path, overrides):
@@ -145,12 +151,14 @@ def test_every_method_trains_through_the_config(tmp_path, overrides):
         assert line["rollout_correction/mis_affected_fraction"] == 0
 
 
-def test_espo_uses_the_sampling_policys_entropies(tmp_path, monkeypatch):
+@pytest.mark.parametrize("old_logprobs", ["recompute", "rollout"])
+def test_espo_uses_the_sampling_policys_entropies(tmp_path, monkeypatch, old_logprobs):
     """The entropies the loss receives are the pre-update ones, in every mini-batch, not the live model's."""
     import everyprompt.trainer.rl as rl_module
     from everyprompt.trainer.logprobs import token_logprobs
 
-    trainer = Run(tiny_config("rl.loss=espo", "rl.lr=1e-2"), tmp_path).trainer()
+    config = tiny_config("rl.loss=espo", "rl.lr=1e-2", f"rl.old_logprobs={old_logprobs}")
+    trainer = Run(config, tmp_path).trainer()
     batch = trainer.rollout()
     trainer.score(batch)
     batch.advantages = torch.linspace(-1, 1, len(batch))
@@ -175,7 +183,19 @@ def test_espo_uses_the_sampling_policys_entropies(tmp_path, monkeypatch):
     for entropy, rollout_logp in seen:
         for row, values in zip(rollout_logp, entropy):
             kept = row != 0
-            torch.testing.assert_close(values[kept], expected[tuple(row[kept].tolist())])
+            torch.testing.assert_close(values[kept], expected[tuple(row[kept].tolist())], atol=1e-5, rtol=0)
+
+
+def test_rollout_logprobs_stand_for_the_recomputed_old_ones(tmp_path):
+    """`rl.old_logprobs=rollout` skips a forward pass; in fp32 it must give what the pass would have."""
+    trainer = Run(tiny_config("rl.loss=espo", "rl.old_logprobs=rollout"), tmp_path).trainer()
+    batch = trainer.rollout()
+    trainer._old_logprobs(batch)
+    recomputed = torch.cat(batch.old_logprobs), torch.cat(batch.old_entropies)
+    trainer._rollout_as_old(batch)
+    assert batch.old_logprobs is batch.rollout_logprobs
+    torch.testing.assert_close(torch.cat(batch.old_logprobs), recomputed[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(torch.cat(batch.old_entropies), recomputed[1], atol=1e-5, rtol=0)
 
 
 def test_kl_reference_is_the_starting_policy_after_resume(tmp_path):

@@ -6,6 +6,7 @@ Everything is registered by name; the trainer calls only :func:`compute_advantag
 
 from everyprompt.algorithms import advantages as _advantages  # noqa: F401  (registers estimators)
 from everyprompt.algorithms import losses as _losses  # noqa: F401  (registers losses)
+from everyprompt.algorithms.advantages import zvp_token_advantages
 from everyprompt.algorithms.aggregation import AGGREGATIONS, aggregate
 from everyprompt.algorithms.corrections import (
     CORRECTION_LEVELS,
@@ -41,4 +42,5 @@ __all__ = [
     "registered_advantages",
     "registered_policy_losses",
     "rollout_correction",
+    "zvp_token_advantages",
 ]

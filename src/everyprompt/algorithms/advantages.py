@@ -50,3 +50,25 @@ def rloo_advantages(rewards: torch.Tensor, group_index: torch.Tensor) -> torch.T
     baseline = (total - torch.where(valid, r, torch.zeros_like(r))) / (count - 1).clamp(min=1)
     advantages = torch.where(valid & (count > 1), r - baseline, torch.zeros_like(r))
     return advantages.to(rewards.dtype)
+
+
+def zvp_token_advantages(
+    entropy: torch.Tensor,  # [B, T] token entropies under the current policy (detached)
+    mask: torch.Tensor,  # [B, T] 1 on completion tokens
+    sign: torch.Tensor,  # [B] +1: all-correct group, -1: all-wrong group, 0: not a zero-variance group
+    alpha: float = 0.1,
+) -> torch.Tensor:  # [B, T], 0 where sign == 0 or off the mask
+    """RL-ZVP token advantages for zero-variance groups (arXiv 2509.21880; ALGORITHMS.md section 3).
+
+    all-correct: A_t = alpha * H_t;  all-wrong: A_t = -alpha * (max_k H_k - H_t), the max over the
+    sequence's own completion tokens. Confident tokens of a right answer are left nearly alone while
+    its uncertain forks are reinforced; in a wrong answer the confident tokens are pushed down hardest.
+    """
+    entropy = entropy.detach()
+    on = mask > 0
+    row_max = torch.where(on, entropy, torch.full_like(entropy, -torch.inf)).amax(dim=-1, keepdim=True)
+    positive = alpha * entropy
+    negative = -alpha * (row_max - entropy)
+    sign = sign.to(entropy.dtype)[:, None]
+    advantages = torch.where(sign > 0, positive, torch.where(sign < 0, negative, torch.zeros_like(entropy)))
+    return torch.where(on, advantages, torch.zeros_like(advantages))

@@ -42,6 +42,7 @@ class Completion:
     logprobs: torch.Tensor  # [len(token_ids)] float32, log softmax(logits / T) of each sampled token
     finish_reason: Literal["eos", "length"]
     timing: dict[str, float] = field(default_factory=dict)
+    entropies: torch.Tensor | None = None  # [len(token_ids)] entropy of softmax(logits / T); None if not kept
 
 
 class RolloutEngine(Protocol):

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from everyprompt.rollout.base import Completion, GenerationRequest, SamplingParams
-from everyprompt.rollout.sampling import sample_tokens
+from everyprompt.rollout.sampling import entropy_of, sample_tokens
 
 SUPPORTED_ARCHITECTURES = ("qwen3_moe", "qwen3")
 
@@ -234,6 +234,7 @@ class NativeEngine:
         rows = torch.arange(batch)  # original row of each active row
         out_tokens = torch.full((batch, params.max_new_tokens), self.pad_token_id, dtype=torch.long)
         out_logprobs = torch.zeros(batch, params.max_new_tokens)
+        out_entropies = torch.zeros(batch, params.max_new_tokens)
         for step in range(params.max_new_tokens):
             step_index = torch.full_like(rows, step)
             sampled, logprobs = sample_tokens(
@@ -241,11 +242,14 @@ class NativeEngine:
             )
             out_tokens[rows, step] = sampled
             out_logprobs[rows, step] = logprobs
+            out_entropies[rows, step] = entropy_of(logits, params.temperature)
             finished = sampled == self.eos_token_id
             if step == params.max_new_tokens - 1:
                 finished = torch.ones_like(finished)
             for index in finished.nonzero().flatten().tolist():
-                yield self._completion(requests, int(rows[index]), out_tokens, out_logprobs, step + 1, began)
+                yield self._completion(
+                    requests, int(rows[index]), out_tokens, out_logprobs, out_entropies, step + 1, began
+                )
             if bool(finished.all()):
                 break
             keep = (~finished).nonzero().flatten()
@@ -257,7 +261,7 @@ class NativeEngine:
             logits = self._forward(sampled[:, None], step_positions, caches, slot, visible[:, None, :])
 
     def _completion(
-        self, requests, row: int, out_tokens, out_logprobs, length: int, began: float
+        self, requests, row: int, out_tokens, out_logprobs, out_entropies, length: int, began: float
     ) -> Completion:
         token_ids = out_tokens[row, :length].tolist()
         reason = "eos" if token_ids[-1] == self.eos_token_id else "length"
@@ -267,6 +271,7 @@ class NativeEngine:
             prompt_ids=list(request.prompt_ids),
             token_ids=token_ids,
             logprobs=out_logprobs[row, :length].clone(),
+            entropies=out_entropies[row, :length].clone(),
             finish_reason=reason,
             timing={"finished_s": time.perf_counter() - began},
         )

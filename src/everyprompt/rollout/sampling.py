@@ -69,3 +69,9 @@ def sample_tokens(
         gumbel = -torch.log(-torch.log(uniform_noise(seeds, positions, logits.shape[-1])))
         tokens = (nucleus_filter(logprobs, top_p).double() + gumbel).argmax(dim=-1)
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def entropy_of(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Entropy [B] of softmax(logits / temperature) (the untruncated distribution, as the trainer sees it)."""
+    logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return -(logprobs.exp() * logprobs).sum(-1)

@@ -19,8 +19,11 @@ class RolloutBatch:
     rewards: torch.Tensor | None = None  # [N] float, NaN where the reward is None
     reward_components: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [N]
     advantages: torch.Tensor | None = None  # [N] float
+    rollout_entropies: list[torch.Tensor] | None = None  # N x [len(completion)]: engine's token entropies
     old_logprobs: list[torch.Tensor] | None = None  # N x [len(completion)]: trainer's pre-update log-probs
     old_entropies: list[torch.Tensor] | None = None  # N x [len(completion)]: their token entropies
+    zvp_sign: torch.Tensor | None = None  # [N] long: RL-ZVP +1 all-correct / -1 all-wrong group, 0 else
+    stats: dict[str, float] = field(default_factory=dict)  # how the batch was collected (ZVE accounting)
     routed_experts: list[torch.Tensor] | None = None  # N x [T, L_moe, k] int16 (router replay)
     timing: dict[str, float] = field(default_factory=dict)
 
@@ -34,7 +37,8 @@ class RolloutBatch:
     def padded(self, rows: list[int] | torch.Tensor, pad_id: int) -> dict[str, torch.Tensor]:
         """Right-padded training tensors for `rows`.
 
-        input_ids [n, L]: prompt + completion; the rest are [n, L - 1], aligned with the *targets*
+        input_ids [n, L]: prompt + completion; lengths [n]: its real tokens per row; the rest are
+        [n, L - 1], aligned with the *targets*
         input_ids[:, 1:]: mask (1 on completion tokens), rollout_logp (engine log-probs, 0 elsewhere),
         old_logp / old_entropy (trainer's pre-update log-probs and entropies, when computed).
         """
@@ -56,7 +60,12 @@ class RolloutBatch:
                 old_logp[out, start : start + len(completion)] = self.old_logprobs[r]
             if old_entropy is not None:
                 old_entropy[out, start : start + len(completion)] = self.old_entropies[r]
-        tensors = {"input_ids": input_ids, "mask": mask, "rollout_logp": rollout_logp}
+        tensors = {
+            "input_ids": input_ids,
+            "lengths": torch.tensor(lengths),
+            "mask": mask,
+            "rollout_logp": rollout_logp,
+        }
         if old_logp is not None:
             tensors["old_logp"] = old_logp
         if old_entropy is not None:

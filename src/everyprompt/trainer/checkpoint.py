@@ -3,6 +3,7 @@ directory, then renamed; `latest` is a symlink swapped atomically, so a kill nev
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -16,6 +17,14 @@ STATE_FILE = "trainer_state.pt"
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be resumed from; the message names the path and what is missing."""
+
+
+def write_json_atomic(path: str | Path, data) -> None:
+    """Write JSON to a temporary file beside `path`, then rename: a kill leaves the old file or the new."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    temporary.write_text(json.dumps(data, indent=2))
+    os.replace(temporary, path)
 
 
 def checkpoint_root(run_dir: str | Path) -> Path:

@@ -90,3 +90,30 @@ class MetricsLogger:
         if self._writer is not None:
             self._writer.close()
         self._jsonl.close()
+
+
+class progress_bar:  # noqa: N801  (used as a context manager, like a function)
+    """A rich progress bar over `total` items; the context value is `advance(n)`. No-op when disabled."""
+
+    def __init__(self, total: int, description: str, enabled: bool = True, console: Console | None = None):
+        self._progress = None
+        if enabled:
+            self._progress = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                console=console or Console(stderr=True),
+            )
+            self._task = self._progress.add_task(description, total=total)
+
+    def __enter__(self):
+        if self._progress is None:
+            return lambda n: None
+        self._progress.start()
+        return lambda n: self._progress.advance(self._task, n)
+
+    def __exit__(self, *exc) -> None:
+        if self._progress is not None:
+            self._progress.stop()

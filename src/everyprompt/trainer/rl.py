@@ -14,20 +14,24 @@ import logging
 import math
 import random
 import time
+import warnings
 from pathlib import Path
 
 import torch
 
-from everyprompt.algorithms import compute_advantages, policy_loss, policy_loss_spec
+from everyprompt.algorithms import compute_advantages, policy_loss, policy_loss_spec, zvp_token_advantages
 from everyprompt.config import Config
-from everyprompt.data import PromptCursor
+from everyprompt.data.curriculum import Curriculum
+from everyprompt.data.passrate import PassRateStore
+from everyprompt.data.source import ALL, PromptSource, buckets_by_field, buckets_by_pass_rate
 from everyprompt.rewards import get_reward, score_completions
 from everyprompt.rollout import GenerationRequest, NativeEngine, SamplingParams
 from everyprompt.trainer.batch import RolloutBatch
 from everyprompt.trainer.checkpoint import save_checkpoint
-from everyprompt.trainer.logprobs import token_logprobs
+from everyprompt.trainer.logprobs import check_packing, token_logprobs
 from everyprompt.trainer.metrics import MetricsLogger
 from everyprompt.trainer.optim import build_optimizer, build_scheduler
+from everyprompt.zve import collect_groups, group_zero_variance, reshape_zero_variance, zvp_signs
 
 log = logging.getLogger(__name__)
 
@@ -47,20 +51,21 @@ def reward_columns(rows: list[dict]) -> dict[str, list]:
 
 def zero_variance_rate(rewards: torch.Tensor, group_index: torch.Tensor) -> float:
     """Share of groups whose valid rewards are all equal (their advantages are all zero)."""
-    groups = int(group_index.max()) + 1
-    valid = ~torch.isnan(rewards)
-    values, index = rewards[valid].double(), group_index[valid]
-    low = torch.full((groups,), math.inf, dtype=torch.float64).scatter_reduce(0, index, values, "amin")
-    high = torch.full((groups,), -math.inf, dtype=torch.float64).scatter_reduce(0, index, values, "amax")
-    # a group with no valid reward has low = inf > high = -inf: zero variance as well
-    return float((high <= low).double().mean())
+    return float(group_zero_variance(rewards, group_index).double().mean())
 
 
 class RLTrainer:
     """Composes the engine, reward function, optimizer, logger and checkpoints of one RL run."""
 
     def __init__(
-        self, config: Config, model, tokenizer, prompts: list[dict], run_dir: str | Path, reference=None
+        self,
+        config: Config,
+        model,
+        tokenizer,
+        prompts: list[dict],
+        run_dir: str | Path,
+        reference=None,
+        store: PassRateStore | None = None,
     ):
         self.config, self.model, self.tokenizer = config, model, tokenizer
         self.prompts, self.run_dir = prompts, Path(run_dir)
@@ -71,10 +76,17 @@ class RLTrainer:
         self.scheduler = build_scheduler(
             self.optimizer, self.rl.warmup_steps, self.rl.steps, self.rl.lr_schedule
         )
-        self.cursor = PromptCursor(len(prompts), config.seed)
+        self.zve = config.zve
+        self.store = store if store is not None else PassRateStore(ema_decay=config.zve.retirement.ema_decay)
+        self.curriculum = Curriculum(config.curriculum) if config.curriculum.stages else None
+        self.source = PromptSource(self._buckets(), config.seed)
         self.step = 0
         self.reward_errors = 0
+        self.retired_total = 0
         self._prompt_ids = [tokenizer(p["prompt"]).input_ids for p in prompts]
+        self._pack = config.model.pack_sequences
+        if self._pack and self._prompt_ids:
+            check_packing(model, (self._prompt_ids * 2)[:2], tokenizer.pad_token_id)
         self._needs_entropy = policy_loss_spec(self.rl.loss).needs_entropy
         self._loss_options = self.rl.loss_kwargs()
         if self.rl.loss == "espo":
@@ -90,8 +102,11 @@ class RLTrainer:
             "step": self.step,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
-            "cursor": self.cursor.state_dict(),
+            "source": self.source.state_dict(),
+            "store": self.store.state_dict(),
+            "curriculum": self.curriculum.state_dict() if self.curriculum else None,
             "reward_errors": self.reward_errors,
+            "retired_total": self.retired_total,
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
         }
 
@@ -99,8 +114,12 @@ class RLTrainer:
         self.step = state["step"]
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        self.cursor.load_state_dict(state["cursor"])
+        self.store.load_state_dict(state["store"])
+        if self.curriculum is not None and state["curriculum"] is not None:
+            self.curriculum.load_state_dict(state["curriculum"])
+        self.source.load_state_dict(state["source"])
         self.reward_errors = state["reward_errors"]
+        self.retired_total = state["retired_total"]
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])
         self.engine.load_weights(self.model.state_dict())
@@ -116,30 +135,147 @@ class RLTrainer:
         )
 
     # ------------------------------------------------------------ one step
-    def rollout(self) -> RolloutBatch:
-        started = time.perf_counter()
-        prompt_indices = self.cursor.take(self.rl.prompts_per_step)
-        requests = []
-        for group, index in enumerate(prompt_indices):
-            for sample in range(self.rl.group_size):
-                seed = derive_seed(self.config.seed, self.step, group, sample)
-                requests.append(GenerationRequest(len(requests), self._prompt_ids[index], seed))
-        params = SamplingParams(
-            self.config.rollout.max_new_tokens, self.config.rollout.temperature, self.config.rollout.top_p
+    def _buckets(self) -> dict[str, list[int]]:
+        """Prompt buckets of the current curriculum stage (one bucket without a curriculum)."""
+        if self.curriculum is None:
+            return {ALL: list(range(len(self.prompts)))}
+        if self.config.curriculum.difficulty == "field":
+            return buckets_by_field(self.prompts, self.config.curriculum.field)
+        return buckets_by_pass_rate(
+            self.prompts, self.store.pass_rate, self.config.curriculum.pass_rate_edges
         )
-        completions = sorted(self.engine.generate(requests, params), key=lambda c: c.request_id)
-        group_index = torch.arange(len(prompt_indices)).repeat_interleave(self.rl.group_size)
+
+    def settings(self) -> dict:
+        """This step's sampling settings: the config's, with the curriculum stage's overrides."""
+        rollout = self.config.rollout
+        values = {
+            "rollout.temperature": rollout.temperature,
+            "rollout.top_p": rollout.top_p,
+            "rl.group_size": self.rl.group_size,
+            "rl.prompts_per_step": self.rl.prompts_per_step,
+            "max_new_tokens": rollout.max_new_tokens,
+        }
+        if self.curriculum is not None:
+            values.update(self.curriculum.stage.overrides)
+            if self.curriculum.stage.max_new_tokens:
+                values["max_new_tokens"] = self.curriculum.stage.max_new_tokens
+        return values
+
+    def rollout(self) -> RolloutBatch:
+        """Sample and score this step's groups (with ZVE stage 1 when enabled); record their pass rates."""
+        started = time.perf_counter()
+        settings = self.settings()
+        params = SamplingParams(
+            settings["max_new_tokens"], settings["rollout.temperature"], settings["rollout.top_p"]
+        )
+        timing = {"reward_s": 0.0}
+        errors = 0
+
+        def sample(specs: list[tuple[int, int, int]]) -> list[tuple[object, float | None]]:
+            nonlocal errors
+            requests = [
+                GenerationRequest(
+                    i, self._prompt_ids[index], derive_seed(self.config.seed, self.step, slot, s)
+                )
+                for i, (index, slot, s) in enumerate(specs)
+            ]
+            completions = sorted(self.engine.generate(requests, params), key=lambda c: c.request_id)
+            texts = self.tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
+            scored = time.perf_counter()
+            rows = [self.prompts[index] for index, _, _ in specs]
+            rewards, failed = score_completions(self.reward_fn, texts, reward_columns(rows))
+            timing["reward_s"] += time.perf_counter() - scored
+            errors += failed
+            return [((c, t), r) for c, t, r in zip(completions, texts, rewards)]
+
+        zve, expansion = self.zve, self.zve.expansion
+        expand = zve.enabled and expansion.enabled
+        mixture = self.curriculum.stage.mixture if self.curriculum is not None else None
+        retire = zve.enabled and zve.retirement.enabled
+        available = (
+            (lambda index: self.store.is_available(self.prompts[index]["prompt"], self.step))
+            if retire
+            else None
+        )
+        collection = collect_groups(
+            lambda count: self.source.take(count, mixture, available),
+            sample,
+            prompts_per_step=settings["rl.prompts_per_step"],
+            group_size=settings["rl.group_size"],
+            max_group_size=expansion.max_group_size if expand else None,
+            expansion_step=expansion.step,
+            dynamic_sampling=expand and expansion.dynamic_sampling,
+            max_rollouts=expansion.max_rollouts_per_step,
+            keep_zero_variance=not (zve.enabled and zve.drop_zero_variance)
+            or (zve.reshape.enabled or zve.zvp.enabled),
+        )
+        stats = self._record_pass_rates(collection)
+        stats.update(
+            {
+                "zve/generated_rollouts": float(collection.generated),
+                "zve/expansion_rounds": float(collection.rounds),
+                "zve/sampled_groups": float(collection.sampled_groups),
+                "zve/dropped_groups": float(collection.dropped_groups),
+                "zve/zero_variance_rate": collection.zv_sampled,
+                "zve/zero_variance_rate_expanded": collection.zv_expanded,
+                "reward/errors": float(errors),
+            }
+        )
+        batch = self._assemble(collection.groups)
+        batch.stats = stats
+        batch.timing = {"rollout_s": time.perf_counter() - started, **timing}
+        return batch
+
+    def _record_pass_rates(self, collection) -> dict[str, float]:
+        """ZVE stage 4: every group updates its prompt's pass rate; retire / defer by the streak rules."""
+        correct = self.zve.correct_reward
+        visits = []
+        for group in collection.all_groups:
+            valid = group.valid_rewards()
+            if valid:
+                lengths = [len(c.token_ids) for c, _ in group.completions]
+                visits.append(
+                    (
+                        self.prompts[group.prompt_index]["prompt"],
+                        len(valid),
+                        sum(r >= correct for r in valid),
+                        sum(lengths) / len(lengths),
+                    )
+                )
+        rules = self.zve.retirement
+        if self.zve.enabled and rules.enabled:
+            counts = self.store.record(
+                visits, self.step, rules.retire_after, rules.defer_after, rules.defer_steps
+            )
+        else:
+            counts = self.store.record(visits, self.step)
+        self.retired_total += counts.retired
+        status = self.store.counts()
+        return {
+            "zve/retired": float(counts.retired),
+            "zve/deferred": float(counts.deferred),
+            "zve/retired_total": float(self.retired_total),
+            "zve/deferred_now": float(status["deferred"]),
+        }
+
+    def _assemble(self, groups) -> RolloutBatch:
+        completions = [pair for g in groups for pair in g.completions]  # (Completion, text)
+        rewards = [r for g in groups for r in g.rewards]
+        group_index = torch.tensor([n for n, g in enumerate(groups) for _ in g.completions], dtype=torch.long)
         return RolloutBatch(
-            prompt_ids=[c.prompt_ids for c in completions],
-            completion_ids=[c.token_ids for c in completions],
-            rollout_logprobs=[c.logprobs for c in completions],
-            finish_reason=[c.finish_reason for c in completions],
-            group_index=group_index,
-            prompt_index=[prompt_indices[g] for g in group_index.tolist()],
-            completion_text=self.tokenizer.batch_decode(
-                [c.token_ids for c in completions], skip_special_tokens=True
+            prompt_ids=[c.prompt_ids for c, _ in completions],
+            completion_ids=[c.token_ids for c, _ in completions],
+            rollout_logprobs=[c.logprobs for c, _ in completions],
+            rollout_entropies=(
+                [c.entropies for c, _ in completions]
+                if all(c.entropies is not None for c, _ in completions)
+                else None
             ),
-            timing={"rollout_s": time.perf_counter() - started},
+            finish_reason=[c.finish_reason for c, _ in completions],
+            group_index=group_index,
+            prompt_index=[g.prompt_index for g in groups for _ in g.completions],
+            completion_text=[t for _, t in completions],
+            rewards=torch.tensor([math.nan if r is None else r for r in rewards], dtype=torch.float32),
         )
 
     def score(self, batch: RolloutBatch) -> int:
@@ -155,7 +291,9 @@ class RLTrainer:
         self.model.train()
         generator = torch.Generator().manual_seed(derive_seed(self.config.seed, self.step, 7))
         order = torch.randperm(len(batch), generator=generator)
-        if self.rl.mini_batches > 1:
+        if self.rl.old_logprobs == "rollout":
+            self._rollout_as_old(batch)
+        elif self.rl.mini_batches > 1:
             self._old_logprobs(batch)
         stats: dict[str, list[float]] = {}
         for mini in order.chunk(self.rl.mini_batches):
@@ -166,6 +304,28 @@ class RLTrainer:
         metrics["time/train_s"] = time.perf_counter() - started
         return metrics
 
+    def _logprobs(self, model, data: dict, rows: slice, with_entropy: bool = False):
+        """`token_logprobs` of rows `rows` of a `RolloutBatch.padded` dict, packed when configured."""
+        return token_logprobs(
+            model,
+            data["input_ids"][rows],
+            self.config.rollout.temperature,
+            with_entropy=with_entropy,
+            lengths=data["lengths"][rows].tolist() if self._pack else None,
+            pad_id=self.tokenizer.pad_token_id,
+        )
+
+    def _rollout_as_old(self, batch: RolloutBatch) -> None:
+        """`rl.old_logprobs=rollout`: the engine's log-probs (and entropies) stand for the old policy's."""
+        batch.old_logprobs = batch.rollout_logprobs
+        if self._needs_entropy:
+            if batch.rollout_entropies is None:
+                raise RuntimeError(
+                    f"rl.loss={self.rl.loss} needs the old policy's token entropies, which this rollout "
+                    "engine does not return; set rl.old_logprobs=recompute"
+                )
+            batch.old_entropies = batch.rollout_entropies
+
     @torch.no_grad()
     def _old_logprobs(self, batch: RolloutBatch) -> None:
         """The trainer's pre-update log-probs (and entropies, when the loss needs them) of the batch."""
@@ -175,12 +335,7 @@ class RLTrainer:
         for start in range(0, len(rows), self.rl.micro_batch_size):
             chunk = rows[start : start + self.rl.micro_batch_size]
             data = batch.padded(chunk, self.tokenizer.pad_token_id)
-            logp, entropy = token_logprobs(
-                self.model,
-                data["input_ids"],
-                self.config.rollout.temperature,
-                with_entropy=self._needs_entropy,
-            )
+            logp, entropy = self._logprobs(self.model, data, slice(None), self._needs_entropy)
             logprobs.extend(batch.completion_values(chunk, logp))
             if entropy is not None:
                 entropies.extend(batch.completion_values(chunk, entropy))
@@ -196,24 +351,26 @@ class RLTrainer:
         for start in range(0, len(rows), self.rl.micro_batch_size):
             part = slice(start, start + self.rl.micro_batch_size)
             mask = data["mask"][part]
-            input_ids = data["input_ids"][part]
-            logp, entropy = token_logprobs(
-                self.model, input_ids, self.config.rollout.temperature, with_entropy=True
-            )
+            logp, entropy = self._logprobs(self.model, data, part, with_entropy=True)
+            part_advantages = advantages[part]
+            if batch.zvp_sign is not None:  # RL-ZVP: token advantages from the current policy's entropies
+                sign = batch.zvp_sign[rows][part]
+                token_advantages = zvp_token_advantages(entropy, mask, sign, self.zve.zvp.alpha)
+                part_advantages = torch.where(
+                    (sign != 0)[:, None], token_advantages, part_advantages[:, None].expand_as(logp)
+                )
             # Without a separate old-policy pass (one mini-batch), this forward *is* the old policy.
             old_logp = data["old_logp"][part] if "old_logp" in data else logp.detach()
             old_entropy = data["old_entropy"][part] if "old_entropy" in data else entropy
             extra = {}
             if self.reference is not None:
                 with torch.no_grad():
-                    extra["ref_logp"], _ = token_logprobs(
-                        self.reference, input_ids, self.config.rollout.temperature
-                    )
+                    extra["ref_logp"], _ = self._logprobs(self.reference, data, part)
             loss, metrics = policy_loss(
                 self.rl.loss,
                 logp,
                 old_logp,
-                advantages[part],
+                part_advantages,
                 mask,
                 entropy=old_entropy,
                 agg=self.rl.loss_agg,
@@ -250,38 +407,104 @@ class RLTrainer:
             "actor/skipped_updates": 0.0,
         }
 
+    def advantages(self, batch: RolloutBatch) -> dict[str, float]:
+        """Group-relative advantages, then ZVE stages 2 (reshaping) and 3 (RL-ZVP signs) when enabled."""
+        if not len(batch):
+            return {}
+        batch.advantages = compute_advantages(self.rl.advantage, batch.rewards, batch.group_index)
+        zero = group_zero_variance(batch.rewards, batch.group_index)
+        stats = {"zve/zero_variance_rate_batch": float(zero.double().mean())}
+        if not self.zve.enabled:
+            return stats
+        still = zero.clone()
+        if self.zve.reshape.enabled and bool(zero.any()):
+            shape = self.zve.reshape
+            shaped, informative = reshape_zero_variance(
+                batch.rewards,
+                batch.completion_ids,
+                batch.group_index,
+                shape.length_coef,
+                shape.repetition_coef,
+                self.settings()["max_new_tokens"],
+                shape.reward_gap,
+            )
+            batch.advantages = torch.where(zero[batch.group_index], shaped, batch.advantages)
+            still &= ~informative
+            stats["zve/reshaped_groups"] = float(informative.sum())
+        stats["zve/zero_variance_rate_reshaped"] = float(still.double().mean())
+        if self.zve.zvp.enabled and bool(still.any()):
+            batch.zvp_sign = zvp_signs(batch.rewards, batch.group_index, still, self.zve.correct_reward)
+            zvp_groups = torch.zeros_like(still).index_put_(
+                (batch.group_index,), batch.zvp_sign != 0, accumulate=True
+            )
+            still &= ~zvp_groups
+            stats["zve/zvp_groups"] = float(zvp_groups.sum())
+        stats["zve/zero_variance_rate_final"] = float(still.double().mean())
+        return stats
+
     def train_step(self) -> dict[str, float]:
         batch = self.rollout()
-        errors = self.score(batch)
+        errors = int(batch.stats.get("reward/errors", 0))
         self.reward_errors += errors
-        batch.advantages = compute_advantages(self.rl.advantage, batch.rewards, batch.group_index)
-        metrics = self.update(batch)
+        zve_stats = self.advantages(batch)
+        if len(batch):
+            metrics = self.update(batch)
+        else:  # every group was zero-variance and dropped: nothing to learn from this step
+            with warnings.catch_warnings():  # the schedule still advances one step per RL step
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler")
+                self.scheduler.step()
+            metrics = {"actor/skipped_updates": 1.0}
         sync_started = time.perf_counter()
         self.engine.load_weights(self.model.state_dict())
         self.step += 1
+        metrics.update(zve_stats)
         metrics.update(self._batch_metrics(batch, errors))
         metrics["time/weight_sync_s"] = time.perf_counter() - sync_started
+        if self.curriculum is not None:
+            metrics["curriculum/stage"] = float(self.curriculum.index + 1)  # the stage this step ran in
+            accuracy = metrics.get("reward/accuracy", math.nan)
+            if self.curriculum.observe(self.step, 0.0 if math.isnan(accuracy) else accuracy):
+                self.source.set_buckets(self._buckets())
         return metrics
 
     def _batch_metrics(self, batch: RolloutBatch, errors: int) -> dict[str, float]:
+        generated = batch.stats.get("zve/generated_rollouts", float(len(batch)))
         rewards = batch.rewards
-        valid = rewards[~torch.isnan(rewards)]
-        tokens = sum(len(c) for c in batch.completion_ids)
-        return {
-            "reward/mean": float(valid.mean()) if valid.numel() else math.nan,
-            "reward/accuracy": float((valid >= 1.0).float().mean()) if valid.numel() else math.nan,
-            "reward/none_fraction": 1.0 - valid.numel() / len(batch),
+        metrics = {
+            **batch.stats,
             "reward/errors": float(errors),
             "reward/errors_total": float(self.reward_errors),
-            "zve/zero_variance_rate": zero_variance_rate(rewards, batch.group_index),
-            "zve/informative_rollout_fraction": float((batch.advantages != 0).float().mean()),
-            "rollout/tokens": float(tokens),
-            "rollout/tokens_per_s": tokens / max(batch.timing["rollout_s"], 1e-9),
-            "rollout/mean_length": tokens / len(batch),
-            "rollout/truncated_fraction": batch.finish_reason.count("length") / len(batch),
             "time/rollout_s": batch.timing["rollout_s"],
             "time/reward_s": batch.timing["reward_s"],
         }
+        if not len(batch):
+            return {**metrics, "zve/informative_rollout_fraction": 0.0, "zve/signal_rollout_fraction": 0.0}
+        valid = rewards[~torch.isnan(rewards)]
+        tokens = sum(len(c) for c in batch.completion_ids)
+        zero = group_zero_variance(rewards, batch.group_index)
+        signal_groups = int((~zero).sum())
+        carries = batch.advantages != 0
+        if batch.zvp_sign is not None:
+            carries |= batch.zvp_sign != 0
+        metrics.update(
+            {
+                "reward/mean": float(valid.mean()) if valid.numel() else math.nan,
+                "reward/accuracy": float((valid >= self.zve.correct_reward).float().mean())
+                if valid.numel()
+                else math.nan,
+                "reward/none_fraction": 1.0 - valid.numel() / len(batch),
+                # of all rollouts generated this step: those whose update carries a non-zero advantage,
+                # and those in groups with a reward signal (before reshaping and RL-ZVP)
+                "zve/informative_rollout_fraction": float(carries.sum()) / generated,
+                "zve/signal_rollout_fraction": float((~zero)[batch.group_index].sum()) / generated,
+                "zve/rollouts_per_signal_group": generated / signal_groups if signal_groups else math.inf,
+                "rollout/tokens": float(tokens),
+                "rollout/tokens_per_s": tokens / max(batch.timing["rollout_s"], 1e-9),
+                "rollout/mean_length": tokens / len(batch),
+                "rollout/truncated_fraction": batch.finish_reason.count("length") / len(batch),
+            }
+        )
+        return metrics
 
     # ------------------------------------------------------------ the loop
     def train(self, evaluate_fn=None) -> list[dict[str, float]]:

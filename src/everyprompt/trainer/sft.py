@@ -9,18 +9,24 @@ from pathlib import Path
 import torch
 
 from everyprompt.config import LoggingConfig, SFTConfig
-from everyprompt.trainer.logprobs import token_logprobs
+from everyprompt.trainer.logprobs import check_packing, token_logprobs
 from everyprompt.trainer.metrics import MetricsLogger
 from everyprompt.trainer.optim import build_optimizer, build_scheduler
 
 
-def sft_batch(tokenizer, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
-    """input_ids [B, L] (prompt + solution + EOS, right-padded) and the target mask [B, L - 1]."""
+def sft_batch_ids(tokenizer, row: dict, prompt: list[int] | None = None) -> list[int]:
+    """Token ids of one SFT example: prompt (BOS included) + solution + EOS."""
+    if prompt is None:
+        prompt = tokenizer(row["prompt"]).input_ids
+    return prompt + tokenizer(row["solution"], add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+
+
+def sft_batch(tokenizer, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """input_ids [B, L] (prompt + solution + EOS, right-padded), the target mask [B, L - 1], lengths."""
     sequences, starts = [], []
     for row in rows:
         prompt = tokenizer(row["prompt"]).input_ids
-        completion = tokenizer(row["solution"], add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
-        sequences.append(prompt + completion)
+        sequences.append(sft_batch_ids(tokenizer, row, prompt))
         starts.append(len(prompt) - 1)
     width = max(len(s) for s in sequences)
     input_ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
@@ -28,16 +34,29 @@ def sft_batch(tokenizer, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
     for i, (sequence, start) in enumerate(zip(sequences, starts)):
         input_ids[i, : len(sequence)] = torch.tensor(sequence)
         mask[i, start : len(sequence) - 1] = 1.0
-    return input_ids, mask
+    return input_ids, mask, [len(s) for s in sequences]
 
 
 def run_sft(
-    model, tokenizer, rows: list[dict], sft: SFTConfig, seed: int, run_dir: str | Path, logging: LoggingConfig
+    model,
+    tokenizer,
+    rows: list[dict],
+    sft: SFTConfig,
+    seed: int,
+    run_dir: str | Path,
+    logging: LoggingConfig,
+    pack_sequences: bool = True,
 ) -> list[dict[str, float]]:
-    """Train `sft.steps` steps on random batches of `rows` (each needs `prompt` and `solution`)."""
+    """Train `sft.steps` steps on random batches of `rows` (each needs `prompt` and `solution`).
+
+    With `pack_sequences` the forward pass packs each batch (see `token_logprobs`), after checking on
+    two rows that packing leaves this model's log-probs unchanged.
+    """
     missing = [i for i, row in enumerate(rows) if not row.get("solution")]
     if missing:
         raise ValueError(f"SFT needs a `solution` field on every row; row {missing[0] + 1} has none")
+    if pack_sequences:
+        check_packing(model, [sft_batch_ids(tokenizer, row) for row in rows[:2]], tokenizer.pad_token_id)
     rng = random.Random(seed)
     optimizer = build_optimizer(model, sft.lr, sft.weight_decay)
     scheduler = build_scheduler(optimizer, sft.warmup_steps, sft.steps, "cosine")
@@ -49,8 +68,10 @@ def run_sft(
     try:
         for step in range(1, sft.steps + 1):
             started = time.perf_counter()
-            input_ids, mask = sft_batch(tokenizer, rng.sample(rows, min(sft.batch_size, len(rows))))
-            logp, _ = token_logprobs(model, input_ids)
+            input_ids, mask, lengths = sft_batch(tokenizer, rng.sample(rows, min(sft.batch_size, len(rows))))
+            logp, _ = token_logprobs(
+                model, input_ids, lengths=lengths if pack_sequences else None, pad_id=tokenizer.pad_token_id
+            )
             loss = -(logp * mask).sum() / mask.sum()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
