@@ -27,3 +27,17 @@ def test_algorithms_bench_smoke(tmp_path, capsys):
     assert "espo/clip_fraction_high" in payload["runs"][1]["espo"]
     assert (tmp_path / "algorithms.png").stat().st_size > 0
     assert "Policy-loss ablation" in capsys.readouterr().out
+
+
+def test_zve_bench_smoke(tmp_path, capsys):
+    bench = _load("zve")
+    args = "--tiny --budget 8 --evals 1 --workers 1 --seeds 0 --methods GRPO ZVE".split()
+    assert bench.main([*args, "--out", str(tmp_path)]) == 0
+    payload = json.loads((tmp_path / "zve.json").read_text())
+    assert [(r["method"], r["seed"]) for r in payload["runs"]] == [("GRPO", 0), ("ZVE", 0)]
+    grpo, zve = payload["runs"]
+    assert grpo["rollouts"] == 8 and zve["rollouts"] >= 8  # the budget stops both (ZVE may overshoot a step)
+    for row in payload["bandit"]:  # the binomial law, within sampling error of 200 groups
+        assert abs(row["measured"] - row["predicted"]) < 0.15
+    assert (tmp_path / "zve.png").stat().st_size > 0
+    assert "equal rollout budget" in capsys.readouterr().out

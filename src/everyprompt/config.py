@@ -130,6 +130,9 @@ class RolloutCorrectionConfig(Section):
 
 class RLConfig(Section):
     steps: int = Field(80, ge=0, description="RL steps (one rollout batch and its updates each).")
+    max_rollouts: int | None = Field(
+        None, gt=0, description="Stop once this many rollouts were generated (None: rl.steps only)."
+    )
     prompts_per_step: int = Field(16, gt=0, description="Prompts sampled per step.")
     group_size: int = Field(8, ge=2, description="Completions per prompt (the GRPO group).")
     lr: float = Field(1e-5, gt=0, description="Peak AdamW learning rate.")

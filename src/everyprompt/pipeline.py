@@ -114,10 +114,12 @@ class Run:
             self.console.print(f"resumed from {latest} at step {trainer.step}")
             return trainer
         model, tokenizer = self.warm_started_model()
-        rows = self.rl_rows()
+        rows, filter_rollouts = self.rl_rows(), 0
         if self.config.zve.enabled and self.config.zve.filter.enabled:
-            rows = self.offline_filter(model, tokenizer, rows, store)
-        return RLTrainer(self.config, model, tokenizer, rows, self.run_dir, store=store)
+            rows, filter_rollouts = self.offline_filter(model, tokenizer, rows, store)
+        trainer = RLTrainer(self.config, model, tokenizer, rows, self.run_dir, store=store)
+        trainer.rollouts_total = filter_rollouts  # the filter's samples count against rl.max_rollouts
+        return trainer
 
     # ------------------------------------------------------------ zero-variance elimination
     def pass_rate_store(self) -> PassRateStore:
@@ -133,8 +135,13 @@ class Run:
             store.load_state_dict(PassRateStore(source).state_dict())
         return store
 
-    def offline_filter(self, model, tokenizer, rows: list[dict], store: PassRateStore) -> list[dict]:
-        """ZVE stage 0 before RL: estimate pass rates with the starting policy, keep low < p < high."""
+    def offline_filter(
+        self, model, tokenizer, rows: list[dict], store: PassRateStore
+    ) -> tuple[list[dict], int]:
+        """ZVE stage 0 before RL: estimate pass rates with the starting policy, keep low < p < high.
+
+        Returns the kept rows and the number of rollouts the estimate cost.
+        """
         config, rules = self.config, self.config.zve.filter
         chosen = seeded_sample(range(len(rows)), rules.max_prompts, config.seed)
         candidates = [rows[i] for i in chosen]
@@ -176,6 +183,7 @@ class Run:
             "reward_errors": estimate.errors,
             "histogram": result.histogram,
             "seconds": time.perf_counter() - started,
+            "rollouts": len(candidates) * rules.samples,
             "kept_indices": kept,
         }
         write_json_atomic(self.run_dir / "filter.json", report)
@@ -188,7 +196,7 @@ class Run:
                 f"the offline filter kept no prompt ({result.too_easy} too easy, {result.too_hard} too hard); "
                 "widen zve.filter.low / zve.filter.high"
             )
-        return [rows[i] for i in kept]
+        return [rows[i] for i in kept], len(candidates) * rules.samples
 
     def filtered_rl_rows(self) -> list[dict]:
         """The RL prompts of this run: after the offline filter when it ran (its kept list is saved)."""

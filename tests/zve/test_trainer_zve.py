@@ -122,6 +122,8 @@ def test_offline_filter_keeps_the_informative_prompts_and_survives_resume(tmp_pa
         report["kept"] + report["too_easy"] + report["too_hard"] + report["unscored"] == report["estimated"]
     )
     assert len(trainer.prompts) == report["kept"] > 0
+    assert report["rollouts"] == report["estimated"] * 4  # the filter's samples count in the run's total
+    assert trainer.rollouts_total == report["rollouts"] + _lines(tmp_path)[0]["zve/generated_rollouts"]
     resumed = train(tiny_config("rl.steps=2", *options), run_dir=tmp_path, resume=True)
     assert [p["prompt"] for p in resumed.prompts] == [p["prompt"] for p in trainer.prompts]
 
@@ -158,3 +160,9 @@ def tiny_config_overrides():
     from tests.conftest import TINY_OVERRIDES
 
     return list(TINY_OVERRIDES)
+
+
+def test_a_rollout_budget_stops_the_run(tmp_path):
+    trainer = train(tiny_config("rl.steps=10", "rl.max_rollouts=8"), run_dir=tmp_path)  # 2 prompts x 2 a step
+    assert trainer.step == 2 and trainer.rollouts_total == 8
+    assert [line["rollout/total"] for line in _lines(tmp_path)] == [4, 8]

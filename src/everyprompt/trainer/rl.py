@@ -83,6 +83,7 @@ class RLTrainer:
         self.step = 0
         self.reward_errors = 0
         self.retired_total = 0
+        self.rollouts_total = 0  # rollouts generated so far (the offline filter's count in when it ran)
         self._prompt_ids = [tokenizer(p["prompt"]).input_ids for p in prompts]
         self._pack = config.model.pack_sequences
         if self._pack and self._prompt_ids:
@@ -107,6 +108,7 @@ class RLTrainer:
             "curriculum": self.curriculum.state_dict() if self.curriculum else None,
             "reward_errors": self.reward_errors,
             "retired_total": self.retired_total,
+            "rollouts_total": self.rollouts_total,
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
         }
 
@@ -120,6 +122,7 @@ class RLTrainer:
         self.source.load_state_dict(state["source"])
         self.reward_errors = state["reward_errors"]
         self.retired_total = state["retired_total"]
+        self.rollouts_total = state["rollouts_total"]
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])
         self.engine.load_weights(self.model.state_dict())
@@ -446,6 +449,7 @@ class RLTrainer:
         batch = self.rollout()
         errors = int(batch.stats.get("reward/errors", 0))
         self.reward_errors += errors
+        self.rollouts_total += int(batch.stats.get("zve/generated_rollouts", len(batch)))
         zve_stats = self.advantages(batch)
         if len(batch):
             metrics = self.update(batch)
@@ -460,6 +464,7 @@ class RLTrainer:
         metrics.update(zve_stats)
         metrics.update(self._batch_metrics(batch, errors))
         metrics["time/weight_sync_s"] = time.perf_counter() - sync_started
+        metrics["rollout/total"] = float(self.rollouts_total)
         if self.curriculum is not None:
             metrics["curriculum/stage"] = float(self.curriculum.index + 1)  # the stage this step ran in
             accuracy = metrics.get("reward/accuracy", math.nan)
@@ -497,6 +502,7 @@ class RLTrainer:
                 # and those in groups with a reward signal (before reshaping and RL-ZVP)
                 "zve/informative_rollout_fraction": float(carries.sum()) / generated,
                 "zve/signal_rollout_fraction": float((~zero)[batch.group_index].sum()) / generated,
+                "zve/signal_groups": float(signal_groups),
                 "zve/rollouts_per_signal_group": generated / signal_groups if signal_groups else math.inf,
                 "rollout/tokens": float(tokens),
                 "rollout/tokens_per_s": tokens / max(batch.timing["rollout_s"], 1e-9),
@@ -507,6 +513,12 @@ class RLTrainer:
         return metrics
 
     # ------------------------------------------------------------ the loop
+    @property
+    def finished(self) -> bool:
+        """`rl.steps` done, or `rl.max_rollouts` rollouts generated (offline-filter samples included)."""
+        budget = self.rl.max_rollouts
+        return self.step >= self.rl.steps or (budget is not None and self.rollouts_total >= budget)
+
     def train(self, evaluate_fn=None) -> list[dict[str, float]]:
         """Run until `rl.steps`; checkpoint every `checkpoint.every` steps and at the end."""
         logger = MetricsLogger(
@@ -519,11 +531,11 @@ class RLTrainer:
         )
         history = []
         try:
-            while self.step < self.rl.steps:
+            while not self.finished:
                 started = time.perf_counter()
                 metrics = self.train_step()
                 every = self.config.eval.every
-                if evaluate_fn is not None and every and self.step % every == 0 and self.step < self.rl.steps:
+                if evaluate_fn is not None and every and self.step % every == 0 and not self.finished:
                     metrics.update({f"eval/{k}": v for k, v in evaluate_fn(self.engine).items()})
                 metrics["time/step_s"] = time.perf_counter() - started
                 logger.log(self.step, metrics)

@@ -1,0 +1,366 @@
+"""Zero-variance elimination: (a) the binomial law on a synthetic bandit, (b) GRPO vs ZVE on the demo task.
+
+(a) Prompts with known pass rates p and Bernoulli rewards, sampled through `zve.collect_groups`: the
+    measured zero-variance rate of groups of N must match p^N + (1 - p)^N, and expansion to N_max must
+    leave the rate of p^N_max + (1 - p)^N_max.
+(b) The demo task on all five levels (easy levels ~100% solved after SFT, hard ones not), from one SFT
+    checkpoint, three seeds, the same total rollout budget (`rl.max_rollouts`; the offline filter's
+    samples count in it): plain GRPO against the ZVE stack with and without its offline filter.
+
+    python bench/zve.py                # the full benchmark (~25 minutes on 2 CPU cores)
+    python bench/zve.py --budget 6400  # shorter
+    python bench/zve.py --tiny         # seconds: a smoke run on a 2-layer model
+
+Writes bench/results/zve.json and bench/results/zve.png (held-out accuracy vs rollouts, zero-variance
+rate per stage); prints the summary table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+sys.path.insert(0, str(ROOT / "bench"))
+
+from algorithms import TINY, prepare_sft  # noqa: E402  (the shared SFT checkpoint helper)
+
+ZVE_ONLINE = [
+    "zve.enabled=true",
+    "zve.expansion.max_group_size=16",
+    "zve.expansion.step=8",
+]
+METHODS: dict[str, list[str]] = {
+    "GRPO": [],
+    "ZVE": ZVE_ONLINE,
+    "ZVE+filter": [
+        *ZVE_ONLINE,
+        "zve.filter.enabled=true",
+        "zve.filter.samples=4",
+        "zve.filter.max_prompts=1000",
+    ],
+}
+STAGES = (
+    ("sampled (N0)", "zve/zero_variance_rate"),
+    ("expanded", "zve/zero_variance_rate_expanded"),
+    ("reshaped", "zve/zero_variance_rate_reshaped"),
+    ("final", "zve/zero_variance_rate_final"),
+)
+
+
+def _mean(values) -> float:
+    values = [v for v in values if v == v]
+    return sum(values) / len(values) if values else float("nan")
+
+
+# ---------------------------------------------------------------------------- (a) the bandit
+def bandit(trials: int = 4000, seed: int = 0) -> list[dict]:
+    """Measured vs predicted zero-variance rates for p in 0.05..0.95 and N in 4, 8, 16 (+ expansion 8->16)."""
+    from everyprompt.zve import collect_groups
+
+    rows = []
+    rng = random.Random(seed)
+    for p in (0.05, 0.2, 0.5, 0.8, 0.95):
+        for n, n_max in ((4, None), (8, None), (16, None), (8, 16)):
+
+            def take(count):
+                return [0] * count
+
+            def sample(specs, p=p):
+                return [(None, float(rng.random() < p)) for _ in specs]
+
+            result = collect_groups(
+                take,
+                sample,
+                prompts_per_step=trials,
+                group_size=n,
+                max_group_size=n_max,
+                max_rollouts=trials * (n_max or n),
+            )
+            top = n_max or n
+            rows.append(
+                {
+                    "p": p,
+                    "N0": n,
+                    "N_max": top,
+                    "measured": result.zv_expanded,
+                    "predicted": p**top + (1 - p) ** top,
+                    "measured_at_N0": result.zv_sampled,
+                    "predicted_at_N0": p**n + (1 - p) ** n,
+                    "rollouts_per_group": result.generated / trials,
+                }
+            )
+    return rows
+
+
+# ---------------------------------------------------------------------------- (b) the demo task
+def run_one(job: dict) -> dict:
+    import torch
+
+    torch.set_num_threads(job["threads"])
+    from everyprompt.config import load_config
+    from everyprompt.pipeline import Run
+
+    config = load_config(None, job["overrides"])
+    started = time.perf_counter()
+    run = Run(config, job["run_dir"])
+    trainer = run.trainer()
+    filter_rollouts = trainer.rollouts_total
+    history = trainer.train(evaluate_fn=lambda engine: run.evaluate(engine, trainer.tokenizer))
+    final = run.evaluate(trainer.engine, trainer.tokenizer)
+    evals = [{"rollouts": filter_rollouts, "greedy_accuracy": job["start_accuracy"]}]
+    for metrics in history:
+        if "eval/greedy_accuracy" in metrics:
+            evals.append(
+                {"rollouts": metrics["rollout/total"], "greedy_accuracy": metrics["eval/greedy_accuracy"]}
+            )
+    evals.append({"rollouts": trainer.rollouts_total, "greedy_accuracy": final["greedy_accuracy"]})
+    generated = sum(m["zve/generated_rollouts"] for m in history)
+
+    def weighted(key: str) -> float:  # rollout-weighted mean over steps
+        return sum(m[key] * m["zve/generated_rollouts"] for m in history if key in m) / generated
+
+    return {
+        "method": job["method"],
+        "seed": job["seed"],
+        "steps": len(history),
+        "rollouts": trainer.rollouts_total,
+        "filter_rollouts": filter_rollouts,
+        "prompts": len(trainer.prompts),
+        "final_greedy_accuracy": final["greedy_accuracy"],
+        "final_by_level": {k: v for k, v in final.items() if k.startswith("greedy_accuracy/")},
+        "evals": evals,
+        "zero_variance": {name: _mean([m.get(key, float("nan")) for m in history]) for name, key in STAGES},
+        "informative_rollout_fraction": weighted("zve/informative_rollout_fraction"),
+        "signal_rollout_fraction": weighted("zve/signal_rollout_fraction"),
+        "rollouts_per_signal_group": generated
+        / max(1.0, sum(m.get("zve/signal_groups", 0.0) for m in history)),
+        "retired": history[-1]["zve/retired_total"],
+        "wall_seconds": time.perf_counter() - started,
+    }
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = dict(zip(METHODS, ("tab:blue", "tab:orange", "tab:green")))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for method in METHODS:
+        runs = [r for r in results if r["method"] == method]
+        for index, run in enumerate(runs):
+            left.plot(
+                [e["rollouts"] for e in run["evals"]],
+                [100 * e["greedy_accuracy"] for e in run["evals"]],
+                color=colours[method],
+                marker="o",
+                ms=3,
+                alpha=0.8,
+                label=method if index == 0 else None,
+            )
+    left.set_xlabel("rollouts generated (offline filter included)")
+    left.set_ylabel("held-out greedy accuracy (%)")
+    left.set_title("Accuracy at equal rollout budget")
+    left.grid(alpha=0.3)
+    left.legend()
+    width = 0.25
+    for offset, method in enumerate(m for m in METHODS if any(r["method"] == m for r in results)):
+        runs = [r for r in results if r["method"] == method]
+        values = [100 * _mean([r["zero_variance"][name] for r in runs]) for name, _ in STAGES]
+        right.bar(
+            [i + offset * width for i in range(len(STAGES))],
+            values,
+            width,
+            color=colours[method],
+            label=method,
+        )
+    right.set_xticks([i + width for i in range(len(STAGES))], [name for name, _ in STAGES])
+    right.set_ylabel("zero-variance groups (%)")
+    right.set_title("Zero-variance rate after each stage")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def tables(bandit_rows: list[dict], results: list[dict], start: float):
+    from rich.table import Table
+
+    law = Table(title="(a) Bandit: zero-variance rate vs p^N + (1-p)^N")
+    for column in ("p", "N0 -> N_max", "measured", "predicted", "rollouts / group"):
+        law.add_column(column, justify="right")
+    for row in bandit_rows:
+        law.add_row(
+            f"{row['p']:.2f}",
+            f"{row['N0']} -> {row['N_max']}",
+            f"{row['measured']:.4f}",
+            f"{row['predicted']:.4f}",
+            f"{row['rollouts_per_group']:.2f}",
+        )
+    summary = Table(title=f"(b) Demo task, levels 1-5, equal rollout budget (SFT start {start:.1%} greedy)")
+    for column in (
+        "method",
+        "final greedy (mean ± sd)",
+        "per seed",
+        "rollouts",
+        "steps",
+        "ZV sampled",
+        "ZV expanded",
+        "ZV final",
+        "informative",
+        "signal",
+        "rollouts / signal group",
+    ):
+        summary.add_column(column, justify="right")
+    for method in METHODS:
+        runs = [r for r in results if r["method"] == method]
+        if not runs:
+            continue
+        finals = [r["final_greedy_accuracy"] for r in runs]
+        sd = statistics.stdev(finals) if len(finals) > 1 else 0.0
+        summary.add_row(
+            method,
+            f"{_mean(finals):.1%} ± {sd:.1%}",
+            " ".join(f"{f:.1%}" for f in finals),
+            f"{_mean([r['rollouts'] for r in runs]):.0f}",
+            f"{_mean([r['steps'] for r in runs]):.0f}",
+            f"{_mean([r['zero_variance']['sampled (N0)'] for r in runs]):.1%}",
+            f"{_mean([r['zero_variance']['expanded'] for r in runs]):.1%}",
+            f"{_mean([r['zero_variance']['final'] for r in runs]):.1%}",
+            f"{_mean([r['informative_rollout_fraction'] for r in runs]):.1%}",
+            f"{_mean([r['signal_rollout_fraction'] for r in runs]):.1%}",
+            f"{_mean([r['rollouts_per_signal_group'] for r in runs]):.1f}",
+        )
+    return law, summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--budget", type=int, default=12800, help="rollouts per run (GRPO: budget / 128 steps)"
+    )
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument(
+        "--evals", type=int, default=2, help="evaluations during each run (plus the final one)"
+    )
+    parser.add_argument("--workers", type=int, default=2, help="runs in parallel (1 thread each when > 1)")
+    parser.add_argument("--sft-seed", type=int, default=1, help="seed of the shared SFT checkpoint")
+    parser.add_argument("--tiny", action="store_true", help="smoke run on a 2-layer model in seconds")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+
+    from rich.console import Console
+
+    console = Console(width=150)
+    started = time.perf_counter()
+    bandit_rows = bandit(trials=200 if args.tiny else 4000)
+    base = ["eval.num_samples=1", "eval.pass_k=1", "rl.levels=[1,2,3,4,5]"] + (TINY if args.tiny else [])
+    if args.tiny:
+        base += ["zve.filter.max_prompts=8"]
+    work = args.out / "zve_runs"
+    work.mkdir(parents=True, exist_ok=True)
+    console.print("training the shared SFT checkpoint (or reusing it)...")
+    sft_dir = prepare_sft([*base, f"seed={args.sft_seed}"], work / f"sft_seed{args.sft_seed}")
+    start = _start_accuracy(base, sft_dir, work)
+    per_step = 4 if args.tiny else 128  # GRPO's rollouts per step (prompts_per_step x group_size)
+    grpo_steps = max(1, args.budget // per_step)
+    every = max(1, grpo_steps // (args.evals + 1))
+    jobs = []
+    for seed in args.seeds:
+        for method in args.methods:
+            run_dir = work / f"{method.lower().replace('+', '_')}_seed{seed}"
+            if run_dir.exists():
+                import shutil
+
+                shutil.rmtree(run_dir)
+            overrides = [
+                *base,
+                f"seed={seed}",
+                f"model.path={sft_dir}",
+                "sft.steps=0",
+                f"rl.steps={4 * grpo_steps}",
+                f"rl.max_rollouts={args.budget}",
+                f"eval.every={every}",
+                "checkpoint.every=0",
+                "logging.progress=false",
+                "logging.tensorboard=false",
+                *METHODS[method],
+            ]
+            if args.tiny:
+                overrides = [o for o in overrides if not o.startswith("zve.filter.max_prompts=1000")]
+            jobs.append(
+                {
+                    "method": method,
+                    "seed": seed,
+                    "overrides": overrides,
+                    "run_dir": run_dir,
+                    "threads": 1 if args.workers > 1 else 2,
+                    "start_accuracy": start,
+                }
+            )
+    console.print(f"{len(jobs)} runs of {args.budget} rollouts each, {args.workers} at a time")
+    results = []
+    if args.workers > 1:
+        with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:
+            for result in pool.map(run_one, jobs):
+                console.print(
+                    f"  {result['method']} seed {result['seed']}: greedy {result['final_greedy_accuracy']:.1%} "
+                    f"in {result['steps']} steps ({result['wall_seconds']:.0f} s)"
+                )
+                results.append(result)
+    else:
+        results = [run_one(job) for job in jobs]
+    payload = {
+        "benchmark": "zve",
+        "sft_checkpoint": str(sft_dir),
+        "sft_greedy_accuracy": start,
+        "budget": args.budget,
+        "seeds": args.seeds,
+        "methods": {m: METHODS[m] for m in args.methods},
+        "tiny": args.tiny,
+        "bandit": bandit_rows,
+        "runs": results,
+        "wall_seconds": time.perf_counter() - started,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "zve.json").write_text(json.dumps(payload, indent=1, default=str))
+    plot(results, args.out / "zve.png")
+    console.print(f"wrote {args.out / 'zve.json'} and {args.out / 'zve.png'}")
+    for table in tables(bandit_rows, results, start):
+        console.print(table)
+    return 0
+
+
+def _start_accuracy(base: list[str], sft_dir: Path, work: Path) -> float:
+    """Held-out greedy accuracy of the shared SFT checkpoint (cached beside it)."""
+    cache = sft_dir.parent.parent / "start_eval.json"
+    if cache.is_file():
+        return json.loads(cache.read_text())["greedy_accuracy"]
+    from everyprompt.config import load_config
+    from everyprompt.models.io import load_pretrained
+    from everyprompt.pipeline import Run
+    from everyprompt.rollout import NativeEngine
+
+    config = load_config(None, [*base, "logging.progress=false"])
+    run = Run(config, work / "start_eval")
+    model, tokenizer = load_pretrained(sft_dir)
+    result = run.evaluate(NativeEngine.from_model(model, tokenizer), tokenizer)
+    cache.write_text(json.dumps(result))
+    return result["greedy_accuracy"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
