@@ -75,7 +75,15 @@ def test_score_renamed_fields_and_bad_row(tmp_path, capsys):
     assert "c.jsonl:2: not valid JSON" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [["eval", "/nonexistent/ckpt"], ["score", "x.jsonl", "--reward", "nope"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["eval", "/nonexistent/ckpt"],
+        ["score", "x.jsonl", "--reward", "nope"],
+        ["filter", "builtin", "--model", "/nonexistent/ckpt"],
+        ["filter", "/nonexistent/prompts.jsonl", "--model", "/nonexistent/ckpt"],
+    ],
+)
 def test_bad_paths_exit_2(argv, capsys, tmp_path):
     if argv[0] == "score":
         (tmp_path / "x.jsonl").write_text('{"completion": "1", "answer": "1"}\n')

@@ -154,8 +154,9 @@ def cmd_filter(args) -> int:
     out = Path(
         args.out or (f"{Path(args.data).stem}-filtered" if args.data != "builtin" else "builtin-filtered")
     )
+    rows = None if args.data == "builtin" else load_prompt_file(args.data)  # a bad file fails before any output
     run = Run(config, run_dir=out)
-    rows = run.rl_rows() if args.data == "builtin" else load_prompt_file(args.data)
+    rows = run.rl_rows() if rows is None else rows
     model, tokenizer = load_pretrained(checkpoint)
     engine = NativeEngine.from_model(model, tokenizer, batch_size=config.rollout.batch_size)
     params = SamplingParams(config.rollout.max_new_tokens, config.rollout.temperature, config.rollout.top_p)
