@@ -45,7 +45,7 @@ METHODS: dict[str, list[str]] = {
         *ZVE_ONLINE,
         "zve.filter.enabled=true",
         "zve.filter.samples=4",
-        "zve.filter.max_prompts=1000",
+        "zve.filter.max_prompts=400",
     ],
 }
 STAGES = (
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
                 *METHODS[method],
             ]
             if args.tiny:
-                overrides = [o for o in overrides if not o.startswith("zve.filter.max_prompts=1000")]
+                overrides = [o for o in overrides if not o.startswith("zve.filter.max_prompts=400")]
             jobs.append(
                 {
                     "method": method,
