@@ -137,11 +137,8 @@ def cmd_filter(args) -> int:
     from everyprompt.data.passrate import PassRateStore
     from everyprompt.models.io import load_pretrained
     from everyprompt.pipeline import Run
-    from everyprompt.rewards import get_reward
-    from everyprompt.rollout import NativeEngine, SamplingParams
     from everyprompt.trainer import resolve_checkpoint
-    from everyprompt.trainer.metrics import progress_bar
-    from everyprompt.zve import estimate_pass_rates, filter_by_pass_rate
+    from everyprompt.zve import run_offline_filter
 
     extra = [
         f"zve.filter.{key}={value}"
@@ -154,41 +151,20 @@ def cmd_filter(args) -> int:
     out = Path(
         args.out or (f"{Path(args.data).stem}-filtered" if args.data != "builtin" else "builtin-filtered")
     )
-    rows = None if args.data == "builtin" else load_prompt_file(args.data)  # a bad file fails before any output
+    # a bad data file fails before anything is written
+    rows = None if args.data == "builtin" else load_prompt_file(args.data)
     run = Run(config, run_dir=out)
     rows = run.rl_rows() if rows is None else rows
     model, tokenizer = load_pretrained(checkpoint)
-    engine = NativeEngine.from_model(model, tokenizer, batch_size=config.rollout.batch_size)
-    params = SamplingParams(config.rollout.max_new_tokens, config.rollout.temperature, config.rollout.top_p)
-    with progress_bar(len(rows), "pass rates", enabled=config.logging.progress) as advance:
-        estimate = estimate_pass_rates(
-            engine,
-            tokenizer,
-            rows,
-            get_reward(config.rewards.function),
-            rules.samples,
-            params,
-            config.seed,
-            config.zve.correct_reward,
-            progress=advance,
-        )
-    result = filter_by_pass_rate(estimate, rules.low, rules.high)
+    store = PassRateStore(out / "passrates.sqlite")
+    estimate, result = run_offline_filter(model, tokenizer, rows, config, store)
+    store.close()
     with open(out / "kept.jsonl", "w", encoding="utf-8") as handle:
         for index in result.kept:
             rate = estimate.rate(index)
             handle.write(
                 json.dumps({**rows[index], "pass_rate": rate, "attempts": estimate.attempts[index]}) + "\n"
             )
-    store = PassRateStore(out / "passrates.sqlite")
-    store.record(
-        [
-            (row["prompt"], estimate.attempts[i], estimate.successes[i], estimate.mean_length[i])
-            for i, row in enumerate(rows)
-            if estimate.attempts[i]
-        ],
-        step=-1,
-    )
-    store.close()
     report = {
         "data": args.data,
         "model": str(checkpoint),

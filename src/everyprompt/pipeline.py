@@ -19,11 +19,9 @@ from everyprompt.data.passrate import PassRateStore
 from everyprompt.evaluate import evaluate
 from everyprompt.models.io import load_model_and_tokenizer, load_pretrained
 from everyprompt.rewards import get_reward
-from everyprompt.rollout import NativeEngine, SamplingParams
 from everyprompt.trainer import RLTrainer, resolve_checkpoint, run_sft, save_checkpoint
 from everyprompt.trainer.checkpoint import checkpoint_root, load_trainer_state, write_json_atomic
-from everyprompt.trainer.metrics import progress_bar
-from everyprompt.zve import estimate_pass_rates, filter_by_pass_rate, seeded_sample
+from everyprompt.zve import run_offline_filter, seeded_sample
 
 log = logging.getLogger(__name__)
 
@@ -145,32 +143,8 @@ class Run:
         config, rules = self.config, self.config.zve.filter
         chosen = seeded_sample(range(len(rows)), rules.max_prompts, config.seed)
         candidates = [rows[i] for i in chosen]
-        engine = NativeEngine.from_model(model, tokenizer, batch_size=config.rollout.batch_size)
-        params = SamplingParams(
-            config.rollout.max_new_tokens, config.rollout.temperature, config.rollout.top_p
-        )
         started = time.perf_counter()
-        with progress_bar(len(candidates), "pass rates", enabled=config.logging.progress) as advance:
-            estimate = estimate_pass_rates(
-                engine,
-                tokenizer,
-                candidates,
-                get_reward(config.rewards.function),
-                rules.samples,
-                params,
-                config.seed,
-                config.zve.correct_reward,
-                progress=advance,
-            )
-        result = filter_by_pass_rate(estimate, rules.low, rules.high)
-        store.record(
-            [
-                (row["prompt"], estimate.attempts[i], estimate.successes[i], estimate.mean_length[i])
-                for i, row in enumerate(candidates)
-                if estimate.attempts[i]
-            ],
-            step=-1,
-        )
+        estimate, result = run_offline_filter(model, tokenizer, candidates, config, store)
         kept = [chosen[i] for i in result.kept]
         report = {
             "prompts": len(rows),

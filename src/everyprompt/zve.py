@@ -315,3 +315,40 @@ def filter_by_pass_rate(estimate: PassRateEstimate, low: float = 0.0, high: floa
         else:
             kept.append(index)
     return FilterResult(kept, too_easy, too_hard, unscored, dict(sorted(histogram.items())))
+
+
+def run_offline_filter(model, tokenizer, rows: list[dict], config, store=None):
+    """Stage 0 as `everyprompt filter` and the training pipeline run it: estimate, filter, record.
+
+    Samples with the config's rollout settings and reward; records every scored prompt in `store`
+    (when given) at step -1. Returns (PassRateEstimate, FilterResult).
+    """
+    from everyprompt.rewards import get_reward
+    from everyprompt.rollout import NativeEngine, SamplingParams
+    from everyprompt.trainer.metrics import progress_bar
+
+    rules, rollout = config.zve.filter, config.rollout
+    engine = NativeEngine.from_model(model, tokenizer, batch_size=rollout.batch_size)
+    params = SamplingParams(rollout.max_new_tokens, rollout.temperature, rollout.top_p)
+    with progress_bar(len(rows), "pass rates", enabled=config.logging.progress) as advance:
+        estimate = estimate_pass_rates(
+            engine,
+            tokenizer,
+            rows,
+            get_reward(config.rewards.function),
+            rules.samples,
+            params,
+            config.seed,
+            config.zve.correct_reward,
+            progress=advance,
+        )
+    if store is not None:
+        store.record(
+            [
+                (row["prompt"], estimate.attempts[i], estimate.successes[i], estimate.mean_length[i])
+                for i, row in enumerate(rows)
+                if estimate.attempts[i]
+            ],
+            step=-1,
+        )
+    return estimate, filter_by_pass_rate(estimate, rules.low, rules.high)

@@ -25,6 +25,19 @@ BAR_FIELDS = {
 }
 
 
+def _progress(console: Console, *extra) -> Progress:
+    """Our progress bar: description, bar, n/N, elapsed, remaining, then `extra` columns."""
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        *extra,
+        console=console,
+    )
+
+
 def _format(value: float) -> str:
     return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3f}"
 
@@ -53,16 +66,7 @@ class MetricsLogger:
         self._progress = None
         self._print_every = max(1, total_steps // 10)
         if progress:
-            self._progress = Progress(
-                TextColumn("[bold]{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                TimeRemainingColumn(),
-                TextColumn("{task.fields[postfix]}"),
-                console=self.console,
-                transient=False,
-            )
+            self._progress = _progress(self.console, TextColumn("{task.fields[postfix]}"))
             self._task = self._progress.add_task(
                 description, total=total_steps, completed=start_step, postfix=""
             )
@@ -98,14 +102,7 @@ class progress_bar:  # noqa: N801  (used as a context manager, like a function)
     def __init__(self, total: int, description: str, enabled: bool = True, console: Console | None = None):
         self._progress = None
         if enabled:
-            self._progress = Progress(
-                TextColumn("[bold]{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                TimeRemainingColumn(),
-                console=console or Console(stderr=True),
-            )
+            self._progress = _progress(console or Console(stderr=True))
             self._task = self._progress.add_task(description, total=total)
 
     def __enter__(self):
