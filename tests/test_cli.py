@@ -102,3 +102,14 @@ def test_console_script_runs():
         + ", ".join(sorted(__import__("everyprompt.config").config.RLConfig.model_fields))
         + ")"
     )
+
+
+def test_overrides_may_follow_the_options(capsys):
+    # the override is taken (and rejected by the config), not an argparse error
+    assert main(["filter", "builtin", "--model", "/nonexistent/ckpt", "rl.bogus=1"]) == 2
+    assert "unknown config key 'rl.bogus'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["filter", "builtin", "--model", "/nonexistent/ckpt", "--bogus"])
+    assert exit_info.value.code == 2
+    with pytest.raises(SystemExit):
+        main(["score", "x.jsonl", "rl.steps=3"])  # score takes no config overrides

@@ -278,7 +278,14 @@ def main(argv: list[str] | None = None) -> int:
     from everyprompt.rewards import RewardError
     from everyprompt.trainer import CheckpointError
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # KEY=VALUE overrides may also follow the options (`filter data.jsonl --model M rl.seed=1`)
+    args, unknown = parser.parse_known_args(argv)
+    stray = [u for u in unknown if "=" not in u or u.startswith("-") or not hasattr(args, "config")]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if unknown:
+        args.config = [*args.config, *unknown]
     try:
         return args.func(args)
     except ConfigError as err:
