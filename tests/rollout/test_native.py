@@ -110,3 +110,28 @@ def test_empty_prompt_is_rejected(tiny_model):
     engine = NativeEngine.from_model(*tiny_model)
     with pytest.raises(ValueError, match="empty prompt"):
         list(engine.generate([GenerationRequest(0, [])], SamplingParams(4)))
+
+
+def test_recorded_routes_are_the_hf_routers_top_k(tiny_model):
+    """Every token fed through the engine (prompt and completion but the last) carries its top-k experts."""
+    model, tokenizer = tiny_model
+    engine = NativeEngine.from_model(model, tokenizer, batch_size=3)
+    completions = list(engine.generate(_requests(tokenizer, PROMPTS), SamplingParams(12, record_routes=True)))
+    top_k = model.config.num_experts_per_tok
+    for completion in completions:
+        ids = completion.prompt_ids + completion.token_ids
+        routes = completion.routed_experts
+        assert routes.dtype == torch.int16
+        assert routes.shape == (len(ids) - 1, model.config.num_hidden_layers, top_k)
+        with torch.no_grad():
+            router_logits = model(input_ids=torch.tensor([ids]), output_router_logits=True).router_logits
+        for layer, logits in enumerate(router_logits):
+            expected = torch.topk(logits[: len(ids) - 1], top_k, dim=-1).indices.sort(-1).values
+            assert torch.equal(routes[:, layer].long().sort(-1).values, expected), f"layer {layer}"
+
+
+def test_routes_are_not_recorded_unless_asked(tiny_model):
+    model, tokenizer = tiny_model
+    engine = NativeEngine.from_model(model, tokenizer)
+    completion = next(iter(engine.generate(_requests(tokenizer, PROMPTS[:1]), SamplingParams(4))))
+    assert completion.routed_experts is None

@@ -15,6 +15,7 @@ class SamplingParams:
     temperature: float = 1.0  # log-probs are of softmax(logits / temperature)
     top_p: float = 1.0
     greedy: bool = False
+    record_routes: bool = False  # return each token's top-k experts per MoE layer (router replay)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -42,6 +43,9 @@ class Completion:
     logprobs: torch.Tensor  # [len(token_ids)] float32, log softmax(logits / T) of each sampled token
     finish_reason: Literal["eos", "length"]
     timing: dict[str, float] = field(default_factory=dict)
+    # [len(prompt_ids) + len(token_ids) - 1, L_moe, k] int16 when SamplingParams.record_routes: the experts
+    # each token fed through the model was routed to (the last sampled token is never fed)
+    routed_experts: torch.Tensor | None = None
     entropies: torch.Tensor | None = None  # [len(token_ids)] entropy of softmax(logits / T); None if not kept
 
 

@@ -158,11 +158,16 @@ class NativeEngine:
         )
         return out.transpose(1, 2).reshape(batch, length, -1) @ layer.o.T
 
-    def _moe(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
-        """Top-k routed experts, computed one expert at a time over the tokens routed to it."""
+    def _moe(self, layer: _Layer, x: torch.Tensor, routes: list | None = None) -> torch.Tensor:
+        """Top-k routed experts, computed one expert at a time over the tokens routed to it.
+
+        With `routes` (a list), appends this layer's expert indices [B, T, k].
+        """
         flat = x.reshape(-1, x.shape[-1])  # [N, H]
         probs = torch.softmax((flat @ layer.router.T).float(), dim=-1)  # [N, E]
         weights, experts = torch.topk(probs, self.top_k, dim=-1)  # [N, k]
+        if routes is not None:
+            routes.append(experts.view(*x.shape[:2], self.top_k))
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         weights = weights.to(flat.dtype)
@@ -183,20 +188,25 @@ class NativeEngine:
             out.index_add_(0, tokens, hidden * weights.reshape(-1)[pairs, None])
         return out.view_as(x)
 
-    def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
+    def _mlp(self, layer: _Layer, x: torch.Tensor, routes: list | None = None) -> torch.Tensor:
         if layer.router is not None:
-            return self._moe(layer, x)
+            return self._moe(layer, x, routes)
         return (F.silu(x @ layer.mlp_gate.T) * (x @ layer.mlp_up.T)) @ layer.mlp_down.T
 
-    def _forward(self, tokens, positions, caches, slot: int, key_mask) -> torch.Tensor:
-        """Logits [B, V] of the last position; writes keys/values at cache slots [slot, slot + T)."""
+    def _forward(
+        self, tokens, positions, caches, slot: int, key_mask, routes: list | None = None
+    ) -> torch.Tensor:
+        """Logits [B, V] of the last position; writes keys/values at cache slots [slot, slot + T).
+
+        With `routes` (a list), appends each MoE layer's expert indices [B, T, k].
+        """
         x = self.embed[tokens]
         rope = self._rope(positions)
         for layer, cache in zip(self.layers, caches):
             x = x + self._attention(
                 layer, _rms_norm(x, layer.input_norm, self.eps), rope, cache, slot, key_mask
             )
-            x = x + self._mlp(layer, _rms_norm(x, layer.post_norm, self.eps))
+            x = x + self._mlp(layer, _rms_norm(x, layer.post_norm, self.eps), routes)
         return (_rms_norm(x[:, -1], self.final_norm, self.eps) @ self.lm_head.T).float()
 
     # ---------------------------------------------------------------- decoding
@@ -228,7 +238,19 @@ class NativeEngine:
         caches = [
             (torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype)) for _ in self.layers
         ]
-        logits = self._forward(tokens, positions, caches, 0, prefill_mask)
+        routes: list | None = [] if params.record_routes else None
+        logits = self._forward(tokens, positions, caches, 0, prefill_mask, routes)
+        route_buffer = None
+        if routes is not None:
+            if not routes:
+                raise UnsupportedModelError(
+                    "record_routes needs a mixture-of-experts model; this one has no router"
+                )
+            # [B, P + max_new_tokens, L_moe, k]: the prompt's routes (left-padded), then each fed token's
+            route_buffer = torch.zeros(
+                batch, prompt_len + params.max_new_tokens, len(routes), self.top_k, dtype=torch.int16
+            )
+            route_buffer[:, :prompt_len] = torch.stack(routes, dim=2).to(torch.int16)
 
         seeds = torch.tensor([r.seed for r in requests], dtype=torch.long)
         rows = torch.arange(batch)  # original row of each active row
@@ -248,7 +270,15 @@ class NativeEngine:
                 finished = torch.ones_like(finished)
             for index in finished.nonzero().flatten().tolist():
                 yield self._completion(
-                    requests, int(rows[index]), out_tokens, out_logprobs, out_entropies, step + 1, began
+                    requests,
+                    int(rows[index]),
+                    out_tokens,
+                    out_logprobs,
+                    out_entropies,
+                    step + 1,
+                    began,
+                    route_buffer,
+                    int(offsets[rows[index]]),
                 )
             if bool(finished.all()):
                 break
@@ -258,10 +288,24 @@ class NativeEngine:
                 caches = [(k[keep], v[keep]) for k, v in caches]
             slot = prompt_len + step
             step_positions = (lengths[rows] + step)[:, None]
-            logits = self._forward(sampled[:, None], step_positions, caches, slot, visible[:, None, :])
+            routes = [] if route_buffer is not None else None
+            logits = self._forward(
+                sampled[:, None], step_positions, caches, slot, visible[:, None, :], routes
+            )
+            if routes:
+                route_buffer[rows, slot] = torch.stack(routes, dim=2)[:, 0].to(torch.int16)
 
     def _completion(
-        self, requests, row: int, out_tokens, out_logprobs, out_entropies, length: int, began: float
+        self,
+        requests,
+        row: int,
+        out_tokens,
+        out_logprobs,
+        out_entropies,
+        length: int,
+        began: float,
+        route_buffer: torch.Tensor | None = None,
+        offset: int = 0,
     ) -> Completion:
         token_ids = out_tokens[row, :length].tolist()
         reason = "eos" if token_ids[-1] == self.eos_token_id else "length"
@@ -272,6 +316,10 @@ class NativeEngine:
             token_ids=token_ids,
             logprobs=out_logprobs[row, :length].clone(),
             entropies=out_entropies[row, :length].clone(),
+            # prompt slots start at the row's left-padding offset; the last sampled token was never fed
+            routed_experts=None
+            if route_buffer is None
+            else route_buffer[row, offset : offset + len(request.prompt_ids) + length - 1].clone(),
             finish_reason=reason,
             timing={"finished_s": time.perf_counter() - began},
         )

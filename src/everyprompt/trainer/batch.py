@@ -24,7 +24,7 @@ class RolloutBatch:
     old_entropies: list[torch.Tensor] | None = None  # N x [len(completion)]: their token entropies
     zvp_sign: torch.Tensor | None = None  # [N] long: RL-ZVP +1 all-correct / -1 all-wrong group, 0 else
     stats: dict[str, float] = field(default_factory=dict)  # how the batch was collected (ZVE accounting)
-    routed_experts: list[torch.Tensor] | None = None  # N x [T, L_moe, k] int16 (router replay)
+    routed_experts: list[torch.Tensor] | None = None  # N x [prompt + completion - 1, L_moe, k] int16 (replay)
     timing: dict[str, float] = field(default_factory=dict)
 
     def __len__(self) -> int:

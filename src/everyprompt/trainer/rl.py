@@ -274,6 +274,11 @@ class RLTrainer:
                 if all(c.entropies is not None for c, _ in completions)
                 else None
             ),
+            routed_experts=(
+                [c.routed_experts for c, _ in completions]
+                if completions and all(c.routed_experts is not None for c, _ in completions)
+                else None
+            ),
             finish_reason=[c.finish_reason for c, _ in completions],
             group_index=group_index,
             prompt_index=[g.prompt_index for g in groups for _ in g.completions],
