@@ -167,6 +167,11 @@ class RLConfig(Section):
     levels: list[int] | None = Field(
         None, description="Built-in task levels for RL prompts (None: data.levels)."
     )
+    router_replay: Literal["off", "r2", "r3"] = Field(
+        "off",
+        description="MoE router replay in the trainer's forwards: off; r2: the routes of the trainer's own "
+        "old-policy pass; r3: the rollout engine's routes.",
+    )
     old_logprobs: Literal["recompute", "rollout"] = Field(
         "recompute",
         description="Old-policy log-probs (and entropies) of the PPO ratio: a trainer forward pass before "
@@ -191,6 +196,15 @@ class RLConfig(Section):
         if name not in registered_policy_losses():
             raise ValueError(f"expected one of {', '.join(registered_policy_losses())}")
         return name
+
+    @model_validator(mode="after")
+    def _r2_needs_recompute(self) -> RLConfig:
+        if self.router_replay == "r2" and self.old_logprobs == "rollout":
+            raise ValueError(
+                "router_replay='r2' replays the routes of the trainer's own old-policy pass, which "
+                "old_logprobs='rollout' skips; set rl.old_logprobs=recompute or use r3"
+            )
+        return self
 
     @model_validator(mode="after")
     def _correction_needs_recompute(self) -> RLConfig:

@@ -134,6 +134,9 @@ def test_update_moves_log_probs_along_the_advantages(tmp_path):
         ("rl.rollout_correction.mode=mis", "rl.old_logprobs=recompute"),
         ("rl.old_logprobs=rollout",),
         ("rl.old_logprobs=rollout", "rl.loss=espo"),
+        ("rl.router_replay=r3", "rl.old_logprobs=recompute"),
+        ("rl.router_replay=r3", "model.pack_sequences=false"),
+        ("rl.router_replay=r2", "rl.old_logprobs=recompute"),
     ],
 )
 def test_every_method_trains_through_the_config(tmp_path, overrides):
@@ -219,3 +222,32 @@ def test_zero_variance_rate_equals_a_loop():
         values = rewards[(groups == g) & ~torch.isnan(rewards)]
         expected += int(values.numel() == 0 or bool((values == values[0]).all()))
     assert zero_variance_rate(rewards, groups) == pytest.approx(expected / 10)
+
+
+@pytest.mark.parametrize("pack", ["true", "false"])
+def test_r3_replays_the_engines_routes_in_the_trainer(tmp_path, pack):
+    """Engine routes ride in the batch; the replayed old-policy pass matches the engine and uses them."""
+    config = tiny_config("rl.router_replay=r3", "rl.old_logprobs=recompute", f"model.pack_sequences={pack}")
+    trainer = Run(config, tmp_path).trainer()
+    batch = trainer.rollout()
+    layers, top_k = trainer.model.config.num_hidden_layers, trainer.model.config.num_experts_per_tok
+    for prompt, completion, routes in zip(batch.prompt_ids, batch.completion_ids, batch.routed_experts):
+        assert routes.shape == (len(prompt) + len(completion) - 1, layers, top_k)
+    data = batch.padded(list(range(len(batch))), trainer.tokenizer.pad_token_id)
+    recorded = []
+    with torch.no_grad():
+        logp, _ = trainer._logprobs(trainer.model, data, slice(None), recorded=recorded)
+    engine = torch.cat([r for r in batch.rollout_logprobs])
+    torch.testing.assert_close(
+        torch.cat(batch.completion_values(list(range(len(batch))), logp)), engine, atol=1e-5, rtol=0
+    )
+    for used, given in zip(recorded, batch.routed_experts):
+        n = len(given)
+        assert torch.equal(used[:n].long().sort(-1).values, given.long().sort(-1).values)  # agreement 1.0
+
+
+def test_r2_needs_the_old_policy_pass():
+    from everyprompt.config import ConfigError
+
+    with pytest.raises(ConfigError, match="set rl.old_logprobs=recompute or use r3"):
+        tiny_config("rl.router_replay=r2", "rl.old_logprobs=rollout")

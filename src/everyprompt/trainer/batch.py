@@ -60,12 +60,16 @@ class RolloutBatch:
                 old_logp[out, start : start + len(completion)] = self.old_logprobs[r]
             if old_entropy is not None:
                 old_entropy[out, start : start + len(completion)] = self.old_entropies[r]
+        if self.routed_experts is not None:
+            tensors_routes = [self.routed_experts[r] for r in rows]
         tensors = {
             "input_ids": input_ids,
             "lengths": torch.tensor(lengths),
             "mask": mask,
             "rollout_logp": rollout_logp,
         }
+        if self.routed_experts is not None:
+            tensors["routes"] = tensors_routes  # a list: N x [length - 1, L_moe, k]
         if old_logp is not None:
             tensors["old_logp"] = old_logp
         if old_entropy is not None:

@@ -10,6 +10,7 @@ rounding aside: tests/trainer/test_packing.py) while the model sees ~30% fewer t
 
 from __future__ import annotations
 
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -74,6 +75,9 @@ def token_logprobs(
     with_entropy: bool = False,
     lengths: list[int] | None = None,
     pad_id: int = 0,
+    router=None,
+    routes: list[torch.Tensor] | None = None,
+    recorded: list[torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log softmax(logits / T) of each next token: [B, L - 1]; and its entropy [B, L - 1] (detached).
 
@@ -81,14 +85,23 @@ def token_logprobs(
     attention mask is needed; padded targets are dropped by the caller's mask. With `lengths` (each
     row's real token count) the rows are packed for the forward pass and the outputs scattered back;
     positions past a row's length are then 0.
-    """
-    if lengths is None:
-        logits = model(input_ids=input_ids, use_cache=False).logits[:, :-1]
-        return _logprobs_and_entropy(logits, input_ids[:, 1:], temperature, with_entropy)
 
-    packed, positions, layout = pack(input_ids, lengths, pad_id)
-    logits = model(input_ids=packed, position_ids=positions, use_cache=False).logits[:, :-1]
-    logp, entropy = _logprobs_and_entropy(logits, packed[:, 1:], temperature, with_entropy)
+    Router replay (`router`: a models.replay.RouterReplay): with `routes` (per row, [length - 1, L_moe, k]
+    expert ids) the routers use them; with `recorded` (an empty list) it is filled with each row's own
+    routes, the same shape.
+    """
+    lengths_ = lengths if lengths is not None else [input_ids.shape[1]] * input_ids.shape[0]
+    if lengths is None:
+        forward_ids, positions = input_ids, None
+        rows, offsets = torch.arange(input_ids.shape[0]), torch.zeros(input_ids.shape[0], dtype=torch.long)
+    else:
+        forward_ids, positions, layout = pack(input_ids, lengths, pad_id)
+        rows, offsets = layout.row, layout.offset
+    with _routing(router, routes, recorded, forward_ids.shape, rows, offsets, lengths_):
+        logits = model(input_ids=forward_ids, position_ids=positions, use_cache=False).logits[:, :-1]
+    logp, entropy = _logprobs_and_entropy(logits, forward_ids[:, 1:], temperature, with_entropy)
+    if lengths is None:
+        return logp, entropy
     sequence, position, flat = _gather_index(layout)
     shape = (input_ids.shape[0], input_ids.shape[1] - 1)
     out = logp.new_zeros(shape)
@@ -98,6 +111,31 @@ def token_logprobs(
         scattered[sequence, position] = entropy.reshape(-1)[flat]
         entropy = scattered
     return out, entropy
+
+
+@contextmanager
+def _routing(router, routes, recorded, shape, rows, offsets, lengths):
+    """Replay `routes` / record into `recorded` for a forward over `shape` = [R, W] token rows."""
+    if router is None or (routes is None and recorded is None):
+        yield
+        return
+    num_rows, width = shape
+    with ExitStack() as stack:
+        if routes is not None:
+            layers, top_k = routes[0].shape[1:]
+            given = torch.full((num_rows, width, layers, top_k), -1, dtype=torch.long)
+            for i, route in enumerate(routes):
+                count = min(len(route), lengths[i])
+                r, o = int(rows[i]), int(offsets[i])
+                given[r, o : o + count] = route[:count].long()
+            stack.enter_context(router.replay(given.reshape(num_rows * width, layers, top_k)))
+        seen = stack.enter_context(router.record()) if recorded is not None else None
+        yield
+    if seen is not None:
+        used = torch.stack(seen, dim=1).view(num_rows, width, len(seen), -1)
+        for i, n in enumerate(lengths):
+            r, o = int(rows[i]), int(offsets[i])
+            recorded.append(used[r, o : o + n - 1].to(torch.int16))
 
 
 def _logprobs_and_entropy(

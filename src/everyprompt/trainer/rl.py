@@ -20,10 +20,11 @@ from pathlib import Path
 import torch
 
 from everyprompt.algorithms import compute_advantages, policy_loss, policy_loss_spec, zvp_token_advantages
-from everyprompt.config import Config
+from everyprompt.config import Config, ConfigError
 from everyprompt.data.curriculum import Curriculum
 from everyprompt.data.passrate import PassRateStore
 from everyprompt.data.source import ALL, PromptSource, buckets_by_field, buckets_by_pass_rate
+from everyprompt.models.replay import ReplayError, RouterReplay
 from everyprompt.rewards import get_reward, score_completions
 from everyprompt.rollout import GenerationRequest, NativeEngine, SamplingParams
 from everyprompt.trainer.batch import RolloutBatch
@@ -85,6 +86,12 @@ class RLTrainer:
         self.retired_total = 0
         self.rollouts_total = 0  # rollouts generated so far (the offline filter's count in when it ran)
         self._prompt_ids = [tokenizer(p["prompt"]).input_ids for p in prompts]
+        self.router = None
+        if self.rl.router_replay != "off":
+            try:
+                self.router = RouterReplay(model)
+            except ReplayError as err:
+                raise ConfigError(f"config key 'rl.router_replay': {err}") from None
         self._pack = config.model.pack_sequences
         if self._pack and self._prompt_ids:
             check_packing(model, (self._prompt_ids * 2)[:2], tokenizer.pad_token_id)
@@ -169,7 +176,10 @@ class RLTrainer:
         started = time.perf_counter()
         settings = self.settings()
         params = SamplingParams(
-            settings["max_new_tokens"], settings["rollout.temperature"], settings["rollout.top_p"]
+            settings["max_new_tokens"],
+            settings["rollout.temperature"],
+            settings["rollout.top_p"],
+            record_routes=self.rl.router_replay == "r3",
         )
         timing = {"reward_s": 0.0}
         errors = 0
@@ -312,8 +322,10 @@ class RLTrainer:
         metrics["time/train_s"] = time.perf_counter() - started
         return metrics
 
-    def _logprobs(self, model, data: dict, rows: slice, with_entropy: bool = False):
-        """`token_logprobs` of rows `rows` of a `RolloutBatch.padded` dict, packed when configured."""
+    def _logprobs(self, model, data: dict, rows: slice, with_entropy: bool = False, recorded=None):
+        """`token_logprobs` of rows `rows` of a `RolloutBatch.padded` dict, packed when configured,
+        with the batch's routes replayed when router replay is on (and `model` is the policy)."""
+        replay = self.router is not None and model is self.model
         return token_logprobs(
             model,
             data["input_ids"][rows],
@@ -321,6 +333,9 @@ class RLTrainer:
             with_entropy=with_entropy,
             lengths=data["lengths"][rows].tolist() if self._pack else None,
             pad_id=self.tokenizer.pad_token_id,
+            router=self.router if replay else None,
+            routes=data["routes"][rows] if replay and "routes" in data else None,
+            recorded=recorded,
         )
 
     def _rollout_as_old(self, batch: RolloutBatch) -> None:
@@ -340,15 +355,20 @@ class RLTrainer:
         rows = list(range(len(batch)))
         logprobs: list[torch.Tensor] = []
         entropies: list[torch.Tensor] = []
+        routes: list[torch.Tensor] = []
         for start in range(0, len(rows), self.rl.micro_batch_size):
             chunk = rows[start : start + self.rl.micro_batch_size]
             data = batch.padded(chunk, self.tokenizer.pad_token_id)
-            logp, entropy = self._logprobs(self.model, data, slice(None), self._needs_entropy)
+            recorded = [] if self.rl.router_replay == "r2" else None
+            logp, entropy = self._logprobs(self.model, data, slice(None), self._needs_entropy, recorded)
+            routes.extend(recorded or [])
             logprobs.extend(batch.completion_values(chunk, logp))
             if entropy is not None:
                 entropies.extend(batch.completion_values(chunk, entropy))
         batch.old_logprobs = logprobs
         batch.old_entropies = entropies or None
+        if self.rl.router_replay == "r2":  # R2: the updates replay the old policy's own routes
+            batch.routed_experts = routes
 
     def _mini_batch_step(self, batch: RolloutBatch, rows: list[int]) -> dict[str, float]:
         data = batch.padded(rows, self.tokenizer.pad_token_id)
