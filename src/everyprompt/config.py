@@ -197,6 +197,11 @@ class RLConfig(Section):
             raise ValueError(f"expected one of {', '.join(registered_policy_losses())}")
         return name
 
+    @field_validator("router_replay", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        return "off" if value is False else value  # YAML reads a bare `off` as false
+
     @model_validator(mode="after")
     def _r2_needs_recompute(self) -> RLConfig:
         if self.router_replay == "r2" and self.old_logprobs == "rollout":

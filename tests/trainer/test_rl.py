@@ -1,4 +1,5 @@
 import json
+import math
 
 import pytest
 import torch
@@ -251,3 +252,43 @@ def test_r2_needs_the_old_policy_pass():
 
     with pytest.raises(ConfigError, match="set rl.old_logprobs=recompute or use r3"):
         tiny_config("rl.router_replay=r2", "rl.old_logprobs=rollout")
+
+
+@pytest.mark.parametrize("replay", ["off", "r3"])
+def test_mismatch_metrics_are_logged_with_the_old_policy_pass(tmp_path, replay):
+    config = tiny_config("rl.steps=1", "rl.old_logprobs=recompute", f"rl.router_replay={replay}")
+    train(config, run_dir=tmp_path)
+    line = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert line["mismatch/logp_abs_diff"] < 1e-4  # fp32 engine and trainer, same weights
+    assert abs(line["mismatch/k3_kl"]) < 1e-6 and line["mismatch/ratio_above_2"] == 0
+    assert line["mismatch/routing_agreement"] == 1.0 and line["mismatch/flipped_token_fraction"] == 0
+
+
+def test_mismatch_metrics_hand_computed():
+    from everyprompt.trainer.batch import RolloutBatch
+    from everyprompt.trainer.rl import mismatch_metrics
+
+    batch = RolloutBatch(
+        prompt_ids=[[1, 2]],
+        completion_ids=[[3, 4]],
+        rollout_logprobs=[torch.tensor([-1.0, -2.0])],
+        finish_reason=["eos"],
+        group_index=torch.tensor([0]),
+        prompt_index=[0],
+        routed_experts=[
+            torch.tensor([[[0, 1]], [[2, 3]], [[0, 2]]], dtype=torch.int16)
+        ],  # 3 fed tokens, 1 layer
+    )
+    batch.old_logprobs = [torch.tensor([-1.0, -2.0 + math.log(3)])]  # second token: ratio 3
+    trainer_routes = [torch.tensor([[[1, 0]], [[2, 3]], [[0, 3]]], dtype=torch.int16)]  # last token flipped
+    metrics = mismatch_metrics(batch, trainer_routes)
+    # |dlogp| = (0 + ln 3) / 2; k3 = ((1 - 1 - 0) + (3 - 1 - ln 3)) / 2; ratio > 2 on 1 of 2 tokens
+    assert metrics["mismatch/logp_abs_diff"] == pytest.approx(math.log(3) / 2)
+    assert metrics["mismatch/k3_kl"] == pytest.approx((2 - math.log(3)) / 2)
+    assert metrics["mismatch/ratio_above_2"] == 0.5
+    # pairs: token 0 same set {0,1}, token 1 same, token 2 {0,2} vs {0,3} differs -> 2 of 3
+    assert metrics["mismatch/routing_agreement"] == pytest.approx(2 / 3)
+    # completion targets are predicted from fed tokens 1 and 2: token 2 flipped -> the second target
+    assert metrics["mismatch/flipped_token_fraction"] == 0.5
+    assert metrics["mismatch/logp_abs_diff_flipped"] == pytest.approx(math.log(3))
+    assert metrics["mismatch/logp_abs_diff_unflipped"] == 0.0

@@ -55,6 +55,45 @@ def zero_variance_rate(rewards: torch.Tensor, group_index: torch.Tensor) -> floa
     return float(group_zero_variance(rewards, group_index).double().mean())
 
 
+def mismatch_metrics(batch: RolloutBatch, trainer_routes: list[torch.Tensor] | None) -> dict[str, float]:
+    """How far the trainer's old-policy pass is from the engine that sampled (DESIGN: measured, not hidden).
+
+    Over completion tokens: mean |logp_trainer - logp_engine|, the k3 KL estimate of KL(engine || trainer),
+    the share of tokens whose ratio pi_trainer / pi_engine exceeds 2; with both sides' routes: the share
+    of (token, MoE layer) pairs routed to the same expert set, and |dlogp| on tokens whose input token was
+    routed differently in some layer ("flipped") and on the rest.
+    """
+    old, engine = torch.cat(batch.old_logprobs), torch.cat(batch.rollout_logprobs)
+    if not old.numel():
+        return {}
+    log_ratio = (old - engine).double()
+    metrics = {
+        "mismatch/logp_abs_diff": float(log_ratio.abs().mean()),
+        "mismatch/k3_kl": float((log_ratio.exp() - 1 - log_ratio).mean()),
+        "mismatch/ratio_above_2": float((log_ratio > math.log(2)).double().mean()),
+    }
+    if trainer_routes is None or batch.routed_experts is None:
+        return metrics
+    same_pairs, pairs, flipped = 0, 0, []
+    for prompt, trainer, engine_routes in zip(batch.prompt_ids, trainer_routes, batch.routed_experts):
+        n = min(len(trainer), len(engine_routes))
+        same = (trainer[:n].long().sort(-1).values == engine_routes[:n].long().sort(-1).values).all(
+            -1
+        )  # [n, L]
+        same_pairs, pairs = same_pairs + int(same.sum()), pairs + same.numel()
+        # completion target j is predicted from input token len(prompt) - 1 + j
+        flipped.append(~same[len(prompt) - 1 :].all(-1))
+    flipped_tokens = torch.cat(flipped)
+    diff = log_ratio.abs()[: flipped_tokens.numel()]
+    metrics["mismatch/routing_agreement"] = same_pairs / max(pairs, 1)
+    metrics["mismatch/flipped_token_fraction"] = float(flipped_tokens.double().mean())
+    if bool(flipped_tokens.any()):
+        metrics["mismatch/logp_abs_diff_flipped"] = float(diff[flipped_tokens].mean())
+    if bool((~flipped_tokens).any()):
+        metrics["mismatch/logp_abs_diff_unflipped"] = float(diff[~flipped_tokens].mean())
+    return metrics
+
+
 class RLTrainer:
     """Composes the engine, reward function, optimizer, logger and checkpoints of one RL run."""
 
@@ -86,12 +125,17 @@ class RLTrainer:
         self.retired_total = 0
         self.rollouts_total = 0  # rollouts generated so far (the offline filter's count in when it ran)
         self._prompt_ids = [tokenizer(p["prompt"]).input_ids for p in prompts]
-        self.router = None
-        if self.rl.router_replay != "off":
-            try:
-                self.router = RouterReplay(model)
-            except ReplayError as err:
+        # MoE router hooks: replay (rl.router_replay) and the routing-mismatch metrics
+        try:
+            self.router = RouterReplay(model)
+        except ReplayError as err:
+            if self.rl.router_replay != "off":
                 raise ConfigError(f"config key 'rl.router_replay': {err}") from None
+            self.router = None
+        # the engine records routes when they are replayed (r3) or compared with the old-policy pass
+        self._record_routes = self.router is not None and (
+            self.rl.router_replay == "r3" or self.rl.old_logprobs == "recompute"
+        )
         self._pack = config.model.pack_sequences
         if self._pack and self._prompt_ids:
             check_packing(model, (self._prompt_ids * 2)[:2], tokenizer.pad_token_id)
@@ -179,7 +223,7 @@ class RLTrainer:
             settings["max_new_tokens"],
             settings["rollout.temperature"],
             settings["rollout.top_p"],
-            record_routes=self.rl.router_replay == "r3",
+            record_routes=self._record_routes,
         )
         timing = {"reward_s": 0.0}
         errors = 0
@@ -325,7 +369,7 @@ class RLTrainer:
     def _logprobs(self, model, data: dict, rows: slice, with_entropy: bool = False, recorded=None):
         """`token_logprobs` of rows `rows` of a `RolloutBatch.padded` dict, packed when configured,
         with the batch's routes replayed when router replay is on (and `model` is the policy)."""
-        replay = self.router is not None and model is self.model
+        replay = self.rl.router_replay != "off" and model is self.model and "routes" in data
         return token_logprobs(
             model,
             data["input_ids"][rows],
@@ -333,8 +377,8 @@ class RLTrainer:
             with_entropy=with_entropy,
             lengths=data["lengths"][rows].tolist() if self._pack else None,
             pad_id=self.tokenizer.pad_token_id,
-            router=self.router if replay else None,
-            routes=data["routes"][rows] if replay and "routes" in data else None,
+            router=self.router if model is self.model else None,
+            routes=data["routes"][rows] if replay else None,
             recorded=recorded,
         )
 
@@ -359,7 +403,7 @@ class RLTrainer:
         for start in range(0, len(rows), self.rl.micro_batch_size):
             chunk = rows[start : start + self.rl.micro_batch_size]
             data = batch.padded(chunk, self.tokenizer.pad_token_id)
-            recorded = [] if self.rl.router_replay == "r2" else None
+            recorded = [] if self.router is not None else None
             logp, entropy = self._logprobs(self.model, data, slice(None), self._needs_entropy, recorded)
             routes.extend(recorded or [])
             logprobs.extend(batch.completion_values(chunk, logp))
@@ -367,6 +411,7 @@ class RLTrainer:
                 entropies.extend(batch.completion_values(chunk, entropy))
         batch.old_logprobs = logprobs
         batch.old_entropies = entropies or None
+        batch.stats.update(mismatch_metrics(batch, routes or None))
         if self.rl.router_replay == "r2":  # R2: the updates replay the old policy's own routes
             batch.routed_experts = routes
 
