@@ -72,6 +72,11 @@ class SFTConfig(Section):
 
 class RolloutConfig(Section):
     engine: Literal["native"] = Field("native", description="Rollout engine implementation.")
+    precision: Literal["fp32", "bf16", "fp8"] = Field(
+        "fp32",
+        description="Rollout engine arithmetic: fp32, bf16, or fp8 (e4m3 projection weights with "
+        "per-output-channel scales, re-quantised at every weight sync).",
+    )
     max_new_tokens: int = Field(64, gt=0, description="Completion length cap (tokens).")
     temperature: float = Field(
         1.0, gt=0, description="Sampling temperature; the trainer's log-probs use the same."
@@ -421,6 +426,15 @@ class Config(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    @model_validator(mode="after")
+    def _rollout_logprobs_need_fp32(self) -> Config:
+        if self.rl.old_logprobs == "rollout" and self.rollout.precision != "fp32":
+            raise ValueError(
+                f"rl.old_logprobs=rollout uses the engine's log-probs as the old policy's, which is exact only "
+                f"in fp32; with rollout.precision={self.rollout.precision} set rl.old_logprobs=recompute"
+            )
+        return self
 
 
 DEMO_CONFIG = "demo.yaml"

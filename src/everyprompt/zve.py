@@ -328,7 +328,9 @@ def run_offline_filter(model, tokenizer, rows: list[dict], config, store=None):
     from everyprompt.trainer.metrics import progress_bar
 
     rules, rollout = config.zve.filter, config.rollout
-    engine = NativeEngine.from_model(model, tokenizer, batch_size=rollout.batch_size)
+    engine = NativeEngine.from_model(
+        model, tokenizer, batch_size=rollout.batch_size, precision=rollout.precision
+    )
     params = SamplingParams(rollout.max_new_tokens, rollout.temperature, rollout.top_p)
     with progress_bar(len(rows), "pass rates", enabled=config.logging.progress) as advance:
         estimate = estimate_pass_rates(

@@ -135,3 +135,77 @@ def test_routes_are_not_recorded_unless_asked(tiny_model):
     engine = NativeEngine.from_model(model, tokenizer)
     completion = next(iter(engine.generate(_requests(tokenizer, PROMPTS[:1]), SamplingParams(4))))
     assert completion.routed_experts is None
+
+
+def test_fp8_quantisation_error_stays_within_the_e4m3_bound():
+    from everyprompt.rollout.native import FP8Weight
+
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(3, 16, 64, generator=generator) * torch.logspace(-3, 1, 16)[None, :, None]
+    quantized = FP8Weight.quantize(weight)
+    assert quantized.data.dtype == torch.float8_e4m3fn and quantized.scale.shape == (3, 16, 1)
+    error = (quantized.dequantize() - weight).abs()
+    # e4m3: 3 mantissa bits -> relative rounding error <= 2^-4 for normals; subnormals (below 2^-6 of the
+    # scaled range) have a fixed step of 2^-9, half of which is the absolute bound
+    bound = torch.maximum(weight.abs() * 2.0**-4, quantized.scale * 2.0**-10)
+    assert bool((error <= bound * (1 + 1e-6)).all())
+    assert float(error.max()) > 0  # it did quantise
+    torch.testing.assert_close(quantized[1].dequantize(), quantized.dequantize()[1])
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_low_precision_engines_sample_close_to_fp32(tiny_model, precision):
+    model, tokenizer = tiny_model
+    reference = NativeEngine.from_model(model, tokenizer)
+    engine = NativeEngine.from_model(model, tokenizer, precision=precision)
+    params = SamplingParams(8, greedy=True)
+    requests = _requests(tokenizer, PROMPTS)
+    gaps = []
+    for low, high in zip(
+        sorted(engine.generate(requests, params), key=lambda c: c.request_id),
+        sorted(reference.generate(requests, params), key=lambda c: c.request_id),
+    ):
+        n = min(len(low.token_ids), len(high.token_ids))
+        gaps.append((low.logprobs[:n] - high.logprobs[:n]).abs())
+    gap = float(torch.cat(gaps).mean())
+    # different arithmetic, same network (the fixture's weights are sharpened, so gaps exceed FACTS.md's)
+    assert 0 < gap < (0.05 if precision == "bf16" else 0.5), gap
+
+
+def test_fp8_engine_equals_fp32_on_the_dequantised_weights(tiny_model):
+    """Weight-only FP8: exactly the fp32 network whose projections went through e4m3 and back."""
+    from everyprompt.rollout.native import FP8Weight
+
+    model, tokenizer = tiny_model
+    state = model.state_dict()
+    projected = {
+        k: (FP8Weight.quantize(v).dequantize() if ("proj" in k and "norm" not in k) else v)
+        for k, v in state.items()
+    }
+    emulated = NativeEngine(model.config, projected, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    engine = NativeEngine.from_model(model, tokenizer, precision="fp8")
+    params = SamplingParams(8)
+    for a, b in zip(
+        sorted(engine.generate(_requests(tokenizer, PROMPTS), params), key=lambda c: c.request_id),
+        sorted(emulated.generate(_requests(tokenizer, PROMPTS), params), key=lambda c: c.request_id),
+    ):
+        assert a.token_ids == b.token_ids
+        torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
+
+
+def test_fp8_weights_are_requantised_at_every_weight_sync(tiny_model):
+    model, tokenizer = tiny_model
+    engine = NativeEngine.from_model(model, tokenizer, precision="fp8")
+    before = engine.layers[0].q.data.float().clone()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    state["model.layers.0.self_attn.q_proj.weight"] *= 2.0
+    engine.load_weights(state)
+    scale_ratio = engine.layers[0].q.scale / FP8Weight_scale(model)
+    torch.testing.assert_close(scale_ratio, torch.full_like(scale_ratio, 2.0))
+    assert torch.equal(engine.layers[0].q.data.float(), before)  # x2 moves the scale, not the fp8 codes
+
+
+def FP8Weight_scale(model):
+    from everyprompt.rollout.native import FP8Weight
+
+    return FP8Weight.quantize(model.state_dict()["model.layers.0.self_attn.q_proj.weight"]).scale

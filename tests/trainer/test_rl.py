@@ -138,6 +138,8 @@ def test_update_moves_log_probs_along_the_advantages(tmp_path):
         ("rl.router_replay=r3", "rl.old_logprobs=recompute"),
         ("rl.router_replay=r3", "model.pack_sequences=false"),
         ("rl.router_replay=r2", "rl.old_logprobs=recompute"),
+        ("rollout.precision=fp8", "rl.old_logprobs=recompute", "rl.router_replay=r3"),
+        ("rollout.precision=bf16", "rl.old_logprobs=recompute", "rl.rollout_correction.mode=tis"),
     ],
 )
 def test_every_method_trains_through_the_config(tmp_path, overrides):
@@ -292,3 +294,17 @@ def test_mismatch_metrics_hand_computed():
     assert metrics["mismatch/flipped_token_fraction"] == 0.5
     assert metrics["mismatch/logp_abs_diff_flipped"] == pytest.approx(math.log(3))
     assert metrics["mismatch/logp_abs_diff_unflipped"] == 0.0
+
+
+def test_fp8_rollouts_with_rollout_logprobs_are_refused():
+    from everyprompt.config import ConfigError
+
+    with pytest.raises(ConfigError, match="with rollout.precision=fp8 set rl.old_logprobs=recompute"):
+        tiny_config("rollout.precision=fp8")  # the demo config uses rl.old_logprobs=rollout
+
+
+def test_fp8_rollouts_show_in_the_mismatch_metrics(tmp_path):
+    config = tiny_config("rl.steps=1", "rl.old_logprobs=recompute", "rollout.precision=fp8")
+    train(config, run_dir=tmp_path)
+    line = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert line["mismatch/logp_abs_diff"] > 1e-4  # fp8 engine vs fp32 trainer: measured, not hidden

@@ -57,6 +57,43 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+E4M3_MAX = 448.0  # largest finite float8_e4m3fn value
+
+
+class FP8Weight:
+    """A linear weight [..., out, in] kept in float8_e4m3fn with one float32 scale per output channel.
+
+    `.T` and indexing dequantise (weight-only FP8: activations stay in the engine's dtype), so the
+    engine's matmul sites read the same as for a plain tensor.
+    """
+
+    def __init__(self, data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype):
+        self.data, self.scale, self.dtype = data, scale, dtype
+
+    @classmethod
+    def quantize(cls, weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> FP8Weight:
+        weight = weight.detach().float()
+        scale = (weight.abs().amax(dim=-1, keepdim=True) / E4M3_MAX).clamp(min=1e-12)
+        return cls((weight / scale).to(torch.float8_e4m3fn), scale, dtype)
+
+    def dequantize(self) -> torch.Tensor:
+        return (self.data.float() * self.scale).to(self.dtype)
+
+    @property
+    def T(self) -> torch.Tensor:  # noqa: N802  (mirrors Tensor.T)
+        return self.dequantize().transpose(-2, -1)
+
+    def __getitem__(self, index) -> FP8Weight:
+        return FP8Weight(self.data[index], self.scale[index], self.dtype)
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.data.shape
+
+
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8": torch.float32}
+
+
 class NativeEngine:
     """RolloutEngine over a Qwen3(-MoE) state dict. Build it with :meth:`from_model` or the config."""
 
@@ -68,7 +105,16 @@ class NativeEngine:
         pad_token_id: int,
         batch_size: int = 256,
         dtype: torch.dtype = torch.float32,
+        precision: str | None = None,
     ):
+        """`precision` (fp32 | bf16 | fp8) overrides `dtype`; fp8 keeps the attention and expert / MLP
+        projections in float8_e4m3fn (per-output-channel scales, re-quantised by every `load_weights`),
+        and embeddings, norms, routers and the LM head in float32."""
+        if precision is not None:
+            if precision not in PRECISIONS:
+                raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+            dtype = PRECISIONS[precision]
+        self.precision = precision or ("bf16" if dtype == torch.bfloat16 else "fp32")
         model_type = getattr(config, "model_type", None)
         if model_type not in SUPPORTED_ARCHITECTURES:
             raise UnsupportedModelError(
@@ -91,9 +137,14 @@ class NativeEngine:
         self.load_weights(state_dict)
 
     @classmethod
-    def from_model(cls, model, tokenizer, batch_size: int = 256) -> NativeEngine:
+    def from_model(cls, model, tokenizer, batch_size: int = 256, precision: str = "fp32") -> NativeEngine:
         return cls(
-            model.config, model.state_dict(), tokenizer.eos_token_id, tokenizer.pad_token_id, batch_size
+            model.config,
+            model.state_dict(),
+            tokenizer.eos_token_id,
+            tokenizer.pad_token_id,
+            batch_size,
+            precision=precision,
         )
 
     # ---------------------------------------------------------------- weights
@@ -103,6 +154,13 @@ class NativeEngine:
                 raise KeyError(f"weight {name!r} missing from the state dict given to load_weights")
             return state_dict[name].detach().to(self.dtype).clone()
 
+        def linear(name: str):
+            if self.precision == "fp8":
+                if name not in state_dict:
+                    raise KeyError(f"weight {name!r} missing from the state dict given to load_weights")
+                return FP8Weight.quantize(state_dict[name], self.dtype)
+            return get(name)
+
         self.embed = get("model.embed_tokens.weight")
         self.final_norm = get("model.norm.weight")
         head = "lm_head.weight" if "lm_head.weight" in state_dict else "model.embed_tokens.weight"
@@ -111,10 +169,10 @@ class NativeEngine:
         for i in range(self.config.num_hidden_layers):
             p = f"model.layers.{i}."
             layer = _Layer(
-                q=get(p + "self_attn.q_proj.weight"),
-                k=get(p + "self_attn.k_proj.weight"),
-                v=get(p + "self_attn.v_proj.weight"),
-                o=get(p + "self_attn.o_proj.weight"),
+                q=linear(p + "self_attn.q_proj.weight"),
+                k=linear(p + "self_attn.k_proj.weight"),
+                v=linear(p + "self_attn.v_proj.weight"),
+                o=linear(p + "self_attn.o_proj.weight"),
                 q_norm=get(p + "self_attn.q_norm.weight"),
                 k_norm=get(p + "self_attn.k_norm.weight"),
                 input_norm=get(p + "input_layernorm.weight"),
@@ -122,12 +180,12 @@ class NativeEngine:
             )
             if p + "mlp.gate.weight" in state_dict:
                 layer.router = get(p + "mlp.gate.weight")
-                layer.gate_up = get(p + "mlp.experts.gate_up_proj")
-                layer.down = get(p + "mlp.experts.down_proj")
+                layer.gate_up = linear(p + "mlp.experts.gate_up_proj")
+                layer.down = linear(p + "mlp.experts.down_proj")
             else:
-                layer.mlp_gate = get(p + "mlp.gate_proj.weight")
-                layer.mlp_up = get(p + "mlp.up_proj.weight")
-                layer.mlp_down = get(p + "mlp.down_proj.weight")
+                layer.mlp_gate = linear(p + "mlp.gate_proj.weight")
+                layer.mlp_up = linear(p + "mlp.up_proj.weight")
+                layer.mlp_down = linear(p + "mlp.down_proj.weight")
             self.layers.append(layer)
 
     # ---------------------------------------------------------------- forward pieces

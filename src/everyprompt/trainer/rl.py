@@ -111,7 +111,9 @@ class RLTrainer:
         self.prompts, self.run_dir = prompts, Path(run_dir)
         self.rl = config.rl
         self.reward_fn = get_reward(config.rewards.function)
-        self.engine = NativeEngine.from_model(model, tokenizer, batch_size=config.rollout.batch_size)
+        self.engine = NativeEngine.from_model(
+            model, tokenizer, batch_size=config.rollout.batch_size, precision=config.rollout.precision
+        )
         self.optimizer = build_optimizer(model, self.rl.lr, self.rl.weight_decay)
         self.scheduler = build_scheduler(
             self.optimizer, self.rl.warmup_steps, self.rl.steps, self.rl.lr_schedule
