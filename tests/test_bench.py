@@ -41,3 +41,16 @@ def test_zve_bench_smoke(tmp_path, capsys):
         assert abs(row["measured"] - row["predicted"]) < 0.15
     assert (tmp_path / "zve.png").stat().st_size > 0
     assert "equal rollout budget" in capsys.readouterr().out
+
+
+def test_mismatch_bench_smoke(tmp_path, capsys):
+    bench = _load("mismatch")
+    assert bench.main(["--tiny", "--batches", "1", "--rl-steps", "1", "--out", str(tmp_path)]) == 0
+    payload = json.loads((tmp_path / "mismatch.json").read_text())
+    cells = {(c["precision"], c["replay"]): c for c in payload["cells"]}
+    assert len(cells) == 6
+    for precision in ("fp32", "bf16", "fp8"):
+        assert cells[(precision, "r3")]["mismatch/routing_agreement"] == 1.0  # replay: by construction
+    assert cells[("fp8", "off")]["mismatch/logp_abs_diff"] > cells[("fp32", "off")]["mismatch/logp_abs_diff"]
+    assert cells[("fp8", "r3")]["rl"]["all_finite"]
+    assert "mismatch per precision and replay mode" in capsys.readouterr().out

@@ -1,0 +1,173 @@
+"""Train/inference mismatch: engine precision x router replay, on the demo model after SFT.
+
+For each engine precision (fp32, bf16, fp8) and replay mode (off, r3), samples a few RL batches from the
+SFT checkpoint and measures the trainer's (fp32) old-policy pass against the engine that sampled:
+routing agreement, |dlogp| overall and on tokens whose routing flipped, k3 KL, share of ratios > 2.
+Then a short RL run per fp8 cell shows whether training stays stable.
+
+    python bench/mismatch.py               # ~3 minutes on 2 CPU cores (trains the SFT checkpoint if missing)
+    python bench/mismatch.py --tiny        # seconds: a smoke run on a 2-layer model
+
+Writes bench/results/mismatch.json; prints the table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+sys.path.insert(0, str(ROOT / "bench"))
+
+from algorithms import TINY, prepare_sft  # noqa: E402
+
+KEYS = (
+    "mismatch/routing_agreement",
+    "mismatch/flipped_token_fraction",
+    "mismatch/logp_abs_diff",
+    "mismatch/logp_abs_diff_flipped",
+    "mismatch/logp_abs_diff_unflipped",
+    "mismatch/k3_kl",
+    "mismatch/ratio_above_2",
+)
+
+
+def _mean(values) -> float:
+    values = [v for v in values if v == v]
+    return sum(values) / len(values) if values else float("nan")
+
+
+def measure(base: list[str], precision: str, replay: str, batches: int, run_dir: Path) -> dict:
+    from everyprompt.config import load_config
+    from everyprompt.pipeline import Run
+
+    overrides = [
+        *base,
+        f"rollout.precision={precision}",
+        f"rl.router_replay={replay}",
+        "rl.old_logprobs=recompute",
+    ]
+    trainer = Run(load_config(None, overrides), run_dir).trainer()
+    per_batch = []
+    for _ in range(batches):
+        batch = trainer.rollout()
+        trainer._old_logprobs(batch)  # the measured pass: fp32 trainer vs the engine's log-probs and routes
+        per_batch.append({k: batch.stats.get(k, float("nan")) for k in KEYS})
+        trainer.step += 1  # fresh sampling seeds, same weights
+    return {key: _mean([b[key] for b in per_batch]) for key in KEYS}
+
+
+def short_rl(base: list[str], precision: str, replay: str, steps: int, run_dir: Path) -> dict:
+    from everyprompt.config import load_config
+    from everyprompt.pipeline import Run
+
+    overrides = [
+        *base,
+        f"rollout.precision={precision}",
+        f"rl.router_replay={replay}",
+        "rl.old_logprobs=recompute",
+        f"rl.steps={steps}",
+        "checkpoint.every=0",
+    ]
+    run = Run(load_config(None, overrides), run_dir)
+    trainer = run.trainer()
+    history = trainer.train()
+    final = run.evaluate(trainer.engine, trainer.tokenizer)
+    finite = all(v == v for m in history for k, v in m.items() if k.startswith(("loss/", "actor/")))
+    return {
+        "steps": len(history),
+        "final_greedy_accuracy": final["greedy_accuracy"],
+        "reward_first": _mean([m["reward/accuracy"] for m in history[: max(1, steps // 4)]]),
+        "reward_last": _mean([m["reward/accuracy"] for m in history[-max(1, steps // 4) :]]),
+        "logp_abs_diff_mean": _mean([m.get("mismatch/logp_abs_diff", float("nan")) for m in history]),
+        "all_finite": finite,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--batches", type=int, default=4, help="RL batches measured per cell")
+    parser.add_argument("--rl-steps", type=int, default=20, help="RL steps of the fp8 stability runs")
+    parser.add_argument("--sft-seed", type=int, default=1)
+    parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=140)
+    started = time.perf_counter()
+    base = ["eval.num_samples=1", "eval.pass_k=1", "logging.progress=false", "logging.tensorboard=false"]
+    base += TINY if args.tiny else []
+    work = args.out / "mismatch_runs"
+    work.mkdir(parents=True, exist_ok=True)
+    sft_dir = prepare_sft(
+        [*base, f"seed={args.sft_seed}"], work.parent / "zve_runs" / f"sft_seed{args.sft_seed}"
+    )
+    base += [f"model.path={sft_dir}", "sft.steps=0", f"seed={args.sft_seed}"]
+    cells = []
+    for precision in ("fp32", "bf16", "fp8"):
+        for replay in ("off", "r3"):
+            console.print(f"measuring {precision} / replay {replay} ...")
+            cell = {"precision": precision, "replay": replay}
+            cell.update(measure(base, precision, replay, args.batches, work / f"{precision}_{replay}"))
+            if precision == "fp8":
+                cell["rl"] = short_rl(
+                    base, precision, replay, args.rl_steps, work / f"rl_{precision}_{replay}"
+                )
+            cells.append(cell)
+    payload = {
+        "benchmark": "mismatch",
+        "sft_checkpoint": str(sft_dir),
+        "batches": args.batches,
+        "cells": cells,
+        "tiny": args.tiny,
+        "wall_seconds": time.perf_counter() - started,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "mismatch.json").write_text(json.dumps(payload, indent=1))
+    table = Table(title="Trainer (fp32) vs engine: mismatch per precision and replay mode")
+    for column in (
+        "precision",
+        "replay",
+        "routing agreement",
+        "flipped tokens",
+        "|dlogp|",
+        "|dlogp| flipped",
+        "|dlogp| unflipped",
+        "k3 KL",
+        "ratio > 2",
+        "fp8 RL: acc first->last, final greedy",
+    ):
+        table.add_column(column, justify="right")
+    for cell in cells:
+        rl = cell.get("rl")
+        table.add_row(
+            cell["precision"],
+            cell["replay"],
+            f"{cell['mismatch/routing_agreement']:.4f}",
+            f"{cell['mismatch/flipped_token_fraction']:.3f}",
+            f"{cell['mismatch/logp_abs_diff']:.2e}",
+            f"{cell['mismatch/logp_abs_diff_flipped']:.2e}",
+            f"{cell['mismatch/logp_abs_diff_unflipped']:.2e}",
+            f"{cell['mismatch/k3_kl']:.2e}",
+            f"{cell['mismatch/ratio_above_2']:.4f}",
+            "-"
+            if rl is None
+            else f"{rl['reward_first']:.2f}->{rl['reward_last']:.2f}, {rl['final_greedy_accuracy']:.1%}"
+            + ("" if rl["all_finite"] else " (non-finite!)"),
+        )
+    console.print(f"wrote {args.out / 'mismatch.json'}")
+    console.print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
