@@ -41,7 +41,14 @@ def _mean(values) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-def measure(base: list[str], precision: str, replay: str, batches: int, run_dir: Path) -> dict:
+def measure(
+    base: list[str], precision: str, replay: str, batches: int, run_dir: Path, flipped: list | None = None
+) -> dict:
+    """Mismatch metrics over `batches` RL batches. With replay off, fills `flipped` with each batch's
+    per-token flip mask and completions; with r3 and `flipped` given, also reports |dlogp| on exactly
+    those tokens (the engine draws the same samples in both cells: same weights, seeds and precision)."""
+    import torch
+
     from everyprompt.config import load_config
     from everyprompt.pipeline import Run
 
@@ -52,13 +59,36 @@ def measure(base: list[str], precision: str, replay: str, batches: int, run_dir:
         "rl.old_logprobs=recompute",
     ]
     trainer = Run(load_config(None, overrides), run_dir).trainer()
-    per_batch = []
-    for _ in range(batches):
+    per_batch, on_flipped = [], []
+    for index in range(batches):
         batch = trainer.rollout()
         trainer._old_logprobs(batch)  # the measured pass: fp32 trainer vs the engine's log-probs and routes
         per_batch.append({k: batch.stats.get(k, float("nan")) for k in KEYS})
+        diff = (torch.cat(batch.old_logprobs) - torch.cat(batch.rollout_logprobs)).abs()
+        if replay == "off" and flipped is not None:
+            own: list = []
+            data = batch.padded(list(range(len(batch))), trainer.tokenizer.pad_token_id)
+            with torch.no_grad():
+                trainer._logprobs(trainer.model, data, slice(None), recorded=own)
+            mask = []
+            for prompt, mine, engine in zip(batch.prompt_ids, own, batch.routed_experts):
+                n = len(engine)
+                same = (mine[:n].long().sort(-1).values == engine.long().sort(-1).values).all(-1).all(-1)
+                mask.append(~same[len(prompt) - 1 :])
+            flipped.append((batch.completion_ids, torch.cat(mask)))
+        elif replay == "r3" and flipped:
+            completions, mask = flipped[index]
+            if completions != batch.completion_ids:
+                raise RuntimeError(
+                    "the off and r3 cells sampled different completions; cannot compare per token"
+                )
+            if bool(mask.any()):
+                on_flipped.append(diff[mask])
         trainer.step += 1  # fresh sampling seeds, same weights
-    return {key: _mean([b[key] for b in per_batch]) for key in KEYS}
+    result = {key: _mean([b[key] for b in per_batch]) for key in KEYS}
+    if on_flipped:
+        result["logp_abs_diff_on_off_flipped_tokens"] = float(torch.cat(on_flipped).mean())
+    return result
 
 
 def short_rl(base: list[str], precision: str, replay: str, steps: int, run_dir: Path) -> dict:
@@ -114,10 +144,13 @@ def main(argv: list[str] | None = None) -> int:
     base += [f"model.path={sft_dir}", "sft.steps=0", f"seed={args.sft_seed}"]
     cells = []
     for precision in ("fp32", "bf16", "fp8"):
+        flipped: list = []
         for replay in ("off", "r3"):
             console.print(f"measuring {precision} / replay {replay} ...")
             cell = {"precision": precision, "replay": replay}
-            cell.update(measure(base, precision, replay, args.batches, work / f"{precision}_{replay}"))
+            cell.update(
+                measure(base, precision, replay, args.batches, work / f"{precision}_{replay}", flipped)
+            )
             if precision == "fp8":
                 cell["rl"] = short_rl(
                     base, precision, replay, args.rl_steps, work / f"rl_{precision}_{replay}"
@@ -142,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         "|dlogp|",
         "|dlogp| flipped",
         "|dlogp| unflipped",
+        "r3 on off's flipped",
         "k3 KL",
         "ratio > 2",
         "fp8 RL: acc first->last, final greedy",
@@ -157,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{cell['mismatch/logp_abs_diff']:.2e}",
             f"{cell['mismatch/logp_abs_diff_flipped']:.2e}",
             f"{cell['mismatch/logp_abs_diff_unflipped']:.2e}",
+            f"{cell.get('logp_abs_diff_on_off_flipped_tokens', float('nan')):.2e}",
             f"{cell['mismatch/k3_kl']:.2e}",
             f"{cell['mismatch/ratio_above_2']:.4f}",
             "-"
