@@ -17,7 +17,7 @@ def test_noise_is_uniform_and_deterministic():
 def test_samples_follow_the_distribution():
     n = 40000
     logits = torch.tensor([0.0, 1.0, 2.0]).repeat(n, 1)
-    tokens, logprobs = sample_tokens(
+    tokens, logprobs, _ = sample_tokens(
         logits, torch.arange(n), torch.zeros(n, dtype=torch.long), 1.0, 1.0, False
     )
     frequencies = torch.bincount(tokens, minlength=3) / n
@@ -36,7 +36,7 @@ def test_nucleus_keeps_the_smallest_set_reaching_top_p():
 
 def test_greedy_takes_the_argmax():
     logits = torch.tensor([[0.1, 3.0, 0.2], [5.0, 0.0, 0.0]])
-    tokens, _ = sample_tokens(logits, torch.arange(2), torch.zeros(2, dtype=torch.long), 1.0, 1.0, True)
+    tokens, _, _ = sample_tokens(logits, torch.arange(2), torch.zeros(2, dtype=torch.long), 1.0, 1.0, True)
     assert tokens.tolist() == [1, 0]
 
 

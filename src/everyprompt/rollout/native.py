@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from everyprompt.rollout.base import Completion, GenerationRequest, SamplingParams
-from everyprompt.rollout.sampling import entropy_of, sample_tokens
+from everyprompt.rollout.sampling import sample_tokens
 
 SUPPORTED_ARCHITECTURES = ("qwen3_moe", "qwen3")
 
@@ -317,12 +317,12 @@ class NativeEngine:
         out_entropies = torch.zeros(batch, params.max_new_tokens)
         for step in range(params.max_new_tokens):
             step_index = torch.full_like(rows, step)
-            sampled, logprobs = sample_tokens(
+            sampled, logprobs, entropies = sample_tokens(
                 logits, seeds[rows], step_index, params.temperature, params.top_p, params.greedy
             )
             out_tokens[rows, step] = sampled
             out_logprobs[rows, step] = logprobs
-            out_entropies[rows, step] = entropy_of(logits, params.temperature)
+            out_entropies[rows, step] = entropies
             finished = sampled == self.eos_token_id
             if step == params.max_new_tokens - 1:
                 finished = torch.ones_like(finished)

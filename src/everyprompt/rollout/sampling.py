@@ -60,18 +60,17 @@ def sample_tokens(
     temperature: float,
     top_p: float,
     greedy: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sampled token ids [B] and their log-probs [B] under softmax(logits / temperature)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sampled token ids [B], their log-probs [B] and the entropy [B] of softmax(logits / temperature).
+
+    Log-probs and entropy are of the untruncated distribution (as the trainer sees it), from one
+    log-softmax.
+    """
     logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
     if greedy:
         tokens = logprobs.argmax(dim=-1)
     else:
         gumbel = -torch.log(-torch.log(uniform_noise(seeds, positions, logits.shape[-1])))
         tokens = (nucleus_filter(logprobs, top_p).double() + gumbel).argmax(dim=-1)
-    return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
-
-
-def entropy_of(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Entropy [B] of softmax(logits / temperature) (the untruncated distribution, as the trainer sees it)."""
-    logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
-    return -(logprobs.exp() * logprobs).sum(-1)
+    entropy = -(logprobs.exp() * logprobs).sum(-1)
+    return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1), entropy
