@@ -74,6 +74,28 @@ def prepare_sft(base: list[str], out: Path) -> Path:
     return sft_dir
 
 
+def run_jobs(run_one, jobs: list[dict], workers: int, console) -> list[dict]:
+    """`run_one` over `jobs`, `workers` processes at a time (spawned), printing each run as it ends."""
+    if workers <= 1:
+        return [run_one(job) for job in jobs]
+    results = []
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+        for result in pool.map(run_one, jobs):
+            console.print(
+                f"  {result['method']} seed {result['seed']}: greedy {result['final_greedy_accuracy']:.1%} "
+                f"({result['wall_seconds']:.0f} s)"
+            )
+            results.append(result)
+    return results
+
+
+def accuracy_cells(runs: list[dict]) -> tuple[str, str]:
+    """('mean ± sd', 'per seed') of the runs' final greedy accuracies, for summary tables."""
+    finals = [r["final_greedy_accuracy"] for r in runs]
+    sd = statistics.stdev(finals) if len(finals) > 1 else 0.0
+    return f"{_mean(finals):.1%} ± {sd:.1%}", " ".join(f"{f:.1%}" for f in finals)
+
+
 def run_one(job: dict) -> dict:
     """One RL run in its own process: train, evaluate every `eval.every` steps and at the end."""
     import torch
@@ -176,11 +198,9 @@ def summary_table(results: list[dict], start: float):
         if not runs:
             continue
         finals = [r["final_greedy_accuracy"] for r in runs]
-        sd = statistics.stdev(finals) if len(finals) > 1 else 0.0
         table.add_row(
             method,
-            f"{_mean(finals):.1%} ± {sd:.1%}",
-            " ".join(f"{f:.1%}" for f in finals),
+            *accuracy_cells(runs),
             f"{(_mean(finals) - start) * 100:+.1f} pt",
             f"{_mean([r['clip_fraction_mean'] for r in runs]):.4f}",
             f"{_mean([r['entropy_first'] for r in runs]):.3f}→{_mean([r['entropy_last'] for r in runs]):.3f}",
@@ -249,17 +269,7 @@ def main(argv: list[str] | None = None) -> int:
                 }
             )
     console.print(f"{len(jobs)} runs of {args.steps} steps, {args.workers} at a time")
-    if args.workers > 1:
-        with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:
-            results = []
-            for result in pool.map(run_one, jobs):
-                console.print(
-                    f"  {result['method']} seed {result['seed']}: greedy {result['final_greedy_accuracy']:.1%} "
-                    f"({result['wall_seconds']:.0f} s)"
-                )
-                results.append(result)
-    else:
-        results = [run_one(job) for job in jobs]
+    results = run_jobs(run_one, jobs, args.workers, console)
     start = results[0]["evals"][0]["greedy_accuracy"]
     for result in results:  # every run starts from the same checkpoint: one initial evaluation serves all
         if result["evals"][0]["step"] != 0:

@@ -20,18 +20,15 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 sys.path.insert(0, str(ROOT / "bench"))
 
-from algorithms import TINY, prepare_sft  # noqa: E402  (the shared SFT checkpoint helper)
+from algorithms import TINY, accuracy_cells, prepare_sft, run_jobs  # noqa: E402  (shared bench helpers)
 
 ZVE_ONLINE = [
     "zve.enabled=true",
@@ -226,12 +223,9 @@ def tables(bandit_rows: list[dict], results: list[dict], start: float):
         runs = [r for r in results if r["method"] == method]
         if not runs:
             continue
-        finals = [r["final_greedy_accuracy"] for r in runs]
-        sd = statistics.stdev(finals) if len(finals) > 1 else 0.0
         summary.add_row(
             method,
-            f"{_mean(finals):.1%} ± {sd:.1%}",
-            " ".join(f"{f:.1%}" for f in finals),
+            *accuracy_cells(runs),
             f"{_mean([r['rollouts'] for r in runs]):.0f}",
             f"{_mean([r['steps'] for r in runs]):.0f}",
             f"{_mean([r['zero_variance']['sampled (N0)'] for r in runs]):.1%}",
@@ -312,17 +306,7 @@ def main(argv: list[str] | None = None) -> int:
                 }
             )
     console.print(f"{len(jobs)} runs of {args.budget} rollouts each, {args.workers} at a time")
-    results = []
-    if args.workers > 1:
-        with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:
-            for result in pool.map(run_one, jobs):
-                console.print(
-                    f"  {result['method']} seed {result['seed']}: greedy {result['final_greedy_accuracy']:.1%} "
-                    f"in {result['steps']} steps ({result['wall_seconds']:.0f} s)"
-                )
-                results.append(result)
-    else:
-        results = [run_one(job) for job in jobs]
+    results = run_jobs(run_one, jobs, args.workers, console)
     payload = {
         "benchmark": "zve",
         "sft_checkpoint": str(sft_dir),
