@@ -121,13 +121,25 @@ def test_rl_old_logprobs_do_not_depend_on_packing(tmp_path):
     from tests.conftest import tiny_config
 
     values = {}
-    for packed in (False, True):
+    for packed in (False, True):  # micro_batch_size 2 (the tiny default) never packs: use 16 rows in one
         trainer = Run(
-            tiny_config(f"model.pack_sequences={str(packed).lower()}", "rl.loss=espo", "sft.steps=0"),
+            tiny_config(
+                f"model.pack_sequences={str(packed).lower()}",
+                "rl.loss=espo",
+                "sft.steps=0",
+                "rl.prompts_per_step=8",
+                "rl.levels=[1,5]",
+                "rollout.max_new_tokens=4",
+                "rl.micro_batch_size=16",
+            ),
             tmp_path / str(packed),
         ).trainer()
         batch = trainer.rollout()
         trainer._old_logprobs(batch)
         values[packed] = (torch.cat(batch.old_logprobs), torch.cat(batch.old_entropies))
+        # one micro-batch of all 16 rows: packing must actually merge rows, or this test compares nothing
+        data = batch.padded(list(range(len(batch))), trainer.tokenizer.pad_token_id)
+        assert len(batch) <= trainer.rl.micro_batch_size
+        assert pack_layout(data["lengths"].tolist(), data["input_ids"].shape[1]).num_rows < len(batch)
     torch.testing.assert_close(values[True][0], values[False][0], atol=1e-5, rtol=0)
     torch.testing.assert_close(values[True][1], values[False][1], atol=1e-5, rtol=0)
