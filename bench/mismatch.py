@@ -5,7 +5,7 @@ SFT checkpoint and measures the trainer's (fp32) old-policy pass against the eng
 routing agreement, |dlogp| overall and on tokens whose routing flipped, k3 KL, share of ratios > 2.
 Then a short RL run per fp8 cell shows whether training stays stable.
 
-    python bench/mismatch.py               # ~3 minutes on 2 CPU cores (trains the SFT checkpoint if missing)
+    python bench/mismatch.py               # ~8 minutes on 2 CPU cores (trains the SFT checkpoint if missing)
     python bench/mismatch.py --tiny        # seconds: a smoke run on a 2-layer model
 
 Writes bench/results/mismatch.json; prints the table last.
@@ -82,13 +82,60 @@ def measure(
                 raise RuntimeError(
                     "the off and r3 cells sampled different completions; cannot compare per token"
                 )
-            if bool(mask.any()):
-                on_flipped.append(diff[mask])
+            on_flipped.append((diff, mask, torch.cat(batch.rollout_entropies)))
         trainer.step += 1  # fresh sampling seeds, same weights
     result = {key: _mean([b[key] for b in per_batch]) for key in KEYS}
-    if on_flipped:
-        result["logp_abs_diff_on_off_flipped_tokens"] = float(torch.cat(on_flipped).mean())
+    if on_flipped and any(bool(mask.any()) for _, mask, _ in on_flipped):
+        result.update(flipped_token_analysis(*(torch.cat(parts) for parts in zip(*on_flipped))))
     return result
+
+
+def flipped_token_analysis(diff, mask, entropy, neighbours: int = 10, resamples: int = 2000) -> dict:
+    """r3's |dlogp| on the tokens whose routing flipped without replay, against unflipped tokens.
+
+    |dlogp| grows steeply with the token's entropy and flips are not spread evenly over entropies, so
+    besides the raw means each flipped token is compared with the `neighbours` unflipped tokens nearest
+    to it in engine entropy; the ratio's 95% interval comes from resampling the flipped tokens."""
+    import torch
+
+    flipped_diff, flipped_entropy = diff[mask], entropy[mask]
+    order = torch.argsort(entropy[~mask])
+    control_entropy, control_diff = entropy[~mask][order].contiguous(), diff[~mask][order]
+    start = torch.searchsorted(control_entropy, flipped_entropy.contiguous()) - neighbours // 2
+    start = start.clamp(0, len(control_entropy) - neighbours)
+    control = torch.stack([control_diff[start + i] for i in range(neighbours)]).mean(0)
+    generator = torch.Generator().manual_seed(0)
+    ratios = []
+    for _ in range(resamples):
+        pick = torch.randint(len(flipped_diff), (len(flipped_diff),), generator=generator)
+        ratios.append(float(flipped_diff[pick].mean() / control[pick].mean()))
+    low, high = torch.quantile(torch.tensor(ratios), torch.tensor([0.025, 0.975])).tolist()
+    return {
+        "flipped_tokens": int(mask.sum()),
+        "tokens": len(mask),
+        "logp_abs_diff_on_off_flipped_tokens": float(flipped_diff.mean()),
+        "logp_abs_diff_on_off_unflipped_tokens": float(diff[~mask].mean()),
+        "logp_abs_diff_entropy_matched_unflipped": float(control.mean()),
+        "flipped_over_matched_ratio": float(flipped_diff.mean() / control.mean()),
+        "flipped_over_matched_ratio_ci95": [low, high],
+        "median_logp_abs_diff_on_off_flipped_tokens": float(flipped_diff.median()),
+        "median_logp_abs_diff_on_off_unflipped_tokens": float(diff[~mask].median()),
+        "entropy_flipped": float(flipped_entropy.mean()),
+        "entropy_unflipped": float(entropy[~mask].mean()),
+    }
+
+
+def _flip_cells(cell: dict) -> tuple[str, str, str]:
+    """The r3-on-flipped-tokens columns of the table ('-' where nothing flipped)."""
+    if "flipped_tokens" not in cell:
+        return "-", "-", "-"
+    low, high = cell["flipped_over_matched_ratio_ci95"]
+    return (
+        f"{cell['logp_abs_diff_on_off_flipped_tokens']:.2e} / {cell['logp_abs_diff_on_off_unflipped_tokens']:.2e}",
+        f"{cell['flipped_over_matched_ratio']:.2f} ({low:.2f}-{high:.2f})",
+        f"{cell['median_logp_abs_diff_on_off_flipped_tokens']:.1e} / "
+        f"{cell['median_logp_abs_diff_on_off_unflipped_tokens']:.1e}",
+    )
 
 
 def short_rl(base: list[str], precision: str, replay: str, steps: int, run_dir: Path) -> dict:
@@ -118,21 +165,66 @@ def short_rl(base: list[str], precision: str, replay: str, steps: int, run_dir: 
     }
 
 
+def summary_table(payload: dict):
+    from rich.table import Table
+
+    cells = payload["cells"]
+    table = Table(title="Trainer (fp32) vs engine: mismatch per precision and replay mode")
+    for column in (
+        "precision",
+        "replay",
+        "routing agreement",
+        "flipped tokens",
+        "|dlogp|",
+        "|dlogp| flipped",
+        "|dlogp| unflipped",
+        "r3 on off's flipped / unflipped",
+        "r3 flipped / entropy-matched (95% CI)",
+        "r3 median flipped / unflipped",
+        "k3 KL",
+        "ratio > 2",
+        "fp8 RL: acc first->last, final greedy",
+    ):
+        table.add_column(column, justify="right")
+    for cell in cells:
+        rl = cell.get("rl")
+        table.add_row(
+            cell["precision"],
+            cell["replay"],
+            f"{cell['mismatch/routing_agreement']:.4f}",
+            f"{cell['mismatch/flipped_token_fraction']:.3f}",
+            f"{cell['mismatch/logp_abs_diff']:.2e}",
+            f"{cell['mismatch/logp_abs_diff_flipped']:.2e}",
+            f"{cell['mismatch/logp_abs_diff_unflipped']:.2e}",
+            *_flip_cells(cell),
+            f"{cell['mismatch/k3_kl']:.2e}",
+            f"{cell['mismatch/ratio_above_2']:.4f}",
+            "-"
+            if rl is None
+            else f"{rl['reward_first']:.2f}->{rl['reward_last']:.2f}, {rl['final_greedy_accuracy']:.1%}"
+            + ("" if rl["all_finite"] else " (non-finite!)"),
+        )
+    return table
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--batches", type=int, default=4, help="RL batches measured per cell")
+    parser.add_argument("--batches", type=int, default=12, help="RL batches measured per cell")
     parser.add_argument("--rl-steps", type=int, default=20, help="RL steps of the fp8 stability runs")
     parser.add_argument("--sft-seed", type=int, default=1)
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--table", action="store_true", help="print the table of the saved results and exit")
     args = parser.parse_args(argv)
 
     from rich.console import Console
-    from rich.table import Table
 
-    console = Console(width=140)
+    console = Console(width=200)
+    if args.table:
+        console.print(summary_table(json.loads((args.out / "mismatch.json").read_text())))
+        return 0
     started = time.perf_counter()
     base = ["eval.num_samples=1", "eval.pass_k=1", "logging.progress=false", "logging.tensorboard=false"]
     base += TINY if args.tiny else []
@@ -166,41 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "mismatch.json").write_text(json.dumps(payload, indent=1))
-    table = Table(title="Trainer (fp32) vs engine: mismatch per precision and replay mode")
-    for column in (
-        "precision",
-        "replay",
-        "routing agreement",
-        "flipped tokens",
-        "|dlogp|",
-        "|dlogp| flipped",
-        "|dlogp| unflipped",
-        "r3 on off's flipped",
-        "k3 KL",
-        "ratio > 2",
-        "fp8 RL: acc first->last, final greedy",
-    ):
-        table.add_column(column, justify="right")
-    for cell in cells:
-        rl = cell.get("rl")
-        table.add_row(
-            cell["precision"],
-            cell["replay"],
-            f"{cell['mismatch/routing_agreement']:.4f}",
-            f"{cell['mismatch/flipped_token_fraction']:.3f}",
-            f"{cell['mismatch/logp_abs_diff']:.2e}",
-            f"{cell['mismatch/logp_abs_diff_flipped']:.2e}",
-            f"{cell['mismatch/logp_abs_diff_unflipped']:.2e}",
-            f"{cell.get('logp_abs_diff_on_off_flipped_tokens', float('nan')):.2e}",
-            f"{cell['mismatch/k3_kl']:.2e}",
-            f"{cell['mismatch/ratio_above_2']:.4f}",
-            "-"
-            if rl is None
-            else f"{rl['reward_first']:.2f}->{rl['reward_last']:.2f}, {rl['final_greedy_accuracy']:.1%}"
-            + ("" if rl["all_finite"] else " (non-finite!)"),
-        )
     console.print(f"wrote {args.out / 'mismatch.json'}")
-    console.print(table)
+    console.print(summary_table(payload))
     return 0
 
 

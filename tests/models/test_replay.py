@@ -92,3 +92,62 @@ def test_bad_replay_indices_and_dense_models_are_clear_errors(tiny_model):
     )
     with pytest.raises(ReplayError, match="LlamaForCausalLM: no mixture-of-experts router"):
         RouterReplay(dense)
+
+
+def _other_moe(kind: str):
+    """A tiny random-init model of another MoE family (the native engine serves only Qwen3)."""
+    from transformers import (
+        MixtralConfig,
+        MixtralForCausalLM,
+        OlmoeConfig,
+        OlmoeForCausalLM,
+        Qwen2MoeConfig,
+        Qwen2MoeForCausalLM,
+    )
+
+    common = dict(
+        vocab_size=32, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1
+    )
+    torch.manual_seed(0)
+    if kind == "mixtral":
+        return MixtralForCausalLM(
+            MixtralConfig(**common, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2)
+        )
+    if kind == "qwen2_moe":
+        return Qwen2MoeForCausalLM(
+            Qwen2MoeConfig(
+                **common,
+                intermediate_size=32,
+                moe_intermediate_size=16,
+                shared_expert_intermediate_size=16,
+                num_experts=4,
+                num_experts_per_tok=2,
+                norm_topk_prob=True,
+            )
+        )
+    return OlmoeForCausalLM(
+        OlmoeConfig(
+            **common, intermediate_size=16, num_experts=4, num_experts_per_tok=2, norm_topk_prob=False
+        )
+    )
+
+
+@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe", "olmoe"])
+def test_replay_fits_mixtral_qwen2_moe_and_olmoe_routers(kind):
+    model = _other_moe(kind)
+    ids = [3, 7, 1, 30, 12, 5, 9, 2]
+    replay = RouterReplay(model)
+    assert len(replay.routers) == 2
+    with torch.no_grad(), replay.record() as seen:
+        own = _logprobs(model, ids)
+    routes = torch.stack(seen, dim=1)  # [T, L, k] as the model chose
+    with torch.no_grad(), replay.replay(routes):
+        torch.testing.assert_close(_logprobs(model, ids), own, atol=1e-6, rtol=0)
+    other = (routes + 1) % 4  # every expert id shifted: a different pair for each token
+    with torch.no_grad(), replay.replay(other):
+        assert (_logprobs(model, ids) - own).abs().max() > 1e-4
+    model.zero_grad()
+    with replay.replay(routes):
+        _logprobs(model, ids).sum().backward()
+    for router in replay.routers:
+        assert router.weight.grad is not None and router.weight.grad.abs().sum() > 0

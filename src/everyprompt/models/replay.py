@@ -25,6 +25,8 @@ class ReplayError(ValueError):
 # router class name -> whether the gate weights are renormalised over the top-k
 _ROUTERS = {
     "Qwen3MoeTopKRouter": lambda module: bool(module.norm_topk_prob),
+    "Qwen2MoeTopKRouter": lambda module: bool(module.norm_topk_prob),
+    "OlmoeTopKRouter": lambda module: bool(module.norm_topk_prob),
     "MixtralTopKRouter": lambda module: True,
 }
 
