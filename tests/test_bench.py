@@ -4,6 +4,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -54,3 +56,39 @@ def test_mismatch_bench_smoke(tmp_path, capsys):
     assert cells[("fp8", "off")]["mismatch/logp_abs_diff"] > cells[("fp32", "off")]["mismatch/logp_abs_diff"]
     assert cells[("fp8", "r3")]["rl"]["all_finite"]
     assert "mismatch per precision and replay mode" in capsys.readouterr().out
+
+
+def test_flipped_token_analysis_matches_on_entropy():
+    import torch
+
+    bench = _load("mismatch")
+    # unflipped tokens: |dlogp| = entropy / 10; flipped: twice that. The raw means mix entropies (the
+    # flipped sit at high entropy), the entropy-matched ratio recovers the factor 2 exactly.
+    entropy = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 0.9, 1.0])
+    mask = torch.zeros(12, dtype=torch.bool)
+    mask[10:] = True
+    diff = entropy / 10 * torch.where(mask, 2.0, 1.0)
+    out = bench.flipped_token_analysis(diff, mask, entropy, neighbours=2, resamples=50)
+    assert out["flipped_tokens"] == 2 and out["tokens"] == 12
+    assert out["logp_abs_diff_on_off_flipped_tokens"] == pytest.approx(0.19)
+    assert out["logp_abs_diff_on_off_unflipped_tokens"] == pytest.approx(0.055)
+    # the 2 nearest unflipped entropies of 0.9 are 0.8, 0.9 (mean diff 0.085); of 1.0: 0.9, 1.0 (0.095)
+    assert out["logp_abs_diff_entropy_matched_unflipped"] == pytest.approx(0.09)
+    assert out["flipped_over_matched_ratio"] == pytest.approx(0.19 / 0.09)
+    # torch's median of an even count is the lower middle value
+    assert out["median_logp_abs_diff_on_off_flipped_tokens"] == pytest.approx(0.18)
+    assert out["median_logp_abs_diff_on_off_unflipped_tokens"] == pytest.approx(0.05)
+    low, high = out["flipped_over_matched_ratio_ci95"]
+    assert low <= 0.19 / 0.09 <= high
+
+
+def test_throughput_bench_smoke(tmp_path, capsys):
+    bench = _load("throughput")
+    assert bench.main(["--tiny", "--out", str(tmp_path)]) == 0
+    payload = json.loads((tmp_path / "throughput.json").read_text())
+    a, b, c = payload["engine_vs_hf"], payload["reward_overlap"], payload["scheduling"]
+    assert a["native_tokens"] == a["hf_tokens"] == a["batch"] * a["new_tokens"]  # equal work on both sides
+    assert 0 < a["profile"]["native"]["compute_kernel_share"] < 1
+    assert b["rollout_then_reward_s"] > b["rollout_alone_s"] and set(b["by_workers"]) == {"1", "2", "4", "8"}
+    assert c["fifo"]["tokens"] == c["longest_first"]["tokens"] == c["tokens"]
+    assert "Rollout throughput" in capsys.readouterr().out

@@ -82,11 +82,25 @@ class RolloutConfig(Section):
         1.0, gt=0, description="Sampling temperature; the trainer's log-probs use the same."
     )
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
-    batch_size: int = Field(256, gt=0, description="Sequences decoded together.")
+    batch_size: int = Field(256, gt=0, description="Sequences decoded together (continuous-batching slots).")
+    schedule: Literal["fifo", "longest_first"] = Field(
+        "longest_first",
+        description="Admission order into the engine: as sampled, or longest predicted completion first "
+        "(prediction: the prompt's mean length in the pass-rate store, else its bucket's, else the cap).",
+    )
 
 
 class RewardsConfig(Section):
     function: str = Field("math", description="Registered reward name or `package.module:function`.")
+    workers: int = Field(
+        1,
+        ge=0,
+        description="Reward worker processes, fed completions as they finish (0: score inline, "
+        "no overlap with generation and no time limit).",
+    )
+    timeout_s: float = Field(
+        30.0, gt=0, description="Time limit of one reward call; past it the reward is None (an error)."
+    )
 
 
 class PPOClipConfig(Section):

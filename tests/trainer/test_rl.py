@@ -49,7 +49,11 @@ def test_train_writes_metrics_checkpoints_and_tensorboard(tmp_path):
         "reward/mean",
         "zve/zero_variance_rate",
         "rollout/tokens_per_s",
+        "rollout/slot_occupancy",
+        "rollout/decode_step_ms",
         "time/rollout_s",
+        "time/generate_s",
+        "time/reward_wait_s",
         "time/train_s",
         "loss/policy",
         "actor/clip_fraction",
@@ -96,6 +100,21 @@ def test_reward_errors_are_counted_not_fatal(tmp_path):
     line = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
     assert trainer.reward_errors == line["reward/errors"] > 0
     assert line["reward/none_fraction"] > 0
+
+
+def test_a_hanging_reward_is_cut_at_the_timeout_in_a_run(tmp_path):
+    """A reward that never returns on odd-length completions: each such call ends at rewards.timeout_s
+    with reward None and a counted error, and the step completes."""
+    options = (
+        "rl.steps=1",
+        "rewards.function=tests.rewards.slow_rewards:hang_on_odd",
+        "rewards.timeout_s=0.3",
+    )
+    trainer = train(tiny_config(*options), run_dir=tmp_path)
+    line = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    odd = trainer.rewards.stats.timeouts
+    assert odd > 0 and line["reward/errors"] == odd == trainer.reward_errors
+    assert line["time/reward_wait_s"] < 0.3 * odd + 5
 
 
 def test_update_moves_log_probs_along_the_advantages(tmp_path):
@@ -166,7 +185,6 @@ def test_espo_uses_the_sampling_policys_entropies(tmp_path, monkeypatch, old_log
     config = tiny_config("rl.loss=espo", "rl.lr=1e-2", f"rl.old_logprobs={old_logprobs}")
     trainer = Run(config, tmp_path).trainer()
     batch = trainer.rollout()
-    trainer.score(batch)
     batch.advantages = torch.linspace(-1, 1, len(batch))
     data = batch.padded(list(range(len(batch))), trainer.tokenizer.pad_token_id)
     with torch.no_grad():

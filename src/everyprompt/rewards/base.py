@@ -77,6 +77,9 @@ def score_completions(
     except RewardError:
         raise
     except Exception as err:  # noqa: BLE001  (user code: isolate, count, keep going)
+        if len(completions) == 1:  # already one row: retrying it alone would only call it twice
+            log.warning("reward function failed: %s: %s", type(err).__name__, err)
+            return [None], 1
         log.debug("batch reward call failed (%s); scoring rows one by one", err)
     rewards: list[float | None] = []
     errors = 0

@@ -33,6 +33,7 @@ class GenerationRequest:
     request_id: int
     prompt_ids: list[int]
     seed: int = 0  # sampling noise depends only on (seed, position), never on the batch around it
+    max_new_tokens: int | None = None  # this request's own cap (at most SamplingParams.max_new_tokens)
 
 
 @dataclass

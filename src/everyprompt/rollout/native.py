@@ -1,18 +1,22 @@
-"""The native rollout engine: batched decoding with a preallocated KV cache over the policy's weights.
+"""The native rollout engine: continuous batching over a preallocated KV cache, on the policy's weights.
 
 It is a second implementation of the model's forward pass, written for decoding rather than gradients
-(as vLLM is beside Megatron in production): no autograd, no module tree, one preallocated cache, finished
-rows dropped from the batch as they end. Supported architectures: Qwen3-MoE and Qwen3 (dense); the
-trainer's HF forward is the reference it is tested against (log-probs equal within 1e-4 in fp32).
+(as vLLM is beside Megatron in production): no autograd, no module tree, one preallocated cache.
+Supported architectures: Qwen3-MoE and Qwen3 (dense); the trainer's HF forward is the reference it is
+tested against (log-probs equal within 1e-4 in fp32).
 
-Layout of one batch: prompts are left-padded to a common length P; row b's prompt occupies cache slots
-[P - len_b, P), its positions start at 0 there, and generated token t sits in slot P + t at position
-len_b + t. A key slot is visible to row b iff it is at or after P - len_b (and causal).
+Layout: the cache has `batch_size` rows (slots). A request is admitted into a free row, its prompt
+prefilled at cache positions [0, len) (prompts admitted together are right-padded; causal attention keeps
+real tokens from seeing the padding), and its t-th generated token is fed at position len + t. A decode
+step runs every row at once, each at its own position, attending to its positions <= that one. When a
+sequence finishes, its row is refilled from the queue before the next step; once the queue is empty,
+the running rows move to the front and the pool shrinks to them.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -45,6 +49,7 @@ class _Layer:
     mlp_gate: torch.Tensor | None = None  # dense layers: [I, H]
     mlp_up: torch.Tensor | None = None
     mlp_down: torch.Tensor | None = None
+    experts_dense: tuple[torch.Tensor, torch.Tensor] | None = None  # ([H, E * 2I], [E, I, H]), not in fp8
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -124,6 +129,7 @@ class NativeEngine:
         self.config = config
         self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
         self.batch_size, self.dtype = batch_size, dtype
+        self.dense_moe_tokens = 256  # MoE layers over at most this many tokens run every expert densely
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
@@ -134,6 +140,8 @@ class NativeEngine:
         self.inv_freq = 1.0 / (
             theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float) / self.head_dim)
         )
+        self._cache_storage: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.stats: dict[str, float] = {}  # the last generate call's throughput figures
         self.load_weights(state_dict)
 
     @classmethod
@@ -182,6 +190,12 @@ class NativeEngine:
                 layer.router = get(p + "mlp.gate.weight")
                 layer.gate_up = linear(p + "mlp.experts.gate_up_proj")
                 layer.down = linear(p + "mlp.experts.down_proj")
+                if self.precision != "fp8":  # fp8 keeps only the quantised copies
+                    experts, twice_inner, hidden = layer.gate_up.shape
+                    layer.experts_dense = (
+                        layer.gate_up.permute(2, 0, 1).reshape(hidden, experts * twice_inner).contiguous(),
+                        layer.down.transpose(1, 2).contiguous(),
+                    )
             else:
                 layer.mlp_gate = linear(p + "mlp.gate_proj.weight")
                 layer.mlp_up = linear(p + "mlp.up_proj.weight")
@@ -194,7 +208,14 @@ class NativeEngine:
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(self.dtype)[:, None], emb.sin().to(self.dtype)[:, None]  # [B, 1, T, D]
 
-    def _attention(self, layer: _Layer, x: torch.Tensor, rope, cache, slot: int, key_mask: torch.Tensor):
+    def _attention(self, layer: _Layer, x: torch.Tensor, rope, cache, rows, positions, key_mask):
+        """Self-attention of x [B, T, H] against the cache rows `rows`.
+
+        Prefill (`key_mask` None): right-padded prompts attend causally among themselves (a real token never
+        sees the padding after it); their keys/values go to cache slots [0, T) of rows `rows`.
+        Decode (T == 1): row b's key/value goes to slot positions[b] of cache row rows[b], and it attends
+        to the slots where key_mask [B, S] is true (the cache is read through its first S slots).
+        """
         batch, length, _ = x.shape
         q = _rms_norm(
             (x @ layer.q.T).view(batch, length, self.num_heads, self.head_dim), layer.q_norm, self.eps
@@ -208,19 +229,25 @@ class NativeEngine:
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         k_cache, v_cache = cache
-        k_cache[:, :, slot : slot + length] = k
-        v_cache[:, :, slot : slot + length] = v
-        end = slot + length
-        out = F.scaled_dot_product_attention(
-            q, k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=key_mask[:, None, :, :end], enable_gqa=True
-        )
+        if key_mask is None:
+            k_cache[rows, :, :length] = k
+            v_cache[rows, :, :length] = v
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            k_cache[rows, :, positions] = k[:, :, 0]
+            v_cache[rows, :, positions] = v[:, :, 0]
+            width = key_mask.shape[-1]
+            out = F.scaled_dot_product_attention(
+                q,
+                k_cache[:, :, :width],
+                v_cache[:, :, :width],
+                attn_mask=key_mask[:, None, None, :],
+                enable_gqa=True,
+            )
         return out.transpose(1, 2).reshape(batch, length, -1) @ layer.o.T
 
     def _moe(self, layer: _Layer, x: torch.Tensor, routes: list | None = None) -> torch.Tensor:
-        """Top-k routed experts, computed one expert at a time over the tokens routed to it.
-
-        With `routes` (a list), appends this layer's expert indices [B, T, k].
-        """
+        """Top-k routed experts. With `routes` (a list), appends this layer's expert indices [B, T, k]."""
         flat = x.reshape(-1, x.shape[-1])  # [N, H]
         probs = torch.softmax((flat @ layer.router.T).float(), dim=-1)  # [N, E]
         weights, experts = torch.topk(probs, self.top_k, dim=-1)  # [N, k]
@@ -229,8 +256,31 @@ class NativeEngine:
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         weights = weights.to(flat.dtype)
+        if layer.experts_dense is not None and flat.shape[0] <= self.dense_moe_tokens:
+            out = self._experts_dense(layer, flat, weights, experts)
+        else:
+            out = self._experts_grouped(layer, flat, weights, experts)
+        return out.view_as(x)
+
+    @staticmethod
+    def _experts_dense(layer: _Layer, flat, weights, experts) -> torch.Tensor:
+        """Every expert on every token in three batched matmuls, combined with the top-k gate weights
+        (zero for the experts not chosen). E / k times the arithmetic of the grouped path but a handful
+        of kernel launches instead of several per expert: the faster path for decode steps' few tokens."""
+        gate_up, down = layer.experts_dense  # [H, E * 2I], [E, I, H]
+        num_experts, inner = down.shape[0], down.shape[1]
+        hidden = (flat @ gate_up).view(flat.shape[0], num_experts, 2 * inner)  # [N, E, 2I]
+        act = F.silu(hidden[..., :inner]) * hidden[..., inner:]  # [N, E, I]
+        per_expert = torch.bmm(act.transpose(0, 1), down)  # [E, N, H]
+        gates = torch.zeros(flat.shape[0], num_experts, dtype=flat.dtype).scatter_(1, experts, weights)
+        return torch.bmm(gates.unsqueeze(1), per_expert.transpose(0, 1)).squeeze(1)  # [N, H]
+
+    @staticmethod
+    def _experts_grouped(layer: _Layer, flat, weights, experts) -> torch.Tensor:
+        """Experts one at a time over the tokens routed to each (the arithmetic of top-k only)."""
+        top_k = experts.shape[1]
         out = torch.zeros_like(flat)
-        token_of_pair = torch.arange(flat.shape[0]).repeat_interleave(self.top_k)  # [N*k]
+        token_of_pair = torch.arange(flat.shape[0]).repeat_interleave(top_k)  # [N*k]
         flat_experts = experts.reshape(-1)
         order = torch.argsort(flat_experts, stable=True)
         counts = torch.bincount(flat_experts, minlength=layer.router.shape[0]).tolist()
@@ -244,7 +294,7 @@ class NativeEngine:
             gate, up = (flat[tokens] @ layer.gate_up[expert].T).chunk(2, dim=-1)
             hidden = (F.silu(gate) * up) @ layer.down[expert].T
             out.index_add_(0, tokens, hidden * weights.reshape(-1)[pairs, None])
-        return out.view_as(x)
+        return out
 
     def _mlp(self, layer: _Layer, x: torch.Tensor, routes: list | None = None) -> torch.Tensor:
         if layer.router is not None:
@@ -252,9 +302,9 @@ class NativeEngine:
         return (F.silu(x @ layer.mlp_gate.T) * (x @ layer.mlp_up.T)) @ layer.mlp_down.T
 
     def _forward(
-        self, tokens, positions, caches, slot: int, key_mask, routes: list | None = None
+        self, tokens, positions, caches, rows, key_mask, last, routes: list | None = None
     ) -> torch.Tensor:
-        """Logits [B, V] of the last position; writes keys/values at cache slots [slot, slot + T).
+        """Logits [B, V] at position `last` [B] of each row (see `_attention` for prefill vs decode).
 
         With `routes` (a list), appends each MoE layer's expert indices [B, T, k].
         """
@@ -262,122 +312,212 @@ class NativeEngine:
         rope = self._rope(positions)
         for layer, cache in zip(self.layers, caches):
             x = x + self._attention(
-                layer, _rms_norm(x, layer.input_norm, self.eps), rope, cache, slot, key_mask
+                layer, _rms_norm(x, layer.input_norm, self.eps), rope, cache, rows, positions[:, -1], key_mask
             )
             x = x + self._mlp(layer, _rms_norm(x, layer.post_norm, self.eps), routes)
-        return (_rms_norm(x[:, -1], self.final_norm, self.eps) @ self.lm_head.T).float()
+        x = x[torch.arange(x.shape[0]), last]
+        return (_rms_norm(x, self.final_norm, self.eps) @ self.lm_head.T).float()
+
+    def _cache(self, slots: int, width: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per-layer key/value caches [slots, kv_heads, width, head_dim], views of storage kept between
+        calls (reallocated only when a call needs more slots or a longer width)."""
+        have = self._cache_storage[0][0].shape if self._cache_storage else None
+        if (
+            have is None
+            or have[0] < slots
+            or have[2] < width
+            or self._cache_storage[0][0].dtype != self.dtype
+        ):
+            shape = (slots, self.num_kv_heads, width, self.head_dim)
+            self._cache_storage = [
+                (torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype))
+                for _ in self.layers
+            ]
+        return [(k[:slots, :, :width], v[:slots, :, :width]) for k, v in self._cache_storage]
 
     # ---------------------------------------------------------------- decoding
     @torch.inference_mode()
     def generate(self, requests: Iterable[GenerationRequest], params: SamplingParams) -> Iterator[Completion]:
-        pending = list(requests)
-        for start in range(0, len(pending), self.batch_size):
-            yield from self._generate_batch(pending[start : start + self.batch_size], params)
-
-    def _generate_batch(
-        self, requests: list[GenerationRequest], params: SamplingParams
-    ) -> Iterator[Completion]:
+        """Continuous batching: up to `batch_size` sequences decode together in cache slots; a finished
+        sequence's slot is refilled from the queue (in the order given) before the next decode step.
+        Each completion is yielded the moment it finishes. `self.stats` holds the call's throughput
+        figures once the iterator is exhausted."""
+        requests = list(requests)
+        for request in requests:
+            if not request.prompt_ids:
+                raise ValueError(f"generation request {request.request_id} has an empty prompt")
+        self.stats = {}
+        if not requests:
+            return
         began = time.perf_counter()
-        lengths = torch.tensor([len(r.prompt_ids) for r in requests])
-        if int(lengths.min()) == 0:
-            raise ValueError("a generation request has an empty prompt")
-        batch, prompt_len = len(requests), int(lengths.max())
-        total = prompt_len + params.max_new_tokens
-        tokens = torch.full((batch, prompt_len), self.pad_token_id, dtype=torch.long)
-        for row, request in enumerate(requests):
-            tokens[row, prompt_len - len(request.prompt_ids) :] = torch.tensor(request.prompt_ids)
-        offsets = prompt_len - lengths  # first real slot per row
-        slots = torch.arange(total)
-        visible = slots[None, :] >= offsets[:, None]  # [B, total]
-        causal = slots[None, None, :] <= slots[None, :prompt_len, None]  # [1, P, total]
-        prefill_mask = visible[:, None, :] & causal  # [B, P, total]
-        positions = (slots[None, :prompt_len] - offsets[:, None]).clamp(min=0)
-        shape = (batch, self.num_kv_heads, total, self.head_dim)
-        caches = [
-            (torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype)) for _ in self.layers
-        ]
-        routes: list | None = [] if params.record_routes else None
-        logits = self._forward(tokens, positions, caches, 0, prefill_mask, routes)
+        pool = min(self.batch_size, len(requests))
+        width = max(len(r.prompt_ids) for r in requests) + params.max_new_tokens
+        state = _Slots(pool, params.max_new_tokens, self.config.vocab_size)
+        caches = self._cache(pool, width)
         route_buffer = None
+        queue = deque(range(len(requests)))
+        clock = {
+            "prefill_s": 0.0,
+            "decode_s": 0.0,
+            "decode_steps": 0,
+            "busy": 0,
+            "tokens": 0,
+            "shrinks": 0,
+            "admissions": 0,
+        }
+        while queue or bool((state.request >= 0).any()):
+            free = (state.request < 0).nonzero().flatten()
+            if queue and len(free):
+                admitted = [queue.popleft() for _ in range(min(len(free), len(queue)))]
+                tick = time.perf_counter()
+                route_buffer = self._prefill(
+                    requests, admitted, free[: len(admitted)], state, caches, params, route_buffer, width
+                )
+                clock["prefill_s"] += time.perf_counter() - tick
+                clock["admissions"] += 1
+            active = (state.request >= 0).nonzero().flatten()
+            sampled, logprobs, entropies = sample_tokens(
+                state.logits[active],
+                state.seed[active],
+                state.step[active],
+                params.temperature,
+                params.top_p,
+                params.greedy,
+            )
+            state.tokens[active, state.step[active]] = sampled
+            state.logprobs[active, state.step[active]] = logprobs
+            state.entropies[active, state.step[active]] = entropies
+            state.step[active] += 1
+            clock["tokens"] += len(active)
+            finished = (sampled == self.eos_token_id) | (state.step[active] >= state.limit[active])
+            for slot in active[finished].tolist():
+                yield self._completion(requests[int(state.request[slot])], state, slot, route_buffer, began)
+                state.request[slot] = -1
+            running = active[~finished]
+            if not len(running):
+                continue
+            if not queue and len(running) < len(state.request):
+                # nothing left to admit: move the running rows to the front and drop the idle ones (on
+                # CPU a decode step's cost follows its rows; copying the cache is cheaper than idle rows)
+                caches, route_buffer = self._compact(running, state, caches, route_buffer)
+                running = torch.arange(len(running))
+                clock["shrinks"] += 1
+            fed = sampled[~finished]
+            tick = time.perf_counter()
+            rows = torch.arange(len(state.request))
+            tokens = torch.full_like(rows, self.pad_token_id)
+            tokens[running] = fed
+            positions = state.length.clone()  # idle rows write slot 0 of their own (free) row
+            key_mask = torch.arange(int(positions.max()) + 1)[None, :] <= positions[:, None]
+            routes: list | None = [] if route_buffer is not None else None
+            logits = self._forward(
+                tokens[:, None], positions[:, None], caches, rows, key_mask, torch.zeros_like(rows), routes
+            )
+            state.logits[running] = logits[running]
+            if routes:
+                route_buffer[running, state.length[running]] = torch.stack(routes, dim=2)[running, 0].to(
+                    torch.int16
+                )
+            state.length[running] += 1
+            clock["decode_s"] += time.perf_counter() - tick
+            clock["decode_steps"] += 1
+            clock["busy"] += len(running) / pool
+        wall = time.perf_counter() - began
+        steps = max(clock["decode_steps"], 1)
+        self.stats = {
+            "tokens": float(clock["tokens"]),
+            "tokens_per_s": clock["tokens"] / wall if wall > 0 else 0.0,
+            "slot_occupancy": clock["busy"] / steps,
+            "decode_step_ms": 1000 * clock["decode_s"] / steps,
+            "decode_steps": float(clock["decode_steps"]),
+            "prefill_s": clock["prefill_s"],
+            "wall_s": wall,
+            "slots": float(pool),
+            "pool_shrinks": float(clock["shrinks"]),
+            "admissions": float(clock["admissions"]),
+        }
+
+    def _prefill(self, requests, admitted, slots, state, caches, params, route_buffer, width):
+        """Run the admitted prompts (right-padded) into cache rows `slots`; their next-token logits become
+        the rows' pending logits. Returns the route buffer (created on first use when recording)."""
+        prompts = [requests[i].prompt_ids for i in admitted]
+        lengths = torch.tensor([len(p) for p in prompts])
+        tokens = torch.full((len(prompts), int(lengths.max())), self.pad_token_id, dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            tokens[row, : len(prompt)] = torch.tensor(prompt)
+        positions = torch.arange(tokens.shape[1]).expand_as(tokens)
+        routes: list | None = [] if params.record_routes else None
+        logits = self._forward(tokens, positions, caches, slots, None, lengths - 1, routes)
         if routes is not None:
             if not routes:
                 raise UnsupportedModelError(
                     "record_routes needs a mixture-of-experts model; this one has no router"
                 )
-            # [B, P + max_new_tokens, L_moe, k]: the prompt's routes (left-padded), then each fed token's
-            route_buffer = torch.zeros(
-                batch, prompt_len + params.max_new_tokens, len(routes), self.top_k, dtype=torch.int16
-            )
-            route_buffer[:, :prompt_len] = torch.stack(routes, dim=2).to(torch.int16)
-
-        seeds = torch.tensor([r.seed for r in requests], dtype=torch.long)
-        rows = torch.arange(batch)  # original row of each active row
-        out_tokens = torch.full((batch, params.max_new_tokens), self.pad_token_id, dtype=torch.long)
-        out_logprobs = torch.zeros(batch, params.max_new_tokens)
-        out_entropies = torch.zeros(batch, params.max_new_tokens)
-        for step in range(params.max_new_tokens):
-            step_index = torch.full_like(rows, step)
-            sampled, logprobs, entropies = sample_tokens(
-                logits, seeds[rows], step_index, params.temperature, params.top_p, params.greedy
-            )
-            out_tokens[rows, step] = sampled
-            out_logprobs[rows, step] = logprobs
-            out_entropies[rows, step] = entropies
-            finished = sampled == self.eos_token_id
-            if step == params.max_new_tokens - 1:
-                finished = torch.ones_like(finished)
-            for index in finished.nonzero().flatten().tolist():
-                yield self._completion(
-                    requests,
-                    int(rows[index]),
-                    out_tokens,
-                    out_logprobs,
-                    out_entropies,
-                    step + 1,
-                    began,
-                    route_buffer,
-                    int(offsets[rows[index]]),
+            if route_buffer is None:
+                # [slots, width, L_moe, k]: each row's prompt routes from slot 0, then each fed token's
+                route_buffer = torch.zeros(
+                    len(state.request), width, len(routes), self.top_k, dtype=torch.int16
                 )
-            if bool(finished.all()):
-                break
-            keep = (~finished).nonzero().flatten()
-            if len(keep) < len(rows):
-                rows, sampled, visible = rows[keep], sampled[keep], visible[keep]
-                caches = [(k[keep], v[keep]) for k, v in caches]
-            slot = prompt_len + step
-            step_positions = (lengths[rows] + step)[:, None]
-            routes = [] if route_buffer is not None else None
-            logits = self._forward(
-                sampled[:, None], step_positions, caches, slot, visible[:, None, :], routes
-            )
-            if routes:
-                route_buffer[rows, slot] = torch.stack(routes, dim=2)[:, 0].to(torch.int16)
+            route_buffer[slots, : tokens.shape[1]] = torch.stack(routes, dim=2).to(torch.int16)
+        state.request[slots] = torch.tensor(admitted)
+        state.length[slots] = lengths
+        state.step[slots] = 0
+        state.logits[slots] = logits
+        state.seed[slots] = torch.tensor([requests[i].seed for i in admitted], dtype=torch.long)
+        state.limit[slots] = torch.tensor(
+            [
+                min(params.max_new_tokens, requests[i].max_new_tokens or params.max_new_tokens)
+                for i in admitted
+            ]
+        )
+        return route_buffer
 
-    def _completion(
-        self,
-        requests,
-        row: int,
-        out_tokens,
-        out_logprobs,
-        out_entropies,
-        length: int,
-        began: float,
-        route_buffer: torch.Tensor | None = None,
-        offset: int = 0,
-    ) -> Completion:
-        token_ids = out_tokens[row, :length].tolist()
+    def _compact(self, running, state, caches, route_buffer):
+        """Move the running rows to cache rows [0, n) and shrink the pool to n rows."""
+        n = len(running)
+        compacted = []
+        for k, v in caches:
+            k[:n] = k[running]
+            v[:n] = v[running]
+            compacted.append((k[:n], v[:n]))
+        state.select(running)
+        if route_buffer is not None:
+            route_buffer = route_buffer[running]
+        return compacted, route_buffer
+
+    def _completion(self, request, state, slot: int, route_buffer, began: float) -> Completion:
+        length = int(state.step[slot])
+        token_ids = state.tokens[slot, :length].tolist()
         reason = "eos" if token_ids[-1] == self.eos_token_id else "length"
-        request = requests[row]
         return Completion(
             request_id=request.request_id,
             prompt_ids=list(request.prompt_ids),
             token_ids=token_ids,
-            logprobs=out_logprobs[row, :length].clone(),
-            entropies=out_entropies[row, :length].clone(),
-            # prompt slots start at the row's left-padding offset; the last sampled token was never fed
+            logprobs=state.logprobs[slot, :length].clone(),
+            entropies=state.entropies[slot, :length].clone(),
+            # the last sampled token was never fed, so it has no route
             routed_experts=None
             if route_buffer is None
-            else route_buffer[row, offset : offset + len(request.prompt_ids) + length - 1].clone(),
+            else route_buffer[slot, : len(request.prompt_ids) + length - 1].clone(),
             finish_reason=reason,
             timing={"finished_s": time.perf_counter() - began},
         )
+
+
+class _Slots:
+    """Per-slot decoding state of one `generate` call (row i of every tensor is cache row i)."""
+
+    def __init__(self, slots: int, max_new_tokens: int, vocab_size: int):
+        self.request = torch.full((slots,), -1, dtype=torch.long)  # index into the call's requests; -1 free
+        self.length = torch.zeros(slots, dtype=torch.long)  # tokens in the cache (prompt + fed)
+        self.step = torch.zeros(slots, dtype=torch.long)  # tokens sampled so far
+        self.limit = torch.zeros(slots, dtype=torch.long)  # this request's max new tokens
+        self.seed = torch.zeros(slots, dtype=torch.long)
+        self.logits = torch.zeros(slots, vocab_size)  # pending next-token logits
+        self.tokens = torch.zeros(slots, max_new_tokens, dtype=torch.long)
+        self.logprobs = torch.zeros(slots, max_new_tokens)
+        self.entropies = torch.zeros(slots, max_new_tokens)
+
+    def select(self, rows: torch.Tensor) -> None:
+        for name, value in vars(self).items():
+            setattr(self, name, value[rows])

@@ -25,8 +25,9 @@ from everyprompt.data.curriculum import Curriculum
 from everyprompt.data.passrate import PassRateStore
 from everyprompt.data.source import ALL, PromptSource, buckets_by_field, buckets_by_pass_rate
 from everyprompt.models.replay import ReplayError, RouterReplay
-from everyprompt.rewards import get_reward, score_completions
+from everyprompt.rewards.pool import RewardPool
 from everyprompt.rollout import GenerationRequest, NativeEngine, SamplingParams
+from everyprompt.rollout.scheduler import LengthPredictor, admission_order
 from everyprompt.trainer.batch import RolloutBatch
 from everyprompt.trainer.checkpoint import save_checkpoint
 from everyprompt.trainer.logprobs import check_packing, token_logprobs
@@ -48,6 +49,20 @@ def derive_seed(*parts: int) -> int:
 def reward_columns(rows: list[dict]) -> dict[str, list]:
     keys = sorted({key for row in rows for key in row})
     return {key: [row.get(key) for row in rows] for key in keys}
+
+
+def _engine_metrics(calls: list[dict[str, float]]) -> dict[str, float]:
+    """rollout/* throughput figures of one step's generate calls (ZVE expansion makes several)."""
+    calls = [c for c in calls if c]
+    if not calls:
+        return {}
+    steps = sum(c["decode_steps"] for c in calls)
+    wall = sum(c["wall_s"] for c in calls)
+    return {
+        "rollout/tokens_per_s": sum(c["tokens"] for c in calls) / wall if wall > 0 else 0.0,
+        "rollout/slot_occupancy": sum(c["slot_occupancy"] * c["decode_steps"] for c in calls) / max(steps, 1),
+        "rollout/decode_step_ms": sum(c["decode_step_ms"] * c["decode_steps"] for c in calls) / max(steps, 1),
+    }
 
 
 def zero_variance_rate(rewards: torch.Tensor, group_index: torch.Tensor) -> float:
@@ -110,7 +125,6 @@ class RLTrainer:
         self.config, self.model, self.tokenizer = config, model, tokenizer
         self.prompts, self.run_dir = prompts, Path(run_dir)
         self.rl = config.rl
-        self.reward_fn = get_reward(config.rewards.function)
         self.engine = NativeEngine.from_model(
             model, tokenizer, batch_size=config.rollout.batch_size, precision=config.rollout.precision
         )
@@ -122,6 +136,11 @@ class RLTrainer:
         self.store = store if store is not None else PassRateStore(ema_decay=config.zve.retirement.ema_decay)
         self.curriculum = Curriculum(config.curriculum) if config.curriculum.stages else None
         self.source = PromptSource(self._buckets(), config.seed)
+        # rewards are scored in worker processes as completions stream out of the engine
+        self.rewards = RewardPool(config.rewards.function, config.rewards.workers, config.rewards.timeout_s)
+        self._reward_keys = sorted({key for row in prompts for key in row})
+        self._reward_calls = 0
+        self.lengths = LengthPredictor(self.store, default=config.rollout.max_new_tokens)
         self.step = 0
         self.reward_errors = 0
         self.retired_total = 0
@@ -162,6 +181,7 @@ class RLTrainer:
             "reward_errors": self.reward_errors,
             "retired_total": self.retired_total,
             "rollouts_total": self.rollouts_total,
+            "lengths": self.lengths.state_dict(),
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
         }
 
@@ -176,6 +196,8 @@ class RLTrainer:
         self.reward_errors = state["reward_errors"]
         self.retired_total = state["retired_total"]
         self.rollouts_total = state["rollouts_total"]
+        if "lengths" in state:
+            self.lengths.load_state_dict(state["lengths"])
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])
         self.engine.load_weights(self.model.state_dict())
@@ -227,25 +249,39 @@ class RLTrainer:
             settings["rollout.top_p"],
             record_routes=self._record_routes,
         )
-        timing = {"reward_s": 0.0}
-        errors = 0
+        timing = {"reward_wait_s": 0.0, "generate_s": 0.0}
+        engine_stats: list[dict[str, float]] = []
+        errors_before = self.rewards.stats.errors
 
         def sample(specs: list[tuple[int, int, int]]) -> list[tuple[object, float | None]]:
-            nonlocal errors
             requests = [
                 GenerationRequest(
                     i, self._prompt_ids[index], derive_seed(self.config.seed, self.step, slot, s)
                 )
                 for i, (index, slot, s) in enumerate(specs)
             ]
-            completions = sorted(self.engine.generate(requests, params), key=lambda c: c.request_id)
-            texts = self.tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
-            scored = time.perf_counter()
-            rows = [self.prompts[index] for index, _, _ in specs]
-            rewards, failed = score_completions(self.reward_fn, texts, reward_columns(rows))
-            timing["reward_s"] += time.perf_counter() - scored
-            errors += failed
-            return [((c, t), r) for c, t, r in zip(completions, texts, rewards)]
+            predicted = [
+                self.lengths.predict(self.prompts[i]["prompt"], self._bucket(i)) for i, _, _ in specs
+            ]
+            order = admission_order(predicted, self.config.rollout.schedule)
+            call, self._reward_calls = self._reward_calls, self._reward_calls + 1
+            done: dict[int, tuple[object, str]] = {}
+            began = time.perf_counter()
+            for completion in self.engine.generate([requests[i] for i in order], params):
+                text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+                done[completion.request_id] = (completion, text)
+                row = self.prompts[specs[completion.request_id][0]]
+                self.rewards.submit(
+                    (call, completion.request_id), text, {k: row.get(k) for k in self._reward_keys}
+                )
+            generated = time.perf_counter()
+            timing["generate_s"] += generated - began
+            engine_stats.append(dict(self.engine.stats))
+            rewards = self.rewards.wait([(call, i) for i in range(len(specs))])
+            timing["reward_wait_s"] += time.perf_counter() - generated
+            for i, (index, _, _) in enumerate(specs):
+                self.lengths.observe(self._bucket(index), [len(done[i][0].token_ids)])
+            return [(done[i], r) for i, r in enumerate(rewards)]
 
         zve, expansion = self.zve, self.zve.expansion
         expand = zve.enabled and expansion.enabled
@@ -277,13 +313,23 @@ class RLTrainer:
                 "zve/dropped_groups": float(collection.dropped_groups),
                 "zve/zero_variance_rate": collection.zv_sampled,
                 "zve/zero_variance_rate_expanded": collection.zv_expanded,
-                "reward/errors": float(errors),
+                "reward/errors": float(self.rewards.stats.errors - errors_before),
+                **_engine_metrics(engine_stats),
             }
         )
         batch = self._assemble(collection.groups)
         batch.stats = stats
         batch.timing = {"rollout_s": time.perf_counter() - started, **timing}
         return batch
+
+    def _bucket(self, index: int) -> str | None:
+        """The prompt's difficulty bucket for length prediction: its curriculum field, when it has one."""
+        value = self.prompts[index].get(self.config.curriculum.field)
+        return None if value is None else str(value)
+
+    def close(self) -> None:
+        """Stop the reward workers (a trainer is not used after this)."""
+        self.rewards.close()
 
     def _record_pass_rates(self, collection) -> dict[str, float]:
         """ZVE stage 4: every group updates its prompt's pass rate; retire / defer by the streak rules."""
@@ -341,14 +387,6 @@ class RLTrainer:
             completion_text=[t for _, t in completions],
             rewards=torch.tensor([math.nan if r is None else r for r in rewards], dtype=torch.float32),
         )
-
-    def score(self, batch: RolloutBatch) -> int:
-        started = time.perf_counter()
-        rows = [self.prompts[i] for i in batch.prompt_index]
-        rewards, errors = score_completions(self.reward_fn, batch.completion_text, reward_columns(rows))
-        batch.rewards = torch.tensor([math.nan if r is None else r for r in rewards], dtype=torch.float32)
-        batch.timing["reward_s"] = time.perf_counter() - started
-        return errors
 
     def update(self, batch: RolloutBatch) -> dict[str, float]:
         started = time.perf_counter()
@@ -552,7 +590,9 @@ class RLTrainer:
             "reward/errors": float(errors),
             "reward/errors_total": float(self.reward_errors),
             "time/rollout_s": batch.timing["rollout_s"],
-            "time/reward_s": batch.timing["reward_s"],
+            "time/generate_s": batch.timing["generate_s"],
+            # waited on rewards after the engine finished (scoring overlaps with generation)
+            "time/reward_wait_s": batch.timing["reward_wait_s"],
         }
         if not len(batch):
             return {**metrics, "zve/informative_rollout_fraction": 0.0, "zve/signal_rollout_fraction": 0.0}
@@ -577,7 +617,6 @@ class RLTrainer:
                 "zve/signal_groups": float(signal_groups),
                 "zve/rollouts_per_signal_group": generated / signal_groups if signal_groups else math.inf,
                 "rollout/tokens": float(tokens),
-                "rollout/tokens_per_s": tokens / max(batch.timing["rollout_s"], 1e-9),
                 "rollout/mean_length": tokens / len(batch),
                 "rollout/truncated_fraction": batch.finish_reason.count("length") / len(batch),
             }

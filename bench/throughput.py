@@ -1,0 +1,508 @@
+"""Rollout throughput: engine speed, reward overlap, length-aware scheduling, and an RL step against TRL.
+
+Each comparison runs in one process on the same model, prompts and sampling settings:
+  (a) the native engine's tokens/s against transformers' `generate` (same batch, same token count);
+  (b) rollout + a deliberately slow reward (a 20 ms call per completion, as a remote judge would take),
+      scored after generation vs streamed into the RewardPool during it, against rollout alone;
+  (c) a long-tailed length mix through a few slots, `fifo` vs `longest_first` admission: wall time and
+      idle slot fraction (lengths predicted from a previous visit's history in the pass-rate store);
+  (d) one RL step (rollout, rewards, update, weight sync) of everyprompt vs TRL's GRPOTrainer on the
+      demo model after SFT, with the same group size, prompts per step, lr and completion cap.
+
+    python bench/throughput.py           # ~10 minutes on 2 CPU cores (trains the SFT checkpoint if missing)
+    python bench/throughput.py --tiny    # seconds: a smoke run on a 2-layer model (skips TRL unless --trl)
+
+Writes bench/results/throughput.json; prints the summary table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+sys.path.insert(0, str(ROOT / "bench"))
+
+from algorithms import TINY, prepare_sft  # noqa: E402
+from everyprompt.rewards import register_reward  # noqa: E402
+
+SLOW_REWARD_S = 0.02
+
+
+@register_reward("bench_slow_judge")
+def slow_judge(completions, **_):
+    """Stands for a reward that waits on something (a judge model, a sandbox): 20 ms per completion."""
+    time.sleep(SLOW_REWARD_S * len(completions))
+    return [float(len(c) % 2) for c in completions]
+
+
+def _model(overrides: list[str]):
+    from everyprompt.config import load_config
+    from everyprompt.models.io import load_model_and_tokenizer
+    from everyprompt.pipeline import Run
+
+    config = load_config(None, overrides)
+    model, tokenizer = load_model_and_tokenizer(config.model, config.seed)
+    run = Run(config, None)
+    return model.eval(), tokenizer, [row["prompt"] for row in run.rl_rows()]
+
+
+def _engine(model, tokenizer, slots: int, eos: bool = True):
+    from everyprompt.rollout import NativeEngine
+
+    return NativeEngine(
+        model.config,
+        model.state_dict(),
+        eos_token_id=tokenizer.eos_token_id if eos else -1,  # -1: never stop early
+        pad_token_id=tokenizer.pad_token_id,
+        batch_size=slots,
+    )
+
+
+def _best_of(repeats: int, fn) -> tuple[float, object]:
+    """The fastest of `repeats` timed calls (the first also warms caches up), with its result."""
+    best, result = float("inf"), None
+    for _ in range(repeats):
+        started = time.perf_counter()
+        out = fn()
+        elapsed = time.perf_counter() - started
+        if elapsed < best:
+            best, result = elapsed, out
+    return best, result
+
+
+# ---------------------------------------------------------------- (a) engine vs transformers
+def engine_vs_hf(model, tokenizer, prompts: list[str], batch: int, new_tokens: int, repeats: int) -> dict:
+    import torch
+
+    from everyprompt.rollout import GenerationRequest, SamplingParams
+
+    prompts = (prompts * batch)[:batch]
+    requests = [GenerationRequest(i, tokenizer(p).input_ids, seed=i) for i, p in enumerate(prompts)]
+    engine = _engine(model, tokenizer, batch, eos=False)
+    params = SamplingParams(new_tokens)
+    native_s, completions = _best_of(repeats, lambda: list(engine.generate(requests, params)))
+    native_tokens = sum(len(c.token_ids) for c in completions)
+
+    tokenizer.padding_side = "left"
+    encoded = tokenizer(prompts, return_tensors="pt", padding=True)
+    model.generation_config.eos_token_id = None  # both sides decode exactly `new_tokens` per sequence
+
+    def hf():
+        with torch.inference_mode():
+            return model.generate(
+                **encoded,
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+
+    hf_s, output = _best_of(repeats, hf)
+    hf_tokens = (output.shape[1] - encoded["input_ids"].shape[1]) * batch
+    profiles = {"native": _profile(lambda: list(engine.generate(requests, params))), "hf": _profile(hf)}
+    return {
+        "batch": batch,
+        "new_tokens": new_tokens,
+        "native_tokens": native_tokens,
+        "native_s": native_s,
+        "native_tokens_per_s": native_tokens / native_s,
+        "hf_tokens": hf_tokens,
+        "hf_s": hf_s,
+        "hf_tokens_per_s": hf_tokens / hf_s,
+        "speedup": (native_tokens / native_s) / (hf_tokens / hf_s),
+        "engine_stats": engine.stats,
+        "profile": profiles,
+    }
+
+
+COMPUTE_OPS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::_scaled_dot_product_flash_attention_for_cpu")
+
+
+def _short(op: str) -> str:
+    return op.removeprefix("aten::").replace("_scaled_dot_product_flash_attention_for_cpu", "sdpa")
+
+
+def _profile(fn) -> dict:
+    """Where one call's CPU time goes: the share in matmul / attention kernels, the operator calls, and
+    the top operators by self time (both engines decode the same tokens, so this explains the ratio)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    compute = sum(e.self_cpu_time_total for e in events if e.key in COMPUTE_OPS)
+    top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:6]
+    return {
+        "self_cpu_s": total / 1e6,
+        "compute_kernel_share": compute / total if total else 0.0,
+        "operator_calls": sum(e.count for e in events),
+        "top": [{"op": e.key, "self_s": e.self_cpu_time_total / 1e6, "calls": e.count} for e in top],
+    }
+
+
+# ---------------------------------------------------------------- (b) reward overlap
+def reward_overlap(model, tokenizer, prompts: list[str], count: int, cap: int, workers: list[int]) -> dict:
+    from everyprompt.rewards.pool import RewardPool
+    from everyprompt.rollout import GenerationRequest, SamplingParams
+
+    rng = random.Random(0)
+    requests = [
+        GenerationRequest(
+            i, tokenizer(prompts[i % len(prompts)]).input_ids, seed=i, max_new_tokens=rng.randint(4, cap)
+        )
+        for i in range(count)
+    ]
+    engine = _engine(model, tokenizer, count, eos=False)
+    params = SamplingParams(cap)
+    list(engine.generate(requests, params))  # warm-up
+
+    def alone():
+        return [tokenizer.decode(c.token_ids) for c in engine.generate(requests, params)]
+
+    def after(pool):
+        texts = [tokenizer.decode(c.token_ids) for c in engine.generate(requests, params)]
+        for key, text in enumerate(texts):
+            pool.submit(key, text, {})
+        return pool.wait(list(range(len(texts))))
+
+    def streamed(pool):
+        for completion in engine.generate(requests, params):
+            pool.submit(completion.request_id, tokenizer.decode(completion.token_ids), {})
+        generated = time.perf_counter()
+        rewards = pool.wait(list(range(len(requests))))
+        return rewards, time.perf_counter() - generated
+
+    alone_s, _ = _best_of(2, alone)
+    with RewardPool("bench_slow_judge", workers=0) as inline:
+        serial_s, _ = _best_of(1, lambda: after(inline))
+    by_workers = {}
+    for count_workers in workers:
+        with RewardPool("bench_slow_judge", workers=count_workers, timeout_s=30) as pool:
+            overlap_s, (rewards, waited_s) = _best_of(2, lambda pool=pool: streamed(pool))
+        assert all(r is not None for r in rewards)
+        by_workers[count_workers] = {
+            "rollout_with_overlapped_reward_s": overlap_s,
+            "reward_wait_after_generation_s": waited_s,
+            "overlap_ratio": overlap_s / alone_s,
+        }
+    best = max(workers)
+    return {
+        "completions": count,
+        "reward_s_per_completion": SLOW_REWARD_S,
+        "rollout_alone_s": alone_s,
+        "rollout_then_reward_s": serial_s,
+        "serial_ratio": serial_s / alone_s,
+        "by_workers": by_workers,
+        "reward_workers": best,
+        **by_workers[best],
+    }
+
+
+# ---------------------------------------------------------------- (c) length-aware scheduling
+def scheduling(
+    model,
+    tokenizer,
+    prompts: list[str],
+    count: int,
+    slots: int,
+    short: tuple,
+    long: tuple,
+    long_share: float,
+    repeats: int,
+) -> dict:
+    from everyprompt.data.passrate import PassRateStore
+    from everyprompt.rollout import GenerationRequest, SamplingParams
+    from everyprompt.rollout.scheduler import LengthPredictor, admission_order
+
+    rng = random.Random(1)
+    texts = [f"{prompts[i % len(prompts)]} #{i}" for i in range(count)]  # distinct prompts
+    lengths = [rng.randint(*long) if rng.random() < long_share else rng.randint(*short) for _ in texts]
+    # a previous visit's history: each prompt's length then, within +-25% of its length now
+    store = PassRateStore()
+    store.record([(t, 1, 0, n * rng.uniform(0.75, 1.25)) for t, n in zip(texts, lengths)], step=0)
+    predicted = [LengthPredictor(store, default=long[1]).predict(t) for t in texts]
+    requests = [
+        GenerationRequest(i, tokenizer(t).input_ids, seed=i, max_new_tokens=n)
+        for i, (t, n) in enumerate(zip(texts, lengths))
+    ]
+    engine = _engine(model, tokenizer, slots, eos=False)
+    params = SamplingParams(long[1])
+    out = {
+        "requests": count,
+        "slots": slots,
+        "tokens": sum(lengths),
+        "lengths": {"short": short, "long": long, "long_share": long_share},
+    }
+    for policy in ("fifo", "longest_first"):
+        order = admission_order(predicted, policy)
+
+        def run(order=order):
+            list(engine.generate([requests[i] for i in order], params))
+            return dict(engine.stats)
+
+        wall, stats = _best_of(repeats, run)
+        out[policy] = {"wall_s": wall, "idle_slot_fraction": 1 - stats["slot_occupancy"], **stats}
+    fifo, lpt = out["fifo"], out["longest_first"]
+    out["wall_ratio"] = lpt["wall_s"] / fifo["wall_s"]
+    out["idle_reduction"] = 1 - lpt["idle_slot_fraction"] / fifo["idle_slot_fraction"]
+    return out
+
+
+# ---------------------------------------------------------------- (d) RL step vs TRL
+def everyprompt_steps(base: list[str], steps: int, run_dir: Path) -> dict:
+    from everyprompt.config import load_config
+    from everyprompt.pipeline import Run
+
+    config = load_config(None, [*base, f"rl.steps={steps}", "checkpoint.every=0"])
+    run = Run(config, run_dir)
+    trainer = run.trainer()
+    history = trainer.train()
+    trainer.close()
+    times = [m["time/step_s"] for m in history[1:]]  # the first step warms up
+    return {
+        "step_s": statistics.median(times),
+        "step_s_all": [m["time/step_s"] for m in history],
+        "rollout_s": statistics.median(m["time/rollout_s"] for m in history[1:]),
+        "train_s": statistics.median(m["time/train_s"] for m in history[1:]),
+        "mean_length": statistics.mean(m["rollout/mean_length"] for m in history),
+        "prompts_per_step": config.rl.prompts_per_step,
+        "group_size": config.rl.group_size,
+        "max_new_tokens": config.rollout.max_new_tokens,
+        "mini_batches": config.rl.mini_batches,
+    }
+
+
+def trl_steps(base: list[str], steps: int, run_dir: Path) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import PrinterCallback, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from everyprompt.config import load_config
+    from everyprompt.models.io import load_model_and_tokenizer
+    from everyprompt.pipeline import Run
+    from everyprompt.rewards import math_reward
+
+    config = load_config(None, base)
+    model, tokenizer = load_model_and_tokenizer(config.model, config.seed)
+    rows = Run(config, None).rl_rows()
+    dataset = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows])
+
+    def reward(prompts, completions, answer, **_):
+        return [0.0 if r is None else r for r in math_reward(completions, answer=answer)]
+
+    rl = config.rl
+    completions_per_step = rl.prompts_per_step * rl.group_size
+    args = GRPOConfig(
+        output_dir=str(run_dir),
+        per_device_train_batch_size=completions_per_step // rl.mini_batches,
+        steps_per_generation=rl.mini_batches,  # one generation, `mini_batches` optimizer steps: as ours
+        gradient_accumulation_steps=1,
+        num_generations=rl.group_size,
+        max_completion_length=config.rollout.max_new_tokens,
+        temperature=config.rollout.temperature,
+        learning_rate=rl.lr,
+        beta=0.0,
+        num_iterations=1,
+        loss_type="dapo",
+        max_steps=steps * rl.mini_batches,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        seed=config.seed,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+
+    class Clock(TrainerCallback):
+        def __init__(self):
+            self.marks = []
+
+        def on_step_end(self, *_args, **_kwargs):
+            self.marks.append(time.perf_counter())
+
+    clock = Clock()
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[clock],
+    )
+    trainer.remove_callback(PrinterCallback)  # its per-step dicts would bury the table
+    torch.manual_seed(config.seed)
+    started = time.perf_counter()
+    trainer.train()
+    marks = [started, *clock.marks]
+    # one everyprompt step = one generation + `mini_batches` optimizer steps = that many TRL steps
+    per = rl.mini_batches
+    cycles = [marks[i + per] - marks[i] for i in range(0, len(marks) - per, per)]
+    lengths = [
+        h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h
+    ]
+    return {
+        "step_s": statistics.median(cycles[1:] if len(cycles) > 1 else cycles),
+        "step_s_all": cycles,
+        "mean_length": statistics.mean(lengths) if lengths else float("nan"),
+        "optimizer_steps_per_step": per,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--trl", action="store_true", help="with --tiny: run the TRL comparison too")
+    parser.add_argument("--rl-steps", type=int, default=6, help="RL steps timed per trainer (first dropped)")
+    parser.add_argument("--sft-seed", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=160)
+    started = time.perf_counter()
+    base = ["logging.progress=false", "logging.tensorboard=false", "eval.num_samples=1", "eval.pass_k=1"]
+    base += TINY if args.tiny else []
+    scale = (
+        {
+            "batch": 8,
+            "new_tokens": 8,
+            "repeats": 1,
+            "count": 16,
+            "cap": 8,
+            "slots": 4,
+            "sched": 32,
+            "short": (2, 4),
+            "long": (12, 16),
+        }
+        if args.tiny
+        else {
+            "batch": 64,
+            "new_tokens": 64,
+            "repeats": 2,
+            "count": 128,
+            "cap": 64,
+            "slots": 32,
+            "sched": 256,
+            "short": (8, 24),
+            "long": (96, 160),
+        }
+    )
+    model, tokenizer, prompts = _model(base)
+    results: dict = {"benchmark": "throughput", "tiny": args.tiny}
+    console.print("(a) engine vs transformers generate ...")
+    results["engine_vs_hf"] = engine_vs_hf(
+        model, tokenizer, prompts, scale["batch"], scale["new_tokens"], scale["repeats"]
+    )
+    console.print("(b) rollout + slow reward, overlapped or not ...")
+    results["reward_overlap"] = reward_overlap(
+        model, tokenizer, prompts, scale["count"], scale["cap"], workers=[1, 2, 4, 8]
+    )
+    console.print("(c) long-tailed lengths: fifo vs longest_first ...")
+    results["scheduling"] = scheduling(
+        model,
+        tokenizer,
+        prompts,
+        scale["sched"],
+        scale["slots"],
+        scale["short"],
+        scale["long"],
+        0.1,
+        scale["repeats"],
+    )
+    if not args.tiny or args.trl:
+        console.print("(d) RL step: everyprompt vs TRL GRPOTrainer ...")
+        work = args.out / "throughput_runs"
+        sft_dir = prepare_sft(
+            [*base, f"seed={args.sft_seed}"], args.out / "zve_runs" / f"sft_seed{args.sft_seed}"
+        )
+        rl_base = [*base, f"model.path={sft_dir}", "sft.steps=0", f"seed={args.sft_seed}"]
+        ours = everyprompt_steps(rl_base, args.rl_steps, work / "everyprompt")
+        theirs = trl_steps(rl_base, args.rl_steps, work / "trl")
+        results["rl_step_vs_trl"] = {
+            "everyprompt": ours,
+            "trl": theirs,
+            "ratio": ours["step_s"] / theirs["step_s"],
+        }
+    results["wall_seconds"] = time.perf_counter() - started
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "throughput.json").write_text(json.dumps(results, indent=1, default=str))
+
+    a, b, c = results["engine_vs_hf"], results["reward_overlap"], results["scheduling"]
+    table = Table(title="Rollout throughput (each row: one run, same model, prompts and sampling)")
+    for column in ("comparison", "everyprompt", "reference", "ratio", "target"):
+        table.add_column(column, justify="right")
+    table.add_row(
+        f"(a) tokens/s, batch {a['batch']} x {a['new_tokens']} tokens",
+        f"{a['native_tokens_per_s']:.0f}",
+        f"{a['hf_tokens_per_s']:.0f} (HF generate)",
+        f"{a['speedup']:.1f}x",
+        ">= 10x",
+    )
+    table.add_row(
+        f"(b) rollout + 20 ms reward, s ({b['reward_workers']} workers)",
+        f"{b['rollout_with_overlapped_reward_s']:.2f} overlapped",
+        f"{b['rollout_alone_s']:.2f} alone; {b['rollout_then_reward_s']:.2f} serial",
+        f"{b['overlap_ratio']:.2f}x (serial {b['serial_ratio']:.2f}x; by workers "
+        + ", ".join(f"{w}: {v['overlap_ratio']:.2f}x" for w, v in b["by_workers"].items())
+        + ")",
+        "<= 1.10x",
+    )
+    table.add_row(
+        f"(c) idle slot fraction, {c['requests']} requests / {c['slots']} slots",
+        f"{c['longest_first']['idle_slot_fraction']:.1%} longest_first",
+        f"{c['fifo']['idle_slot_fraction']:.1%} fifo",
+        f"-{c['idle_reduction']:.0%} idle; wall {c['wall_ratio']:.2f}x",
+        ">= 25% less idle",
+    )
+    if "rl_step_vs_trl" in results:
+        d = results["rl_step_vs_trl"]
+        table.add_row(
+            f"(d) RL step, s ({d['everyprompt']['prompts_per_step']} x {d['everyprompt']['group_size']}, "
+            f"cap {d['everyprompt']['max_new_tokens']})",
+            f"{d['everyprompt']['step_s']:.2f}",
+            f"{d['trl']['step_s']:.2f} (TRL GRPOTrainer)",
+            f"{d['ratio']:.2f}x",
+            "<= 0.33x",
+        )
+    profile = Table(title="(a) where the time goes: one generate call of each engine (torch profiler)")
+    for column in (
+        "engine",
+        "self CPU s",
+        "in matmul / attention kernels",
+        "operator calls",
+        "top operators",
+    ):
+        profile.add_column(column, justify="right")
+    for name, prof in (("everyprompt", a["profile"]["native"]), ("HF generate", a["profile"]["hf"])):
+        profile.add_row(
+            name,
+            f"{prof['self_cpu_s']:.2f}",
+            f"{prof['compute_kernel_share']:.0%}",
+            str(prof["operator_calls"]),
+            ", ".join(f"{_short(t['op'])} {t['self_s']:.2f}s" for t in prof["top"][:4]),
+        )
+    console.print(f"wrote {args.out / 'throughput.json'}")
+    console.print(profile)
+    console.print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+"""RewardPool: reward functions in worker processes, fed one completion at a time as the engine streams
+them out, so that scoring overlaps with generation (ALGORITHMS.md section 6).
+
+Each call has a time limit: a worker that hangs past `timeout_s` or dies (a crash, a segfault in a
+native verifier) is killed and replaced, and its completion gets reward None and a counted error; the
+run never waits on it. A reward function that breaks the contract (wrong number of values) stops the run
+with its RewardError, as it would in-process.
+
+Workers are forked, so a reward registered by the user's own script before the run is known to them. With
+`workers=0` scoring runs inline in the calling process (no overlap, no time limit).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import queue
+import threading
+import time
+import weakref
+from collections import deque
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from everyprompt.rewards.base import RewardError, get_reward, score_completions
+
+log = logging.getLogger(__name__)
+
+
+def _serve(conn: Connection, spec: str) -> None:
+    """Worker loop: (key, completion, row) in, (key, reward, failed, contract_error) out."""
+    fn = get_reward(spec)
+    while True:
+        try:
+            task = conn.recv()
+        except EOFError:
+            return
+        if task is None:
+            return
+        key, completion, row = task
+        try:
+            rewards, failed = score_completions(fn, [completion], {k: [v] for k, v in row.items()})
+            conn.send((key, rewards[0], failed, None))
+        except RewardError as err:
+            conn.send((key, None, 1, str(err)))
+
+
+@dataclass
+class _Worker:
+    process: Any
+    conn: Connection
+    task: tuple | None = None  # the task in flight
+    started: float = 0.0
+
+
+@dataclass
+class PoolStats:
+    submitted: int = 0
+    scored: int = 0
+    errors: int = 0  # rows scored None by a raising reward, a timeout or a crash
+    timeouts: int = 0
+    crashes: int = 0
+    restarts: int = 0
+    busy_s: float = 0.0  # summed time workers spent on calls
+    by_key: dict = field(default_factory=dict)
+
+
+class RewardPool:
+    """`submit(key, completion, row)` without blocking; `wait(keys)` for their rewards (float or None).
+
+    The workers stop at `close()`, or when the pool is garbage-collected."""
+
+    def __init__(self, spec: str, workers: int = 1, timeout_s: float = 30.0):
+        if workers < 0:
+            raise ValueError(f"rewards.workers must be >= 0, got {workers}")
+        if not timeout_s > 0:
+            raise ValueError(f"rewards.timeout_s must be > 0, got {timeout_s}")
+        fn = get_reward(spec)  # an unknown name fails here, in the caller, with the registry's message
+        self.spec = spec
+        self._inline = fn if workers == 0 else None
+        self._state = _Dispatcher(spec, workers, float(timeout_s))
+        self.stats = self._state.stats
+        if workers:
+            self._thread = threading.Thread(target=self._state.run, name="reward-pool", daemon=True)
+            self._thread.start()
+        self._finalizer = weakref.finalize(self, self._state.stop)
+
+    def submit(self, key: Any, completion: str, row: dict) -> None:
+        self.stats.submitted += 1
+        if self._inline is not None:
+            rewards, failed = score_completions(self._inline, [completion], {k: [v] for k, v in row.items()})
+            self._state.finish(key, rewards[0], failed)
+        else:
+            self._state.tasks.put((key, completion, row))
+
+    def wait(self, keys: list) -> list[float | None]:
+        """Rewards for `keys` in that order, once all are in (each call is bounded by the timeout)."""
+        state = self._state
+        with state.done:
+            while True:
+                if state.failure is not None:
+                    raise RewardError(state.failure)
+                if all(key in state.results for key in keys):
+                    return [state.results.pop(key) for key in keys]
+                state.done.wait(timeout=0.5)
+
+    def close(self) -> None:
+        self._finalizer()
+
+    def __enter__(self) -> RewardPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _Dispatcher:
+    """The pool's worker processes and the thread loop that feeds them (holds no reference to the pool,
+    so that a pool nobody holds is collected and its workers stopped)."""
+
+    def __init__(self, spec: str, workers: int, timeout_s: float):
+        self.spec, self.timeout_s = spec, timeout_s
+        self.stats = PoolStats()
+        self.results: dict[Any, float | None] = {}
+        self.failure: str | None = None
+        self.done = threading.Condition()
+        self.tasks: queue.SimpleQueue = queue.SimpleQueue()
+        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+        self.context = multiprocessing.get_context(method)
+        self.workers = [self.start() for _ in range(workers)]
+        self.stopped = False
+
+    def start(self) -> _Worker:
+        parent, child = self.context.Pipe()
+        process = self.context.Process(target=_serve, args=(child, self.spec), daemon=True)
+        process.start()
+        child.close()
+        return _Worker(process, parent)
+
+    def stop(self) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
+        self.tasks.put(None)
+        for worker in self.workers:
+            try:
+                worker.conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+            worker.process.join(timeout=1)
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join()
+
+    def finish(self, key: Any, reward: float | None, failed: int) -> None:
+        with self.done:
+            self.stats.scored += 1
+            self.stats.errors += failed
+            self.results[key] = reward
+            self.done.notify_all()
+
+    def replace(self, index: int, why: str) -> None:
+        worker = self.workers[index]
+        key = worker.task[0]
+        log.warning("reward call for %r %s; its reward is None and the worker is replaced", key, why)
+        worker.process.kill()
+        worker.process.join()
+        worker.conn.close()
+        self.stats.restarts += 1
+        self.workers[index] = self.start()
+        self.finish(key, None, 1)
+
+    def run(self) -> None:
+        backlog: deque = deque()
+        while True:
+            idle = all(w.task is None for w in self.workers)
+            try:  # block only when nothing is in flight; else take what has arrived and go on
+                while True:
+                    task = self.tasks.get(block=idle and not backlog)
+                    if task is None:
+                        return
+                    backlog.append(task)
+                    idle = False
+            except queue.Empty:
+                pass
+            for worker in self.workers:
+                if worker.task is None and backlog:
+                    worker.task, worker.started = backlog.popleft(), time.perf_counter()
+                    worker.conn.send(worker.task)
+            busy = [w for w in self.workers if w.task is not None]
+            if busy:
+                wait([w.conn for w in busy] + [w.process.sentinel for w in busy], timeout=0.01)
+                self.collect()
+
+    def collect(self) -> None:
+        now = time.perf_counter()
+        for index, worker in enumerate(list(self.workers)):
+            if worker.task is None:
+                continue
+            if worker.conn.poll():
+                try:
+                    key, reward, failed, contract_error = worker.conn.recv()
+                except (EOFError, OSError):
+                    self.stats.crashes += 1
+                    self.replace(index, f"crashed (exit code {worker.process.exitcode})")
+                    continue
+                self.stats.busy_s += now - worker.started
+                worker.task = None
+                if contract_error is not None:
+                    with self.done:
+                        self.failure = contract_error
+                        self.done.notify_all()
+                self.finish(key, reward, failed)
+            elif not worker.process.is_alive():
+                self.stats.crashes += 1
+                self.replace(index, f"crashed (exit code {worker.process.exitcode})")
+            elif now - worker.started > self.timeout_s:
+                self.stats.timeouts += 1
+                self.replace(index, f"timed out after {self.timeout_s:g} s")

@@ -1,0 +1,48 @@
+"""Reward functions that misbehave on purpose, for the RewardPool tests (imported by path)."""
+
+import os
+import time
+
+
+def length(completions, **_):
+    return [float(len(c)) for c in completions]
+
+
+def hang_on_x(completions, **_):
+    """Hangs (far past any test's timeout) on a completion containing 'x'; else the length."""
+    if any("x" in c for c in completions):
+        time.sleep(600)
+    return [float(len(c)) for c in completions]
+
+
+def crash_on_x(completions, **_):
+    """Kills its own process on a completion containing 'x', as a segfault in a native verifier would."""
+    if any("x" in c for c in completions):
+        os._exit(3)
+    return [float(len(c)) for c in completions]
+
+
+def raise_on_x(completions, **_):
+    if any("x" in c for c in completions):
+        raise ValueError("cannot score this")
+    return [float(len(c)) for c in completions]
+
+
+def wrong_count(completions, **_):
+    return [1.0, 2.0]
+
+
+def sleepy(completions, delay=(0.0,), **_):
+    time.sleep(float(delay[0]))
+    return [1.0 for _ in completions]
+
+
+def echo_answer(completions, answer, **_):
+    return [float(c == a) for c, a in zip(completions, answer)]
+
+
+def hang_on_odd(completions, **_):
+    """Never returns (within a test) on an odd-length completion; else reward 1."""
+    if any(len(c) % 2 for c in completions):
+        time.sleep(600)
+    return [1.0 for _ in completions]

@@ -1,0 +1,88 @@
+"""RewardPool: worker processes, streaming submission, and a time limit per call."""
+
+import time
+
+import pytest
+
+from everyprompt.rewards import RewardError
+from everyprompt.rewards.pool import RewardPool
+
+HERE = "tests.rewards.slow_rewards"
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_rewards_come_back_in_the_order_asked(workers):
+    with RewardPool(f"{HERE}:echo_answer", workers=workers) as pool:
+        for key, (text, answer) in enumerate([("4", "4"), ("5", "6"), ("7", "7")]):
+            pool.submit(key, text, {"answer": answer, "level": 1})
+        assert pool.wait([2, 0, 1]) == [1.0, 1.0, 0.0]
+        assert pool.stats.submitted == pool.stats.scored == 3 and pool.stats.errors == 0
+
+
+def test_a_hanging_reward_is_cut_at_the_timeout_and_the_pool_goes_on():
+    with RewardPool(f"{HERE}:hang_on_x", workers=1, timeout_s=0.5) as pool:
+        started = time.perf_counter()
+        pool.submit("a", "ab", {})
+        pool.submit("hang", "xyz", {})
+        pool.submit("b", "abcd", {})
+        assert pool.wait(["a", "hang", "b"]) == [2.0, None, 4.0]
+        assert time.perf_counter() - started < 5  # not the 600 s the call would take
+        assert pool.stats.timeouts == 1 and pool.stats.errors == 1 and pool.stats.restarts == 1
+
+
+def test_a_crashing_worker_is_replaced_and_counted():
+    with RewardPool(f"{HERE}:crash_on_x", workers=1, timeout_s=5) as pool:
+        for key, text in enumerate(["a", "x", "bb", "x", "ccc"]):
+            pool.submit(key, text, {})
+        assert pool.wait(list(range(5))) == [1.0, None, 2.0, None, 3.0]
+        assert pool.stats.crashes == 2 and pool.stats.errors == 2
+
+
+def test_a_raising_reward_scores_none_and_counts():
+    with RewardPool(f"{HERE}:raise_on_x", workers=1) as pool:
+        pool.submit(0, "x", {})
+        pool.submit(1, "ab", {})
+        assert pool.wait([0, 1]) == [None, 2.0]
+        assert pool.stats.errors == 1 and pool.stats.crashes == 0
+
+
+def test_contract_violations_stop_with_the_reward_error():
+    with RewardPool(f"{HERE}:wrong_count", workers=1) as pool:
+        pool.submit(0, "a", {})
+        with pytest.raises(RewardError, match="returned 2 values for 1 completions"):
+            pool.wait([0])
+
+
+def test_workers_score_while_the_caller_works():
+    """8 calls of 0.1 s on 2 workers, submitted while the caller is busy for 0.4 s: by the time the caller
+    asks, the rewards are (nearly) all in, so the wait is far below the 0.8 s of serial scoring."""
+    with RewardPool(f"{HERE}:sleepy", workers=2, timeout_s=5) as pool:
+        for key in range(8):
+            pool.submit(key, "a", {"delay": 0.1})
+            time.sleep(0.05)  # the caller generating the next completion
+        asked = time.perf_counter()
+        assert pool.wait(list(range(8))) == [1.0] * 8
+        assert time.perf_counter() - asked < 0.3
+
+
+def test_bad_settings_and_unknown_rewards_are_clear_errors():
+    with pytest.raises(ValueError, match="rewards.workers must be >= 0, got -1"):
+        RewardPool("math", workers=-1)
+    with pytest.raises(ValueError, match="rewards.timeout_s must be > 0"):
+        RewardPool("math", timeout_s=0)
+    with pytest.raises(RewardError, match="unknown reward 'nope'"):
+        RewardPool("nope")
+
+
+def test_a_pool_nobody_holds_stops_its_workers():
+    import gc
+
+    pool = RewardPool(f"{HERE}:length", workers=2)
+    processes = [w.process for w in pool._state.workers]
+    pool.submit(0, "abc", {})
+    assert pool.wait([0]) == [3.0]
+    del pool
+    gc.collect()
+    for process in processes:
+        process.join(timeout=5)
+        assert not process.is_alive()
