@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import queue
 import threading
 import time
@@ -92,7 +93,7 @@ class RewardPool:
             rewards, failed = score_completions(self._inline, [completion], {k: [v] for k, v in row.items()})
             self._state.finish(key, rewards[0], failed)
         else:
-            self._state.tasks.put((key, completion, row))
+            self._state.put((key, completion, row))
 
     def wait(self, keys: list) -> list[float | None]:
         """Rewards for `keys` in that order, once all are in (each call is bounded by the timeout)."""
@@ -126,6 +127,9 @@ class _Dispatcher:
         self.failure: str | None = None
         self.done = threading.Condition()
         self.tasks: queue.SimpleQueue = queue.SimpleQueue()
+        # a byte per submitted task wakes the dispatcher, which otherwise sleeps until a worker answers
+        # or the earliest call's deadline (no polling: on a small machine it would slow the engine)
+        self.wake_read, self.wake_write = os.pipe() if workers else (-1, -1)
         method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
         self.context = multiprocessing.get_context(method)
         self.workers = [self.start() for _ in range(workers)]
@@ -142,7 +146,7 @@ class _Dispatcher:
         if self.stopped:
             return
         self.stopped = True
-        self.tasks.put(None)
+        self.put(None)
         for worker in self.workers:
             try:
                 worker.conn.send(None)
@@ -171,27 +175,42 @@ class _Dispatcher:
         self.workers[index] = self.start()
         self.finish(key, None, 1)
 
+    def put(self, task) -> None:
+        self.tasks.put(task)
+        if self.wake_write >= 0:
+            os.write(self.wake_write, b"x")
+
     def run(self) -> None:
         backlog: deque = deque()
-        while True:
-            idle = all(w.task is None for w in self.workers)
-            try:  # block only when nothing is in flight; else take what has arrived and go on
-                while True:
-                    task = self.tasks.get(block=idle and not backlog)
-                    if task is None:
-                        return
-                    backlog.append(task)
-                    idle = False
-            except queue.Empty:
-                pass
-            for worker in self.workers:
-                if worker.task is None and backlog:
-                    worker.task, worker.started = backlog.popleft(), time.perf_counter()
-                    worker.conn.send(worker.task)
-            busy = [w for w in self.workers if w.task is not None]
-            if busy:
-                wait([w.conn for w in busy] + [w.process.sentinel for w in busy], timeout=0.01)
-                self.collect()
+        try:
+            while True:
+                try:
+                    while True:
+                        task = self.tasks.get_nowait()
+                        if task is None:
+                            return
+                        backlog.append(task)
+                except queue.Empty:
+                    pass
+                for worker in self.workers:
+                    if worker.task is None and backlog:
+                        worker.task, worker.started = backlog.popleft(), time.perf_counter()
+                        worker.conn.send(worker.task)
+                busy = [w for w in self.workers if w.task is not None]
+                deadline = (
+                    min(w.started for w in busy) + self.timeout_s - time.perf_counter() if busy else None
+                )
+                ready = wait(
+                    [self.wake_read] + [w.conn for w in busy] + [w.process.sentinel for w in busy],
+                    timeout=None if deadline is None else max(deadline, 0.0) + 1e-3,
+                )
+                if self.wake_read in ready:
+                    os.read(self.wake_read, 4096)
+                if busy:
+                    self.collect()
+        finally:
+            os.close(self.wake_read)
+            os.close(self.wake_write)
 
     def collect(self) -> None:
         now = time.perf_counter()
