@@ -92,3 +92,14 @@ def test_throughput_bench_smoke(tmp_path, capsys):
     assert b["rollout_then_reward_s"] > b["rollout_alone_s"] and set(b["by_workers"]) == {"1", "2", "4", "8"}
     assert c["fifo"]["tokens"] == c["longest_first"]["tokens"] == c["tokens"]
     assert "Rollout throughput" in capsys.readouterr().out
+
+
+def test_inversion_bench_smoke(tmp_path, capsys):
+    bench = _load("inversion")
+    assert bench.main(["--groups", "400", "--out", str(tmp_path)]) == 0
+    rows = {r["reward"]: r for r in json.loads((tmp_path / "inversion.json").read_text())["rows"]}
+    exact = rows["ternary judge, error rate 0.0"]
+    assert exact["inversion_rate"] == 0 and exact["equal_quality_mean_abs_advantage"] == 0
+    # group normalisation blows any scalar noise up to |A| ~ 0.8 on equal-quality groups
+    assert rows["scalar RM, noise sd 0.05"]["equal_quality_mean_abs_advantage"] > 0.5
+    assert "Advantage sign vs true quality" in capsys.readouterr().out

@@ -114,3 +114,11 @@ def test_rollout_old_logprobs_cannot_be_corrected_against_themselves():
 def test_zve_and_curriculum_options_are_validated(override, needle):
     with pytest.raises(ConfigError, match=re.escape(needle)):
         load_config(None, [override])
+
+
+def test_dead_zone_needs_a_centred_estimator():
+    assert load_config(None, ["rl.dead_zone=0.1"]).rl.dead_zone == pytest.approx(0.1)
+    with pytest.raises(ConfigError, match="dead_zone applies to the grpo and dr_grpo estimators"):
+        load_config(None, ["rl.dead_zone=0.1", "rl.advantage=rloo"])
+    with pytest.raises(ConfigError, match=r"rl\.dead_zone"):
+        load_config(None, ["rl.dead_zone=-1"])

@@ -164,6 +164,12 @@ class RLConfig(Section):
         64, gt=0, description="Sequences per forward/backward (gradient accumulation)."
     )
     advantage: str = Field("grpo", description="Advantage estimator (algorithms registry name).")
+    dead_zone: float = Field(
+        0.0,
+        ge=0,
+        description="grpo / dr_grpo: |R - group mean| below this gives advantage 0 (for noisy scalar "
+        "reward models; 0 = off).",
+    )
     loss: str = Field(
         "ppo_clip",
         description="Policy loss (algorithms registry name: ppo_clip, gspo, gspo_token, espo, cispo).",
@@ -227,6 +233,14 @@ class RLConfig(Section):
             raise ValueError(
                 "router_replay='r2' replays the routes of the trainer's own old-policy pass, which "
                 "old_logprobs='rollout' skips; set rl.old_logprobs=recompute or use r3"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _dead_zone_estimators(self) -> RLConfig:
+        if self.dead_zone > 0 and self.advantage not in ("grpo", "dr_grpo"):
+            raise ValueError(
+                f"dead_zone applies to the grpo and dr_grpo estimators, not advantage={self.advantage!r}"
             )
         return self
 

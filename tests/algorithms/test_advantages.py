@@ -55,3 +55,22 @@ def test_registry_errors_list_valid_names():
     with pytest.raises(ValueError, match="already registered"):
         register_advantage("grpo")(lambda r, g: r)
     assert {"grpo", "dr_grpo", "rloo"} <= set(registered_advantages())
+
+
+def test_dead_zone_hand_computed():
+    # one group of scalar-RM scores 0.52, 0.48, 0.50, 0.90: mean 0.60;
+    # centred -0.08, -0.12, -0.10, +0.30; unbiased std sqrt((0.0064 + 0.0144 + 0.01 + 0.09) / 3) = 0.200666
+    # delta 0.11: |-0.08| and |-0.10| fall inside -> 0; -0.12 / 0.200666 = -0.59801, 0.30 / 0.200666 = 1.49502
+    rewards = torch.tensor([0.52, 0.48, 0.50, 0.90])
+    groups = torch.zeros(4, dtype=torch.long)
+    advantages = compute_advantages("grpo", rewards, groups, dead_zone=0.11)
+    torch.testing.assert_close(advantages, torch.tensor([0.0, -0.59801, 0.0, 1.49502]), atol=1e-4, rtol=0)
+    plain = compute_advantages("grpo", rewards, groups)
+    assert plain[0] != 0 and plain[2] != 0  # without the dead zone the noise gets an advantage
+    # Dr.GRPO: centred values themselves, the same two zeroed
+    torch.testing.assert_close(
+        compute_advantages("dr_grpo", rewards, groups, dead_zone=0.11),
+        torch.tensor([0.0, -0.12, 0.0, 0.30]),
+        atol=1e-6,
+        rtol=0,
+    )

@@ -27,19 +27,31 @@ def _group_stats(rewards: torch.Tensor, group_index: torch.Tensor):
 
 @register_advantage("grpo")
 def grpo_advantages(
-    rewards: torch.Tensor, group_index: torch.Tensor, eps: float = 1e-6, normalize_std: bool = True
+    rewards: torch.Tensor,
+    group_index: torch.Tensor,
+    eps: float = 1e-6,
+    normalize_std: bool = True,
+    dead_zone: float = 0.0,
 ) -> torch.Tensor:
-    """A_i = (R_i - mean_g R) / (std_g R + eps); std is the unbiased sample std of the group."""
+    """A_i = (R_i - mean_g R) / (std_g R + eps); std is the unbiased sample std of the group.
+
+    `dead_zone` delta (for scalar reward models, ALGORITHMS.md section 5): |R_i - mean_g R| < delta gives
+    A_i = 0, so that scores scattered around the mean by the reward model's noise do not become
+    advantages of magnitude ~1 and random sign. The group's mean and std are those of all its rewards.
+    """
     valid, _, mean, std, _ = _group_stats(rewards, group_index)
     centred = rewards.double() - mean
     advantages = centred / (std + eps) if normalize_std else centred
-    return torch.where(valid, advantages, torch.zeros_like(advantages)).to(rewards.dtype)
+    keep = valid & (centred.abs() >= dead_zone) if dead_zone > 0 else valid
+    return torch.where(keep, advantages, torch.zeros_like(advantages)).to(rewards.dtype)
 
 
 @register_advantage("dr_grpo")
-def dr_grpo_advantages(rewards: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
-    """A_i = R_i - mean_g R (Dr.GRPO: no division by the group std)."""
-    return grpo_advantages(rewards, group_index, normalize_std=False)
+def dr_grpo_advantages(
+    rewards: torch.Tensor, group_index: torch.Tensor, dead_zone: float = 0.0
+) -> torch.Tensor:
+    """A_i = R_i - mean_g R (Dr.GRPO: no division by the group std); `dead_zone` as for grpo."""
+    return grpo_advantages(rewards, group_index, normalize_std=False, dead_zone=dead_zone)
 
 
 @register_advantage("rloo")

@@ -524,7 +524,8 @@ class RLTrainer:
         """Group-relative advantages, then ZVE stages 2 (reshaping) and 3 (RL-ZVP signs) when enabled."""
         if not len(batch):
             return {}
-        batch.advantages = compute_advantages(self.rl.advantage, batch.rewards, batch.group_index)
+        options = {"dead_zone": self.rl.dead_zone} if self.rl.dead_zone > 0 else {}
+        batch.advantages = compute_advantages(self.rl.advantage, batch.rewards, batch.group_index, **options)
         zero = group_zero_variance(batch.rewards, batch.group_index)
         stats = {"zve/zero_variance_rate_batch": float(zero.double().mean())}
         if not self.zve.enabled:
