@@ -90,8 +90,41 @@ class RolloutConfig(Section):
     )
 
 
+DEFAULT_JUDGE_TEMPLATE = (
+    "You are grading a response against a reference answer.\n"
+    "Question: {question}\nReference answer: {reference}\nResponse: {response}\n"
+    "Think step by step, then end with one line: Verdict: correct, Verdict: partial or Verdict: incorrect.\n"
+)
+
+
+class GenRMConfig(Section):
+    model: str | None = Field(None, description="Judge: a local Hugging Face causal-LM checkpoint directory.")
+    template: str = Field(
+        DEFAULT_JUDGE_TEMPLATE,
+        description="Judge prompt; {question}, {reference} and {response} are filled from the prompt row's "
+        "`prompt` and `answer` and the completion.",
+    )
+    values: dict[str, float] = Field(
+        default_factory=dict,
+        description="Reward per verdict (correct/partial/incorrect/better/tie/worse); unset ones keep "
+        "+1 / 0 / -1.",
+    )
+    max_new_tokens: int = Field(256, gt=0, description="Judge output cap (reasoning + verdict).")
+    greedy: bool = Field(True, description="Greedy judging (else sampled at `temperature`).")
+    temperature: float = Field(1.0, gt=0, description="Judge sampling temperature when not greedy.")
+    batch_size: int = Field(64, gt=0, description="Judge engine slots.")
+    log_every: int = Field(
+        16,
+        ge=0,
+        description="Write every n-th judged row (prompt, output, verdict) to genrm_samples.jsonl (0: off).",
+    )
+
+
 class RewardsConfig(Section):
-    function: str = Field("math", description="Registered reward name or `package.module:function`.")
+    function: str = Field(
+        "math", description="Registered reward name, `package.module:function`, or `genrm` (a judge model)."
+    )
+    genrm: GenRMConfig = Field(default_factory=GenRMConfig, description="The judge of `function: genrm`.")
     workers: int = Field(
         1,
         ge=0,
@@ -101,6 +134,12 @@ class RewardsConfig(Section):
     timeout_s: float = Field(
         30.0, gt=0, description="Time limit of one reward call; past it the reward is None (an error)."
     )
+
+    @model_validator(mode="after")
+    def _judge_needs_a_model(self) -> RewardsConfig:
+        if self.function == "genrm" and not self.genrm.model:
+            raise ValueError("function 'genrm' needs rewards.genrm.model (a judge checkpoint directory)")
+        return self
 
 
 class PPOClipConfig(Section):

@@ -18,7 +18,7 @@ from everyprompt.data import DataError, load_prompt_file, make_splits
 from everyprompt.data.passrate import PassRateStore
 from everyprompt.evaluate import evaluate
 from everyprompt.models.io import load_model_and_tokenizer, load_pretrained
-from everyprompt.rewards import get_reward
+from everyprompt.rewards import build_reward
 from everyprompt.trainer import RLTrainer, resolve_checkpoint, run_sft, save_checkpoint
 from everyprompt.trainer.checkpoint import checkpoint_root, load_trainer_state, write_json_atomic
 from everyprompt.zve import run_offline_filter, seeded_sample
@@ -189,7 +189,7 @@ class Run:
             engine,
             tokenizer,
             rows if rows is not None else self.eval_rows(),
-            get_reward(config.rewards.function),
+            build_reward(config.rewards, self.run_dir),
             max_new_tokens=config.rollout.max_new_tokens,
             num_samples=config.eval.num_samples,
             pass_k=config.eval.pass_k,

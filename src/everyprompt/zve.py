@@ -323,7 +323,7 @@ def run_offline_filter(model, tokenizer, rows: list[dict], config, store=None):
     Samples with the config's rollout settings and reward; records every scored prompt in `store`
     (when given) at step -1. Returns (PassRateEstimate, FilterResult).
     """
-    from everyprompt.rewards import get_reward
+    from everyprompt.rewards import build_reward
     from everyprompt.rollout import NativeEngine, SamplingParams
     from everyprompt.trainer.metrics import progress_bar
 
@@ -337,7 +337,7 @@ def run_offline_filter(model, tokenizer, rows: list[dict], config, store=None):
             engine,
             tokenizer,
             rows,
-            get_reward(config.rewards.function),
+            build_reward(config.rewards),
             rules.samples,
             params,
             config.seed,

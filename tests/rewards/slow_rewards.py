@@ -46,3 +46,11 @@ def hang_on_odd(completions, **_):
     if any(len(c) % 2 for c in completions):
         time.sleep(600)
     return [1.0 for _ in completions]
+
+
+def torch_matmul(completions, **_):
+    """Runs a multi-threaded-sized torch op, as a reward model would."""
+    import torch
+
+    a = torch.ones(256, 256)
+    return [float((a @ a)[0, 0]) / 256 for _ in completions]

@@ -55,3 +55,69 @@ def test_an_all_tie_group_has_zero_advantage_and_is_zero_variance():
     assert torch.equal(advantages[:4], torch.zeros(4))  # no random-sign push on equal-quality answers
     assert group_zero_variance(rewards, groups).tolist() == [True, False]  # ZVE sees the tie group
     assert advantages[4] > 0 > advantages[5] and advantages[7] == 0  # the unparseable row is left out
+
+
+@pytest.fixture
+def judge_dir(tmp_path, tiny_model):
+    model, tokenizer = tiny_model
+    path = tmp_path / "judge"
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_judge_scores_through_the_native_engine(judge_dir, tmp_path):
+    """A tiny random judge: mechanics, not quality. Each completion gets a value or None (its verdict is
+    unreadable), and every row is logged with its raw output."""
+    from everyprompt.rewards import GenRMJudge
+
+    log = tmp_path / "samples.jsonl"
+    judge = GenRMJudge(
+        str(judge_dir),
+        "Q {question} R {reference} A {response} ",
+        max_new_tokens=6,
+        log_path=str(log),
+        log_every=1,
+    )
+    rewards = judge(["42", "41", "40"], prompt=["6*7="] * 3, answer=["42"] * 3)
+    assert len(rewards) == 3 and all(r in (None, 1.0, 0.0, -1.0) for r in rewards)
+    assert judge.judged == 3 and judge.unparseable == sum(r is None for r in rewards)
+    import json
+
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["judge_prompt"] for r in records] == [f"Q 6*7= R 42 A {c} " for c in ("42", "41", "40")]
+    assert all(isinstance(r["judge_output"], str) for r in records)
+
+
+def test_judge_settings_are_checked(judge_dir):
+    from everyprompt.config import ConfigError, load_config
+    from everyprompt.rewards import GenRMJudge
+
+    with pytest.raises(ValueError, match=r"no \{reference\} field"):
+        GenRMJudge(str(judge_dir), "{question} {response}")
+    with pytest.raises(ValueError, match="unknown verdicts \\['great'\\]"):
+        GenRMJudge(str(judge_dir), "{question} {reference} {response}", values={"great": 2.0})
+    with pytest.raises(ConfigError, match="needs rewards.genrm.model"):
+        load_config(None, ["rewards.function=genrm"])
+
+
+def test_a_genrm_run_end_to_end(judge_dir, tmp_path):
+    import json
+
+    from everyprompt.pipeline import train
+    from tests.conftest import tiny_config
+
+    config = tiny_config(
+        "rl.steps=1",
+        "rewards.function=genrm",
+        f"rewards.genrm.model={judge_dir}",
+        "rewards.genrm.max_new_tokens=6",
+        "rewards.genrm.log_every=1",
+    )
+    run_dir = tmp_path / "run"
+    train(config, run_dir=run_dir)
+    line = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    assert line["reward/errors"] == 0  # an unreadable verdict is None, not an error
+    assert 0 <= line["reward/none_fraction"] <= 1
+    samples = (run_dir / "genrm_samples.jsonl").read_text().splitlines()
+    assert len(samples) == 4  # 2 prompts x 2 samples, every row logged (written by the reward worker)

@@ -86,3 +86,24 @@ def test_a_pool_nobody_holds_stops_its_workers():
     for process in processes:
         process.join(timeout=5)
         assert not process.is_alive()
+
+
+def test_torch_rewards_run_in_forked_workers():
+    """torch's thread pool does not survive fork (a parallel op in the child hangs); workers use one
+    thread, so a reward model in torch scores instead of timing out."""
+    import torch
+
+    a = torch.randn(512, 512)
+    (a @ a).sum()  # the parent has used its intra-op threads
+    with RewardPool(f"{HERE}:torch_matmul", workers=1, timeout_s=10) as pool:
+        pool.submit(0, "a", {})
+        assert pool.wait([0]) == [1.0]
+        assert pool.stats.timeouts == 0
+
+
+def test_a_callable_can_stand_for_the_spec():
+    from tests.rewards.slow_rewards import length
+
+    with RewardPool(length, workers=1) as pool:
+        pool.submit(0, "abcd", {})
+        assert pool.wait([0]) == [4.0]

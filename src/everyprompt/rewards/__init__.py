@@ -14,14 +14,26 @@ from everyprompt.rewards.base import (
     registered_rewards,
     score_completions,
 )
+from everyprompt.rewards.genrm import GenRMJudge, parse_verdict
 from everyprompt.rewards.math import extract_answer, math_reward
 
+
+def build_reward(config, run_dir=None) -> RewardFunction:
+    """The reward function a `RewardsConfig` names: a judge model for `genrm`, else the registry's."""
+    if config.function == "genrm":
+        return GenRMJudge.from_config(config.genrm, run_dir)
+    return get_reward(config.function)
+
+
 __all__ = [
+    "GenRMJudge",
     "RewardError",
     "RewardFunction",
     "extract_answer",
+    "build_reward",
     "get_reward",
     "math_reward",
+    "parse_verdict",
     "register_reward",
     "registered_rewards",
     "score_completions",

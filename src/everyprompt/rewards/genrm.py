@@ -70,3 +70,106 @@ def verdict_value(text: str, values: dict[str, float] | None = None) -> float | 
         return None
     table = {**DEFAULT_VALUES, **(values or {})}
     return table[verdict]
+
+
+class GenRMJudge:
+    """`fn(completions, prompt=..., answer=...) -> list[float | None]`: a judge checkpoint, run through the
+    native engine, grades each completion against the row's reference answer.
+
+    The judge loads on first call, i.e. in the reward worker that calls it, not in the trainer. With
+    `log_path`, every `log_every`-th judged row (prompt, raw output, verdict, value) is appended there.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        template: str,
+        values: dict[str, float] | None = None,
+        max_new_tokens: int = 256,
+        greedy: bool = True,
+        temperature: float = 1.0,
+        batch_size: int = 64,
+        log_path: str | None = None,
+        log_every: int = 16,
+    ):
+        self.model_path, self.template, self.values = model, template, dict(values or {})
+        self.max_new_tokens, self.greedy, self.temperature = max_new_tokens, greedy, temperature
+        self.batch_size, self.log_path, self.log_every = batch_size, log_path, log_every
+        self.judged = 0
+        self.unparseable = 0
+        self._engine = None
+        self._tokenizer = None
+        unknown = set(self.values) - set(DEFAULT_VALUES)
+        if unknown:
+            raise ValueError(
+                f"rewards.genrm.values: unknown verdicts {sorted(unknown)}; known: {', '.join(DEFAULT_VALUES)}"
+            )
+        for field in ("{question}", "{reference}", "{response}"):
+            if field not in template:
+                raise ValueError(f"rewards.genrm.template has no {field} field")
+
+    @classmethod
+    def from_config(cls, config, run_dir=None) -> GenRMJudge:
+        """From a `GenRMConfig`; samples go to RUN_DIR/genrm_samples.jsonl."""
+        log_path = None if run_dir is None or not config.log_every else str(run_dir) + "/genrm_samples.jsonl"
+        return cls(
+            config.model,
+            config.template,
+            config.values,
+            config.max_new_tokens,
+            config.greedy,
+            config.temperature,
+            config.batch_size,
+            log_path,
+            config.log_every,
+        )
+
+    def _load(self) -> None:
+        from everyprompt.models.io import load_pretrained
+        from everyprompt.rollout import NativeEngine
+
+        model, self._tokenizer = load_pretrained(self.model_path)
+        self._engine = NativeEngine.from_model(model.eval(), self._tokenizer, batch_size=self.batch_size)
+
+    def prompts(self, completions: list[str], prompt: list, answer: list) -> list[str]:
+        return [
+            self.template.format(question=q, reference=a, response=c)
+            for c, q, a in zip(completions, prompt, answer)
+        ]
+
+    def __call__(self, completions: list[str], prompt: list | None = None, answer: list | None = None, **_):
+        if prompt is None or answer is None:
+            raise ValueError("the genrm reward needs the rows' `prompt` and `answer` fields")
+        from everyprompt.rollout import GenerationRequest, SamplingParams
+
+        if self._engine is None:
+            self._load()
+        texts = self.prompts(completions, prompt, answer)
+        requests = [
+            GenerationRequest(i, self._tokenizer(t).input_ids, seed=self.judged + i)
+            for i, t in enumerate(texts)
+        ]
+        params = SamplingParams(self.max_new_tokens, temperature=self.temperature, greedy=self.greedy)
+        outputs: dict[int, str] = {}
+        for completion in self._engine.generate(requests, params):
+            outputs[completion.request_id] = self._tokenizer.decode(
+                completion.token_ids, skip_special_tokens=True
+            )
+        rewards = []
+        for i, text in enumerate(texts):
+            verdict = parse_verdict(outputs[i])
+            value = None if verdict is None else {**DEFAULT_VALUES, **self.values}[verdict]
+            self.unparseable += verdict is None
+            self.judged += 1
+            if self.log_path and self.log_every and self.judged % self.log_every == 0:
+                self._log(
+                    {"judge_prompt": text, "judge_output": outputs[i], "verdict": verdict, "reward": value}
+                )
+            rewards.append(value)
+        return rewards
+
+    def _log(self, record: dict) -> None:
+        import json
+
+        with open(self.log_path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")

@@ -16,10 +16,12 @@ import logging
 import multiprocessing
 import os
 import queue
+import sys
 import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -29,9 +31,18 @@ from everyprompt.rewards.base import RewardError, get_reward, score_completions
 log = logging.getLogger(__name__)
 
 
-def _serve(conn: Connection, spec: str) -> None:
+def _resolve(spec: str | Callable) -> Callable:
+    return spec if callable(spec) else get_reward(spec)
+
+
+def _serve(conn: Connection, spec: str | Callable) -> None:
     """Worker loop: (key, completion, row) in, (key, reward, failed, contract_error) out."""
-    fn = get_reward(spec)
+    if "torch" in sys.modules:
+        # torch's intra-op thread pool does not survive fork: a forked child that runs a parallel op
+        # with the parent's thread count hangs (seen with torch 2.13). One thread per worker, as
+        # DataLoader workers do.
+        sys.modules["torch"].set_num_threads(1)
+    fn = _resolve(spec)
     while True:
         try:
             task = conn.recv()
@@ -72,12 +83,12 @@ class RewardPool:
 
     The workers stop at `close()`, or when the pool is garbage-collected."""
 
-    def __init__(self, spec: str, workers: int = 1, timeout_s: float = 30.0):
+    def __init__(self, spec: str | Callable, workers: int = 1, timeout_s: float = 30.0):
         if workers < 0:
             raise ValueError(f"rewards.workers must be >= 0, got {workers}")
         if not timeout_s > 0:
             raise ValueError(f"rewards.timeout_s must be > 0, got {timeout_s}")
-        fn = get_reward(spec)  # an unknown name fails here, in the caller, with the registry's message
+        fn = _resolve(spec)  # an unknown name fails here, in the caller, with the registry's message
         self.spec = spec
         self._inline = fn if workers == 0 else None
         self._state = _Dispatcher(spec, workers, float(timeout_s))
@@ -120,7 +131,7 @@ class _Dispatcher:
     """The pool's worker processes and the thread loop that feeds them (holds no reference to the pool,
     so that a pool nobody holds is collected and its workers stopped)."""
 
-    def __init__(self, spec: str, workers: int, timeout_s: float):
+    def __init__(self, spec: str | Callable, workers: int, timeout_s: float):
         self.spec, self.timeout_s = spec, timeout_s
         self.stats = PoolStats()
         self.results: dict[Any, float | None] = {}

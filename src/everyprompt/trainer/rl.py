@@ -25,6 +25,7 @@ from everyprompt.data.curriculum import Curriculum
 from everyprompt.data.passrate import PassRateStore
 from everyprompt.data.source import ALL, PromptSource, buckets_by_field, buckets_by_pass_rate
 from everyprompt.models.replay import ReplayError, RouterReplay
+from everyprompt.rewards import build_reward
 from everyprompt.rewards.pool import RewardPool
 from everyprompt.rollout import GenerationRequest, NativeEngine, SamplingParams
 from everyprompt.rollout.scheduler import LengthPredictor, admission_order
@@ -137,7 +138,9 @@ class RLTrainer:
         self.curriculum = Curriculum(config.curriculum) if config.curriculum.stages else None
         self.source = PromptSource(self._buckets(), config.seed)
         # rewards are scored in worker processes as completions stream out of the engine
-        self.rewards = RewardPool(config.rewards.function, config.rewards.workers, config.rewards.timeout_s)
+        self.rewards = RewardPool(
+            build_reward(config.rewards, self.run_dir), config.rewards.workers, config.rewards.timeout_s
+        )
         self._reward_keys = sorted({key for row in prompts for key in row})
         self._reward_calls = 0
         self.lengths = LengthPredictor(self.store, default=config.rollout.max_new_tokens)
