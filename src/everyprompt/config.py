@@ -120,11 +120,26 @@ class GenRMConfig(Section):
     )
 
 
+class RewardComponentConfig(Section):
+    name: str = Field(..., description="Component name: logged as reward/<name>.")
+    function: str = Field(..., description="Registered reward name, `package.module:function`, or `genrm`.")
+    weight: float = Field(1.0, description="Weight of this component in the total.")
+
+
 class RewardsConfig(Section):
     function: str = Field(
         "math", description="Registered reward name, `package.module:function`, or `genrm` (a judge model)."
     )
     genrm: GenRMConfig = Field(default_factory=GenRMConfig, description="The judge of `function: genrm`.")
+    components: list[RewardComponentConfig] = Field(
+        default_factory=list,
+        description="Several weighted rewards summed (replaces `function` when given), each logged as "
+        "reward/<name>.",
+    )
+    missing: Literal["skip", "zero"] = Field(
+        "skip",
+        description="A component that is None for a row: `skip` makes the row's total None, `zero` counts it 0.",
+    )
     workers: int = Field(
         1,
         ge=0,
@@ -137,7 +152,18 @@ class RewardsConfig(Section):
 
     @model_validator(mode="after")
     def _judge_needs_a_model(self) -> RewardsConfig:
-        if self.function == "genrm" and not self.genrm.model:
+        names = [c.name for c in self.components]
+        if len(set(names)) != len(names):
+            raise ValueError(f"components: names must be unique, got {names}")
+        taken = sorted(set(names) & {"mean", "accuracy", "errors", "errors_total", "none_fraction"})
+        if taken:
+            raise ValueError(f"components: {taken} would clash with the reward/* metrics of the same name")
+        uses_judge = (
+            self.function == "genrm"
+            if not self.components
+            else "genrm" in (c.function for c in self.components)
+        )
+        if uses_judge and not self.genrm.model:
             raise ValueError("function 'genrm' needs rewards.genrm.model (a judge checkpoint directory)")
         return self
 

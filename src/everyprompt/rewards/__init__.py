@@ -14,18 +14,26 @@ from everyprompt.rewards.base import (
     registered_rewards,
     score_completions,
 )
+from everyprompt.rewards.compose import CompositeReward
 from everyprompt.rewards.genrm import GenRMJudge, parse_verdict
 from everyprompt.rewards.math import extract_answer, math_reward
 
 
 def build_reward(config, run_dir=None) -> RewardFunction:
-    """The reward function a `RewardsConfig` names: a judge model for `genrm`, else the registry's."""
-    if config.function == "genrm":
-        return GenRMJudge.from_config(config.genrm, run_dir)
-    return get_reward(config.function)
+    """The reward function a `RewardsConfig` describes: a weighted composite of `components` when given,
+    else `function` (`genrm`: the judge model; otherwise the registry's or a user function)."""
+
+    def one(function: str) -> RewardFunction:
+        return GenRMJudge.from_config(config.genrm, run_dir) if function == "genrm" else get_reward(function)
+
+    if config.components:
+        parts = [(c.name, one(c.function), c.weight) for c in config.components]
+        return CompositeReward(parts, config.missing)
+    return one(config.function)
 
 
 __all__ = [
+    "CompositeReward",
     "GenRMJudge",
     "RewardError",
     "RewardFunction",

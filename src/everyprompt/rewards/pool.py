@@ -36,7 +36,7 @@ def _resolve(spec: str | Callable) -> Callable:
 
 
 def _serve(conn: Connection, spec: str | Callable) -> None:
-    """Worker loop: (key, completion, row) in, (key, reward, failed, contract_error) out."""
+    """Worker loop: (key, completion, row) in, (key, (reward, components), failed, contract_error) out."""
     if "torch" in sys.modules:
         # torch's intra-op thread pool does not survive fork: a forked child that runs a parallel op
         # with the parent's thread count hangs (seen with torch 2.13). One thread per worker, as
@@ -52,10 +52,20 @@ def _serve(conn: Connection, spec: str | Callable) -> None:
             return
         key, completion, row = task
         try:
-            rewards, failed = score_completions(fn, [completion], {k: [v] for k, v in row.items()})
-            conn.send((key, rewards[0], failed, None))
+            reward, components, failed = _score_one(fn, completion, row)
+            conn.send((key, (reward, components), failed, None))
         except RewardError as err:
-            conn.send((key, None, 1, str(err)))
+            conn.send((key, (None, None), 1, str(err)))
+
+
+def _score_one(fn: Callable, completion: str, row: dict) -> tuple[float | None, dict | None, int]:
+    """One completion's reward, its components (for composite rewards, else None) and error count."""
+    columns = {k: [v] for k, v in row.items()}
+    if hasattr(fn, "score_with_components"):
+        totals, components, failed = fn.score_with_components([completion], **columns)
+        return totals[0], components[0], failed
+    rewards, failed = score_completions(fn, [completion], columns)
+    return rewards[0], None, failed
 
 
 @dataclass
@@ -93,6 +103,7 @@ class RewardPool:
         self._inline = fn if workers == 0 else None
         self._state = _Dispatcher(spec, workers, float(timeout_s))
         self.stats = self._state.stats
+        self.last_components: list[dict | None] = []
         if workers:
             self._thread = threading.Thread(target=self._state.run, name="reward-pool", daemon=True)
             self._thread.start()
@@ -101,20 +112,23 @@ class RewardPool:
     def submit(self, key: Any, completion: str, row: dict) -> None:
         self.stats.submitted += 1
         if self._inline is not None:
-            rewards, failed = score_completions(self._inline, [completion], {k: [v] for k, v in row.items()})
-            self._state.finish(key, rewards[0], failed)
+            reward, components, failed = _score_one(self._inline, completion, row)
+            self._state.finish(key, (reward, components), failed)
         else:
             self._state.put((key, completion, row))
 
     def wait(self, keys: list) -> list[float | None]:
-        """Rewards for `keys` in that order, once all are in (each call is bounded by the timeout)."""
+        """Rewards for `keys` in that order, once all are in (each call is bounded by the timeout).
+        `last_components` then holds each one's component values (composite rewards; else None)."""
         state = self._state
         with state.done:
             while True:
                 if state.failure is not None:
                     raise RewardError(state.failure)
                 if all(key in state.results for key in keys):
-                    return [state.results.pop(key) for key in keys]
+                    scored = [state.results.pop(key) for key in keys]
+                    self.last_components = [components for _, components in scored]
+                    return [reward for reward, _ in scored]
                 state.done.wait(timeout=0.5)
 
     def close(self) -> None:
@@ -168,7 +182,8 @@ class _Dispatcher:
                 worker.process.kill()
                 worker.process.join()
 
-    def finish(self, key: Any, reward: float | None, failed: int) -> None:
+    def finish(self, key: Any, reward: tuple, failed: int) -> None:
+        """Record `reward` = (value, components) for `key`."""
         with self.done:
             self.stats.scored += 1
             self.stats.errors += failed
@@ -184,7 +199,7 @@ class _Dispatcher:
         worker.conn.close()
         self.stats.restarts += 1
         self.workers[index] = self.start()
-        self.finish(key, None, 1)
+        self.finish(key, (None, None), 1)
 
     def put(self, task) -> None:
         self.tasks.put(task)

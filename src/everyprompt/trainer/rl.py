@@ -13,6 +13,7 @@ import copy
 import logging
 import math
 import random
+import statistics
 import time
 import warnings
 from pathlib import Path
@@ -254,6 +255,7 @@ class RLTrainer:
         )
         timing = {"reward_wait_s": 0.0, "generate_s": 0.0}
         engine_stats: list[dict[str, float]] = []
+        components: dict[str, list[float | None]] = {}  # composite rewards: each component's values
         errors_before = self.rewards.stats.errors
 
         def sample(specs: list[tuple[int, int, int]]) -> list[tuple[object, float | None]]:
@@ -281,6 +283,9 @@ class RLTrainer:
             timing["generate_s"] += generated - began
             engine_stats.append(dict(self.engine.stats))
             rewards = self.rewards.wait([(call, i) for i in range(len(specs))])
+            for parts in self.rewards.last_components:
+                for name, value in (parts or {}).items():
+                    components.setdefault(name, []).append(value)
             timing["reward_wait_s"] += time.perf_counter() - generated
             for i, (index, _, _) in enumerate(specs):
                 self.lengths.observe(self._bucket(index), [len(done[i][0].token_ids)])
@@ -318,6 +323,12 @@ class RLTrainer:
                 "zve/zero_variance_rate_expanded": collection.zv_expanded,
                 "reward/errors": float(self.rewards.stats.errors - errors_before),
                 **_engine_metrics(engine_stats),
+                **{
+                    f"reward/{name}": statistics.fmean(v for v in values if v is not None)
+                    if any(v is not None for v in values)
+                    else math.nan
+                    for name, values in components.items()
+                },
             }
         )
         batch = self._assemble(collection.groups)
