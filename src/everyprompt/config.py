@@ -120,6 +120,14 @@ class GenRMConfig(Section):
     )
 
 
+class ScalarRMConfig(Section):
+    model: str | None = Field(
+        None, description="A local sequence-classification checkpoint with one output (the score)."
+    )
+    template: str = Field("{question}\n{response}", description="Text scored; {question} and {response}.")
+    batch_size: int = Field(32, gt=0, description="Responses scored per forward pass.")
+
+
 class RewardComponentConfig(Section):
     name: str = Field(..., description="Component name: logged as reward/<name>.")
     function: str = Field(..., description="Registered reward name, `package.module:function`, or `genrm`.")
@@ -128,9 +136,14 @@ class RewardComponentConfig(Section):
 
 class RewardsConfig(Section):
     function: str = Field(
-        "math", description="Registered reward name, `package.module:function`, or `genrm` (a judge model)."
+        "math",
+        description="Registered reward name, `package.module:function`, `genrm` (a judge model) or "
+        "`scalar_rm` (a sequence-classification reward model).",
     )
     genrm: GenRMConfig = Field(default_factory=GenRMConfig, description="The judge of `function: genrm`.")
+    scalar_rm: ScalarRMConfig = Field(
+        default_factory=ScalarRMConfig, description="The model of `function: scalar_rm`."
+    )
     components: list[RewardComponentConfig] = Field(
         default_factory=list,
         description="Several weighted rewards summed (replaces `function` when given), each logged as "
@@ -165,6 +178,9 @@ class RewardsConfig(Section):
         )
         if uses_judge and not self.genrm.model:
             raise ValueError("function 'genrm' needs rewards.genrm.model (a judge checkpoint directory)")
+        functions = [self.function] if not self.components else [c.function for c in self.components]
+        if "scalar_rm" in functions and not self.scalar_rm.model:
+            raise ValueError("function 'scalar_rm' needs rewards.scalar_rm.model (a checkpoint directory)")
         return self
 
 

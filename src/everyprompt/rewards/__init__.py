@@ -17,14 +17,19 @@ from everyprompt.rewards.base import (
 from everyprompt.rewards.compose import CompositeReward
 from everyprompt.rewards.genrm import GenRMJudge, parse_verdict
 from everyprompt.rewards.math import extract_answer, math_reward
+from everyprompt.rewards.scalar_rm import ScalarRM
 
 
 def build_reward(config, run_dir=None) -> RewardFunction:
     """The reward function a `RewardsConfig` describes: a weighted composite of `components` when given,
-    else `function` (`genrm`: the judge model; otherwise the registry's or a user function)."""
+    else `function` (`genrm`: the judge model; `scalar_rm`: a sequence-classification model; otherwise the registry's or a user function)."""
 
     def one(function: str) -> RewardFunction:
-        return GenRMJudge.from_config(config.genrm, run_dir) if function == "genrm" else get_reward(function)
+        if function == "genrm":
+            return GenRMJudge.from_config(config.genrm, run_dir)
+        if function == "scalar_rm":
+            return ScalarRM.from_config(config.scalar_rm)
+        return get_reward(function)
 
     if config.components:
         parts = [(c.name, one(c.function), c.weight) for c in config.components]
@@ -37,6 +42,7 @@ __all__ = [
     "GenRMJudge",
     "RewardError",
     "RewardFunction",
+    "ScalarRM",
     "extract_answer",
     "build_reward",
     "get_reward",
