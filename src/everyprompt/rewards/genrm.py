@@ -137,6 +137,18 @@ class GenRMJudge:
             for c, q, a in zip(completions, prompt, answer)
         ]
 
+    def score_with_components(self, completions: list[str], **columns):
+        """Values, plus per row `genrm_unparseable` (1 if the verdict could not be read): logged by the
+        trainer as reward/genrm_unparseable. A judge call that raises scores its rows None, counted."""
+        try:
+            values = self(completions, **columns)
+        except Exception as err:  # noqa: BLE001  (a judge failure costs its rows, not the run)
+            import logging
+
+            logging.getLogger(__name__).warning("judge failed: %s: %s", type(err).__name__, err)
+            return [None] * len(completions), [{} for _ in completions], len(completions)
+        return values, [{"genrm_unparseable": float(v is None)} for v in values], 0
+
     def __call__(self, completions: list[str], prompt: list | None = None, answer: list | None = None, **_):
         if prompt is None or answer is None:
             raise ValueError("the genrm reward needs the rows' `prompt` and `answer` fields")
