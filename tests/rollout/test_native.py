@@ -270,3 +270,22 @@ def test_dense_and_grouped_expert_paths_agree(tiny_model):
         assert completion.token_ids == reference.token_ids
         torch.testing.assert_close(completion.logprobs, reference.logprobs, atol=1e-5, rtol=0)
         assert torch.equal(completion.routed_experts, reference.routed_experts)
+
+
+def test_interleaved_generate_calls_do_not_share_a_cache(tiny_model):
+    model, tokenizer = tiny_model
+    engine = NativeEngine.from_model(model, tokenizer, batch_size=2)
+    params = SamplingParams(10)
+    first = _requests(tokenizer, PROMPTS, seed=0)
+    second = _requests(tokenizer, PROMPTS[::-1], seed=10)
+    expected_first = {c.request_id: c.token_ids for c in engine.generate(first, params)}
+    expected_second = {c.request_id: c.token_ids for c in engine.generate(second, params)}
+    a, b = engine.generate(first, params), engine.generate(second, params)
+    got_first, got_second = {}, {}
+    for x, y in zip(a, b):  # step both iterators in turn
+        got_first[x.request_id], got_second[y.request_id] = x.token_ids, y.token_ids
+    for x in a:
+        got_first[x.request_id] = x.token_ids
+    for y in b:
+        got_second[y.request_id] = y.token_ids
+    assert got_first == expected_first and got_second == expected_second

@@ -141,6 +141,7 @@ class NativeEngine:
             theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float) / self.head_dim)
         )
         self._cache_storage: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._open_calls = 0  # generate() iterators not yet finished (the shared cache serves one)
         self.stats: dict[str, float] = {}  # the last generate call's throughput figures
         self.load_weights(state_dict)
 
@@ -318,9 +319,16 @@ class NativeEngine:
         x = x[torch.arange(x.shape[0]), last]
         return (_rms_norm(x, self.final_norm, self.eps) @ self.lm_head.T).float()
 
-    def _cache(self, slots: int, width: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _cache(self, slots: int, width: int, shared: bool = True) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per-layer key/value caches [slots, kv_heads, width, head_dim], views of storage kept between
-        calls (reallocated only when a call needs more slots or a longer width)."""
+        calls (reallocated only when a call needs more slots or a longer width). `shared=False`: fresh
+        storage of its own (for a call made while another call's iterator is still open)."""
+        shape = (slots, self.num_kv_heads, width, self.head_dim)
+        if not shared:
+            return [
+                (torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype))
+                for _ in self.layers
+            ]
         have = self._cache_storage[0][0].shape if self._cache_storage else None
         if (
             have is None
@@ -328,7 +336,6 @@ class NativeEngine:
             or have[2] < width
             or self._cache_storage[0][0].dtype != self.dtype
         ):
-            shape = (slots, self.num_kv_heads, width, self.head_dim)
             self._cache_storage = [
                 (torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype))
                 for _ in self.layers
@@ -336,12 +343,12 @@ class NativeEngine:
         return [(k[:slots, :, :width], v[:slots, :, :width]) for k, v in self._cache_storage]
 
     # ---------------------------------------------------------------- decoding
-    @torch.inference_mode()
     def generate(self, requests: Iterable[GenerationRequest], params: SamplingParams) -> Iterator[Completion]:
         """Continuous batching: up to `batch_size` sequences decode together in cache slots; a finished
         sequence's slot is refilled from the queue (in the order given) before the next decode step.
         Each completion is yielded the moment it finishes. `self.stats` holds the call's throughput
-        figures once the iterator is exhausted."""
+        figures once the iterator is exhausted. A call made while another call's iterator is still open
+        gets a cache of its own, so interleaved iterators do not corrupt each other."""
         requests = list(requests)
         for request in requests:
             if not request.prompt_ids:
@@ -349,11 +356,19 @@ class NativeEngine:
         self.stats = {}
         if not requests:
             return
+        self._open_calls += 1
+        try:
+            yield from self._generate(requests, params, shared=self._open_calls == 1)
+        finally:
+            self._open_calls -= 1
+
+    @torch.inference_mode()
+    def _generate(self, requests: list[GenerationRequest], params: SamplingParams, shared: bool):
         began = time.perf_counter()
         pool = min(self.batch_size, len(requests))
         width = max(len(r.prompt_ids) for r in requests) + params.max_new_tokens
         state = _Slots(pool, params.max_new_tokens, self.config.vocab_size)
-        caches = self._cache(pool, width)
+        caches = self._cache(pool, width, shared)
         route_buffer = None
         queue = deque(range(len(requests)))
         clock = {
