@@ -44,17 +44,26 @@ class _Layer:
     input_norm: torch.Tensor
     post_norm: torch.Tensor
     router: torch.Tensor | None = None  # [E, H]
-    gate_up: torch.Tensor | None = None  # [E, 2I, H]
-    down: torch.Tensor | None = None  # [E, H, I]
+    gate_up: FP8Weight | None = None  # fp8 only: [E, 2I, H]
+    down: FP8Weight | None = None  # fp8 only: [E, H, I]
     mlp_gate: torch.Tensor | None = None  # dense layers: [I, H]
     mlp_up: torch.Tensor | None = None
     mlp_down: torch.Tensor | None = None
-    experts_dense: tuple[torch.Tensor, torch.Tensor] | None = None  # ([H, E * 2I], [E, I, H]), not in fp8
+    experts_dense: tuple[torch.Tensor, torch.Tensor] | None = None  # fp32 / bf16: [H, E * 2I], [E, I, H]
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x32 = x.float()
     return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _expert_weights(layer: _Layer, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One expert's projections as right operands: gate_up [H, 2I], down [I, H]."""
+    if layer.experts_dense is not None:
+        gate_up, down = layer.experts_dense
+        width = gate_up.shape[1] // down.shape[0]
+        return gate_up[:, expert * width : (expert + 1) * width], down[expert]
+    return layer.gate_up[expert].T, layer.down[expert].T
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -189,13 +198,14 @@ class NativeEngine:
             )
             if p + "mlp.gate.weight" in state_dict:
                 layer.router = get(p + "mlp.gate.weight")
-                layer.gate_up = linear(p + "mlp.experts.gate_up_proj")
-                layer.down = linear(p + "mlp.experts.down_proj")
-                if self.precision != "fp8":  # fp8 keeps only the quantised copies
-                    experts, twice_inner, hidden = layer.gate_up.shape
+                gate_up, down = linear(p + "mlp.experts.gate_up_proj"), linear(p + "mlp.experts.down_proj")
+                if self.precision == "fp8":  # quantised per output channel in the checkpoint's layout
+                    layer.gate_up, layer.down = gate_up, down
+                else:  # one copy, laid out for matmuls from the left: [H, E * 2I] and [E, I, H]
+                    experts, twice_inner, hidden = gate_up.shape
                     layer.experts_dense = (
-                        layer.gate_up.permute(2, 0, 1).reshape(hidden, experts * twice_inner).contiguous(),
-                        layer.down.transpose(1, 2).contiguous(),
+                        gate_up.permute(2, 0, 1).reshape(hidden, experts * twice_inner).contiguous(),
+                        down.transpose(1, 2).contiguous(),
                     )
             else:
                 layer.mlp_gate = linear(p + "mlp.gate_proj.weight")
@@ -292,8 +302,9 @@ class NativeEngine:
             pairs = order[start : start + count]
             start += count
             tokens = token_of_pair[pairs]
-            gate, up = (flat[tokens] @ layer.gate_up[expert].T).chunk(2, dim=-1)
-            hidden = (F.silu(gate) * up) @ layer.down[expert].T
+            gate_up, down = _expert_weights(layer, expert)
+            gate, up = (flat[tokens] @ gate_up).chunk(2, dim=-1)
+            hidden = (F.silu(gate) * up) @ down
             out.index_add_(0, tokens, hidden * weights.reshape(-1)[pairs, None])
         return out
 
@@ -305,7 +316,8 @@ class NativeEngine:
     def _forward(
         self, tokens, positions, caches, rows, key_mask, last, routes: list | None = None
     ) -> torch.Tensor:
-        """Logits [B, V] at position `last` [B] of each row (see `_attention` for prefill vs decode).
+        """Logits [B, V] at position `last` [B] of each row, the last position if None (see `_attention`
+        for prefill vs decode).
 
         With `routes` (a list), appends each MoE layer's expert indices [B, T, k].
         """
@@ -316,30 +328,29 @@ class NativeEngine:
                 layer, _rms_norm(x, layer.input_norm, self.eps), rope, cache, rows, positions[:, -1], key_mask
             )
             x = x + self._mlp(layer, _rms_norm(x, layer.post_norm, self.eps), routes)
-        x = x[torch.arange(x.shape[0]), last]
+        x = x[:, -1] if last is None else x[torch.arange(x.shape[0]), last]
         return (_rms_norm(x, self.final_norm, self.eps) @ self.lm_head.T).float()
 
     def _cache(self, slots: int, width: int, shared: bool = True) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per-layer key/value caches [slots, kv_heads, width, head_dim], views of storage kept between
-        calls (reallocated only when a call needs more slots or a longer width). `shared=False`: fresh
-        storage of its own (for a call made while another call's iterator is still open)."""
-        shape = (slots, self.num_kv_heads, width, self.head_dim)
-        if not shared:
+        """Per-layer key/value caches [slots, kv_heads, width, head_dim]: views of storage kept between
+        calls and grown as calls need (`shared=False`: storage of its own, for a call made while another
+        call's iterator is still open)."""
+
+        def allocate(rows: int, columns: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+            shape = (rows, self.num_kv_heads, columns, self.head_dim)
             return [
                 (torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype))
                 for _ in self.layers
             ]
-        have = self._cache_storage[0][0].shape if self._cache_storage else None
-        if (
-            have is None
-            or have[0] < slots
-            or have[2] < width
-            or self._cache_storage[0][0].dtype != self.dtype
-        ):
-            self._cache_storage = [
-                (torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype))
-                for _ in self.layers
-            ]
+
+        if not shared:
+            return allocate(slots, width)
+        have = self._cache_storage[0][0] if self._cache_storage else None
+        if have is None or have.dtype != self.dtype or have.shape[0] < slots or have.shape[2] < width:
+            rows, columns = (
+                (slots, width) if have is None else (max(slots, have.shape[0]), max(width, have.shape[2]))
+            )
+            self._cache_storage = allocate(rows, columns)
         return [(k[:slots, :, :width], v[:slots, :, :width]) for k, v in self._cache_storage]
 
     # ---------------------------------------------------------------- decoding
@@ -422,12 +433,10 @@ class NativeEngine:
             rows = torch.arange(len(state.request))
             tokens = torch.full_like(rows, self.pad_token_id)
             tokens[running] = fed
-            positions = state.length.clone()  # idle rows write slot 0 of their own (free) row
+            positions = state.length  # idle rows write at their own (free) row's stale length
             key_mask = torch.arange(int(positions.max()) + 1)[None, :] <= positions[:, None]
             routes: list | None = [] if route_buffer is not None else None
-            logits = self._forward(
-                tokens[:, None], positions[:, None], caches, rows, key_mask, torch.zeros_like(rows), routes
-            )
+            logits = self._forward(tokens[:, None], positions[:, None], caches, rows, key_mask, None, routes)
             state.logits[running] = logits[running]
             if routes:
                 route_buffer[running, state.length[running]] = torch.stack(routes, dim=2)[running, 0].to(
