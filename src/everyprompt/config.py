@@ -164,21 +164,16 @@ class RewardsConfig(Section):
     )
 
     @model_validator(mode="after")
-    def _judge_needs_a_model(self) -> RewardsConfig:
+    def _check_functions(self) -> RewardsConfig:
         names = [c.name for c in self.components]
         if len(set(names)) != len(names):
             raise ValueError(f"components: names must be unique, got {names}")
         taken = sorted(set(names) & {"mean", "accuracy", "errors", "errors_total", "none_fraction"})
         if taken:
             raise ValueError(f"components: {taken} would clash with the reward/* metrics of the same name")
-        uses_judge = (
-            self.function == "genrm"
-            if not self.components
-            else "genrm" in (c.function for c in self.components)
-        )
-        if uses_judge and not self.genrm.model:
+        functions = [c.function for c in self.components] or [self.function]
+        if "genrm" in functions and not self.genrm.model:
             raise ValueError("function 'genrm' needs rewards.genrm.model (a judge checkpoint directory)")
-        functions = [self.function] if not self.components else [c.function for c in self.components]
         if "scalar_rm" in functions and not self.scalar_rm.model:
             raise ValueError("function 'scalar_rm' needs rewards.scalar_rm.model (a checkpoint directory)")
         return self

@@ -54,3 +54,16 @@ def torch_matmul(completions, **_):
 
     a = torch.ones(256, 256)
     return [float((a @ a)[0, 0]) / 256 for _ in completions]
+
+
+class ComponentsRaiseOnX:
+    """A reward that reports components and raises on a completion containing 'x'."""
+
+    def score_with_components(self, completions, **_):
+        if any("x" in c for c in completions):
+            raise ValueError("cannot score this")
+        values = [float(len(c)) for c in completions]
+        return values, [{"length": v} for v in values], 0
+
+    def __call__(self, completions, **columns):
+        return self.score_with_components(completions, **columns)[0]

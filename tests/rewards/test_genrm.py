@@ -81,7 +81,7 @@ def test_judge_scores_through_the_native_engine(judge_dir, tmp_path):
     )
     rewards = judge(["42", "41", "40"], prompt=["6*7="] * 3, answer=["42"] * 3)
     assert len(rewards) == 3 and all(r in (None, 1.0, 0.0, -1.0) for r in rewards)
-    assert judge.judged == 3 and judge.unparseable == sum(r is None for r in rewards)
+    assert judge.judged == 3
     import json
 
     records = [json.loads(line) for line in log.read_text().splitlines()]

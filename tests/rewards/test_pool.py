@@ -53,16 +53,28 @@ def test_contract_violations_stop_with_the_reward_error():
             pool.wait([0])
 
 
-def test_workers_score_while_the_caller_works():
-    """8 calls of 0.1 s on 2 workers, submitted while the caller is busy for 0.4 s: by the time the caller
-    asks, the rewards are (nearly) all in, so the wait is far below the 0.8 s of serial scoring."""
+def test_workers_score_before_the_caller_asks():
+    """Submitted calls are scored in the background: they all come in while the caller never calls
+    wait() (a pool that scored inside wait() would leave `scored` at 0 here)."""
     with RewardPool(f"{HERE}:sleepy", workers=2, timeout_s=5) as pool:
         for key in range(8):
-            pool.submit(key, "a", {"delay": 0.1})
-            time.sleep(0.05)  # the caller generating the next completion
-        asked = time.perf_counter()
+            pool.submit(key, "a", {"delay": 0.01})
+        deadline = time.perf_counter() + 10
+        while pool.stats.scored < 8 and time.perf_counter() < deadline:
+            time.sleep(0.01)
+        assert pool.stats.scored == 8
         assert pool.wait(list(range(8))) == [1.0] * 8
-        assert time.perf_counter() - asked < 0.3
+
+
+def test_a_raising_reward_with_components_costs_its_row():
+    from tests.rewards.slow_rewards import ComponentsRaiseOnX
+
+    with RewardPool(ComponentsRaiseOnX(), workers=1) as pool:
+        pool.submit(0, "x", {})
+        pool.submit(1, "ab", {})
+        assert pool.wait([0, 1]) == [None, 2.0]
+        assert pool.last_components == [None, {"length": 2.0}]
+        assert pool.stats.errors == 1 and pool.stats.crashes == 0
 
 
 def test_bad_settings_and_unknown_rewards_are_clear_errors():

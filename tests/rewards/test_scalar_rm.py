@@ -65,5 +65,4 @@ def test_a_scalar_rm_run_with_the_dead_zone(rm_dir, tmp_path):
     )
     train(config, run_dir=tmp_path)
     line = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
-    assert line["reward/errors"] == 0 and line["reward/none_fraction"] == 0
-    assert line["reward/mean"] == line["reward/mean"]  # a number, not NaN
+    assert line["reward/errors"] == 0 and line["reward/none_fraction"] == 0  # scored in the worker

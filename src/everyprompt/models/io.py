@@ -16,13 +16,17 @@ class ModelError(ValueError):
     """A model directory that cannot be loaded; the message names the path and what is missing."""
 
 
-def load_pretrained(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_pretrained(
+    path: str | Path, model_class=AutoModelForCausalLM
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A local checkpoint (fp32) and its tokenizer (pad = eos when it has no pad token); `model_class`
+    picks the head (AutoModelForSequenceClassification for scalar reward models)."""
     path = Path(path)
     if not (path / "config.json").is_file():
         raise ModelError(f"{path}: not a Hugging Face checkpoint directory (no config.json)")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+        model = model_class.from_pretrained(path, local_files_only=True, dtype=torch.float32)
     except (OSError, ValueError) as err:
         raise ModelError(f"{path}: cannot load the checkpoint ({err})") from None
     if tokenizer.pad_token_id is None:

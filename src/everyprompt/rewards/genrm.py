@@ -92,14 +92,12 @@ class GenRMJudge:
         log_path: str | None = None,
         log_every: int = 16,
     ):
-        self.model_path, self.template, self.values = model, template, dict(values or {})
+        self.model_path, self.template = model, template
         self.max_new_tokens, self.greedy, self.temperature = max_new_tokens, greedy, temperature
         self.batch_size, self.log_path, self.log_every = batch_size, log_path, log_every
-        self.judged = 0
-        self.unparseable = 0
-        self._engine = None
-        self._tokenizer = None
-        unknown = set(self.values) - set(DEFAULT_VALUES)
+        self.judged = 0  # rows judged so far (sampling seeds, the logging cadence)
+        self._engine = self._tokenizer = None
+        unknown = set(values or {}) - set(DEFAULT_VALUES)
         if unknown:
             raise ValueError(
                 f"rewards.genrm.values: unknown verdicts {sorted(unknown)}; known: {', '.join(DEFAULT_VALUES)}"
@@ -107,6 +105,7 @@ class GenRMJudge:
         for field in ("{question}", "{reference}", "{response}"):
             if field not in template:
                 raise ValueError(f"rewards.genrm.template has no {field} field")
+        self.table = {**DEFAULT_VALUES, **(values or {})}  # verdict -> reward
 
     @classmethod
     def from_config(cls, config, run_dir=None) -> GenRMJudge:
@@ -139,14 +138,8 @@ class GenRMJudge:
 
     def score_with_components(self, completions: list[str], **columns):
         """Values, plus per row `genrm_unparseable` (1 if the verdict could not be read): logged by the
-        trainer as reward/genrm_unparseable. A judge call that raises scores its rows None, counted."""
-        try:
-            values = self(completions, **columns)
-        except Exception as err:  # noqa: BLE001  (a judge failure costs its rows, not the run)
-            import logging
-
-            logging.getLogger(__name__).warning("judge failed: %s: %s", type(err).__name__, err)
-            return [None] * len(completions), [{} for _ in completions], len(completions)
+        trainer as reward/genrm_unparseable."""
+        values = self(completions, **columns)
         return values, [{"genrm_unparseable": float(v is None)} for v in values], 0
 
     def __call__(self, completions: list[str], prompt: list | None = None, answer: list | None = None, **_):
@@ -170,8 +163,7 @@ class GenRMJudge:
         rewards = []
         for i, text in enumerate(texts):
             verdict = parse_verdict(outputs[i])
-            value = None if verdict is None else {**DEFAULT_VALUES, **self.values}[verdict]
-            self.unparseable += verdict is None
+            value = None if verdict is None else self.table[verdict]
             self.judged += 1
             if self.log_path and self.log_every and self.judged % self.log_every == 0:
                 self._log(

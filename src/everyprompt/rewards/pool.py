@@ -22,7 +22,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -31,18 +31,13 @@ from everyprompt.rewards.base import RewardError, get_reward, score_completions
 log = logging.getLogger(__name__)
 
 
-def _resolve(spec: str | Callable) -> Callable:
-    return spec if callable(spec) else get_reward(spec)
-
-
-def _serve(conn: Connection, spec: str | Callable) -> None:
+def _serve(conn: Connection, fn: Callable) -> None:
     """Worker loop: (key, completion, row) in, (key, (reward, components), failed, contract_error) out."""
     if "torch" in sys.modules:
         # torch's intra-op thread pool does not survive fork: a forked child that runs a parallel op
         # with the parent's thread count hangs (seen with torch 2.13). One thread per worker, as
         # DataLoader workers do.
         sys.modules["torch"].set_num_threads(1)
-    fn = _resolve(spec)
     while True:
         try:
             task = conn.recv()
@@ -59,13 +54,20 @@ def _serve(conn: Connection, spec: str | Callable) -> None:
 
 
 def _score_one(fn: Callable, completion: str, row: dict) -> tuple[float | None, dict | None, int]:
-    """One completion's reward, its components (for composite rewards, else None) and error count."""
+    """One completion's reward, its components (for rewards with `score_with_components`, else None) and
+    error count. A call that raises costs its row (None, one error), as in `score_completions`."""
     columns = {k: [v] for k, v in row.items()}
-    if hasattr(fn, "score_with_components"):
+    if not hasattr(fn, "score_with_components"):
+        rewards, failed = score_completions(fn, [completion], columns)
+        return rewards[0], None, failed
+    try:
         totals, components, failed = fn.score_with_components([completion], **columns)
-        return totals[0], components[0], failed
-    rewards, failed = score_completions(fn, [completion], columns)
-    return rewards[0], None, failed
+    except RewardError:
+        raise
+    except Exception as err:  # noqa: BLE001  (user code: isolate, count, keep going)
+        log.warning("reward function failed: %s: %s", type(err).__name__, err)
+        return None, None, 1
+    return totals[0], components[0], failed
 
 
 @dataclass
@@ -84,8 +86,6 @@ class PoolStats:
     timeouts: int = 0
     crashes: int = 0
     restarts: int = 0
-    busy_s: float = 0.0  # summed time workers spent on calls
-    by_key: dict = field(default_factory=dict)
 
 
 class RewardPool:
@@ -98,10 +98,10 @@ class RewardPool:
             raise ValueError(f"rewards.workers must be >= 0, got {workers}")
         if not timeout_s > 0:
             raise ValueError(f"rewards.timeout_s must be > 0, got {timeout_s}")
-        fn = _resolve(spec)  # an unknown name fails here, in the caller, with the registry's message
-        self.spec = spec
+        # an unknown name fails here, in the caller, with the registry's message; forked workers inherit fn
+        fn = spec if callable(spec) else get_reward(spec)
         self._inline = fn if workers == 0 else None
-        self._state = _Dispatcher(spec, workers, float(timeout_s))
+        self._state = _Dispatcher(fn, workers, float(timeout_s))
         self.stats = self._state.stats
         self.last_components: list[dict | None] = []
         if workers:
@@ -145,10 +145,10 @@ class _Dispatcher:
     """The pool's worker processes and the thread loop that feeds them (holds no reference to the pool,
     so that a pool nobody holds is collected and its workers stopped)."""
 
-    def __init__(self, spec: str | Callable, workers: int, timeout_s: float):
-        self.spec, self.timeout_s = spec, timeout_s
+    def __init__(self, fn: Callable, workers: int, timeout_s: float):
+        self.fn, self.timeout_s = fn, timeout_s
         self.stats = PoolStats()
-        self.results: dict[Any, float | None] = {}
+        self.results: dict[Any, tuple] = {}  # key -> (reward, components)
         self.failure: str | None = None
         self.done = threading.Condition()
         self.tasks: queue.SimpleQueue = queue.SimpleQueue()
@@ -162,7 +162,7 @@ class _Dispatcher:
 
     def start(self) -> _Worker:
         parent, child = self.context.Pipe()
-        process = self.context.Process(target=_serve, args=(child, self.spec), daemon=True)
+        process = self.context.Process(target=_serve, args=(child, self.fn), daemon=True)
         process.start()
         child.close()
         return _Worker(process, parent)
@@ -250,7 +250,6 @@ class _Dispatcher:
                     self.stats.crashes += 1
                     self.replace(index, f"crashed (exit code {worker.process.exitcode})")
                     continue
-                self.stats.busy_s += now - worker.started
                 worker.task = None
                 if contract_error is not None:
                     with self.done:

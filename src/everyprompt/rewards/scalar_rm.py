@@ -24,27 +24,16 @@ class ScalarRM:
         return cls(config.model, config.template, config.batch_size)
 
     def _load(self) -> None:
-        from pathlib import Path
+        from transformers import AutoModelForSequenceClassification
 
-        import torch
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+        from everyprompt.models.io import ModelError, load_pretrained
 
-        from everyprompt.models.io import ModelError
-
-        path = Path(self.model_path)
-        if not (path / "config.json").is_file():
-            raise ModelError(f"{path}: not a Hugging Face checkpoint directory (no config.json)")
-        self._tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        if self._tokenizer.pad_token_id is None:
-            self._tokenizer.pad_token = self._tokenizer.eos_token
-        model = AutoModelForSequenceClassification.from_pretrained(
-            path, local_files_only=True, dtype=torch.float32
-        )
+        model, self._tokenizer = load_pretrained(self.model_path, AutoModelForSequenceClassification)
         if model.config.num_labels != 1:
             raise ModelError(
-                f"{path}: a scalar reward model has one output, this one has {model.config.num_labels}"
+                f"{self.model_path}: a scalar reward model has one output, this one has {model.config.num_labels}"
             )
-        model.config.pad_token_id = self._tokenizer.pad_token_id
+        model.config.pad_token_id = self._tokenizer.pad_token_id  # the score is read at the last real token
         self._model = model.eval()
 
     def __call__(self, completions: list[str], prompt: list | None = None, **_) -> list[float]:
