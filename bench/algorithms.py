@@ -56,7 +56,8 @@ TINY = [
 ]
 
 
-def _mean(values: list[float]) -> float:
+def nan_mean(values) -> float:
+    """Mean of the values that are not NaN (NaN if none is)."""
     values = [v for v in values if v == v]
     return sum(values) / len(values) if values else float("nan")
 
@@ -93,7 +94,7 @@ def accuracy_cells(runs: list[dict]) -> tuple[str, str]:
     """('mean ± sd', 'per seed') of the runs' final greedy accuracies, for summary tables."""
     finals = [r["final_greedy_accuracy"] for r in runs]
     sd = statistics.stdev(finals) if len(finals) > 1 else 0.0
-    return f"{_mean(finals):.1%} ± {sd:.1%}", " ".join(f"{f:.1%}" for f in finals)
+    return f"{nan_mean(finals):.1%} ± {sd:.1%}", " ".join(f"{f:.1%}" for f in finals)
 
 
 def run_one(job: dict) -> dict:
@@ -129,11 +130,11 @@ def run_one(job: dict) -> dict:
         "seed": job["seed"],
         "evals": evals,
         "final_greedy_accuracy": final["greedy_accuracy"],
-        "clip_fraction_mean": _mean(per_step.get("actor/clip_fraction", [])),
+        "clip_fraction_mean": nan_mean(per_step.get("actor/clip_fraction", [])),
         "entropy_first": per_step["actor/entropy"][0],
         "entropy_last": per_step["actor/entropy"][-1],
-        "reward_mean": _mean(per_step.get("reward/mean", [])),
-        "espo": {key: _mean(values) for key, values in per_step.items() if key.startswith("espo/")},
+        "reward_mean": nan_mean(per_step.get("reward/mean", [])),
+        "espo": {key: nan_mean(values) for key, values in per_step.items() if key.startswith("espo/")},
         "per_step": per_step,
         "wall_seconds": wall,
         "run_dir": str(job["run_dir"]),
@@ -201,10 +202,10 @@ def summary_table(results: list[dict], start: float):
         table.add_row(
             method,
             *accuracy_cells(runs),
-            f"{(_mean(finals) - start) * 100:+.1f} pt",
-            f"{_mean([r['clip_fraction_mean'] for r in runs]):.4f}",
-            f"{_mean([r['entropy_first'] for r in runs]):.3f}→{_mean([r['entropy_last'] for r in runs]):.3f}",
-            f"{_mean([r['wall_seconds'] for r in runs]):.0f}",
+            f"{(nan_mean(finals) - start) * 100:+.1f} pt",
+            f"{nan_mean([r['clip_fraction_mean'] for r in runs]):.4f}",
+            f"{nan_mean([r['entropy_first'] for r in runs]):.3f}→{nan_mean([r['entropy_last'] for r in runs]):.3f}",
+            f"{nan_mean([r['wall_seconds'] for r in runs]):.0f}",
         )
     return table
 

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 sys.path.insert(0, str(ROOT / "bench"))
 
-from algorithms import TINY, prepare_sft  # noqa: E402
+from algorithms import TINY, nan_mean, prepare_sft  # noqa: E402
 
 KEYS = (
     "mismatch/routing_agreement",
@@ -34,11 +34,6 @@ KEYS = (
     "mismatch/k3_kl",
     "mismatch/ratio_above_2",
 )
-
-
-def _mean(values) -> float:
-    values = [v for v in values if v == v]
-    return sum(values) / len(values) if values else float("nan")
 
 
 def measure(
@@ -84,7 +79,7 @@ def measure(
                 )
             on_flipped.append((diff, mask, torch.cat(batch.rollout_entropies)))
         trainer.step += 1  # fresh sampling seeds, same weights
-    result = {key: _mean([b[key] for b in per_batch]) for key in KEYS}
+    result = {key: nan_mean([b[key] for b in per_batch]) for key in KEYS}
     if on_flipped and any(bool(mask.any()) for _, mask, _ in on_flipped):
         result.update(flipped_token_analysis(*(torch.cat(parts) for parts in zip(*on_flipped))))
     return result
@@ -158,9 +153,9 @@ def short_rl(base: list[str], precision: str, replay: str, steps: int, run_dir: 
     return {
         "steps": len(history),
         "final_greedy_accuracy": final["greedy_accuracy"],
-        "reward_first": _mean([m["reward/accuracy"] for m in history[: max(1, steps // 4)]]),
-        "reward_last": _mean([m["reward/accuracy"] for m in history[-max(1, steps // 4) :]]),
-        "logp_abs_diff_mean": _mean([m.get("mismatch/logp_abs_diff", float("nan")) for m in history]),
+        "reward_first": nan_mean([m["reward/accuracy"] for m in history[: max(1, steps // 4)]]),
+        "reward_last": nan_mean([m["reward/accuracy"] for m in history[-max(1, steps // 4) :]]),
+        "logp_abs_diff_mean": nan_mean([m.get("mismatch/logp_abs_diff", float("nan")) for m in history]),
         "all_finite": finite,
     }
 

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 sys.path.insert(0, str(ROOT / "bench"))
 
-from algorithms import TINY, accuracy_cells, prepare_sft, run_jobs  # noqa: E402  (shared bench helpers)
+from algorithms import TINY, accuracy_cells, nan_mean, prepare_sft, run_jobs  # noqa: E402  (shared bench helpers)
 
 ZVE_ONLINE = [
     "zve.enabled=true",
@@ -51,11 +51,6 @@ STAGES = (
     ("reshaped", "zve/zero_variance_rate_reshaped"),
     ("final", "zve/zero_variance_rate_final"),
 )
-
-
-def _mean(values) -> float:
-    values = [v for v in values if v == v]
-    return sum(values) / len(values) if values else float("nan")
 
 
 # ---------------------------------------------------------------------------- (a) the bandit
@@ -135,7 +130,9 @@ def run_one(job: dict) -> dict:
         "final_greedy_accuracy": final["greedy_accuracy"],
         "final_by_level": {k: v for k, v in final.items() if k.startswith("greedy_accuracy/")},
         "evals": evals,
-        "zero_variance": {name: _mean([m.get(key, float("nan")) for m in history]) for name, key in STAGES},
+        "zero_variance": {
+            name: nan_mean([m.get(key, float("nan")) for m in history]) for name, key in STAGES
+        },
         "informative_rollout_fraction": weighted("zve/informative_rollout_fraction"),
         "signal_rollout_fraction": weighted("zve/signal_rollout_fraction"),
         "rollouts_per_signal_group": generated
@@ -173,7 +170,7 @@ def plot(results: list[dict], path: Path) -> None:
     width = 0.25
     for offset, method in enumerate(m for m in METHODS if any(r["method"] == m for r in results)):
         runs = [r for r in results if r["method"] == method]
-        values = [100 * _mean([r["zero_variance"][name] for r in runs]) for name, _ in STAGES]
+        values = [100 * nan_mean([r["zero_variance"][name] for r in runs]) for name, _ in STAGES]
         right.bar(
             [i + offset * width for i in range(len(STAGES))],
             values,
@@ -226,14 +223,14 @@ def tables(bandit_rows: list[dict], results: list[dict], start: float):
         summary.add_row(
             method,
             *accuracy_cells(runs),
-            f"{_mean([r['rollouts'] for r in runs]):.0f}",
-            f"{_mean([r['steps'] for r in runs]):.0f}",
-            f"{_mean([r['zero_variance']['sampled (N0)'] for r in runs]):.1%}",
-            f"{_mean([r['zero_variance']['expanded'] for r in runs]):.1%}",
-            f"{_mean([r['zero_variance']['final'] for r in runs]):.1%}",
-            f"{_mean([r['informative_rollout_fraction'] for r in runs]):.1%}",
-            f"{_mean([r['signal_rollout_fraction'] for r in runs]):.1%}",
-            f"{_mean([r['rollouts_per_signal_group'] for r in runs]):.1f}",
+            f"{nan_mean([r['rollouts'] for r in runs]):.0f}",
+            f"{nan_mean([r['steps'] for r in runs]):.0f}",
+            f"{nan_mean([r['zero_variance']['sampled (N0)'] for r in runs]):.1%}",
+            f"{nan_mean([r['zero_variance']['expanded'] for r in runs]):.1%}",
+            f"{nan_mean([r['zero_variance']['final'] for r in runs]):.1%}",
+            f"{nan_mean([r['informative_rollout_fraction'] for r in runs]):.1%}",
+            f"{nan_mean([r['signal_rollout_fraction'] for r in runs]):.1%}",
+            f"{nan_mean([r['rollouts_per_signal_group'] for r in runs]):.1f}",
         )
     return law, summary
 

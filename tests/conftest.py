@@ -32,6 +32,10 @@ TINY_OVERRIDES = [
 ]
 
 
+# the layer stack of the tiny transformers models that tests build directly from a transformers config
+TINY_LAYERS = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)
+
+
 def tiny_config(*extra: str) -> Config:
     return load_config(None, [*TINY_OVERRIDES, *extra])
 

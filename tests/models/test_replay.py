@@ -8,6 +8,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from everyprompt.models.replay import ReplayError, RouterReplay
 from everyprompt.rollout import GenerationRequest, NativeEngine, SamplingParams
+from tests.conftest import TINY_LAYERS
 
 
 def _completion(model, tokenizer, prompt="123+456+789=", seed=3):
@@ -80,16 +81,7 @@ def test_bad_replay_indices_and_dense_models_are_clear_errors(tiny_model):
     with pytest.raises(ReplayError, match="cover 3 tokens, the forward has 4"):
         with torch.no_grad(), replay.replay(torch.zeros(3, 2, 2, dtype=torch.long)):
             model(input_ids=torch.tensor([[1, 2, 3, 4]]))
-    dense = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=16,
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-        )
-    )
+    dense = LlamaForCausalLM(LlamaConfig(vocab_size=16, intermediate_size=32, **TINY_LAYERS))
     with pytest.raises(ReplayError, match="LlamaForCausalLM: no mixture-of-experts router"):
         RouterReplay(dense)
 
@@ -105,9 +97,7 @@ def _other_moe(kind: str):
         Qwen2MoeForCausalLM,
     )
 
-    common = dict(
-        vocab_size=32, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1
-    )
+    common = dict(vocab_size=32, **TINY_LAYERS)
     torch.manual_seed(0)
     if kind == "mixtral":
         return MixtralForCausalLM(

@@ -6,6 +6,8 @@ import json
 import pytest
 import torch
 
+from tests.conftest import TINY_LAYERS
+
 
 @pytest.fixture
 def rm_dir(tmp_path):
@@ -16,13 +18,10 @@ def rm_dir(tmp_path):
     tokenizer = build_char_tokenizer()
     config = Qwen3Config(
         vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
+        intermediate_size=32,
         num_labels=1,
         pad_token_id=tokenizer.pad_token_id,
+        **TINY_LAYERS,
     )
     torch.manual_seed(0)
     model = Qwen3ForSequenceClassification(config)
