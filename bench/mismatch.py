@@ -24,6 +24,7 @@ RESULTS = ROOT / "bench" / "results"
 sys.path.insert(0, str(ROOT / "bench"))
 
 from algorithms import TINY, nan_mean, prepare_sft  # noqa: E402
+from everyprompt.models.replay import same_expert_sets  # noqa: E402
 
 KEYS = (
     "mismatch/routing_agreement",
@@ -61,14 +62,10 @@ def measure(
         per_batch.append({k: batch.stats.get(k, float("nan")) for k in KEYS})
         diff = (torch.cat(batch.old_logprobs) - torch.cat(batch.rollout_logprobs)).abs()
         if replay == "off" and flipped is not None:
-            own: list = []
-            data = batch.padded(list(range(len(batch))), trainer.tokenizer.pad_token_id)
-            with torch.no_grad():
-                trainer._logprobs(trainer.model, data, slice(None), recorded=own)
-            mask = []
-            for prompt, mine, engine in zip(batch.prompt_ids, own, batch.routed_experts):
+            mask = []  # the old-policy pass above ran without replay: its routes are the trainer's own
+            for prompt, mine, engine in zip(batch.prompt_ids, batch.old_routes, batch.routed_experts):
                 n = len(engine)
-                same = (mine[:n].long().sort(-1).values == engine.long().sort(-1).values).all(-1).all(-1)
+                same = same_expert_sets(mine[:n], engine).all(-1)
                 mask.append(~same[len(prompt) - 1 :])
             flipped.append((batch.completion_ids, torch.cat(mask)))
         elif replay == "r3" and flipped:

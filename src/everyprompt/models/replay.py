@@ -22,13 +22,14 @@ class ReplayError(ValueError):
     """Replay asked of a model it cannot serve, or given indices that do not fit."""
 
 
-# router class name -> whether the gate weights are renormalised over the top-k
-_ROUTERS = {
-    "Qwen3MoeTopKRouter": lambda module: bool(module.norm_topk_prob),
-    "Qwen2MoeTopKRouter": lambda module: bool(module.norm_topk_prob),
-    "OlmoeTopKRouter": lambda module: bool(module.norm_topk_prob),
-    "MixtralTopKRouter": lambda module: True,
-}
+# routers whose forward returns (logits, scores, indices); their gate weights are renormalised over the
+# top-k when `norm_topk_prob` says so (Mixtral's router has no such switch and always renormalises)
+_ROUTERS = ("Qwen3MoeTopKRouter", "Qwen2MoeTopKRouter", "OlmoeTopKRouter", "MixtralTopKRouter")
+
+
+def same_expert_sets(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """[T, L] bool: whether routes a and b ([T, L, k] expert ids, any order within k) pick the same set."""
+    return (a.long().sort(-1).values == b.long().sort(-1).values).all(-1)
 
 
 def moe_routers(model: nn.Module) -> list[nn.Module]:
@@ -80,7 +81,7 @@ class RouterReplay:
             )
         handles = [
             router.register_forward_hook(
-                self._hook(indices[:, layer], _ROUTERS[type(router).__name__](router))
+                self._hook(indices[:, layer], bool(getattr(router, "norm_topk_prob", True)))
             )
             for layer, router in enumerate(self.routers)
         ]

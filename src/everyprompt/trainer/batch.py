@@ -25,6 +25,7 @@ class RolloutBatch:
     zvp_sign: torch.Tensor | None = None  # [N] long: RL-ZVP +1 all-correct / -1 all-wrong group, 0 else
     stats: dict[str, float] = field(default_factory=dict)  # how the batch was collected (ZVE accounting)
     routed_experts: list[torch.Tensor] | None = None  # N x [prompt + completion - 1, L_moe, k] int16 (replay)
+    old_routes: list[torch.Tensor] | None = None  # the same, as the trainer's old-policy pass routed them
     timing: dict[str, float] = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -60,8 +61,6 @@ class RolloutBatch:
                 old_logp[out, start : start + len(completion)] = self.old_logprobs[r]
             if old_entropy is not None:
                 old_entropy[out, start : start + len(completion)] = self.old_entropies[r]
-        if self.routed_experts is not None:
-            tensors_routes = [self.routed_experts[r] for r in rows]
         tensors = {
             "input_ids": input_ids,
             "lengths": torch.tensor(lengths),
@@ -69,7 +68,7 @@ class RolloutBatch:
             "rollout_logp": rollout_logp,
         }
         if self.routed_experts is not None:
-            tensors["routes"] = tensors_routes  # a list: N x [length - 1, L_moe, k]
+            tensors["routes"] = [self.routed_experts[r] for r in rows]  # a list: N x [length - 1, L_moe, k]
         if old_logp is not None:
             tensors["old_logp"] = old_logp
         if old_entropy is not None:

@@ -25,7 +25,7 @@ from everyprompt.config import Config, ConfigError
 from everyprompt.data.curriculum import Curriculum
 from everyprompt.data.passrate import PassRateStore
 from everyprompt.data.source import ALL, PromptSource, buckets_by_field, buckets_by_pass_rate
-from everyprompt.models.replay import ReplayError, RouterReplay
+from everyprompt.models.replay import ReplayError, RouterReplay, same_expert_sets
 from everyprompt.rewards import build_reward
 from everyprompt.rewards.pool import RewardPool
 from everyprompt.rollout import GenerationRequest, NativeEngine, SamplingParams
@@ -94,9 +94,7 @@ def mismatch_metrics(batch: RolloutBatch, trainer_routes: list[torch.Tensor] | N
     same_pairs, pairs, flipped = 0, 0, []
     for prompt, trainer, engine_routes in zip(batch.prompt_ids, trainer_routes, batch.routed_experts):
         n = min(len(trainer), len(engine_routes))
-        same = (trainer[:n].long().sort(-1).values == engine_routes[:n].long().sort(-1).values).all(
-            -1
-        )  # [n, L]
+        same = same_expert_sets(trainer[:n], engine_routes[:n])  # [n, L]
         same_pairs, pairs = same_pairs + int(same.sum()), pairs + same.numel()
         # completion target j is predicted from input token len(prompt) - 1 + j
         flipped.append(~same[len(prompt) - 1 :].all(-1))
@@ -465,7 +463,8 @@ class RLTrainer:
                 entropies.extend(batch.completion_values(chunk, entropy))
         batch.old_logprobs = logprobs
         batch.old_entropies = entropies or None
-        batch.stats.update(mismatch_metrics(batch, routes or None))
+        batch.old_routes = routes or None
+        batch.stats.update(mismatch_metrics(batch, batch.old_routes))
         if self.rl.router_replay == "r2":  # R2: the updates replay the old policy's own routes
             batch.routed_experts = routes
 
