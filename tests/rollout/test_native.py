@@ -196,19 +196,24 @@ def test_fp8_engine_equals_fp32_on_the_dequantised_weights(tiny_model):
 def test_fp8_weights_are_requantised_at_every_weight_sync(tiny_model):
     model, tokenizer = tiny_model
     engine = NativeEngine.from_model(model, tokenizer, precision="fp8")
-    before = engine.layers[0].q.data.float().clone()
+    query = slice(0, model.config.num_attention_heads * model.config.head_dim)  # q_proj's rows of qkv
+    before = engine.layers[0].qkv.data.float().clone()
     state = {k: v.clone() for k, v in model.state_dict().items()}
     state["model.layers.0.self_attn.q_proj.weight"] *= 2.0
     engine.load_weights(state)
-    scale_ratio = engine.layers[0].q.scale / FP8Weight_scale(model)
+    scale_ratio = engine.layers[0].qkv.scale[query] / FP8Weight_scale(model)
     torch.testing.assert_close(scale_ratio, torch.full_like(scale_ratio, 2.0))
-    assert torch.equal(engine.layers[0].q.data.float(), before)  # x2 moves the scale, not the fp8 codes
+    # x2 moves the query rows' scales, not the fp8 codes; the key / value rows keep their own scales
+    assert torch.equal(engine.layers[0].qkv.data.float(), before)
+    assert torch.equal(engine.layers[0].qkv.scale[query.stop :], FP8Weight_scale(model, "k", "v"))
 
 
-def FP8Weight_scale(model):
+def FP8Weight_scale(model, *projections: str):
     from everyprompt.rollout.native import FP8Weight
 
-    return FP8Weight.quantize(model.state_dict()["model.layers.0.self_attn.q_proj.weight"]).scale
+    state = model.state_dict()
+    weights = [state[f"model.layers.0.self_attn.{p}_proj.weight"] for p in projections or ("q",)]
+    return torch.cat([FP8Weight.quantize(w).scale for w in weights])
 
 
 def test_continuous_batching_equals_one_at_a_time(tiny_model):

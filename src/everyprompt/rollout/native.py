@@ -35,40 +35,35 @@ class UnsupportedModelError(ValueError):
 
 @dataclass
 class _Layer:
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    o: torch.Tensor
-    q_norm: torch.Tensor
-    k_norm: torch.Tensor
+    """One decoder layer's weights, each projection stored as the right operand of `x @ w` (fp8: as
+    FP8Weight, dequantised into that layout by `_operand`)."""
+
+    qkv: (
+        torch.Tensor | FP8Weight
+    )  # [H, (heads + 2 kv_heads) * D]: query, key and value projections in one matmul
+    o: torch.Tensor | FP8Weight  # [heads * D, H]
+    qk_norm: torch.Tensor  # [heads + kv_heads, D]: q_norm on every query head, k_norm on every key head
     input_norm: torch.Tensor
     post_norm: torch.Tensor
-    router: torch.Tensor | None = None  # [E, H]
-    gate_up: FP8Weight | None = None  # fp8 only: [E, 2I, H]
-    down: FP8Weight | None = None  # fp8 only: [E, H, I]
-    mlp_gate: torch.Tensor | None = None  # dense layers: [I, H]
-    mlp_up: torch.Tensor | None = None
-    mlp_down: torch.Tensor | None = None
-    experts_dense: tuple[torch.Tensor, torch.Tensor] | None = None  # fp32 / bf16: [H, E * 2I], [E, I, H]
+    router: torch.Tensor | None = None  # [H, E]
+    experts: tuple[torch.Tensor | FP8Weight, torch.Tensor | FP8Weight] | None = (
+        None  # gate_up [H, E * 2I], down [E * I, H]
+    )
+    mlp: tuple[torch.Tensor | FP8Weight, torch.Tensor | FP8Weight] | None = (
+        None  # dense layers: gate_up [H, 2I], down [I, H]
+    )
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    x32 = x.float()
-    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+def _operand(weight) -> torch.Tensor:
+    return weight.operand() if isinstance(weight, FP8Weight) else weight
 
 
-def _expert_weights(layer: _Layer, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """One expert's projections as right operands: gate_up [H, 2I], down [I, H]."""
-    if layer.experts_dense is not None:
-        gate_up, down = layer.experts_dense
-        width = gate_up.shape[1] // down.shape[0]
-        return gate_up[:, expert * width : (expert + 1) * width], down[expert]
-    return layer.gate_up[expert].T, layer.down[expert].T
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """Qwen3's RMSNorm (statistics in float32, scaled in the input's dtype); one fused op in float32."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, x.shape[-1:], weight, eps)
+    normed = F.rms_norm(x.float(), x.shape[-1:], eps=eps).to(x.dtype)
+    return normed if weight is None else weight * normed
 
 
 E4M3_MAX = 448.0  # largest finite float8_e4m3fn value
@@ -77,8 +72,8 @@ E4M3_MAX = 448.0  # largest finite float8_e4m3fn value
 class FP8Weight:
     """A linear weight [..., out, in] kept in float8_e4m3fn with one float32 scale per output channel.
 
-    `.T` and indexing dequantise (weight-only FP8: activations stay in the engine's dtype), so the
-    engine's matmul sites read the same as for a plain tensor.
+    `operand()` dequantises into the layout the engine multiplies by (weight-only FP8: activations stay
+    in the engine's dtype). A stack of expert weights [E, out, in] has one scale per expert and channel.
     """
 
     def __init__(self, data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype):
@@ -93,9 +88,12 @@ class FP8Weight:
     def dequantize(self) -> torch.Tensor:
         return (self.data.float() * self.scale).to(self.dtype)
 
-    @property
-    def T(self) -> torch.Tensor:  # noqa: N802  (mirrors Tensor.T)
-        return self.dequantize().transpose(-2, -1)
+    def operand(self) -> torch.Tensor:
+        """The right operand of `x @ w`: [in, out]; for a stack [E, out, in], [E * in, out]."""
+        weight = self.dequantize()
+        if weight.dim() == 2:
+            return weight.T
+        return weight.transpose(1, 2).reshape(-1, weight.shape[1])
 
     def __getitem__(self, index) -> FP8Weight:
         return FP8Weight(self.data[index], self.scale[index], self.dtype)
@@ -170,131 +168,162 @@ class NativeEngine:
         def get(name: str) -> torch.Tensor:
             if name not in state_dict:
                 raise KeyError(f"weight {name!r} missing from the state dict given to load_weights")
-            return state_dict[name].detach().to(self.dtype).clone()
+            return state_dict[name].detach()
 
-        def linear(name: str):
+        def projection(*names: str):
+            """Linear weights [out, in] stacked along `out` (fp8: quantised per output channel, so a
+            fused projection has the scales its parts would have alone), as a right operand."""
+            weight = torch.cat([get(name) for name in names]) if len(names) > 1 else get(names[0])
             if self.precision == "fp8":
-                if name not in state_dict:
-                    raise KeyError(f"weight {name!r} missing from the state dict given to load_weights")
-                return FP8Weight.quantize(state_dict[name], self.dtype)
-            return get(name)
+                return FP8Weight.quantize(weight, self.dtype)
+            return weight.to(self.dtype).T.contiguous()
 
-        self.embed = get("model.embed_tokens.weight")
-        self.final_norm = get("model.norm.weight")
+        def plain(name: str) -> torch.Tensor:
+            return get(name).to(self.dtype).clone()
+
+        self.embed = plain("model.embed_tokens.weight")
+        self.final_norm = plain("model.norm.weight")
         head = "lm_head.weight" if "lm_head.weight" in state_dict else "model.embed_tokens.weight"
-        self.lm_head = get(head)
+        self.lm_head = get(head).to(self.dtype).T.contiguous()
         self.layers = []
         for i in range(self.config.num_hidden_layers):
             p = f"model.layers.{i}."
+            attn = p + "self_attn."
             layer = _Layer(
-                q=linear(p + "self_attn.q_proj.weight"),
-                k=linear(p + "self_attn.k_proj.weight"),
-                v=linear(p + "self_attn.v_proj.weight"),
-                o=linear(p + "self_attn.o_proj.weight"),
-                q_norm=get(p + "self_attn.q_norm.weight"),
-                k_norm=get(p + "self_attn.k_norm.weight"),
-                input_norm=get(p + "input_layernorm.weight"),
-                post_norm=get(p + "post_attention_layernorm.weight"),
+                qkv=projection(attn + "q_proj.weight", attn + "k_proj.weight", attn + "v_proj.weight"),
+                o=projection(attn + "o_proj.weight"),
+                qk_norm=torch.cat(
+                    [
+                        plain(attn + "q_norm.weight").expand(self.num_heads, -1),
+                        plain(attn + "k_norm.weight").expand(self.num_kv_heads, -1),
+                    ]
+                ),
+                input_norm=plain(p + "input_layernorm.weight"),
+                post_norm=plain(p + "post_attention_layernorm.weight"),
             )
             if p + "mlp.gate.weight" in state_dict:
-                layer.router = get(p + "mlp.gate.weight")
-                gate_up, down = linear(p + "mlp.experts.gate_up_proj"), linear(p + "mlp.experts.down_proj")
-                if self.precision == "fp8":  # quantised per output channel in the checkpoint's layout
-                    layer.gate_up, layer.down = gate_up, down
-                else:  # one copy, laid out for matmuls from the left: [H, E * 2I] and [E, I, H]
-                    experts, twice_inner, hidden = gate_up.shape
-                    layer.experts_dense = (
-                        gate_up.permute(2, 0, 1).reshape(hidden, experts * twice_inner).contiguous(),
-                        down.transpose(1, 2).contiguous(),
+                layer.router = get(p + "mlp.gate.weight").to(self.dtype).T.contiguous()
+                gate_up, down = get(p + "mlp.experts.gate_up_proj"), get(p + "mlp.experts.down_proj")
+                experts, twice_inner, hidden = gate_up.shape  # [E, 2I, H], down [E, H, I]
+                if self.precision == "fp8":  # one scale per expert and output channel
+                    layer.experts = (
+                        FP8Weight.quantize(gate_up.reshape(experts * twice_inner, hidden), self.dtype),
+                        FP8Weight.quantize(down, self.dtype),
+                    )
+                else:  # [H, E * 2I] and [E * I, H]: every expert in one matmul each (see _experts_dense)
+                    layer.experts = (
+                        gate_up.reshape(experts * twice_inner, hidden).to(self.dtype).T.contiguous(),
+                        down.transpose(1, 2).reshape(-1, hidden).to(self.dtype).contiguous(),
                     )
             else:
-                layer.mlp_gate = linear(p + "mlp.gate_proj.weight")
-                layer.mlp_up = linear(p + "mlp.up_proj.weight")
-                layer.mlp_down = linear(p + "mlp.down_proj.weight")
+                gate, up = p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"
+                layer.mlp = (projection(gate, up), projection(p + "mlp.down_proj.weight"))
             self.layers.append(layer)
 
     # ---------------------------------------------------------------- forward pieces
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sign-folded sin [B, T, 1, D]: rotary embedding is `x * cos + x.roll(D/2) * sin`
+        (rotate_half(x) = [-x2, x1] = roll(x) * [-1, 1])."""
         freqs = positions[..., None].float() * self.inv_freq  # [B, T, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(self.dtype)[:, None], emb.sin().to(self.dtype)[:, None]  # [B, 1, T, D]
+        sin = emb.sin()
+        sin[..., : self.head_dim // 2].neg_()
+        return emb.cos().to(self.dtype)[:, :, None], sin.to(self.dtype)[:, :, None]
 
-    def _attention(self, layer: _Layer, x: torch.Tensor, rope, cache, rows, positions, key_mask):
+    def _attention(self, layer: _Layer, x: torch.Tensor, rope, cache, rows, positions, bias):
         """Self-attention of x [B, T, H] against the cache rows `rows`.
 
-        Prefill (`key_mask` None): right-padded prompts attend causally among themselves (a real token never
+        Prefill (`bias` None): right-padded prompts attend causally among themselves (a real token never
         sees the padding after it); their keys/values go to cache slots [0, T) of rows `rows`.
         Decode (T == 1): row b's key/value goes to slot positions[b] of cache row rows[b], and it attends
-        to the slots where key_mask [B, S] is true (the cache is read through its first S slots).
+        to the cache's first S slots with the additive mask `bias` [B * kv_heads, group, S] (0 where
+        visible, -inf elsewhere; see `_decode_bias`).
         """
         batch, length, _ = x.shape
-        q = _rms_norm(
-            (x @ layer.q.T).view(batch, length, self.num_heads, self.head_dim), layer.q_norm, self.eps
-        )
-        k = _rms_norm(
-            (x @ layer.k.T).view(batch, length, self.num_kv_heads, self.head_dim), layer.k_norm, self.eps
-        )
-        v = (x @ layer.v.T).view(batch, length, self.num_kv_heads, self.head_dim)
+        heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = (x @ _operand(layer.qkv)).view(batch, length, heads + 2 * kv_heads, dim)
+        qk = _rms_norm(qkv[:, :, : heads + kv_heads], None, self.eps) * layer.qk_norm
         cos, sin = rope
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, T, D]
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        qk = qk * cos + qk.roll(dim // 2, dims=-1) * sin
+        q, k, v = qk[:, :, :heads], qk[:, :, heads:], qkv[:, :, heads + kv_heads :]
         k_cache, v_cache = cache
-        if key_mask is None:
+        if bias is None:
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, T, D]
             k_cache[rows, :, :length] = k
             v_cache[rows, :, :length] = v
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            out = out.transpose(1, 2).reshape(batch, length, -1)
         else:
-            k_cache[rows, :, positions] = k[:, :, 0]
-            v_cache[rows, :, positions] = v[:, :, 0]
-            width = key_mask.shape[-1]
-            out = F.scaled_dot_product_attention(
-                q,
-                k_cache[:, :, :width],
-                v_cache[:, :, :width],
-                attn_mask=key_mask[:, None, None, :],
-                enable_gqa=True,
+            k_cache[rows, :, positions] = k[:, 0]
+            v_cache[rows, :, positions] = v[:, 0]
+            width, group = bias.shape[-1], heads // kv_heads
+            if self.dtype != torch.float32:  # the fused kernel keeps scores and softmax in float32
+                out = F.scaled_dot_product_attention(
+                    q.transpose(1, 2),
+                    k_cache[:, :, :width],
+                    v_cache[:, :, :width],
+                    attn_mask=bias.view(batch, heads, 1, width),
+                    enable_gqa=True,
+                )
+                return out.transpose(1, 2).reshape(batch, 1, heads * dim) @ _operand(layer.o)
+            # one query per row, grouped heads as [B * kv_heads, group, D] against that row's cache: three
+            # small kernels, faster than the fused one at this size
+            keys = k_cache[:, :, :width].reshape(batch * kv_heads, width, dim)
+            values = v_cache[:, :, :width].reshape(batch * kv_heads, width, dim)
+            scores = torch.baddbmm(
+                bias, q.reshape(batch * kv_heads, group, dim), keys.transpose(1, 2), alpha=dim**-0.5
             )
-        return out.transpose(1, 2).reshape(batch, length, -1) @ layer.o.T
+            out = torch.bmm(torch.softmax(scores, dim=-1), values).view(batch, 1, heads * dim)
+        return out @ _operand(layer.o)
+
+    def _decode_bias(self, positions: torch.Tensor) -> torch.Tensor:
+        """The decode step's attention mask as an additive bias [B * kv_heads, group, S] (S = the
+        furthest position + 1): row b sees its slots <= positions[b]. Built once per step for all layers."""
+        width = int(positions.max()) + 1
+        visible = torch.arange(width)[None, :] <= positions[:, None]
+        bias = torch.zeros(visible.shape, dtype=self.dtype).masked_fill_(~visible, float("-inf"))
+        group = self.num_heads // self.num_kv_heads
+        return bias[:, None, None].expand(-1, self.num_kv_heads, group, -1).reshape(-1, group, width)
 
     def _moe(self, layer: _Layer, x: torch.Tensor, routes: list | None = None) -> torch.Tensor:
         """Top-k routed experts. With `routes` (a list), appends this layer's expert indices [B, T, k]."""
         flat = x.reshape(-1, x.shape[-1])  # [N, H]
-        probs = torch.softmax((flat @ layer.router.T).float(), dim=-1)  # [N, E]
+        probs = torch.softmax((flat @ layer.router).float(), dim=-1)  # [N, E]
         weights, experts = torch.topk(probs, self.top_k, dim=-1)  # [N, k]
         if routes is not None:
             routes.append(experts.view(*x.shape[:2], self.top_k))
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         weights = weights.to(flat.dtype)
-        if layer.experts_dense is not None and flat.shape[0] <= self.dense_moe_tokens:
-            out = self._experts_dense(layer, flat, weights, experts)
-        else:
-            out = self._experts_grouped(layer, flat, weights, experts)
-        return out.view_as(x)
+        gate_up, down = (_operand(w) for w in layer.experts)
+        experts_path = (
+            self._experts_dense if flat.shape[0] <= self.dense_moe_tokens else self._experts_grouped
+        )
+        return experts_path(gate_up, down, flat, weights, experts, layer.router.shape[1]).view_as(x)
 
     @staticmethod
-    def _experts_dense(layer: _Layer, flat, weights, experts) -> torch.Tensor:
-        """Every expert on every token in three batched matmuls, combined with the top-k gate weights
-        (zero for the experts not chosen). E / k times the arithmetic of the grouped path but a handful
-        of kernel launches instead of several per expert: the faster path for decode steps' few tokens."""
-        gate_up, down = layer.experts_dense  # [H, E * 2I], [E, I, H]
-        num_experts, inner = down.shape[0], down.shape[1]
+    def _experts_dense(gate_up, down, flat, weights, experts, num_experts: int) -> torch.Tensor:
+        """Every expert on every token, the activations scaled by the top-k gate weights (zero for the
+        experts not chosen) before one down projection over all experts: E / k times the arithmetic of
+        the grouped path in two matmuls instead of several kernels per expert, the faster path for decode
+        steps' few tokens. gate_up [H, E * 2I], down [E * I, H]."""
+        inner = down.shape[0] // num_experts
         hidden = (flat @ gate_up).view(flat.shape[0], num_experts, 2 * inner)  # [N, E, 2I]
-        act = F.silu(hidden[..., :inner]) * hidden[..., inner:]  # [N, E, I]
-        per_expert = torch.bmm(act.transpose(0, 1), down)  # [E, N, H]
-        gates = torch.zeros(flat.shape[0], num_experts, dtype=flat.dtype).scatter_(1, experts, weights)
-        return torch.bmm(gates.unsqueeze(1), per_expert.transpose(0, 1)).squeeze(1)  # [N, H]
+        gates = torch.zeros(flat.shape[0], num_experts, 1, dtype=flat.dtype)
+        gates.scatter_(1, experts[..., None], weights[..., None])
+        act = F.silu(hidden[..., :inner]) * hidden[..., inner:] * gates  # [N, E, I]
+        return act.view(flat.shape[0], -1) @ down
 
     @staticmethod
-    def _experts_grouped(layer: _Layer, flat, weights, experts) -> torch.Tensor:
+    def _experts_grouped(gate_up, down, flat, weights, experts, num_experts: int) -> torch.Tensor:
         """Experts one at a time over the tokens routed to each (the arithmetic of top-k only)."""
+        inner = down.shape[0] // num_experts
         top_k = experts.shape[1]
         out = torch.zeros_like(flat)
         token_of_pair = torch.arange(flat.shape[0]).repeat_interleave(top_k)  # [N*k]
         flat_experts = experts.reshape(-1)
         order = torch.argsort(flat_experts, stable=True)
-        counts = torch.bincount(flat_experts, minlength=layer.router.shape[0]).tolist()
+        counts = torch.bincount(flat_experts, minlength=num_experts).tolist()
         start = 0
         for expert, count in enumerate(counts):
             if count == 0:
@@ -302,19 +331,21 @@ class NativeEngine:
             pairs = order[start : start + count]
             start += count
             tokens = token_of_pair[pairs]
-            gate_up, down = _expert_weights(layer, expert)
-            gate, up = (flat[tokens] @ gate_up).chunk(2, dim=-1)
-            hidden = (F.silu(gate) * up) @ down
+            columns = slice(2 * inner * expert, 2 * inner * (expert + 1))
+            gate, up = (flat[tokens] @ gate_up[:, columns]).chunk(2, dim=-1)
+            hidden = (F.silu(gate) * up) @ down[inner * expert : inner * (expert + 1)]
             out.index_add_(0, tokens, hidden * weights.reshape(-1)[pairs, None])
         return out
 
     def _mlp(self, layer: _Layer, x: torch.Tensor, routes: list | None = None) -> torch.Tensor:
         if layer.router is not None:
             return self._moe(layer, x, routes)
-        return (F.silu(x @ layer.mlp_gate.T) * (x @ layer.mlp_up.T)) @ layer.mlp_down.T
+        gate_up, down = (_operand(w) for w in layer.mlp)
+        gate, up = (x @ gate_up).chunk(2, dim=-1)
+        return (F.silu(gate) * up) @ down
 
     def _forward(
-        self, tokens, positions, caches, rows, key_mask, last, routes: list | None = None
+        self, tokens, positions, caches, rows, bias, last, routes: list | None = None
     ) -> torch.Tensor:
         """Logits [B, V] at position `last` [B] of each row, the last position if None (see `_attention`
         for prefill vs decode).
@@ -325,11 +356,11 @@ class NativeEngine:
         rope = self._rope(positions)
         for layer, cache in zip(self.layers, caches):
             x = x + self._attention(
-                layer, _rms_norm(x, layer.input_norm, self.eps), rope, cache, rows, positions[:, -1], key_mask
+                layer, _rms_norm(x, layer.input_norm, self.eps), rope, cache, rows, positions[:, -1], bias
             )
             x = x + self._mlp(layer, _rms_norm(x, layer.post_norm, self.eps), routes)
         x = x[:, -1] if last is None else x[torch.arange(x.shape[0]), last]
-        return (_rms_norm(x, self.final_norm, self.eps) @ self.lm_head.T).float()
+        return (_rms_norm(x, self.final_norm, self.eps) @ self.lm_head).float()
 
     def _cache(self, slots: int, width: int, shared: bool = True) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per-layer key/value caches [slots, kv_heads, width, head_dim]: views of storage kept between
@@ -434,9 +465,9 @@ class NativeEngine:
             tokens = torch.full_like(rows, self.pad_token_id)
             tokens[running] = fed
             positions = state.length  # idle rows write at their own (free) row's stale length
-            key_mask = torch.arange(int(positions.max()) + 1)[None, :] <= positions[:, None]
             routes: list | None = [] if route_buffer is not None else None
-            logits = self._forward(tokens[:, None], positions[:, None], caches, rows, key_mask, None, routes)
+            bias = self._decode_bias(positions)
+            logits = self._forward(tokens[:, None], positions[:, None], caches, rows, bias, None, routes)
             state.logits[running] = logits[running]
             if routes:
                 route_buffer[running, state.length[running]] = torch.stack(routes, dim=2)[running, 0].to(
