@@ -74,57 +74,169 @@ def measure(
                 raise RuntimeError(
                     "the off and r3 cells sampled different completions; cannot compare per token"
                 )
-            on_flipped.append((diff, mask, torch.cat(batch.rollout_entropies)))
+            # the routers' precision error, where anything flipped (fp32 flips nothing: skip the passes)
+            perturbation = router_perturbation(trainer, batch) if any(m.any() for _, m in flipped) else None
+            on_flipped.append((diff, mask, torch.cat(batch.rollout_entropies), perturbation))
         trainer.step += 1  # fresh sampling seeds, same weights
     result = {key: nan_mean([b[key] for b in per_batch]) for key in KEYS}
-    if on_flipped and any(bool(mask.any()) for _, mask, _ in on_flipped):
-        result.update(flipped_token_analysis(*(torch.cat(parts) for parts in zip(*on_flipped))))
+    if on_flipped and any(bool(mask.any()) for _, mask, *_ in on_flipped):
+        diff, mask, entropy, perturbation = zip(*on_flipped)
+        result.update(
+            flipped_token_analysis(
+                torch.cat(diff), torch.cat(mask), torch.cat(entropy), torch.cat(perturbation)
+            )
+        )
     return result
 
 
-def flipped_token_analysis(diff, mask, entropy, neighbours: int = 10, resamples: int = 2000) -> dict:
-    """r3's |dlogp| on the tokens whose routing flipped without replay, against unflipped tokens.
-
-    |dlogp| grows steeply with the token's entropy and flips are not spread evenly over entropies, so
-    besides the raw means each flipped token is compared with the `neighbours` unflipped tokens nearest
-    to it in engine entropy; the ratio's 95% interval comes from resampling the flipped tokens."""
+def router_perturbation(trainer, batch):
+    """Per completion token: how far the engine's router logits are from the trainer's at that token's
+    position (the largest L2 distance over MoE layers), both computing the same network with the engine's
+    routes replayed. That distance is the precision error at the routers' input, what makes a top-k
+    choice flip; replay cannot remove it. The engine's logits come from running each sequence through
+    its prefill (same weights and precision as the decode steps that sampled it)."""
     import torch
 
-    flipped_diff, flipped_entropy = diff[mask], entropy[mask]
-    order = torch.argsort(entropy[~mask])
-    control_entropy, control_diff = entropy[~mask][order].contiguous(), diff[~mask][order]
-    start = torch.searchsorted(control_entropy, flipped_entropy.contiguous()) - neighbours // 2
-    start = start.clamp(0, len(control_entropy) - neighbours)
-    control = torch.stack([control_diff[start + i] for i in range(neighbours)]).mean(0)
+    from everyprompt.models.replay import RouterReplay
+    from everyprompt.rollout import GenerationRequest, SamplingParams
+
+    engine, model = trainer.engine, trainer.model
+    captured: list = []
+    moe = engine._moe
+
+    def capture(layer, x, routes=None):  # the engine's router logits, as its _moe computes them
+        captured.append((x.reshape(-1, x.shape[-1]) @ layer.router).float())
+        return moe(layer, x, routes)
+
+    replay, out = RouterReplay(model), []
+    trainer_logits: list = []
+    hooks = [
+        r.register_forward_hook(lambda _m, _i, o: trainer_logits.append(o[0].float())) for r in replay.routers
+    ]
+    engine._moe = capture
+    try:
+        for prompt, completion, routes in zip(batch.prompt_ids, batch.completion_ids, batch.routed_experts):
+            ids = prompt + completion
+            captured.clear()
+            trainer_logits.clear()
+            list(engine.generate([GenerationRequest(0, ids[:-1], seed=0)], SamplingParams(1, greedy=True)))
+            with torch.no_grad(), replay.replay(routes):
+                model(input_ids=torch.tensor([ids[:-1]]))
+            distance = torch.stack(
+                [(e - t.reshape(e.shape)).norm(dim=-1) for e, t in zip(captured, trainer_logits)]
+            ).amax(0)  # [len(ids) - 1]
+            out.append(distance[len(prompt) - 1 :])
+    finally:
+        engine._moe = moe
+        for hook in hooks:
+            hook.remove()
+    return torch.cat(out)
+
+
+def _ranks(values, reference):
+    """Each value's empirical CDF position within `reference` (0..1)."""
+    import torch
+
+    ordered = torch.sort(reference).values.contiguous()
+    return torch.searchsorted(ordered, values.contiguous()).float() / len(ordered)
+
+
+def _matched_control(flipped_features, control_features, control_diff, neighbours: int):
+    """Per flipped token, the mean |dlogp| of the `neighbours` unflipped tokens nearest in feature space."""
+    import torch
+
+    means = []
+    for chunk in torch.split(flipped_features, 256):
+        nearest = torch.cdist(chunk, control_features).topk(neighbours, largest=False).indices
+        means.append(control_diff[nearest].mean(-1))
+    return torch.cat(means)
+
+
+def _ratio_ci(flipped_diff, control, resamples: int) -> list[float]:
+    """95% bootstrap interval of mean(flipped) / mean(matched control), resampling the flipped tokens."""
+    import torch
+
     generator = torch.Generator().manual_seed(0)
     ratios = []
     for _ in range(resamples):
         pick = torch.randint(len(flipped_diff), (len(flipped_diff),), generator=generator)
         ratios.append(float(flipped_diff[pick].mean() / control[pick].mean()))
-    low, high = torch.quantile(torch.tensor(ratios), torch.tensor([0.025, 0.975])).tolist()
-    return {
+    return torch.quantile(torch.tensor(ratios), torch.tensor([0.025, 0.975])).tolist()
+
+
+def flipped_token_analysis(
+    diff, mask, entropy, perturbation=None, neighbours: int = 10, resamples: int = 2000
+) -> dict:
+    """r3's |dlogp| on the tokens whose routing flipped without replay, against unflipped tokens.
+
+    Raw means first. |dlogp| grows steeply with the token's entropy and flips are not spread evenly over
+    entropies, so each flipped token is also compared with the `neighbours` unflipped tokens nearest to it
+    in engine entropy; and, with `perturbation` (see `router_perturbation`), nearest in entropy and router
+    perturbation together (both as ranks): flips happen where the precision error is largest, and a
+    token with a larger precision error has a larger |dlogp| whatever its routing. The ratios' 95%
+    intervals come from resampling the flipped tokens."""
+    import torch
+
+    flipped_diff, flipped_entropy = diff[mask], entropy[mask]
+    control_entropy, control_diff = entropy[~mask], diff[~mask]
+    # entropy alone: the `neighbours` unflipped tokens around each flipped one in entropy order
+    order = torch.argsort(control_entropy)
+    start = (
+        torch.searchsorted(control_entropy[order].contiguous(), flipped_entropy.contiguous())
+        - neighbours // 2
+    )
+    start = start.clamp(0, len(order) - neighbours)
+    sorted_diff = control_diff[order]
+    by_entropy = torch.stack([sorted_diff[start + i] for i in range(neighbours)]).mean(0)
+    result = {
         "flipped_tokens": int(mask.sum()),
         "tokens": len(mask),
         "logp_abs_diff_on_off_flipped_tokens": float(flipped_diff.mean()),
-        "logp_abs_diff_on_off_unflipped_tokens": float(diff[~mask].mean()),
-        "logp_abs_diff_entropy_matched_unflipped": float(control.mean()),
-        "flipped_over_matched_ratio": float(flipped_diff.mean() / control.mean()),
-        "flipped_over_matched_ratio_ci95": [low, high],
+        "logp_abs_diff_on_off_unflipped_tokens": float(control_diff.mean()),
+        "logp_abs_diff_entropy_matched_unflipped": float(by_entropy.mean()),
+        "flipped_over_matched_ratio": float(flipped_diff.mean() / by_entropy.mean()),
+        "flipped_over_matched_ratio_ci95": _ratio_ci(flipped_diff, by_entropy, resamples),
         "median_logp_abs_diff_on_off_flipped_tokens": float(flipped_diff.median()),
-        "median_logp_abs_diff_on_off_unflipped_tokens": float(diff[~mask].median()),
+        "median_logp_abs_diff_on_off_unflipped_tokens": float(control_diff.median()),
         "entropy_flipped": float(flipped_entropy.mean()),
-        "entropy_unflipped": float(entropy[~mask].mean()),
+        "entropy_unflipped": float(control_entropy.mean()),
     }
+    if perturbation is not None:
+        flipped_p, control_p = perturbation[mask], perturbation[~mask]
+        both = _matched_control(
+            torch.stack([_ranks(flipped_entropy, control_entropy), _ranks(flipped_p, control_p)], dim=1),
+            torch.stack([_ranks(control_entropy, control_entropy), _ranks(control_p, control_p)], dim=1),
+            control_diff,
+            neighbours,
+        )
+        result.update(
+            {
+                "router_perturbation_flipped": float(flipped_p.mean()),
+                "router_perturbation_unflipped": float(control_p.mean()),
+                "logp_abs_diff_perturbation_matched_unflipped": float(both.mean()),
+                "flipped_over_perturbation_matched_ratio": float(flipped_diff.mean() / both.mean()),
+                "flipped_over_perturbation_matched_ratio_ci95": _ratio_ci(flipped_diff, both, resamples),
+            }
+        )
+    return result
 
 
-def _flip_cells(cell: dict) -> tuple[str, str, str]:
+def _flip_cells(cell: dict) -> tuple[str, str, str, str]:
     """The r3-on-flipped-tokens columns of the table ('-' where nothing flipped)."""
     if "flipped_tokens" not in cell:
-        return "-", "-", "-"
+        return "-", "-", "-", "-"
     low, high = cell["flipped_over_matched_ratio_ci95"]
+    matched = "-"
+    if "flipped_over_perturbation_matched_ratio" in cell:
+        p_low, p_high = cell["flipped_over_perturbation_matched_ratio_ci95"]
+        matched = (
+            f"{cell['flipped_over_perturbation_matched_ratio']:.2f} ({p_low:.2f}-{p_high:.2f}); "
+            f"perturbation {cell['router_perturbation_flipped']:.3f} vs {cell['router_perturbation_unflipped']:.3f}"
+        )
     return (
         f"{cell['logp_abs_diff_on_off_flipped_tokens']:.2e} / {cell['logp_abs_diff_on_off_unflipped_tokens']:.2e}",
         f"{cell['flipped_over_matched_ratio']:.2f} ({low:.2f}-{high:.2f})",
+        matched,
         f"{cell['median_logp_abs_diff_on_off_flipped_tokens']:.1e} / "
         f"{cell['median_logp_abs_diff_on_off_unflipped_tokens']:.1e}",
     )
@@ -172,6 +284,7 @@ def summary_table(payload: dict):
         "|dlogp| unflipped",
         "r3 on off's flipped / unflipped",
         "r3 flipped / entropy-matched (95% CI)",
+        "r3 flipped / entropy + router-perturbation matched (95% CI)",
         "r3 median flipped / unflipped",
         "k3 KL",
         "ratio > 2",

@@ -1,7 +1,10 @@
 """Rollout throughput: engine speed, reward overlap, length-aware scheduling, and an RL step against TRL.
 
 Each comparison runs in one process on the same model, prompts and sampling settings:
-  (a) the native engine's tokens/s against transformers' `generate` (same batch, same token count);
+  (a) the native engine's tokens/s against transformers' `generate`: the same batch decoding the same
+      number of tokens per sequence (the kernels' speed), and a rollout workload (the long-tailed length
+      mix of (c), each request cut at its own length; `generate` in batches of the engine's slot count,
+      each batch running until its longest request is done, as static batching does);
   (b) rollout + a deliberately slow reward (a 20 ms call per completion, as a remote judge would take),
       scored after generation vs streamed into the RewardPool during it, against rollout alone;
   (c) a long-tailed length mix through a few slots, `fifo` vs `longest_first` admission: wall time and
@@ -37,7 +40,7 @@ SLOW_REWARD_S = 0.02
 
 # sizes per comparison: (--tiny smoke run, real run)
 SCALES = {
-    "batch": (8, 64),  # (a) sequences decoded together
+    "batch": (8, 64),  # (a) sequences decoded together (also the slots of the rollout workload)
     "new_tokens": (8, 64),  # (a) tokens per sequence
     "repeats": (1, 2),  # (a), (c) timed calls, fastest kept
     "count": (16, 128),  # (b) completions
@@ -136,6 +139,67 @@ def engine_vs_hf(model, tokenizer, prompts: list[str], batch: int, new_tokens: i
         "speedup": (native_tokens / native_s) / (hf_tokens / hf_s),
         "engine_stats": engine.stats,
         "profile": profiles,
+    }
+
+
+def engine_vs_hf_rollout(
+    model, tokenizer, prompts: list[str], slots: int, count: int, short: tuple, long: tuple, repeats: int
+) -> dict:
+    """Useful tokens/s on a rollout's long-tailed lengths: the engine (continuous batching, `slots` rows,
+    longest-predicted first, its default) against `generate` in batches of `slots` requests in arrival
+    order, each batch decoding until its longest request has its tokens (rows that are done keep being
+    computed, as they are when an EOS ends them early). Only each request's own tokens count."""
+    import torch
+
+    from everyprompt.rollout import GenerationRequest, SamplingParams
+    from everyprompt.rollout.scheduler import admission_order
+
+    texts, lengths, predicted = _long_tailed(prompts, count, short, long, 0.1)
+    requests = [
+        GenerationRequest(i, tokenizer(t).input_ids, seed=i, max_new_tokens=n)
+        for i, (t, n) in enumerate(zip(texts, lengths))
+    ]
+    engine = _engine(model, tokenizer, slots, eos=False)
+    params = SamplingParams(long[1])
+    order = admission_order(predicted, "longest_first")
+    native_s, completions = _best_of(
+        repeats, lambda: list(engine.generate([requests[i] for i in order], params))
+    )
+    assert sorted(len(c.token_ids) for c in completions) == sorted(lengths)
+
+    tokenizer.padding_side = "left"
+    model.generation_config.eos_token_id = None
+    batches = [range(start, min(start + slots, count)) for start in range(0, count, slots)]
+    encoded = [tokenizer([texts[i] for i in batch], return_tensors="pt", padding=True) for batch in batches]
+
+    def hf():
+        with torch.inference_mode():
+            for batch, inputs in zip(batches, encoded):
+                longest = max(lengths[i] for i in batch)
+                model.generate(
+                    **inputs,
+                    do_sample=True,
+                    temperature=1.0,
+                    top_k=0,
+                    max_new_tokens=longest,
+                    min_new_tokens=longest,
+                    pad_token_id=tokenizer.pad_token_id,
+                )
+
+    hf_s, _ = _best_of(repeats, hf)
+    tokens = sum(lengths)
+    hf_computed = sum(len(batch) * max(lengths[i] for i in batch) for batch in batches)
+    return {
+        "requests": count,
+        "slots": slots,
+        "tokens": tokens,
+        "native_s": native_s,
+        "native_tokens_per_s": tokens / native_s,
+        "native_slot_occupancy": engine.stats["slot_occupancy"],
+        "hf_s": hf_s,
+        "hf_tokens_per_s": tokens / hf_s,
+        "hf_useful_share": tokens / hf_computed,
+        "speedup": hf_s / native_s,
     }
 
 
@@ -238,6 +302,22 @@ def reward_overlap(
 
 
 # ---------------------------------------------------------------- (c) length-aware scheduling
+def _long_tailed(prompts: list[str], count: int, short: tuple, long: tuple, long_share: float):
+    """`count` distinct prompts, their completion lengths (a `long_share` of them drawn from `long`, the
+    rest from `short`) and the lengths the scheduler predicts for them from a previous visit's history
+    in the pass-rate store (each within +-25% of its length now)."""
+    from everyprompt.data.passrate import PassRateStore
+    from everyprompt.rollout.scheduler import LengthPredictor
+
+    rng = random.Random(1)
+    texts = [f"{prompts[i % len(prompts)]} #{i}" for i in range(count)]
+    lengths = [rng.randint(*long) if rng.random() < long_share else rng.randint(*short) for _ in texts]
+    store = PassRateStore()
+    store.record([(t, 1, 0, n * rng.uniform(0.75, 1.25)) for t, n in zip(texts, lengths)], step=0)
+    predicted = [LengthPredictor(store, default=long[1]).predict(t) for t in texts]
+    return texts, lengths, predicted
+
+
 def scheduling(
     model,
     tokenizer,
@@ -249,17 +329,10 @@ def scheduling(
     long_share: float,
     repeats: int,
 ) -> dict:
-    from everyprompt.data.passrate import PassRateStore
     from everyprompt.rollout import GenerationRequest, SamplingParams
-    from everyprompt.rollout.scheduler import LengthPredictor, admission_order
+    from everyprompt.rollout.scheduler import admission_order
 
-    rng = random.Random(1)
-    texts = [f"{prompts[i % len(prompts)]} #{i}" for i in range(count)]  # distinct prompts
-    lengths = [rng.randint(*long) if rng.random() < long_share else rng.randint(*short) for _ in texts]
-    # a previous visit's history: each prompt's length then, within +-25% of its length now
-    store = PassRateStore()
-    store.record([(t, 1, 0, n * rng.uniform(0.75, 1.25)) for t, n in zip(texts, lengths)], step=0)
-    predicted = [LengthPredictor(store, default=long[1]).predict(t) for t in texts]
+    texts, lengths, predicted = _long_tailed(prompts, count, short, long, long_share)
     requests = [
         GenerationRequest(i, tokenizer(t).input_ids, seed=i, max_new_tokens=n)
         for i, (t, n) in enumerate(zip(texts, lengths))
@@ -429,6 +502,16 @@ def main(argv: list[str] | None = None) -> int:
     results["engine_vs_hf"] = engine_vs_hf(
         model, tokenizer, prompts, scale["batch"], scale["new_tokens"], scale["repeats"]
     )
+    results["engine_vs_hf_rollout"] = engine_vs_hf_rollout(
+        model,
+        tokenizer,
+        prompts,
+        scale["batch"],
+        scale["sched"],
+        scale["short"],
+        scale["long"],
+        scale["repeats"],
+    )
     console.print("(b) rollout + slow reward, overlapped or not ...")
     results["reward_overlap"] = reward_overlap(
         model,
@@ -478,6 +561,14 @@ def main(argv: list[str] | None = None) -> int:
         f"{a['native_tokens_per_s']:.0f}",
         f"{a['hf_tokens_per_s']:.0f} (HF generate)",
         f"{a['speedup']:.1f}x",
+        ">= 10x",
+    )
+    r = results["engine_vs_hf_rollout"]
+    table.add_row(
+        f"(a) tokens/s, rollout: {r['requests']} requests, long-tailed lengths, {r['slots']} slots",
+        f"{r['native_tokens_per_s']:.0f} ({r['native_slot_occupancy']:.0%} of slots busy)",
+        f"{r['hf_tokens_per_s']:.0f} (HF generate, {r['hf_useful_share']:.0%} of rows useful)",
+        f"{r['speedup']:.1f}x",
         ">= 10x",
     )
     table.add_row(

@@ -82,6 +82,52 @@ def test_flipped_token_analysis_matches_on_entropy():
     assert low <= 0.19 / 0.09 <= high
 
 
+def test_flipped_token_analysis_matches_on_router_perturbation():
+    import torch
+
+    bench = _load("mismatch")
+    # |dlogp| = perturbation / 10 for every token, flipped or not; the two flipped tokens sit at the two
+    # largest perturbations. Raw means say flipped tokens are worse (0.095 vs 0.055); matched on the
+    # perturbation (nearest neighbour: the unflipped token with the same one) they are not: ratio 1.
+    perturbation = torch.cat([torch.arange(1, 11) / 10, torch.tensor([0.9, 1.0])])
+    mask = torch.zeros(12, dtype=torch.bool)
+    mask[10:] = True
+    entropy = torch.ones(12)
+    out = bench.flipped_token_analysis(
+        perturbation / 10, mask, entropy, perturbation, neighbours=1, resamples=50
+    )
+    assert out["logp_abs_diff_on_off_flipped_tokens"] == pytest.approx(0.095)
+    assert out["logp_abs_diff_on_off_unflipped_tokens"] == pytest.approx(0.055)
+    assert out["router_perturbation_flipped"] == pytest.approx(0.95)
+    assert out["router_perturbation_unflipped"] == pytest.approx(0.55)
+    assert out["logp_abs_diff_perturbation_matched_unflipped"] == pytest.approx(0.095)
+    assert out["flipped_over_perturbation_matched_ratio"] == pytest.approx(1.0)
+    assert out["flipped_over_perturbation_matched_ratio_ci95"] == pytest.approx([1.0, 1.0])
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp8"])
+def test_router_perturbation_is_the_engines_precision_error(tmp_path, precision):
+    """The engine's router logits against the trainer's under r3: equal for an fp32 engine (same network,
+    same arithmetic up to kernel order), apart for fp8 weights."""
+    import torch
+
+    from everyprompt.config import load_config
+    from everyprompt.pipeline import Run
+
+    bench = _load("mismatch")
+    overrides = [*bench.TINY, "logging.progress=false", "logging.tensorboard=false", "sft.steps=0"]
+    overrides += [f"rollout.precision={precision}", "rl.router_replay=r3", "rl.old_logprobs=recompute"]
+    trainer = Run(load_config(None, overrides), tmp_path).trainer()
+    batch = trainer.rollout()
+    perturbation = bench.router_perturbation(trainer, batch)
+    assert perturbation.shape == (sum(len(c) for c in batch.completion_ids),)
+    if precision == "fp32":
+        assert float(perturbation.max()) < 1e-5
+    else:
+        assert float(perturbation.min()) > 1e-4
+    assert bool(torch.isfinite(perturbation).all())
+
+
 def test_throughput_bench_smoke(tmp_path, capsys):
     bench = _load("throughput")
     assert bench.main(["--tiny", "--out", str(tmp_path)]) == 0
