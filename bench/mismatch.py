@@ -3,6 +3,9 @@
 For each engine precision (fp32, bf16, fp8) and replay mode (off, r3), samples a few RL batches from the
 SFT checkpoint and measures the trainer's (fp32) old-policy pass against the engine that sampled:
 routing agreement, |dlogp| overall and on tokens whose routing flipped, k3 KL, share of ratios > 2.
+Under r3, the tokens that flipped without replay are compared with unflipped tokens of the same entropy,
+and of the same entropy and router perturbation (how far the engine's router logits are from the
+trainer's: the precision error that makes a route flip, which replay does not remove).
 Then a short RL run per fp8 cell shows whether training stays stable.
 
     python bench/mismatch.py               # ~8 minutes on 2 CPU cores (trains the SFT checkpoint if missing)

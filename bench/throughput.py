@@ -267,21 +267,23 @@ def reward_overlap(
         serial_s, _ = _best_of(1, lambda: after(inline))
     by_workers, alone_runs = {}, []
     for count_workers in workers:
-        # rollout alone and overlapped, interleaved `repeats` times: the ratio of medians is robust to
-        # this machine's drift, which is as large as the effect measured
+        # rollout alone and overlapped, back to back, `repeats` times (see overlap_ratio below)
         with RewardPool("bench_slow_judge", workers=count_workers, timeout_s=30) as pool:
             pairs = [
                 (_best_of(1, alone)[0], _best_of(1, lambda pool=pool: streamed(pool))) for _ in range(repeats)
             ]
-        alone_s = statistics.median(a for a, _ in pairs)
-        overlap_s = statistics.median(o for _, (o, _) in pairs)
         assert all(r is not None for _, (_, (rewards, _)) in pairs for r in rewards)
         alone_runs += [a for a, _ in pairs]
         by_workers[count_workers] = {
-            "rollout_alone_s": alone_s,
-            "rollout_with_overlapped_reward_s": overlap_s,
+            "rollout_alone_s": statistics.median(a for a, _ in pairs),
+            "rollout_with_overlapped_reward_s": statistics.median(o for _, (o, _) in pairs),
+            # where the overlapped run's extra time goes: waiting on the last rewards after the engine
+            # is done, and the engine itself running slower beside the pool (its dispatcher thread, IPC)
             "reward_wait_after_generation_s": statistics.median(w for _, (_, (_, w)) in pairs),
-            "overlap_ratio": overlap_s / alone_s,
+            "generation_slowdown_s": statistics.median(o - w - a for a, (o, (_, w)) in pairs),
+            # the median of each pair's ratio: a pair runs back to back, so the machine's drift (as large
+            # as the effect) cancels within it
+            "overlap_ratio": statistics.median(o / a for a, (o, _) in pairs),
         }
     alone_s = statistics.median(alone_runs)
     # the headline: the fewest workers whose scoring rate (workers / 20 ms) covers the engine's rate of
@@ -574,7 +576,9 @@ def main(argv: list[str] | None = None) -> int:
     table.add_row(
         f"(b) rollout + 20 ms reward, s ({b['reward_workers']} workers, {b['workers_needed']} needed)",
         f"{b['rollout_with_overlapped_reward_s']:.2f} overlapped",
-        f"{b['rollout_alone_s']:.2f} alone; {b['rollout_then_reward_s']:.2f} serial",
+        f"{b['rollout_alone_s']:.2f} alone; {b['rollout_then_reward_s']:.2f} serial; extra: "
+        f"{b['reward_wait_after_generation_s']:.2f} waiting after generation, "
+        f"{b['generation_slowdown_s']:.2f} generation slowed",
         f"{b['overlap_ratio']:.2f}x (serial {b['serial_ratio']:.2f}x; by workers "
         + ", ".join(f"{w}: {v['overlap_ratio']:.2f}x" for w, v in b["by_workers"].items())
         + ")",
