@@ -261,14 +261,39 @@ def test_completions_stream_out_as_they_finish(tiny_model):
     assert order == [3, 1, 4, 2, 0]  # shortest first: each is yielded the step it ends
 
 
-def test_dense_and_grouped_expert_paths_agree(tiny_model):
-    """Decode steps run every expert densely, long prefills one expert at a time: same completions."""
+def test_batched_experts_equal_a_per_token_reference():
+    """The padded batched path against the definition: each token's output is the gate-weighted sum of
+    its top-k experts' SwiGLU outputs. Expert 3 gets no token, expert 0 most of them (padding)."""
+    import torch.nn.functional as F
+
+    generator = torch.Generator().manual_seed(0)
+    tokens, hidden, inner, num_experts = 7, 8, 5, 4
+    flat = torch.randn(tokens, hidden, generator=generator)
+    gate_up = torch.randn(num_experts, hidden, 2 * inner, generator=generator)
+    down = torch.randn(num_experts, inner, hidden, generator=generator)
+    experts = torch.tensor([[0, 1], [0, 2], [1, 0], [0, 2], [2, 0], [0, 1], [1, 2]])
+    weights = torch.rand(tokens, 2, generator=generator)
+    expected = torch.zeros(tokens, hidden)
+    for t in range(tokens):
+        for k in range(2):
+            e = int(experts[t, k])
+            gate, up = (flat[t] @ gate_up[e]).chunk(2)
+            expected[t] += weights[t, k] * ((F.silu(gate) * up) @ down[e])
+    for path in (NativeEngine._experts_batched, NativeEngine._experts_grouped):
+        torch.testing.assert_close(
+            path(gate_up, down, flat, weights, experts), expected, atol=1e-5, rtol=1e-5
+        )
+
+
+def test_batched_and_grouped_expert_paths_agree(tiny_model):
+    """Decode steps and short prefills run the experts batched over padded row blocks, long prefills one
+    expert at a time: same completions."""
     model, tokenizer = tiny_model
     requests = _requests(tokenizer, PROMPTS * 3)
     params = SamplingParams(12, record_routes=True)
     dense = NativeEngine.from_model(model, tokenizer)
     grouped = NativeEngine.from_model(model, tokenizer)
-    grouped.dense_moe_tokens = 0  # never dense
+    grouped.batched_moe_tokens = 0  # never batched
     by_id = {c.request_id: c for c in grouped.generate(requests, params)}
     for completion in dense.generate(requests, params):
         reference = by_id[completion.request_id]

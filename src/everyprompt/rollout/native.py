@@ -47,7 +47,7 @@ class _Layer:
     post_norm: torch.Tensor
     router: torch.Tensor | None = None  # [H, E]
     experts: tuple[torch.Tensor | FP8Weight, torch.Tensor | FP8Weight] | None = (
-        None  # gate_up [H, E * 2I], down [E * I, H]
+        None  # gate_up [E, H, 2I], down [E, I, H]
     )
     mlp: tuple[torch.Tensor | FP8Weight, torch.Tensor | FP8Weight] | None = (
         None  # dense layers: gate_up [H, 2I], down [I, H]
@@ -89,11 +89,8 @@ class FP8Weight:
         return (self.data.float() * self.scale).to(self.dtype)
 
     def operand(self) -> torch.Tensor:
-        """The right operand of `x @ w`: [in, out]; for a stack [E, out, in], [E * in, out]."""
-        weight = self.dequantize()
-        if weight.dim() == 2:
-            return weight.T
-        return weight.transpose(1, 2).reshape(-1, weight.shape[1])
+        """The right operand of `x @ w`: [in, out] (a stack [E, out, in] gives [E, in, out])."""
+        return self.dequantize().transpose(-2, -1)
 
     def __getitem__(self, index) -> FP8Weight:
         return FP8Weight(self.data[index], self.scale[index], self.dtype)
@@ -136,7 +133,7 @@ class NativeEngine:
         self.config = config
         self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
         self.batch_size, self.dtype = batch_size, dtype
-        self.dense_moe_tokens = 256  # MoE layers over at most this many tokens run every expert densely
+        self.batched_moe_tokens = 512  # MoE layers over at most this many tokens: all experts in one bmm
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
@@ -204,16 +201,16 @@ class NativeEngine:
             if p + "mlp.gate.weight" in state_dict:
                 layer.router = get(p + "mlp.gate.weight").to(self.dtype).T.contiguous()
                 gate_up, down = get(p + "mlp.experts.gate_up_proj"), get(p + "mlp.experts.down_proj")
-                experts, twice_inner, hidden = gate_up.shape  # [E, 2I, H], down [E, H, I]
-                if self.precision == "fp8":  # one scale per expert and output channel
+                # checkpoint layout [E, out, in]; multiplied as [E, in, out] (fp8: one scale per expert
+                # and output channel)
+                if self.precision == "fp8":
                     layer.experts = (
-                        FP8Weight.quantize(gate_up.reshape(experts * twice_inner, hidden), self.dtype),
+                        FP8Weight.quantize(gate_up, self.dtype),
                         FP8Weight.quantize(down, self.dtype),
                     )
-                else:  # [H, E * 2I] and [E * I, H]: every expert in one matmul each (see _experts_dense)
-                    layer.experts = (
-                        gate_up.reshape(experts * twice_inner, hidden).to(self.dtype).T.contiguous(),
-                        down.transpose(1, 2).reshape(-1, hidden).to(self.dtype).contiguous(),
+                else:
+                    layer.experts = tuple(
+                        w.to(self.dtype).transpose(1, 2).contiguous() for w in (gate_up, down)
                     )
             else:
                 gate, up = p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"
@@ -296,34 +293,44 @@ class NativeEngine:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         weights = weights.to(flat.dtype)
         gate_up, down = (_operand(w) for w in layer.experts)
-        experts_path = (
-            self._experts_dense if flat.shape[0] <= self.dense_moe_tokens else self._experts_grouped
-        )
-        return experts_path(gate_up, down, flat, weights, experts, layer.router.shape[1]).view_as(x)
+        batched = flat.shape[0] <= self.batched_moe_tokens
+        experts_path = self._experts_batched if batched else self._experts_grouped
+        return experts_path(gate_up, down, flat, weights, experts).view_as(x)
 
     @staticmethod
-    def _experts_dense(gate_up, down, flat, weights, experts, num_experts: int) -> torch.Tensor:
-        """Every expert on every token, the activations scaled by the top-k gate weights (zero for the
-        experts not chosen) before one down projection over all experts: E / k times the arithmetic of
-        the grouped path in two matmuls instead of several kernels per expert, the faster path for decode
-        steps' few tokens. gate_up [H, E * 2I], down [E * I, H]."""
-        inner = down.shape[0] // num_experts
-        hidden = (flat @ gate_up).view(flat.shape[0], num_experts, 2 * inner)  # [N, E, 2I]
-        gates = torch.zeros(flat.shape[0], num_experts, 1, dtype=flat.dtype)
-        gates.scatter_(1, experts[..., None], weights[..., None])
-        act = F.silu(hidden[..., :inner]) * hidden[..., inner:] * gates  # [N, E, I]
-        return act.view(flat.shape[0], -1) @ down
+    def _experts_batched(gate_up, down, flat, weights, experts) -> torch.Tensor:
+        """All experts in two batched matmuls: each expert's tokens gathered into a row block [E, C, H]
+        (C = the busiest expert's token count; shorter blocks padded with a zero row), so the arithmetic
+        is top-k's plus the padding and the kernel count does not grow with E. gate_up [E, H, 2I],
+        down [E, I, H]."""
+        tokens, top_k = experts.shape
+        num_experts, inner = down.shape[0], down.shape[1]
+        flat_experts = experts.reshape(-1)
+        order = torch.argsort(flat_experts, stable=True)  # (token, k) pairs grouped by expert
+        counts = torch.bincount(flat_experts, minlength=num_experts)
+        sorted_experts = flat_experts[order]
+        column = torch.arange(len(order)) - (torch.cumsum(counts, 0) - counts)[sorted_experts]
+        index = torch.full((num_experts, int(counts.max())), tokens, dtype=torch.long)  # row `tokens`: zeros
+        index[sorted_experts, column] = order // top_k
+        gates = torch.zeros(index.shape, dtype=flat.dtype)
+        gates[sorted_experts, column] = weights.reshape(-1)[order]
+        rows = torch.cat([flat, flat.new_zeros(1, flat.shape[1])])[index]  # [E, C, H]
+        hidden = torch.bmm(rows, gate_up)  # [E, C, 2I]
+        act = F.silu(hidden[..., :inner]) * hidden[..., inner:] * gates[..., None]
+        out = torch.zeros(tokens + 1, flat.shape[1], dtype=flat.dtype)
+        out.index_add_(0, index.view(-1), torch.bmm(act, down).view(-1, flat.shape[1]))
+        return out[:tokens]
 
     @staticmethod
-    def _experts_grouped(gate_up, down, flat, weights, experts, num_experts: int) -> torch.Tensor:
-        """Experts one at a time over the tokens routed to each (the arithmetic of top-k only)."""
-        inner = down.shape[0] // num_experts
+    def _experts_grouped(gate_up, down, flat, weights, experts) -> torch.Tensor:
+        """Experts one at a time over the tokens routed to each (no padding: for long prefills, where
+        one expert's share can be far above the mean)."""
         top_k = experts.shape[1]
         out = torch.zeros_like(flat)
         token_of_pair = torch.arange(flat.shape[0]).repeat_interleave(top_k)  # [N*k]
         flat_experts = experts.reshape(-1)
         order = torch.argsort(flat_experts, stable=True)
-        counts = torch.bincount(flat_experts, minlength=num_experts).tolist()
+        counts = torch.bincount(flat_experts, minlength=down.shape[0]).tolist()
         start = 0
         for expert, count in enumerate(counts):
             if count == 0:
@@ -331,9 +338,8 @@ class NativeEngine:
             pairs = order[start : start + count]
             start += count
             tokens = token_of_pair[pairs]
-            columns = slice(2 * inner * expert, 2 * inner * (expert + 1))
-            gate, up = (flat[tokens] @ gate_up[:, columns]).chunk(2, dim=-1)
-            hidden = (F.silu(gate) * up) @ down[inner * expert : inner * (expert + 1)]
+            gate, up = (flat[tokens] @ gate_up[expert]).chunk(2, dim=-1)
+            hidden = (F.silu(gate) * up) @ down[expert]
             out.index_add_(0, tokens, hidden * weights.reshape(-1)[pairs, None])
         return out
 
