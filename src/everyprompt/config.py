@@ -43,6 +43,12 @@ class ModelConfig(Section):
         description="Training forwards pack sequences into shared rows (position_ids restart per sequence) "
         "instead of padding each; checked against unpacked log-probs when training starts.",
     )
+    moe_kernel: Literal["everyprompt", "transformers"] = Field(
+        "everyprompt",
+        description="Training forwards' MoE experts: everyprompt's sorted grouped-matmul kernel (same outputs "
+        "and gradients, faster backward on CPU) or transformers' own; models whose experts the kernel does "
+        "not fit keep transformers'.",
+    )
 
 
 class DataConfig(Section):

@@ -17,6 +17,7 @@ from everyprompt.config import Config, ConfigError, save_config
 from everyprompt.data import DataError, load_prompt_file, make_splits
 from everyprompt.data.passrate import PassRateStore
 from everyprompt.evaluate import evaluate
+from everyprompt.models.experts import select_moe_kernel
 from everyprompt.models.io import load_model_and_tokenizer, load_pretrained
 from everyprompt.rewards import build_reward
 from everyprompt.trainer import RLTrainer, resolve_checkpoint, run_sft, save_checkpoint
@@ -81,9 +82,12 @@ class Run:
         An SFT checkpoint already in the run directory is reused (a resumed run does not retrain it).
         """
         sft_dir = checkpoint_root(self.run_dir) / "sft"
+        kernel = self.config.model.moe_kernel
         if self.config.sft.steps and (sft_dir / "config.json").is_file():
-            return load_pretrained(sft_dir)
+            model, tokenizer = load_pretrained(sft_dir)
+            return select_moe_kernel(model, kernel), tokenizer
         model, tokenizer = load_model_and_tokenizer(self.config.model, self.config.seed)
+        select_moe_kernel(model, kernel)
         if self.config.sft.steps:
             run_sft(
                 model,
@@ -104,6 +108,7 @@ class Run:
         if resume:
             latest = resolve_checkpoint(checkpoint_root(self.run_dir) / "latest")
             model, tokenizer = load_pretrained(latest)
+            select_moe_kernel(model, self.config.model.moe_kernel)
             reference = self.warm_started_model()[0] if self.config.rl.kl.estimator else None
             trainer = RLTrainer(
                 self.config, model, tokenizer, self.filtered_rl_rows(), self.run_dir, reference, store
