@@ -96,8 +96,24 @@ def _best_of(repeats: int, fn) -> tuple[float, object]:
 
 
 # ---------------------------------------------------------------- (a) engine vs transformers
-def engine_vs_hf(model, tokenizer, prompts: list[str], batch: int, new_tokens: int, repeats: int) -> dict:
+def _hf_sample(model, tokenizer, inputs, new_tokens: int):
+    """transformers' `generate` sampling exactly `new_tokens` per row (temperature 1, no top-k), as the
+    engine does."""
     import torch
+
+    with torch.inference_mode():
+        return model.generate(
+            **inputs,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+
+
+def engine_vs_hf(model, tokenizer, prompts: list[str], batch: int, new_tokens: int, repeats: int) -> dict:
 
     from everyprompt.rollout import GenerationRequest, SamplingParams
 
@@ -113,16 +129,7 @@ def engine_vs_hf(model, tokenizer, prompts: list[str], batch: int, new_tokens: i
     model.generation_config.eos_token_id = None  # both sides decode exactly `new_tokens` per sequence
 
     def hf():
-        with torch.inference_mode():
-            return model.generate(
-                **encoded,
-                do_sample=True,
-                temperature=1.0,
-                top_k=0,
-                max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens,
-                pad_token_id=tokenizer.pad_token_id,
-            )
+        return _hf_sample(model, tokenizer, encoded, new_tokens)
 
     hf_s, output = _best_of(repeats, hf)
     hf_tokens = (output.shape[1] - encoded["input_ids"].shape[1]) * batch
@@ -149,7 +156,6 @@ def engine_vs_hf_rollout(
     longest-predicted first, its default) against `generate` in batches of `slots` requests in arrival
     order, each batch decoding until its longest request has its tokens (rows that are done keep being
     computed, as they are when an EOS ends them early). Only each request's own tokens count."""
-    import torch
 
     from everyprompt.rollout import GenerationRequest, SamplingParams
     from everyprompt.rollout.scheduler import admission_order
@@ -173,18 +179,8 @@ def engine_vs_hf_rollout(
     encoded = [tokenizer([texts[i] for i in batch], return_tensors="pt", padding=True) for batch in batches]
 
     def hf():
-        with torch.inference_mode():
-            for batch, inputs in zip(batches, encoded):
-                longest = max(lengths[i] for i in batch)
-                model.generate(
-                    **inputs,
-                    do_sample=True,
-                    temperature=1.0,
-                    top_k=0,
-                    max_new_tokens=longest,
-                    min_new_tokens=longest,
-                    pad_token_id=tokenizer.pad_token_id,
-                )
+        for batch, inputs in zip(batches, encoded):
+            _hf_sample(model, tokenizer, inputs, max(lengths[i] for i in batch))
 
     hf_s, _ = _best_of(repeats, hf)
     tokens = sum(lengths)
