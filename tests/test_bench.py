@@ -137,6 +137,12 @@ def test_throughput_bench_smoke(tmp_path, capsys):
     assert 0 < a["profile"]["native"]["compute_kernel_share"] < 1
     assert b["rollout_then_reward_s"] > b["rollout_alone_s"] and set(b["by_workers"]) == {"1", "2", "4", "8"}
     assert c["fifo"]["tokens"] == c["longest_first"]["tokens"] == c["tokens"]
+    # the rollout workload: both sides deliver the same requests' tokens; static batches compute more rows
+    r = payload["engine_vs_hf_rollout"]
+    assert r["tokens"] == c["tokens"] and r["requests"] == c["requests"] and 0 < r["hf_useful_share"] < 1
+    for workers in b["by_workers"].values():
+        split = workers["reward_wait_after_generation_s"] >= 0 and workers["overlap_ratio"] > 0
+        assert split and "generation_slowdown_s" in workers
     assert "Rollout throughput" in capsys.readouterr().out
 
 
