@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -36,7 +36,7 @@ class UnsupportedModelError(ValueError):
 @dataclass
 class _Layer:
     """One decoder layer's weights, each projection stored as the right operand of `x @ w` (fp8: as
-    FP8Weight, dequantised into that layout by `_operand`)."""
+    FP8Weight, dequantised into that layout once per generate call by `dequantized`)."""
 
     qkv: (
         torch.Tensor | FP8Weight
@@ -53,9 +53,19 @@ class _Layer:
         None  # dense layers: gate_up [H, 2I], down [I, H]
     )
 
+    def dequantized(self) -> _Layer:
+        """This layer with every FP8Weight replaced by its dequantised operand (itself when none is):
+        a generate call takes it once, so decode steps multiply plain tensors."""
 
-def _operand(weight) -> torch.Tensor:
-    return weight.operand() if isinstance(weight, FP8Weight) else weight
+        def plain(weight):
+            return weight.operand() if isinstance(weight, FP8Weight) else weight
+
+        if not isinstance(self.qkv, FP8Weight):
+            return self
+        pairs = {
+            name: tuple(map(plain, getattr(self, name))) for name in ("experts", "mlp") if getattr(self, name)
+        }
+        return replace(self, qkv=plain(self.qkv), o=plain(self.o), **pairs)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -238,7 +248,7 @@ class NativeEngine:
         """
         batch, length, _ = x.shape
         heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = (x @ _operand(layer.qkv)).view(batch, length, heads + 2 * kv_heads, dim)
+        qkv = (x @ layer.qkv).view(batch, length, heads + 2 * kv_heads, dim)
         qk = _rms_norm(qkv[:, :, : heads + kv_heads], None, self.eps) * layer.qk_norm
         cos, sin = rope
         qk = qk * cos + qk.roll(dim // 2, dims=-1) * sin
@@ -262,7 +272,7 @@ class NativeEngine:
                     attn_mask=bias.view(batch, heads, 1, width),
                     enable_gqa=True,
                 )
-                return out.transpose(1, 2).reshape(batch, 1, heads * dim) @ _operand(layer.o)
+                return out.transpose(1, 2).reshape(batch, 1, heads * dim) @ layer.o
             # one query per row, grouped heads as [B * kv_heads, group, D] against that row's cache: three
             # small kernels, faster than the fused one at this size
             keys = k_cache[:, :, :width].reshape(batch * kv_heads, width, dim)
@@ -271,7 +281,7 @@ class NativeEngine:
                 bias, q.reshape(batch * kv_heads, group, dim), keys.transpose(1, 2), alpha=dim**-0.5
             )
             out = torch.bmm(torch.softmax(scores, dim=-1), values).view(batch, 1, heads * dim)
-        return out @ _operand(layer.o)
+        return out @ layer.o
 
     def _decode_bias(self, positions: torch.Tensor) -> torch.Tensor:
         """The decode step's attention mask as an additive bias [B * kv_heads, group, S] (S = the
@@ -292,7 +302,7 @@ class NativeEngine:
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         weights = weights.to(flat.dtype)
-        gate_up, down = (_operand(w) for w in layer.experts)
+        gate_up, down = layer.experts
         batched = flat.shape[0] <= self.batched_moe_tokens
         experts_path = self._experts_batched if batched else self._experts_grouped
         return experts_path(gate_up, down, flat, weights, experts).view_as(x)
@@ -346,21 +356,21 @@ class NativeEngine:
     def _mlp(self, layer: _Layer, x: torch.Tensor, routes: list | None = None) -> torch.Tensor:
         if layer.router is not None:
             return self._moe(layer, x, routes)
-        gate_up, down = (_operand(w) for w in layer.mlp)
+        gate_up, down = layer.mlp
         gate, up = (x @ gate_up).chunk(2, dim=-1)
         return (F.silu(gate) * up) @ down
 
     def _forward(
-        self, tokens, positions, caches, rows, bias, last, routes: list | None = None
+        self, layers, tokens, positions, caches, rows, bias, last, routes: list | None = None
     ) -> torch.Tensor:
         """Logits [B, V] at position `last` [B] of each row, the last position if None (see `_attention`
-        for prefill vs decode).
+        for prefill vs decode), through `layers` (the call's dequantised `self.layers`).
 
         With `routes` (a list), appends each MoE layer's expert indices [B, T, k].
         """
         x = self.embed[tokens]
         rope = self._rope(positions)
-        for layer, cache in zip(self.layers, caches):
+        for layer, cache in zip(layers, caches):
             x = x + self._attention(
                 layer, _rms_norm(x, layer.input_norm, self.eps), rope, cache, rows, positions[:, -1], bias
             )
@@ -417,6 +427,7 @@ class NativeEngine:
         width = max(len(r.prompt_ids) for r in requests) + params.max_new_tokens
         state = _Slots(pool, params.max_new_tokens, self.config.vocab_size)
         caches = self._cache(pool, width, shared)
+        layers = [layer.dequantized() for layer in self.layers]
         route_buffer = None
         queue = deque(range(len(requests)))
         clock = {
@@ -434,7 +445,15 @@ class NativeEngine:
                 admitted = [queue.popleft() for _ in range(min(len(free), len(queue)))]
                 tick = time.perf_counter()
                 route_buffer = self._prefill(
-                    requests, admitted, free[: len(admitted)], state, caches, params, route_buffer, width
+                    layers,
+                    requests,
+                    admitted,
+                    free[: len(admitted)],
+                    state,
+                    caches,
+                    params,
+                    route_buffer,
+                    width,
                 )
                 clock["prefill_s"] += time.perf_counter() - tick
                 clock["admissions"] += 1
@@ -473,7 +492,9 @@ class NativeEngine:
             positions = state.length  # idle rows write at their own (free) row's stale length
             routes: list | None = [] if route_buffer is not None else None
             bias = self._decode_bias(positions)
-            logits = self._forward(tokens[:, None], positions[:, None], caches, rows, bias, None, routes)
+            logits = self._forward(
+                layers, tokens[:, None], positions[:, None], caches, rows, bias, None, routes
+            )
             state.logits[running] = logits[running]
             if routes:
                 route_buffer[running, state.length[running]] = torch.stack(routes, dim=2)[running, 0].to(
@@ -498,7 +519,7 @@ class NativeEngine:
             "admissions": float(clock["admissions"]),
         }
 
-    def _prefill(self, requests, admitted, slots, state, caches, params, route_buffer, width):
+    def _prefill(self, layers, requests, admitted, slots, state, caches, params, route_buffer, width):
         """Run the admitted prompts (right-padded) into cache rows `slots`; their next-token logits become
         the rows' pending logits. Returns the route buffer (created on first use when recording)."""
         prompts = [requests[i].prompt_ids for i in admitted]
@@ -508,7 +529,7 @@ class NativeEngine:
             tokens[row, : len(prompt)] = torch.tensor(prompt)
         positions = torch.arange(tokens.shape[1]).expand_as(tokens)
         routes: list | None = [] if params.record_routes else None
-        logits = self._forward(tokens, positions, caches, slots, None, lengths - 1, routes)
+        logits = self._forward(layers, tokens, positions, caches, slots, None, lengths - 1, routes)
         if routes is not None:
             if not routes:
                 raise UnsupportedModelError(
