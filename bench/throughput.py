@@ -157,14 +157,10 @@ def engine_vs_hf_rollout(
     order, each batch decoding until its longest request has its tokens (rows that are done keep being
     computed, as they are when an EOS ends them early). Only each request's own tokens count."""
 
-    from everyprompt.rollout import GenerationRequest, SamplingParams
+    from everyprompt.rollout import SamplingParams
     from everyprompt.rollout.scheduler import admission_order
 
-    texts, lengths, predicted = _long_tailed(prompts, count, short, long, 0.1)
-    requests = [
-        GenerationRequest(i, tokenizer(t).input_ids, seed=i, max_new_tokens=n)
-        for i, (t, n) in enumerate(zip(texts, lengths))
-    ]
+    texts, lengths, predicted, requests = _long_tailed(tokenizer, prompts, count, short, long, 0.1)
     engine = _engine(model, tokenizer, slots, eos=False)
     params = SamplingParams(long[1])
     order = admission_order(predicted, "longest_first")
@@ -302,11 +298,13 @@ def reward_overlap(
 
 
 # ---------------------------------------------------------------- (c) length-aware scheduling
-def _long_tailed(prompts: list[str], count: int, short: tuple, long: tuple, long_share: float):
+def _long_tailed(tokenizer, prompts: list[str], count: int, short: tuple, long: tuple, long_share: float):
     """`count` distinct prompts, their completion lengths (a `long_share` of them drawn from `long`, the
-    rest from `short`) and the lengths the scheduler predicts for them from a previous visit's history
-    in the pass-rate store (each within +-25% of its length now)."""
+    rest from `short`), the lengths the scheduler predicts for them from a previous visit's history in
+    the pass-rate store (each within +-25% of its length now), and their generation requests (each cut
+    at its length)."""
     from everyprompt.data.passrate import PassRateStore
+    from everyprompt.rollout import GenerationRequest
     from everyprompt.rollout.scheduler import LengthPredictor
 
     rng = random.Random(1)
@@ -315,7 +313,11 @@ def _long_tailed(prompts: list[str], count: int, short: tuple, long: tuple, long
     store = PassRateStore()
     store.record([(t, 1, 0, n * rng.uniform(0.75, 1.25)) for t, n in zip(texts, lengths)], step=0)
     predicted = [LengthPredictor(store, default=long[1]).predict(t) for t in texts]
-    return texts, lengths, predicted
+    requests = [
+        GenerationRequest(i, tokenizer(t).input_ids, seed=i, max_new_tokens=n)
+        for i, (t, n) in enumerate(zip(texts, lengths))
+    ]
+    return texts, lengths, predicted, requests
 
 
 def scheduling(
@@ -329,14 +331,10 @@ def scheduling(
     long_share: float,
     repeats: int,
 ) -> dict:
-    from everyprompt.rollout import GenerationRequest, SamplingParams
+    from everyprompt.rollout import SamplingParams
     from everyprompt.rollout.scheduler import admission_order
 
-    texts, lengths, predicted = _long_tailed(prompts, count, short, long, long_share)
-    requests = [
-        GenerationRequest(i, tokenizer(t).input_ids, seed=i, max_new_tokens=n)
-        for i, (t, n) in enumerate(zip(texts, lengths))
-    ]
+    _, lengths, predicted, requests = _long_tailed(tokenizer, prompts, count, short, long, long_share)
     engine = _engine(model, tokenizer, slots, eos=False)
     params = SamplingParams(long[1])
     out = {

@@ -5,7 +5,7 @@ default (`grouped_mm`) gathers each expert's tokens and scatters the results bac
 indexing, whose backward is an accumulating `index_put` that runs serially. This kernel does the same
 arithmetic with `index_select` / `index_add` (each the other's backward) around the same two grouped
 matmuls: equal outputs and gradients (tests/models/test_experts.py), a training forward + backward
-~12-15% faster on the demo model. It is registered with transformers' `ExpertsInterface` and selected
+~15% faster on the demo model (docs/algorithms.md). It is registered with transformers' `ExpertsInterface` and selected
 per model with `model.moe_kernel` (`everyprompt`, the default, or `transformers` for the stock one).
 """
 
