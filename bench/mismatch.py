@@ -58,8 +58,11 @@ def measure(
         "rl.old_logprobs=recompute",
     ]
     trainer = Run(load_config(None, overrides), run_dir).trainer()
+    engine_logits = record_router_logits(trainer.engine) if replay == "r3" and flipped else None
     per_batch, on_flipped = [], []
     for index in range(batches):
+        if engine_logits is not None:
+            engine_logits.clear()
         batch = trainer.rollout()
         trainer._old_logprobs(batch)  # the measured pass: fp32 trainer vs the engine's log-probs and routes
         per_batch.append({k: batch.stats.get(k, float("nan")) for k in KEYS})
@@ -78,7 +81,11 @@ def measure(
                     "the off and r3 cells sampled different completions; cannot compare per token"
                 )
             # the routers' precision error, where anything flipped (fp32 flips nothing: skip the passes)
-            perturbation = router_perturbation(trainer, batch) if any(m.any() for _, m in flipped) else None
+            perturbation = (
+                router_perturbation(trainer, batch, engine_logits)
+                if any(m.any() for _, m in flipped)
+                else None
+            )
             on_flipped.append((diff, mask, torch.cat(batch.rollout_entropies), perturbation))
         trainer.step += 1  # fresh sampling seeds, same weights
     result = {key: nan_mean([b[key] for b in per_batch]) for key in KEYS}
@@ -92,45 +99,55 @@ def measure(
     return result
 
 
-def router_perturbation(trainer, batch):
+def record_router_logits(engine) -> dict:
+    """Make every `engine.generate` call also record the router logits of each token it feeds (as the
+    decode steps that sampled it computed them); returns the dict they land in, keyed by (prompt ids,
+    completion ids)."""
+    from dataclasses import replace
+
+    store: dict = {}
+    generate = engine.generate
+
+    def recording(requests, params):
+        for completion in generate(requests, replace(params, record_router_logits=True)):
+            store[(tuple(completion.prompt_ids), tuple(completion.token_ids))] = completion.router_logits
+            yield completion
+
+    engine.generate = recording
+    return store
+
+
+def router_perturbation(trainer, batch, engine_logits: dict):
     """Per completion token: how far the engine's router logits are from the trainer's at that token's
     position (the largest L2 distance over MoE layers), both computing the same network with the engine's
     routes replayed. That distance is the precision error at the routers' input, what makes a top-k
-    choice flip; replay cannot remove it. The engine's logits come from running each sequence through
-    its prefill (same weights and precision as the decode steps that sampled it)."""
+    choice flip; replay cannot remove it. The engine's logits are those its decode steps computed while
+    sampling (`record_router_logits`), so the distance is exactly the one the sampled routes saw."""
     import torch
 
     from everyprompt.models.replay import RouterReplay
-    from everyprompt.rollout import GenerationRequest, SamplingParams
 
-    engine, model = trainer.engine, trainer.model
-    captured: list = []
-    moe = engine._moe
-
-    def capture(layer, x, routes=None):  # the engine's router logits, as its _moe computes them
-        captured.append((x.reshape(-1, x.shape[-1]) @ layer.router).float())
-        return moe(layer, x, routes)
-
+    model = trainer.model
     replay, out = RouterReplay(model), []
     trainer_logits: list = []
     hooks = [
         r.register_forward_hook(lambda _m, _i, o: trainer_logits.append(o[0].float())) for r in replay.routers
     ]
-    engine._moe = capture
     try:
         for prompt, completion, routes in zip(batch.prompt_ids, batch.completion_ids, batch.routed_experts):
             ids = prompt + completion
-            captured.clear()
+            engine = engine_logits[(tuple(prompt), tuple(completion))]  # [len(ids) - 1, L_moe, E]
             trainer_logits.clear()
-            list(engine.generate([GenerationRequest(0, ids[:-1], seed=0)], SamplingParams(1, greedy=True)))
             with torch.no_grad(), replay.replay(routes):
                 model(input_ids=torch.tensor([ids[:-1]]))
             distance = torch.stack(
-                [(e - t.reshape(e.shape)).norm(dim=-1) for e, t in zip(captured, trainer_logits)]
+                [
+                    (engine[:, layer] - t.reshape(engine[:, layer].shape)).norm(dim=-1)
+                    for layer, t in enumerate(trainer_logits)
+                ]
             ).amax(0)  # [len(ids) - 1]
             out.append(distance[len(prompt) - 1 :])
     finally:
-        engine._moe = moe
         for hook in hooks:
             hook.remove()
     return torch.cat(out)

@@ -107,8 +107,8 @@ def test_flipped_token_analysis_matches_on_router_perturbation():
 
 @pytest.mark.parametrize("precision", ["fp32", "fp8"])
 def test_router_perturbation_is_the_engines_precision_error(tmp_path, precision):
-    """The engine's router logits against the trainer's under r3: equal for an fp32 engine (same network,
-    same arithmetic up to kernel order), apart for fp8 weights."""
+    """The engine's router logits (recorded by the decode steps that sampled) against the trainer's under
+    r3: equal for an fp32 engine (same network, same arithmetic up to kernel order), apart for fp8 weights."""
     import torch
 
     from everyprompt.config import load_config
@@ -118,8 +118,10 @@ def test_router_perturbation_is_the_engines_precision_error(tmp_path, precision)
     overrides = [*bench.TINY, "logging.progress=false", "logging.tensorboard=false", "sft.steps=0"]
     overrides += [f"rollout.precision={precision}", "rl.router_replay=r3", "rl.old_logprobs=recompute"]
     trainer = Run(load_config(None, overrides), tmp_path).trainer()
+    engine_logits = bench.record_router_logits(trainer.engine)
     batch = trainer.rollout()
-    perturbation = bench.router_perturbation(trainer, batch)
+    assert all((tuple(p), tuple(c)) in engine_logits for p, c in zip(batch.prompt_ids, batch.completion_ids))
+    perturbation = bench.router_perturbation(trainer, batch, engine_logits)
     assert perturbation.shape == (sum(len(c) for c in batch.completion_ids),)
     if precision == "fp32":
         assert float(perturbation.max()) < 1e-5

@@ -285,6 +285,39 @@ def test_batched_experts_equal_a_per_token_reference():
         )
 
 
+def test_recorded_router_logits_are_the_hf_routers_logits(tiny_model):
+    """record_router_logits returns, per fed token and MoE layer, the logits the engine routed by: the HF
+    router's in fp32, through slot refills and pool shrinking; their top-k is the recorded route."""
+    model, tokenizer = tiny_model
+    engine = NativeEngine.from_model(model, tokenizer, batch_size=3)
+    params = SamplingParams(12, record_routes=True, record_router_logits=True)
+    completions = list(engine.generate(_requests(tokenizer, PROMPTS * 2), params))
+    assert len(completions) == 2 * len(PROMPTS)
+    top_k, experts = model.config.num_experts_per_tok, model.config.num_experts
+    for completion in completions:
+        ids = completion.prompt_ids + completion.token_ids
+        logits = completion.router_logits
+        assert logits.dtype == torch.float32
+        assert logits.shape == (len(ids) - 1, model.config.num_hidden_layers, experts)
+        with torch.no_grad():
+            reference = model(input_ids=torch.tensor([ids]), output_router_logits=True).router_logits
+        for layer, expected in enumerate(reference):
+            torch.testing.assert_close(
+                logits[:, layer], expected[: len(ids) - 1].float(), atol=1e-5, rtol=1e-5
+            )
+        top = torch.topk(logits, top_k, dim=-1).indices.sort(-1).values
+        assert torch.equal(top, completion.routed_experts.long().sort(-1).values)
+
+
+def test_router_logits_alone_are_recorded_without_routes(tiny_model):
+    engine = NativeEngine.from_model(*tiny_model)
+    [completion] = engine.generate(
+        _requests(tiny_model[1], PROMPTS[:1]), SamplingParams(4, record_router_logits=True)
+    )
+    assert completion.routed_experts is None
+    assert completion.router_logits.shape[0] == len(completion.prompt_ids) + len(completion.token_ids) - 1
+
+
 def test_batched_and_grouped_expert_paths_agree(tiny_model):
     """Decode steps and short prefills run the experts batched over padded row blocks, long prefills one
     expert at a time: same completions."""
@@ -319,3 +352,16 @@ def test_interleaved_generate_calls_do_not_share_a_cache(tiny_model):
     for y in b:
         got_second[y.request_id] = y.token_ids
     assert got_first == expected_first and got_second == expected_second
+
+
+@pytest.mark.parametrize("flag", ["record_routes", "record_router_logits"])
+def test_recording_routes_of_a_dense_model_is_a_clear_error(tiny_model, flag):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from tests.conftest import TINY_LAYERS
+
+    tokenizer = tiny_model[1]
+    config = Qwen3Config(vocab_size=len(tokenizer), intermediate_size=32, **TINY_LAYERS)
+    engine = NativeEngine.from_model(Qwen3ForCausalLM(config).eval(), tokenizer)
+    with pytest.raises(UnsupportedModelError, match=f"{flag} needs a mixture-of-experts model"):
+        list(engine.generate(_requests(tokenizer, PROMPTS[:1]), SamplingParams(4, **{flag: True})))

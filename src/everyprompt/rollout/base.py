@@ -16,6 +16,9 @@ class SamplingParams:
     top_p: float = 1.0
     greedy: bool = False
     record_routes: bool = False  # return each token's top-k experts per MoE layer (router replay)
+    # return each token's router logits per MoE layer (mismatch diagnosis: [T, L_moe, E] float32 per
+    # completion, so keep it to small runs)
+    record_router_logits: bool = False
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -47,6 +50,9 @@ class Completion:
     # [len(prompt_ids) + len(token_ids) - 1, L_moe, k] int16 when SamplingParams.record_routes: the experts
     # each token fed through the model was routed to (the last sampled token is never fed)
     routed_experts: torch.Tensor | None = None
+    # [len(prompt_ids) + len(token_ids) - 1, L_moe, E] float32 when SamplingParams.record_router_logits:
+    # the router logits those same tokens were routed by, as the engine computed them
+    router_logits: torch.Tensor | None = None
     entropies: torch.Tensor | None = None  # [len(token_ids)] entropy of softmax(logits / T); None if not kept
 
 

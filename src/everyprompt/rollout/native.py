@@ -293,12 +293,14 @@ class NativeEngine:
         return bias[:, None, None].expand(-1, self.num_kv_heads, group, -1).reshape(-1, group, width)
 
     def _moe(self, layer: _Layer, x: torch.Tensor, routes: list | None = None) -> torch.Tensor:
-        """Top-k routed experts. With `routes` (a list), appends this layer's expert indices [B, T, k]."""
+        """Top-k routed experts. With `routes` (a list), appends this layer's (expert indices [B, T, k],
+        router logits [B, T, E])."""
         flat = x.reshape(-1, x.shape[-1])  # [N, H]
-        probs = torch.softmax((flat @ layer.router).float(), dim=-1)  # [N, E]
+        logits = (flat @ layer.router).float()  # [N, E]
+        probs = torch.softmax(logits, dim=-1)
         weights, experts = torch.topk(probs, self.top_k, dim=-1)  # [N, k]
         if routes is not None:
-            routes.append(experts.view(*x.shape[:2], self.top_k))
+            routes.append((experts.view(*x.shape[:2], -1), logits.view(*x.shape[:2], -1)))
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         weights = weights.to(flat.dtype)
@@ -366,7 +368,7 @@ class NativeEngine:
         """Logits [B, V] at position `last` [B] of each row, the last position if None (see `_attention`
         for prefill vs decode), through `layers` (the call's dequantised `self.layers`).
 
-        With `routes` (a list), appends each MoE layer's expert indices [B, T, k].
+        With `routes` (a list), appends each MoE layer's (expert indices [B, T, k], router logits [B, T, E]).
         """
         x = self.embed[tokens]
         rope = self._rope(positions)
@@ -428,7 +430,7 @@ class NativeEngine:
         state = _Slots(pool, params.max_new_tokens, self.config.vocab_size)
         caches = self._cache(pool, width, shared)
         layers = [layer.dequantized() for layer in self.layers]
-        route_buffer = None
+        record = _Record.start(self, params, pool, width)
         queue = deque(range(len(requests)))
         clock = {
             "prefill_s": 0.0,
@@ -444,16 +446,8 @@ class NativeEngine:
             if queue and len(free):
                 admitted = [queue.popleft() for _ in range(min(len(free), len(queue)))]
                 tick = time.perf_counter()
-                route_buffer = self._prefill(
-                    layers,
-                    requests,
-                    admitted,
-                    free[: len(admitted)],
-                    state,
-                    caches,
-                    params,
-                    route_buffer,
-                    width,
+                self._prefill(
+                    layers, requests, admitted, free[: len(admitted)], state, caches, params, record
                 )
                 clock["prefill_s"] += time.perf_counter() - tick
                 clock["admissions"] += 1
@@ -473,7 +467,7 @@ class NativeEngine:
             clock["tokens"] += len(active)
             finished = (sampled == self.eos_token_id) | (state.step[active] >= state.limit[active])
             for slot in active[finished].tolist():
-                yield self._completion(requests[int(state.request[slot])], state, slot, route_buffer, began)
+                yield self._completion(requests[int(state.request[slot])], state, slot, record, began)
                 state.request[slot] = -1
             running = active[~finished]
             if not len(running):
@@ -481,7 +475,7 @@ class NativeEngine:
             if not queue and len(running) < len(state.request):
                 # nothing left to admit: move the running rows to the front and drop the idle ones (on
                 # CPU a decode step's cost follows its rows; copying the cache is cheaper than idle rows)
-                caches, route_buffer = self._compact(running, state, caches, route_buffer)
+                caches = self._compact(running, state, caches, record)
                 running = torch.arange(len(running))
                 clock["shrinks"] += 1
             fed = sampled[~finished]
@@ -490,16 +484,14 @@ class NativeEngine:
             tokens = torch.full_like(rows, self.pad_token_id)
             tokens[running] = fed
             positions = state.length  # idle rows write at their own (free) row's stale length
-            routes: list | None = [] if route_buffer is not None else None
+            routes: list | None = [] if record is not None else None
             bias = self._decode_bias(positions)
             logits = self._forward(
                 layers, tokens[:, None], positions[:, None], caches, rows, bias, None, routes
             )
             state.logits[running] = logits[running]
-            if routes:
-                route_buffer[running, state.length[running]] = torch.stack(routes, dim=2)[running, 0].to(
-                    torch.int16
-                )
+            if record is not None:
+                record.store(routes, running, state.length[running], step=0)
             state.length[running] += 1
             clock["decode_s"] += time.perf_counter() - tick
             clock["decode_steps"] += 1
@@ -519,28 +511,19 @@ class NativeEngine:
             "admissions": float(clock["admissions"]),
         }
 
-    def _prefill(self, layers, requests, admitted, slots, state, caches, params, route_buffer, width):
+    def _prefill(self, layers, requests, admitted, slots, state, caches, params, record):
         """Run the admitted prompts (right-padded) into cache rows `slots`; their next-token logits become
-        the rows' pending logits. Returns the route buffer (created on first use when recording)."""
+        the rows' pending logits (and their routes go into `record`, when the call records)."""
         prompts = [requests[i].prompt_ids for i in admitted]
         lengths = torch.tensor([len(p) for p in prompts])
         tokens = torch.full((len(prompts), int(lengths.max())), self.pad_token_id, dtype=torch.long)
         for row, prompt in enumerate(prompts):
             tokens[row, : len(prompt)] = torch.tensor(prompt)
         positions = torch.arange(tokens.shape[1]).expand_as(tokens)
-        routes: list | None = [] if params.record_routes else None
+        routes: list | None = [] if record is not None else None
         logits = self._forward(layers, tokens, positions, caches, slots, None, lengths - 1, routes)
-        if routes is not None:
-            if not routes:
-                raise UnsupportedModelError(
-                    "record_routes needs a mixture-of-experts model; this one has no router"
-                )
-            if route_buffer is None:
-                # [slots, width, L_moe, k]: each row's prompt routes from slot 0, then each fed token's
-                route_buffer = torch.zeros(
-                    len(state.request), width, len(routes), self.top_k, dtype=torch.int16
-                )
-            route_buffer[slots, : tokens.shape[1]] = torch.stack(routes, dim=2).to(torch.int16)
+        if record is not None:
+            record.store(routes, slots, torch.arange(tokens.shape[1]))
         state.request[slots] = torch.tensor(admitted)
         state.length[slots] = lengths
         state.step[slots] = 0
@@ -552,9 +535,8 @@ class NativeEngine:
                 for i in admitted
             ]
         )
-        return route_buffer
 
-    def _compact(self, running, state, caches, route_buffer):
+    def _compact(self, running, state, caches, record):
         """Move the running rows to cache rows [0, n) and shrink the pool to n rows."""
         n = len(running)
         compacted = []
@@ -563,11 +545,11 @@ class NativeEngine:
             v[:n] = v[running]
             compacted.append((k[:n], v[:n]))
         state.select(running)
-        if route_buffer is not None:
-            route_buffer = route_buffer[running]
-        return compacted, route_buffer
+        if record is not None:
+            record.select(running)
+        return compacted
 
-    def _completion(self, request, state, slot: int, route_buffer, began: float) -> Completion:
+    def _completion(self, request, state, slot: int, record, began: float) -> Completion:
         length = int(state.step[slot])
         token_ids = state.tokens[slot, :length].tolist()
         reason = "eos" if token_ids[-1] == self.eos_token_id else "length"
@@ -578,12 +560,65 @@ class NativeEngine:
             logprobs=state.logprobs[slot, :length].clone(),
             entropies=state.entropies[slot, :length].clone(),
             # the last sampled token was never fed, so it has no route
-            routed_experts=None
-            if route_buffer is None
-            else route_buffer[slot, : len(request.prompt_ids) + length - 1].clone(),
+            **({} if record is None else record.take(slot, len(request.prompt_ids) + length - 1)),
             finish_reason=reason,
             timing={"finished_s": time.perf_counter() - began},
         )
+
+
+class _Record:
+    """What a generate call records per fed position besides the sampled tokens, in buffers
+    [slots, width, L_moe, ...] indexed like the cache: each MoE layer's top-k experts (`record_routes`,
+    int16) and router logits (`record_router_logits`, float32)."""
+
+    def __init__(self, routes: torch.Tensor | None, logits: torch.Tensor | None):
+        self.routes, self.logits = routes, logits
+
+    @classmethod
+    def start(cls, engine: NativeEngine, params: SamplingParams, slots: int, width: int) -> _Record | None:
+        if not (params.record_routes or params.record_router_logits):
+            return None
+        routers = [layer.router for layer in engine.layers if layer.router is not None]
+        layers = len(routers)
+        if not layers:
+            wanted = "record_routes" if params.record_routes else "record_router_logits"
+            raise UnsupportedModelError(f"{wanted} needs a mixture-of-experts model; this one has no router")
+        experts = routers[0].shape[1]
+        return cls(
+            torch.zeros(slots, width, layers, engine.top_k, dtype=torch.int16)
+            if params.record_routes
+            else None,
+            torch.zeros(slots, width, layers, experts) if params.record_router_logits else None,
+        )
+
+    def store(
+        self, captured: list, rows: torch.Tensor, columns: torch.Tensor, step: int | None = None
+    ) -> None:
+        """Write one forward's (experts, logits) per MoE layer, each [B, T, .], into cache rows `rows` at
+        positions `columns`: every position of a prefill ([T] columns, step None), or each row's one fed
+        token of a decode step ([len(rows)] columns, step 0: rows index the forward's batch too)."""
+        experts = torch.stack([e for e, _ in captured], dim=2)  # [B, T, L_moe, k]
+        logits = torch.stack([g for _, g in captured], dim=2)  # [B, T, L_moe, E]
+        for buffer, values in ((self.routes, experts), (self.logits, logits)):
+            if buffer is None:
+                continue
+            if step is None:
+                buffer[rows[:, None], columns[None, :]] = values.to(buffer.dtype)
+            else:
+                buffer[rows, columns] = values[rows, step].to(buffer.dtype)
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.routes = None if self.routes is None else self.routes[rows]
+        self.logits = None if self.logits is None else self.logits[rows]
+
+    def take(self, slot: int, length: int) -> dict[str, torch.Tensor]:
+        """A finished row's first `length` positions, as Completion fields."""
+        out = {}
+        if self.routes is not None:
+            out["routed_experts"] = self.routes[slot, :length].clone()
+        if self.logits is not None:
+            out["router_logits"] = self.logits[slot, :length].clone()
+        return out
 
 
 class _Slots:
