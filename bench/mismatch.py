@@ -20,6 +20,7 @@ import argparse
 import json
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,8 +45,10 @@ def measure(
     base: list[str], precision: str, replay: str, batches: int, run_dir: Path, flipped: list | None = None
 ) -> dict:
     """Mismatch metrics over `batches` RL batches. With replay off, fills `flipped` with each batch's
-    per-token flip mask and completions; with r3 and `flipped` given, also reports |dlogp| on exactly
-    those tokens (the engine draws the same samples in both cells: same weights, seeds and precision)."""
+    completions and per-token, per-layer flip mask; with r3 and `flipped` given, also reports |dlogp| on
+    exactly those tokens (the engine draws the same samples in both cells: same weights, seeds and
+    precision). Below fp32, both cells also measure the router perturbation per token and layer, and
+    how much larger it is after a token's first flip than on unflipped tokens (`downstream_ratio`)."""
     import torch
 
     from everyprompt.config import load_config
@@ -58,45 +61,78 @@ def measure(
         "rl.old_logprobs=recompute",
     ]
     trainer = Run(load_config(None, overrides), run_dir).trainer()
-    engine_logits = record_router_logits(trainer.engine) if replay == "r3" and flipped else None
-    per_batch, on_flipped = [], []
+    # an fp32 engine flips nothing (the trainer's arithmetic up to kernel order): no per-token passes
+    per_token = precision != "fp32" and flipped is not None
+    engine_logits = record_router_logits(trainer.engine) if per_token else None
+    per_batch, tokens = [], []
     for index in range(batches):
         if engine_logits is not None:
             engine_logits.clear()
         batch = trainer.rollout()
         trainer._old_logprobs(batch)  # the measured pass: fp32 trainer vs the engine's log-probs and routes
         per_batch.append({k: batch.stats.get(k, float("nan")) for k in KEYS})
-        diff = (torch.cat(batch.old_logprobs) - torch.cat(batch.rollout_logprobs)).abs()
         if replay == "off" and flipped is not None:
             mask = []  # the old-policy pass above ran without replay: its routes are the trainer's own
             for prompt, mine, engine in zip(batch.prompt_ids, batch.old_routes, batch.routed_experts):
                 n = len(engine)
-                same = same_expert_sets(mine[:n], engine).all(-1)
-                mask.append(~same[len(prompt) - 1 :])
+                mask.append(~same_expert_sets(mine[:n], engine)[len(prompt) - 1 :])  # [T, L_moe]
             flipped.append((batch.completion_ids, torch.cat(mask)))
-        elif replay == "r3" and flipped:
-            completions, mask = flipped[index]
-            if completions != batch.completion_ids:
-                raise RuntimeError(
-                    "the off and r3 cells sampled different completions; cannot compare per token"
-                )
-            # the routers' precision error, where anything flipped (fp32 flips nothing: skip the passes)
-            perturbation = (
-                router_perturbation(trainer, batch, engine_logits)
-                if any(m.any() for _, m in flipped)
-                else None
+        elif replay == "r3" and flipped and batch.completion_ids != flipped[index][0]:
+            raise RuntimeError("the off and r3 cells sampled different completions; cannot compare per token")
+        if per_token and (replay == "off" or flipped):
+            tokens.append(
+                {
+                    "diff": (torch.cat(batch.old_logprobs) - torch.cat(batch.rollout_logprobs)).abs(),
+                    "flipped_layers": flipped[index][1],  # [N, L_moe], as the off cell saw them
+                    "entropy": torch.cat(batch.rollout_entropies),
+                    "logprob": torch.cat(batch.rollout_logprobs),
+                    "perturbation_layers": router_perturbation(
+                        trainer, batch, engine_logits, replayed=replay == "r3"
+                    ),
+                }
             )
-            on_flipped.append((diff, mask, torch.cat(batch.rollout_entropies), perturbation))
         trainer.step += 1  # fresh sampling seeds, same weights
     result = {key: nan_mean([b[key] for b in per_batch]) for key in KEYS}
-    if on_flipped and any(bool(mask.any()) for _, mask, *_ in on_flipped):
-        diff, mask, entropy, perturbation = zip(*on_flipped)
-        result.update(
-            flipped_token_analysis(
-                torch.cat(diff), torch.cat(mask), torch.cat(entropy), torch.cat(perturbation)
+    if tokens:
+        tokens = {key: torch.cat([t[key] for t in tokens]) for key in tokens[0]}
+        torch.save(tokens, run_dir / "tokens.pt")  # per completion token, for further analysis
+        if tokens["flipped_layers"].any():
+            result["downstream_perturbation_ratio"] = downstream_ratio(
+                tokens["perturbation_layers"], tokens["flipped_layers"]
             )
-        )
+            if replay == "r3":
+                result.update(
+                    flipped_token_analysis(
+                        tokens["diff"],
+                        tokens["flipped_layers"].any(-1),
+                        tokens["entropy"],
+                        tokens["perturbation_layers"].amax(-1),
+                        tokens["logprob"],
+                    )
+                )
     return result
+
+
+def downstream_ratio(perturbation, flipped) -> float:
+    """How a route flip compounds through the later layers: over tokens whose first flip is at MoE layer
+    f < L - 1, the mean router perturbation at layers f+1..L-1, divided by the unflipped tokens' mean at
+    those same layers. perturbation [N, L] float, flipped [N, L] bool. Without replay a flip sends the
+    token through other experts and the later layers' inputs drift apart (ratio above 1); with replay
+    the later layers see only the precision error (ratio 1)."""
+    import torch
+
+    layers = flipped.shape[1]
+    any_flip = flipped.any(-1)
+    first = torch.where(
+        any_flip, flipped.float().argmax(-1), torch.full_like(any_flip, layers, dtype=torch.long)
+    )
+    later = torch.arange(layers)[None, :] > first[:, None]  # [N, L]: layers after the first flip
+    chosen = any_flip & (first < layers - 1)
+    if not chosen.any() or any_flip.all():
+        return float("nan")
+    control = perturbation[~any_flip].mean(0)  # [L]: unflipped tokens' mean per layer
+    weight = later[chosen].float()
+    return float((perturbation[chosen] * weight).sum() / (control[None, :] * weight).sum())
 
 
 def record_router_logits(engine) -> dict:
@@ -117,11 +153,12 @@ def record_router_logits(engine) -> dict:
     return store
 
 
-def router_perturbation(trainer, batch, engine_logits: dict):
-    """Per completion token: how far the engine's router logits are from the trainer's at that token's
-    position (the largest L2 distance over MoE layers), both computing the same network with the engine's
-    routes replayed. That distance is the precision error at the routers' input, what makes a top-k
-    choice flip; replay cannot remove it. The engine's logits are those its decode steps computed while
+def router_perturbation(trainer, batch, engine_logits: dict, replayed: bool = True):
+    """Per completion token and MoE layer [N, L_moe]: how far the engine's router logits are from the
+    trainer's at that token's position (L2 distance). With the engine's routes replayed (`replayed`)
+    both compute the same network, and the distance is the precision error at the routers' input, what
+    makes a top-k choice flip and what replay cannot remove; without, it also holds the drift that
+    earlier flips caused. The engine's logits are those its decode steps computed while
     sampling (`record_router_logits`), so the distance is exactly the one the sampled routes saw."""
     import torch
 
@@ -138,14 +175,15 @@ def router_perturbation(trainer, batch, engine_logits: dict):
             ids = prompt + completion
             engine = engine_logits[(tuple(prompt), tuple(completion))]  # [len(ids) - 1, L_moe, E]
             trainer_logits.clear()
-            with torch.no_grad(), replay.replay(routes):
+            with torch.no_grad(), replay.replay(routes) if replayed else nullcontext():
                 model(input_ids=torch.tensor([ids[:-1]]))
             distance = torch.stack(
                 [
                     (engine[:, layer] - t.reshape(engine[:, layer].shape)).norm(dim=-1)
                     for layer, t in enumerate(trainer_logits)
-                ]
-            ).amax(0)  # [len(ids) - 1]
+                ],
+                dim=1,
+            )  # [len(ids) - 1, L_moe]
             out.append(distance[len(prompt) - 1 :])
     finally:
         for hook in hooks:
@@ -185,7 +223,7 @@ def _ratio_ci(flipped_diff, control, resamples: int) -> list[float]:
 
 
 def flipped_token_analysis(
-    diff, mask, entropy, perturbation=None, neighbours: int = 10, resamples: int = 2000
+    diff, mask, entropy, perturbation=None, logprob=None, neighbours: int = 10, resamples: int = 2000
 ) -> dict:
     """r3's |dlogp| on the tokens whose routing flipped without replay, against unflipped tokens.
 
@@ -193,8 +231,11 @@ def flipped_token_analysis(
     entropies, so each flipped token is also compared with the `neighbours` unflipped tokens nearest to it
     in engine entropy; and, with `perturbation` (see `router_perturbation`), nearest in entropy and router
     perturbation together (both as ranks): flips happen where the precision error is largest, and a
-    token with a larger precision error has a larger |dlogp| whatever its routing. The ratios' 95%
-    intervals come from resampling the flipped tokens."""
+    token with a larger precision error has a larger |dlogp| whatever its routing. With `logprob` too (the
+    engine's log-prob of the sampled token), nearest in all three: how far a given logit error moves a
+    token's log-prob depends on that token's probability (the rare samples carry most of the mean). Each
+    is a property of the token fixed before any trainer pass. The ratios' 95% intervals come from
+    resampling the flipped tokens."""
     import torch
 
     flipped_diff, flipped_entropy = diff[mask], entropy[mask]
@@ -238,28 +279,58 @@ def flipped_token_analysis(
                 "flipped_over_perturbation_matched_ratio_ci95": _ratio_ci(flipped_diff, both, resamples),
             }
         )
+        if logprob is not None:
+            flipped_l, control_l = logprob[mask], logprob[~mask]
+            full = _matched_control(
+                torch.stack(
+                    [
+                        _ranks(flipped_entropy, control_entropy),
+                        _ranks(flipped_l, control_l),
+                        _ranks(flipped_p, control_p),
+                    ],
+                    dim=1,
+                ),
+                torch.stack(
+                    [
+                        _ranks(control_entropy, control_entropy),
+                        _ranks(control_l, control_l),
+                        _ranks(control_p, control_p),
+                    ],
+                    dim=1,
+                ),
+                control_diff,
+                neighbours,
+            )
+            result.update(
+                {
+                    "logp_abs_diff_fully_matched_unflipped": float(full.mean()),
+                    "flipped_over_fully_matched_ratio": float(flipped_diff.mean() / full.mean()),
+                    "flipped_over_fully_matched_ratio_ci95": _ratio_ci(flipped_diff, full, resamples),
+                }
+            )
     return result
 
 
-def _flip_cells(cell: dict) -> tuple[str, str, str, str]:
-    """The r3-on-flipped-tokens columns of the table ('-' where nothing flipped)."""
-    if "flipped_tokens" not in cell:
-        return "-", "-", "-", "-"
-    low, high = cell["flipped_over_matched_ratio_ci95"]
-    matched = "-"
-    if "flipped_over_perturbation_matched_ratio" in cell:
-        p_low, p_high = cell["flipped_over_perturbation_matched_ratio_ci95"]
-        matched = (
-            f"{cell['flipped_over_perturbation_matched_ratio']:.2f} ({p_low:.2f}-{p_high:.2f}); "
-            f"perturbation {cell['router_perturbation_flipped']:.3f} vs {cell['router_perturbation_unflipped']:.3f}"
+def _ratio(cell: dict, name: str) -> str:
+    """'ratio (low-high)' of a flipped-token ratio, '-' where the cell has none."""
+    if name not in cell:
+        return "-"
+    low, high = cell[f"{name}_ci95"]
+    return f"{cell[name]:.2f} ({low:.2f}-{high:.2f})"
+
+
+def _flipped_vs_unflipped(cell: dict) -> str:
+    """|dlogp| on flipped / unflipped tokens: this cell's own flips, or under r3 the off cell's."""
+    if "flipped_tokens" in cell:
+        flipped, unflipped = (
+            cell["logp_abs_diff_on_off_flipped_tokens"],
+            cell["logp_abs_diff_on_off_unflipped_tokens"],
         )
-    return (
-        f"{cell['logp_abs_diff_on_off_flipped_tokens']:.2e} / {cell['logp_abs_diff_on_off_unflipped_tokens']:.2e}",
-        f"{cell['flipped_over_matched_ratio']:.2f} ({low:.2f}-{high:.2f})",
-        matched,
-        f"{cell['median_logp_abs_diff_on_off_flipped_tokens']:.1e} / "
-        f"{cell['median_logp_abs_diff_on_off_unflipped_tokens']:.1e}",
-    )
+    else:
+        flipped, unflipped = cell["mismatch/logp_abs_diff_flipped"], cell["mismatch/logp_abs_diff_unflipped"]
+    if flipped != flipped:  # nothing flipped
+        return "-"
+    return f"{flipped:.2e} / {unflipped:.2e} ({flipped / unflipped:.2f}x)"
 
 
 def short_rl(base: list[str], precision: str, replay: str, steps: int, run_dir: Path) -> dict:
@@ -300,12 +371,10 @@ def summary_table(payload: dict):
         "routing agreement",
         "flipped tokens",
         "|dlogp|",
-        "|dlogp| flipped",
-        "|dlogp| unflipped",
-        "r3 on off's flipped / unflipped",
-        "r3 flipped / entropy-matched (95% CI)",
-        "r3 flipped / entropy + router-perturbation matched (95% CI)",
-        "r3 median flipped / unflipped",
+        "|dlogp| flipped / unflipped (r3: on off's flips)",
+        "r3 flipped / entropy-matched unflipped (95% CI)",
+        "r3 flipped / entropy + log-prob + perturbation matched (95% CI)",
+        "router error after a flip (x unflipped)",
         "k3 KL",
         "ratio > 2",
         "fp8 RL: acc first->last, final greedy",
@@ -313,15 +382,17 @@ def summary_table(payload: dict):
         table.add_column(column, justify="right")
     for cell in cells:
         rl = cell.get("rl")
+        downstream = cell.get("downstream_perturbation_ratio")
         table.add_row(
             cell["precision"],
             cell["replay"],
             f"{cell['mismatch/routing_agreement']:.4f}",
             f"{cell['mismatch/flipped_token_fraction']:.3f}",
             f"{cell['mismatch/logp_abs_diff']:.2e}",
-            f"{cell['mismatch/logp_abs_diff_flipped']:.2e}",
-            f"{cell['mismatch/logp_abs_diff_unflipped']:.2e}",
-            *_flip_cells(cell),
+            _flipped_vs_unflipped(cell),
+            _ratio(cell, "flipped_over_matched_ratio"),
+            _ratio(cell, "flipped_over_fully_matched_ratio"),
+            "-" if downstream is None else f"{downstream:.2f}",
             f"{cell['mismatch/k3_kl']:.2e}",
             f"{cell['mismatch/ratio_above_2']:.4f}",
             "-"
@@ -337,7 +408,10 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--batches", type=int, default=12, help="RL batches measured per cell")
-    parser.add_argument("--rl-steps", type=int, default=20, help="RL steps of the fp8 stability runs")
+    parser.add_argument(
+        "--rl-steps", type=int, default=20, help="RL steps of the fp8 stability runs (0: none)"
+    )
+    parser.add_argument("--precisions", default="fp32,bf16,fp8", help="engine precisions measured")
     parser.add_argument("--sft-seed", type=int, default=1)
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -360,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     base += [f"model.path={sft_dir}", "sft.steps=0", f"seed={args.sft_seed}"]
     cells = []
-    for precision in ("fp32", "bf16", "fp8"):
+    for precision in args.precisions.split(","):
         flipped: list = []
         for replay in ("off", "r3"):
             console.print(f"measuring {precision} / replay {replay} ...")
@@ -368,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
             cell.update(
                 measure(base, precision, replay, args.batches, work / f"{precision}_{replay}", flipped)
             )
-            if precision == "fp8":
+            if precision == "fp8" and args.rl_steps > 0:
                 cell["rl"] = short_rl(
                     base, precision, replay, args.rl_steps, work / f"rl_{precision}_{replay}"
                 )

@@ -46,6 +46,8 @@ def test_zve_bench_smoke(tmp_path, capsys):
 
 
 def test_mismatch_bench_smoke(tmp_path, capsys):
+    import torch
+
     bench = _load("mismatch")
     assert bench.main(["--tiny", "--batches", "1", "--rl-steps", "1", "--out", str(tmp_path)]) == 0
     payload = json.loads((tmp_path / "mismatch.json").read_text())
@@ -55,6 +57,12 @@ def test_mismatch_bench_smoke(tmp_path, capsys):
         assert cells[(precision, "r3")]["mismatch/routing_agreement"] == 1.0  # replay: by construction
     assert cells[("fp8", "off")]["mismatch/logp_abs_diff"] > cells[("fp32", "off")]["mismatch/logp_abs_diff"]
     assert cells[("fp8", "r3")]["rl"]["all_finite"]
+    # below fp32 both cells keep their per-token data for further analysis
+    for precision in ("bf16", "fp8"):
+        for replay in ("off", "r3"):
+            tokens = torch.load(tmp_path / "mismatch_runs" / f"{precision}_{replay}" / "tokens.pt")
+            assert tokens["perturbation_layers"].shape == tokens["flipped_layers"].shape
+            assert len(tokens["diff"]) == len(tokens["logprob"]) == len(tokens["entropy"])
     assert "mismatch per precision and replay mode" in capsys.readouterr().out
 
 
@@ -105,6 +113,45 @@ def test_flipped_token_analysis_matches_on_router_perturbation():
     assert out["flipped_over_perturbation_matched_ratio_ci95"] == pytest.approx([1.0, 1.0])
 
 
+def test_flipped_token_analysis_matches_on_the_sampled_log_prob():
+    import torch
+
+    bench = _load("mismatch")
+    # |dlogp| = -logprob / 100 for every token (a rarer sample moves more under the same logit error);
+    # the two flipped tokens are the two rarest samples. Entropy and perturbation are equal everywhere,
+    # so only the log-prob separates them: matched on all three, the ratio is exactly 1.
+    logprob = -torch.cat([torch.arange(1, 11).float(), torch.tensor([9.0, 10.0])])
+    mask = torch.zeros(12, dtype=torch.bool)
+    mask[10:] = True
+    same = torch.ones(12)
+    out = bench.flipped_token_analysis(-logprob / 100, mask, same, same, logprob, neighbours=1, resamples=50)
+    assert out["logp_abs_diff_on_off_flipped_tokens"] == pytest.approx(0.095)
+    assert out["logp_abs_diff_perturbation_matched_unflipped"] != pytest.approx(0.095)  # blind to log-prob
+    assert out["logp_abs_diff_fully_matched_unflipped"] == pytest.approx(0.095)
+    assert out["flipped_over_fully_matched_ratio"] == pytest.approx(1.0)
+    assert out["flipped_over_fully_matched_ratio_ci95"] == pytest.approx([1.0, 1.0])
+
+
+def test_downstream_ratio_by_hand():
+    import torch
+
+    bench = _load("mismatch")
+    perturbation = torch.tensor(
+        [
+            [1.0, 1.0, 1.0],  # unflipped
+            [1.0, 3.0, 1.0],  # unflipped: per-layer control means [1, 2, 1]
+            [5.0, 4.0, 2.0],  # first flip at layer 0: layers 1, 2 count, 4 + 2 against 2 + 1
+            [0.0, 0.0, 3.0],  # first flip at layer 1: layer 2 counts, 3 against 1
+            [9.0, 9.0, 9.0],  # flips only at the last layer: nothing after it, left out
+        ]
+    )
+    flipped = torch.tensor([[0, 0, 0], [0, 0, 0], [1, 0, 1], [0, 1, 0], [0, 0, 1]], dtype=torch.bool)
+    assert bench.downstream_ratio(perturbation, flipped) == pytest.approx((6 + 3) / (3 + 1))
+    only_last = torch.zeros(5, 3, dtype=torch.bool)
+    only_last[4, 2] = True
+    assert bench.downstream_ratio(perturbation, only_last) != bench.downstream_ratio(perturbation, only_last)
+
+
 @pytest.mark.parametrize("precision", ["fp32", "fp8"])
 def test_router_perturbation_is_the_engines_precision_error(tmp_path, precision):
     """The engine's router logits (recorded by the decode steps that sampled) against the trainer's under
@@ -122,7 +169,8 @@ def test_router_perturbation_is_the_engines_precision_error(tmp_path, precision)
     batch = trainer.rollout()
     assert all((tuple(p), tuple(c)) in engine_logits for p, c in zip(batch.prompt_ids, batch.completion_ids))
     perturbation = bench.router_perturbation(trainer, batch, engine_logits)
-    assert perturbation.shape == (sum(len(c) for c in batch.completion_ids),)
+    layers = trainer.model.config.num_hidden_layers
+    assert perturbation.shape == (sum(len(c) for c in batch.completion_ids), layers)
     if precision == "fp32":
         assert float(perturbation.max()) < 1e-5
     else:
