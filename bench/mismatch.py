@@ -1,17 +1,21 @@
 """Train/inference mismatch: engine precision x router replay, on the demo model after SFT.
 
-For each engine precision (fp32, bf16, fp8) and replay mode (off, r3), samples a few RL batches from the
-SFT checkpoint and measures the trainer's (fp32) old-policy pass against the engine that sampled:
-routing agreement, |dlogp| overall and on tokens whose routing flipped, k3 KL, share of ratios > 2.
+For each engine precision (fp32, bf16, fp8) and replay mode (off, r3), samples RL batches from the SFT
+checkpoint and measures the trainer's (fp32) old-policy pass against the engine that sampled: routing
+agreement, |dlogp| overall and on tokens whose routing flipped, k3 KL, share of ratios > 2. Below fp32,
+per token and MoE layer, the router perturbation (L2 distance between the engine's router logits, as its
+decode steps computed them, and the trainer's) and how much larger it is after a token's first flipped
+layer than on unflipped tokens: how a flip compounds through later layers, and whether replay stops it.
 Under r3, the tokens that flipped without replay are compared with unflipped tokens of the same entropy,
-and of the same entropy and router perturbation (how far the engine's router logits are from the
-trainer's: the precision error that makes a route flip, which replay does not remove).
-Then a short RL run per fp8 cell shows whether training stays stable.
+and of the same entropy, sampled-token log-prob and router perturbation (the precision error that makes
+a route flip, which replay does not remove). Then a short RL run per fp8 cell shows whether training
+stays stable.
 
-    python bench/mismatch.py               # ~8 minutes on 2 CPU cores (trains the SFT checkpoint if missing)
+    python bench/mismatch.py               # ~10 minutes on 2 CPU cores (trains the SFT checkpoint if missing)
     python bench/mismatch.py --tiny        # seconds: a smoke run on a 2-layer model
 
-Writes bench/results/mismatch.json; prints the table last.
+Writes bench/results/mismatch.json (per-token data: bench/results/mismatch_runs/*/tokens.pt); prints the
+table last.
 """
 
 from __future__ import annotations
@@ -407,12 +411,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--batches", type=int, default=12, help="RL batches measured per cell")
+    parser.add_argument("--batches", type=int, default=24, help="RL batches measured per cell")
     parser.add_argument(
         "--rl-steps", type=int, default=20, help="RL steps of the fp8 stability runs (0: none)"
     )
     parser.add_argument("--precisions", default="fp32,bf16,fp8", help="engine precisions measured")
     parser.add_argument("--sft-seed", type=int, default=1)
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of the measured runs (prompts, samples); default: --sft-seed",
+    )
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--table", action="store_true", help="print the table of the saved results and exit")
@@ -432,7 +442,8 @@ def main(argv: list[str] | None = None) -> int:
     sft_dir = prepare_sft(
         [*base, f"seed={args.sft_seed}"], work.parent / "zve_runs" / f"sft_seed{args.sft_seed}"
     )
-    base += [f"model.path={sft_dir}", "sft.steps=0", f"seed={args.sft_seed}"]
+    seed = args.sft_seed if args.seed is None else args.seed
+    base += [f"model.path={sft_dir}", "sft.steps=0", f"seed={seed}"]
     cells = []
     for precision in args.precisions.split(","):
         flipped: list = []
@@ -451,6 +462,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "mismatch",
         "sft_checkpoint": str(sft_dir),
         "batches": args.batches,
+        "seed": seed,
         "cells": cells,
         "tiny": args.tiny,
         "wall_seconds": time.perf_counter() - started,
