@@ -112,24 +112,6 @@ def test_empty_prompt_is_rejected(tiny_model):
         list(engine.generate([GenerationRequest(0, [])], SamplingParams(4)))
 
 
-def test_recorded_routes_are_the_hf_routers_top_k(tiny_model):
-    """Every token fed through the engine (prompt and completion but the last) carries its top-k experts."""
-    model, tokenizer = tiny_model
-    engine = NativeEngine.from_model(model, tokenizer, batch_size=3)
-    completions = list(engine.generate(_requests(tokenizer, PROMPTS), SamplingParams(12, record_routes=True)))
-    top_k = model.config.num_experts_per_tok
-    for completion in completions:
-        ids = completion.prompt_ids + completion.token_ids
-        routes = completion.routed_experts
-        assert routes.dtype == torch.int16
-        assert routes.shape == (len(ids) - 1, model.config.num_hidden_layers, top_k)
-        with torch.no_grad():
-            router_logits = model(input_ids=torch.tensor([ids]), output_router_logits=True).router_logits
-        for layer, logits in enumerate(router_logits):
-            expected = torch.topk(logits[: len(ids) - 1], top_k, dim=-1).indices.sort(-1).values
-            assert torch.equal(routes[:, layer].long().sort(-1).values, expected), f"layer {layer}"
-
-
 def test_routes_are_not_recorded_unless_asked(tiny_model):
     model, tokenizer = tiny_model
     engine = NativeEngine.from_model(model, tokenizer)
@@ -285,9 +267,10 @@ def test_batched_experts_equal_a_per_token_reference():
         )
 
 
-def test_recorded_router_logits_are_the_hf_routers_logits(tiny_model):
-    """record_router_logits returns, per fed token and MoE layer, the logits the engine routed by: the HF
-    router's in fp32, through slot refills and pool shrinking; their top-k is the recorded route."""
+def test_recorded_routes_and_router_logits_are_the_hf_routers(tiny_model):
+    """Every token fed through the engine (prompt and completion but the last) carries its top-k experts
+    and the router logits they were chosen from, per MoE layer: the HF router's logits in fp32, through
+    slot refills and pool shrinking."""
     model, tokenizer = tiny_model
     engine = NativeEngine.from_model(model, tokenizer, batch_size=3)
     params = SamplingParams(12, record_routes=True, record_router_logits=True)
@@ -305,8 +288,10 @@ def test_recorded_router_logits_are_the_hf_routers_logits(tiny_model):
             torch.testing.assert_close(
                 logits[:, layer], expected[: len(ids) - 1].float(), atol=1e-5, rtol=1e-5
             )
+        routes = completion.routed_experts
+        assert routes.dtype == torch.int16 and routes.shape == (len(ids) - 1, logits.shape[1], top_k)
         top = torch.topk(logits, top_k, dim=-1).indices.sort(-1).values
-        assert torch.equal(top, completion.routed_experts.long().sort(-1).values)
+        assert torch.equal(top, routes.long().sort(-1).values)
 
 
 def test_router_logits_alone_are_recorded_without_routes(tiny_model):
