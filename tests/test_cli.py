@@ -52,6 +52,13 @@ def test_demo_writes_summary(tmp_path, capsys):
         assert key in summary
     assert summary["seed"] == 3
     assert "Held-out accuracy before and after RL" in capsys.readouterr().out
+    # the report of that run: tables, curves of both phases, the demo's before/after
+    assert main(["report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "training accuracy" in out and "SFT loss" in out and "demo: held-out greedy accuracy" in out
+    for name in ("summary.md", "summary.json", "rl_curves.png", "sft_curves.png"):
+        assert (tmp_path / "report" / name).stat().st_size > 0
+    assert "Demo: held-out greedy accuracy" in (tmp_path / "report" / "summary.md").read_text()
 
 
 def test_score_command(tmp_path, capsys):
@@ -82,6 +89,7 @@ def test_score_renamed_fields_and_bad_row(tmp_path, capsys):
         ["score", "x.jsonl", "--reward", "nope"],
         ["filter", "builtin", "--model", "/nonexistent/ckpt"],
         ["filter", "/nonexistent/prompts.jsonl", "--model", "/nonexistent/ckpt"],
+        ["report", "/nonexistent/run"],
     ],
 )
 def test_bad_paths_exit_2(argv, capsys, tmp_path):

@@ -6,6 +6,7 @@
     everyprompt eval CHECKPOINT [--data FILE] [CONFIG.yaml] [KEY=VALUE ...]
     everyprompt score INPUT.jsonl --reward math [--completion-field F] [--answer-field F] [-o OUT]
     everyprompt filter DATA|builtin --model CKPT [--samples K] [--low L] [--high H] [--out DIR]
+    everyprompt report RUN_DIR
 
 A bad config, data file, checkpoint or reward exits with code 2 and a one-line message.
 """
@@ -196,14 +197,46 @@ def cmd_filter(args) -> int:
     return 0
 
 
-def _plot_pass_rates(estimate, rules, path: Path) -> None:
-    try:
-        import matplotlib
+def cmd_report(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:  # the plot is optional; report.json has the histogram
-        return
+    from everyprompt.report import format_row, report
+
+    summary = report(args.run_dir)
+    console = Console()
+    out = Path(args.run_dir) / "report"
+    for name in ("rl", "sft"):
+        part = summary.get(name)
+        if part is None:
+            continue
+        table = Table(title=f"{name.upper()}: {part['steps']} steps")
+        table.add_column("metric")
+        table.add_column("value", justify="right")
+        for row in part["rows"]:
+            table.add_row(
+                row["label"],
+                format_row(row) + (f" ({row['non_finite']} non-finite)" if row["non_finite"] else ""),
+            )
+        console.print(table)
+    demo = summary.get("demo")
+    if demo:
+        console.print(
+            f"demo: held-out greedy accuracy {demo['accuracy_before_rl']:.1%} -> {demo['accuracy_after_rl']:.1%}"
+        )
+    files = ["summary.md", "summary.json"] + [
+        p["curves"] for p in (summary.get("rl"), summary.get("sft")) if p and p["curves"]
+    ]
+    console.print(f"wrote {out}/: {', '.join(files)}")
+    return 0
+
+
+def _plot_pass_rates(estimate, rules, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     rates = [r for i in range(len(estimate.attempts)) if (r := estimate.rate(i)) is not None]
     figure, axis = plt.subplots(figsize=(6, 3.5))
     axis.hist(rates, bins=rules.samples + 1, range=(0, 1), color="#4c72b0", edgecolor="white")
@@ -269,12 +302,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--high", type=float, default=None, help="drop p >= high (zve.filter.high)")
     p.add_argument("--out", default=None, help="output directory (default: DATA-filtered)")
     p.set_defaults(func=cmd_filter)
+
+    p = sub.add_parser("report", help="summary table and metric curves of a run directory")
+    p.add_argument("run_dir", help="a run directory (holds metrics.jsonl)")
+    p.set_defaults(func=cmd_report)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     from everyprompt.data import DataError
     from everyprompt.models.io import ModelError
+    from everyprompt.report import ReportError
     from everyprompt.rewards import RewardError
     from everyprompt.trainer import CheckpointError
 
@@ -290,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except ConfigError as err:
         print(f"everyprompt: config error: {err}", file=sys.stderr)
-    except (DataError, ModelError, RewardError, CheckpointError) as err:
+    except (DataError, ModelError, RewardError, CheckpointError, ReportError) as err:
         print(f"everyprompt: {err}", file=sys.stderr)
     return EXIT_USAGE
 

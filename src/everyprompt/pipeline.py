@@ -263,6 +263,6 @@ def demo(config: Config, run_dir: str | Path | None = None, console: Console | N
     out.print(accuracy_table(before, after, pass_key))
     out.print(
         f"wall time {summary['wall_seconds']:.0f} s; run directory {run.run_dir} (summary.json, metrics.jsonl, "
-        "tensorboard/, checkpoints/)"
+        f"tensorboard/, checkpoints/); `everyprompt report {run.run_dir}` draws its curves"
     )
     return summary

@@ -1,0 +1,131 @@
+"""`everyprompt report`: summary figures by hand, the files it writes, and its errors."""
+
+import json
+import math
+
+import pytest
+
+from everyprompt.report import ReportError, format_row, load_metrics, report, summarize
+
+
+def _write(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def _run(tmp_path):
+    """20 RL steps: accuracy 0.1 .. 2.0 / 10, an eval at steps 10 and 20, step 5 logged twice (a resume
+    re-logs it; the second record wins), a NaN loss at step 7."""
+    records = []
+    for step in range(1, 21):
+        record = {
+            "step": step,
+            "reward/accuracy": step / 20,
+            "loss/policy": float("nan") if step == 7 else -0.01 * step,
+            "zve/zero_variance_rate": 0.5 if step <= 10 else 0.1,
+            "rollout/tokens_per_s": float(step * 100),
+            "actor/skipped_updates": 1.0 if step == 7 else 0.0,
+        }
+        if step % 10 == 0:
+            record["eval/greedy_accuracy"] = 0.4 if step == 10 else 0.7
+            record["eval/pass@4"] = 0.6 if step == 10 else 0.9
+        records.append(record)
+    stale = dict(records[4], **{"reward/accuracy": 0.99})
+    _write(tmp_path / "metrics.jsonl", [*records[:5], stale, *records[5:]])
+    (tmp_path / "config.yaml").write_text("eval:\n  pass_k: 4\nrl:\n  loss: espo\n")
+    return records
+
+
+def test_each_step_counts_once_and_the_last_record_wins(tmp_path):
+    _run(tmp_path)
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 21  # step 5 twice in the file
+    metrics = load_metrics(tmp_path / "metrics.jsonl")
+    assert metrics.steps == list(range(1, 21))
+    assert metrics.series("reward/accuracy")[1][4] == 0.99  # the re-logged step 5
+
+
+def test_summary_figures_by_hand(tmp_path):
+    _run(tmp_path)
+    rows = {r["key"]: r for r in summarize(load_metrics(tmp_path / "metrics.jsonl"), pass_k=4)}
+    # accuracy: first tenth = steps 1-2 (0.05, 0.10) -> 0.075; last tenth = steps 19-20 (0.95, 1.0) -> 0.975
+    assert rows["reward/accuracy"]["first"] == pytest.approx(0.075)
+    assert rows["reward/accuracy"]["last"] == pytest.approx(0.975)
+    assert rows["reward/accuracy"]["steps_each"] == 2
+    # evals: first and last logged value, with their steps
+    ev = rows["eval/greedy_accuracy"]
+    assert (ev["first"], ev["first_step"], ev["last"], ev["last_step"]) == (0.4, 10, 0.7, 20)
+    assert rows["eval/pass@4"]["label"] == "held-out pass@4" and rows["eval/pass@4"]["last"] == 0.9
+    # zero-variance rate: 10 steps at 0.5, 10 at 0.1 -> mean 0.3
+    assert rows["zve/zero_variance_rate"]["value"] == pytest.approx(0.3)
+    # tokens/s 100..2000 by 100: median of 20 values = (1000 + 1100) / 2
+    assert rows["rollout/tokens_per_s"]["value"] == pytest.approx(1050)
+    # the NaN loss is counted, not averaged: mean of -0.01 * (1..20 without 7) = -0.01 * 203 / 19
+    assert rows["loss/policy"]["non_finite"] == 1
+    assert rows["loss/policy"]["value"] == pytest.approx(-0.01 * 203 / 19)
+    assert rows["actor/skipped_updates"]["value"] == 1.0
+    assert "mismatch/logp_abs_diff" not in rows  # not logged, no row
+    assert format_row(rows["reward/accuracy"]) == "0.075 -> 0.975 (first / last 2 steps)"
+    assert format_row(rows["actor/skipped_updates"]) == "1 (sum)"
+
+
+def test_report_writes_summary_markdown_and_curves(tmp_path):
+    _run(tmp_path)
+    summary = report(tmp_path)
+    assert summary["rl"]["steps"] == 20 and "sft" not in summary
+    assert summary["config"] == {"model": "built-in tiny MoE", "loss": "espo"}
+    assert summary["rl"]["panels"] == [
+        "training reward",
+        "held-out greedy accuracy",
+        "policy loss",
+        "zero-variance groups",
+        "rollout tokens/s",
+    ]
+    out = tmp_path / "report"
+    assert json.loads((out / "summary.json").read_text())["rl"]["last_step"] == 20
+    assert (out / "rl_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = (out / "summary.md").read_text()
+    assert (
+        "| policy loss |" in text and "1 non-finite values" in text and "![rl curves](rl_curves.png)" in text
+    )
+
+
+def test_an_empty_metrics_file_reports_zero_steps(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text("")
+    summary = report(tmp_path)
+    assert summary["rl"] == {"steps": 0, "rows": [], "curves": None}
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ('{"step": 1}\n{"step": 2\n', "metrics.jsonl line 2: not valid JSON"),
+        ('{"step": 1}\n[1, 2]\n', "metrics.jsonl line 2: expected a JSON object, got list"),
+        ('{"loss": 1.0}\n', "metrics.jsonl line 1: expected an integer 'step', got None"),
+        ('{"step": "3"}\n', "metrics.jsonl line 1: expected an integer 'step', got '3'"),
+    ],
+)
+def test_malformed_metrics_name_the_file_and_line(tmp_path, content, message):
+    (tmp_path / "metrics.jsonl").write_text(content)
+    with pytest.raises(ReportError, match=message):
+        report(tmp_path)
+
+
+def test_missing_run_directory_and_missing_metrics_are_clear_errors(tmp_path):
+    with pytest.raises(ReportError, match="no such run directory"):
+        report(tmp_path / "nope")
+    with pytest.raises(ReportError, match="no metrics.jsonl"):
+        report(tmp_path)
+
+
+def test_moving_average_by_hand():
+    from everyprompt.report import _moving_average
+
+    # windows of 2 over 1, 2, 4, NaN, 8: 1.5, 3, 4 (NaN skipped), 8
+    assert _moving_average([1.0, 2.0, 4.0, float("nan"), 8.0], 2) == [1.5, 3.0, 4.0, 8.0]
+
+
+def test_nan_only_series_summarises_to_nan(tmp_path):
+    _write(tmp_path / "metrics.jsonl", [{"step": 1, "loss/policy": float("nan")}])
+    [row] = summarize(load_metrics(tmp_path / "metrics.jsonl"))
+    assert math.isnan(row["value"]) and row["non_finite"] == 1
+    assert format_row(row) == "nan (mean)"
