@@ -597,11 +597,10 @@ class _Record:
         """Write one forward's (experts, logits) per MoE layer, each [B, T, .], into cache rows `rows` at
         positions `columns`: every position of a prefill ([T] columns, step None), or each row's one fed
         token of a decode step ([len(rows)] columns, step 0: rows index the forward's batch too)."""
-        experts = torch.stack([e for e, _ in captured], dim=2)  # [B, T, L_moe, k]
-        logits = torch.stack([g for _, g in captured], dim=2)  # [B, T, L_moe, E]
-        for buffer, values in ((self.routes, experts), (self.logits, logits)):
-            if buffer is None:
+        for field, buffer in enumerate((self.routes, self.logits)):
+            if buffer is None:  # only what was asked for is stacked: a replay run records routes alone
                 continue
+            values = torch.stack([layer[field] for layer in captured], dim=2)  # [B, T, L_moe, k or E]
             if step is None:
                 buffer[rows[:, None], columns[None, :]] = values.to(buffer.dtype)
             else:
