@@ -5,6 +5,7 @@ import math
 
 import pytest
 
+from everyprompt.data import DataError
 from everyprompt.report import ReportError, format_row, load_metrics, report, summarize
 
 
@@ -96,17 +97,17 @@ def test_an_empty_metrics_file_reports_zero_steps(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "content, message",
+    "content, error, message",
     [
-        ('{"step": 1}\n{"step": 2\n', "metrics.jsonl line 2: not valid JSON"),
-        ('{"step": 1}\n[1, 2]\n', "metrics.jsonl line 2: expected a JSON object, got list"),
-        ('{"loss": 1.0}\n', "metrics.jsonl line 1: expected an integer 'step', got None"),
-        ('{"step": "3"}\n', "metrics.jsonl line 1: expected an integer 'step', got '3'"),
+        ('{"step": 1}\n{"step": 2\n', DataError, r"metrics.jsonl:2: not valid JSON"),
+        ('{"step": 1}\n[1, 2]\n', DataError, r"metrics.jsonl:2: expected a JSON object, got list"),
+        ('{"loss": 1.0}\n', DataError, r"metrics.jsonl:1: missing field\(s\) \['step'\]"),
+        ('{"step": "3"}\n', ReportError, r"metrics.jsonl: expected integer steps, got step '3'"),
     ],
 )
-def test_malformed_metrics_name_the_file_and_line(tmp_path, content, message):
+def test_malformed_metrics_name_the_file_and_line(tmp_path, content, error, message):
     (tmp_path / "metrics.jsonl").write_text(content)
-    with pytest.raises(ReportError, match=message):
+    with pytest.raises(error, match=message):
         report(tmp_path)
 
 

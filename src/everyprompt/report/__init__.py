@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from everyprompt.data.datasets import read_jsonl
+
 # (panel title, metric keys drawn in it); a panel whose keys the run never logged is left out
 PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("SFT loss", ("sft/loss",)),
@@ -49,7 +51,8 @@ ROWS: tuple[tuple[str, str, str], ...] = (
 
 
 class ReportError(ValueError):
-    """The run directory cannot be reported on; the message names the file (and line) and why."""
+    """The run directory cannot be reported on; the message names the file and why (a malformed line is
+    data.read_jsonl's DataError, naming the line)."""
 
 
 @dataclass
@@ -70,31 +73,17 @@ class Metrics:
 
 
 def load_metrics(path: str | Path) -> Metrics:
-    """Read a metrics.jsonl; a malformed line is a ReportError naming the file and line."""
-    path = Path(path)
+    """Read a metrics.jsonl (`data.read_jsonl`: a malformed line is a DataError naming file and line)."""
     by_step: dict[int, dict[str, float]] = {}
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ReportError(f"{path} line {number}: not valid JSON ({err.msg})") from None
-            if not isinstance(record, dict):
-                raise ReportError(
-                    f"{path} line {number}: expected a JSON object, got {type(record).__name__}"
-                )
-            step = record.get("step")
-            if isinstance(step, bool) or not isinstance(step, int):
-                raise ReportError(f"{path} line {number}: expected an integer 'step', got {step!r}")
-            numbers = {
-                k: float(v)
-                for k, v in record.items()
-                if isinstance(v, (int, float)) and not isinstance(v, bool)
-            }
-            by_step[step] = numbers  # a resumed run logs its steps after the last checkpoint again
-    return Metrics(path, [by_step[s] for s in sorted(by_step)])
+    for record in read_jsonl(path, required=("step",)):
+        step = record["step"]
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise ReportError(f"{path}: expected integer steps, got step {step!r}")
+        numbers = {
+            k: float(v) for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+        by_step[step] = numbers  # a resumed run logs its steps after the last checkpoint again
+    return Metrics(Path(path), [by_step[s] for s in sorted(by_step)])
 
 
 def _mean(values: list[float]) -> float:
