@@ -203,10 +203,13 @@ def _ranks(values, reference):
     return torch.searchsorted(ordered, values.contiguous()).float() / len(ordered)
 
 
-def _matched_control(flipped_features, control_features, control_diff, neighbours: int):
-    """Per flipped token, the mean |dlogp| of the `neighbours` unflipped tokens nearest in feature space."""
+def _matched_control(mask, features, control_diff, neighbours: int):
+    """Per flipped token (`mask`), the mean |dlogp| of the `neighbours` unflipped tokens nearest to it in
+    `features` (per-token tensors, each as its rank among the unflipped tokens' values)."""
     import torch
 
+    flipped_features = torch.stack([_ranks(f[mask], f[~mask]) for f in features], dim=1)
+    control_features = torch.stack([_ranks(f[~mask], f[~mask]) for f in features], dim=1)
     means = []
     for chunk in torch.split(flipped_features, 256):
         nearest = torch.cdist(chunk, control_features).topk(neighbours, largest=False).indices
@@ -276,12 +279,7 @@ def flipped_token_analysis(
     }
     if perturbation is not None:
         flipped_p, control_p = perturbation[mask], perturbation[~mask]
-        both = _matched_control(
-            torch.stack([_ranks(flipped_entropy, control_entropy), _ranks(flipped_p, control_p)], dim=1),
-            torch.stack([_ranks(control_entropy, control_entropy), _ranks(control_p, control_p)], dim=1),
-            control_diff,
-            neighbours,
-        )
+        both = _matched_control(mask, (entropy, perturbation), control_diff, neighbours)
         result.update(
             {
                 "router_perturbation_flipped": float(flipped_p.mean()),
@@ -292,31 +290,13 @@ def flipped_token_analysis(
             }
         )
         if logprob is not None:
-            flipped_l, control_l = logprob[mask], logprob[~mask]
-            features = (
-                torch.stack(
-                    [
-                        _ranks(flipped_entropy, control_entropy),
-                        _ranks(flipped_l, control_l),
-                        _ranks(flipped_p, control_p),
-                    ],
-                    dim=1,
-                ),
-                torch.stack(
-                    [
-                        _ranks(control_entropy, control_entropy),
-                        _ranks(control_l, control_l),
-                        _ranks(control_p, control_p),
-                    ],
-                    dim=1,
-                ),
-            )
-            full = _matched_control(*features, control_diff, neighbours)
+            features = (entropy, logprob, perturbation)
+            full = _matched_control(mask, features, control_diff, neighbours)
             # the same with every |dlogp| capped at the sample's 99.9th percentile: a single token can
             # move the mean (a rare sample at a position the model never trained on can differ by ~10
             # nats between fp8 and fp32 weights), the cap keeps the comparison about the typical token
             cap = float(torch.quantile(diff, cap_quantile))
-            capped_full = _matched_control(*features, control_diff.clamp(max=cap), neighbours)
+            capped_full = _matched_control(mask, features, control_diff.clamp(max=cap), neighbours)
             capped_flipped = flipped_diff.clamp(max=cap)
             result.update(
                 {
