@@ -72,9 +72,9 @@ def measure(
     for index in range(batches):
         if engine_logits is not None:
             engine_logits.clear()
-        batch = trainer.rollout()
-        trainer._old_logprobs(batch)  # the measured pass: fp32 trainer vs the engine's log-probs and routes
-        per_batch.append({k: batch.stats.get(k, float("nan")) for k in KEYS})
+        batch = trainer.rollout.next_batch(index)  # a step's seeds: fresh samples, same weights
+        stats = trainer.learner.old_logprobs(batch)  # the measured pass: fp32 trainer vs the engine
+        per_batch.append({k: stats.get(k, float("nan")) for k in KEYS})
         if replay == "off" and flipped is not None:
             mask = []  # the old-policy pass above ran without replay: its routes are the trainer's own
             for prompt, mine, engine in zip(batch.prompt_ids, batch.old_routes, batch.routed_experts):
@@ -95,7 +95,6 @@ def measure(
                     ),
                 }
             )
-        trainer.step += 1  # fresh sampling seeds, same weights
     result = {key: nan_mean([b[key] for b in per_batch]) for key in KEYS}
     if tokens:
         tokens = {key: torch.cat([t[key] for t in tokens]) for key in tokens[0]}

@@ -72,7 +72,7 @@ def _model(overrides: list[str]):
 
 
 def _engine(model, tokenizer, slots: int, eos: bool = True):
-    from everyprompt.rollout import NativeEngine
+    from everyprompt.rollout.native import NativeEngine
 
     return NativeEngine(
         model.config,

@@ -126,7 +126,7 @@ def run_one(job: dict) -> dict:
         "steps": len(history),
         "rollouts": trainer.rollouts_total,
         "filter_rollouts": filter_rollouts,
-        "prompts": len(trainer.prompts),
+        "prompts": len(trainer.rollout.prompts),
         "final_greedy_accuracy": final["greedy_accuracy"],
         "final_by_level": {k: v for k, v in final.items() if k.startswith("greedy_accuracy/")},
         "evals": evals,
@@ -333,12 +333,12 @@ def _start_accuracy(base: list[str], sft_dir: Path, work: Path) -> float:
     from everyprompt.config import load_config
     from everyprompt.models.io import load_pretrained
     from everyprompt.pipeline import Run
-    from everyprompt.rollout import NativeEngine
+    from everyprompt.rollout import build_engine
 
     config = load_config(None, [*base, "logging.progress=false"])
     run = Run(config, work / "start_eval")
     model, tokenizer = load_pretrained(sft_dir)
-    result = run.evaluate(NativeEngine.from_model(model, tokenizer), tokenizer)
+    result = run.evaluate(build_engine(config.rollout, model, tokenizer), tokenizer)
     cache.write_text(json.dumps(result))
     return result["greedy_accuracy"]
 

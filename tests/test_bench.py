@@ -177,7 +177,7 @@ def test_router_perturbation_is_the_engines_precision_error(tmp_path, precision)
     overrides += [f"rollout.precision={precision}", "rl.router_replay=r3", "rl.old_logprobs=recompute"]
     trainer = Run(load_config(None, overrides), tmp_path).trainer()
     engine_logits = bench.record_router_logits(trainer.engine)
-    batch = trainer.rollout()
+    batch = trainer.rollout.next_batch(0)
     assert all((tuple(p), tuple(c)) in engine_logits for p, c in zip(batch.prompt_ids, batch.completion_ids))
     perturbation = bench.router_perturbation(trainer, batch, engine_logits)
     layers = trainer.model.config.num_hidden_layers

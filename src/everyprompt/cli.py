@@ -71,7 +71,7 @@ def cmd_eval(args) -> int:
     from everyprompt.data import load_prompt_file
     from everyprompt.models.io import load_pretrained
     from everyprompt.pipeline import Run
-    from everyprompt.rollout import NativeEngine
+    from everyprompt.rollout import build_engine
     from everyprompt.trainer import resolve_checkpoint
 
     config = _config(args.config)
@@ -79,7 +79,7 @@ def cmd_eval(args) -> int:
     run = Run(config, run_dir=args.run_dir or checkpoint / "eval")  # also quiets library progress bars
     model, tokenizer = load_pretrained(checkpoint)
     rows = load_prompt_file(args.data, args.prompt_field, args.answer_field) if args.data else None
-    engine = NativeEngine.from_model(model, tokenizer, batch_size=config.rollout.batch_size)
+    engine = build_engine(config.rollout, model, tokenizer)
     results = run.evaluate(engine, tokenizer, rows)
     (run.run_dir / "eval.json").write_text(json.dumps(results, indent=2))
     _print_eval(results, config.eval.pass_k)
@@ -106,7 +106,7 @@ def _print_eval(results: dict[str, float], pass_k: int) -> None:
 def cmd_score(args) -> int:
     from everyprompt.data.datasets import read_jsonl
     from everyprompt.rewards import get_reward, score_completions
-    from everyprompt.trainer.rl import reward_columns
+    from everyprompt.rewards.base import reward_columns
 
     fields = (args.completion_field, args.answer_field)
     rows = read_jsonl(args.input, required=fields)
@@ -314,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     from everyprompt.models.io import ModelError
     from everyprompt.report import ReportError
     from everyprompt.rewards import RewardError
+    from everyprompt.rollout import UnsupportedModelError
     from everyprompt.trainer import CheckpointError
 
     parser = build_parser()
@@ -328,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except ConfigError as err:
         print(f"everyprompt: config error: {err}", file=sys.stderr)
-    except (DataError, ModelError, RewardError, CheckpointError, ReportError) as err:
+    except (DataError, ModelError, RewardError, CheckpointError, ReportError, UnsupportedModelError) as err:
         print(f"everyprompt: {err}", file=sys.stderr)
     return EXIT_USAGE
 

@@ -15,6 +15,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from everyprompt.algorithms import policy_loss_spec, registered_advantages, registered_policy_losses
+from everyprompt.algorithms.losses import CISPOOptions, ESPOOptions, GSPOOptions, PPOClipOptions
+
 
 class ConfigError(ValueError):
     """A config file or override that cannot be used; the message is meant for the user as is."""
@@ -77,7 +80,10 @@ class SFTConfig(Section):
 
 
 class RolloutConfig(Section):
-    engine: Literal["native"] = Field("native", description="Rollout engine implementation.")
+    engine: str = Field(
+        "native",
+        description="Rollout engine (registered name; `native`: own decode path for Qwen3 / Qwen3-MoE).",
+    )
     precision: Literal["fp32", "bf16", "fp8"] = Field(
         "fp32",
         description="Rollout engine arithmetic: fp32, bf16, or fp8 (e4m3 projection weights with "
@@ -94,6 +100,19 @@ class RolloutConfig(Section):
         description="Admission order into the engine: as sampled, or longest predicted completion first "
         "(prediction: the prompt's mean length in the pass-rate store, else its bucket's, else the cap).",
     )
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, name: str) -> str:
+        return _known_engine(name)
+
+
+def _known_engine(name: str) -> str:
+    from everyprompt.rollout import registered_engines
+
+    if name not in registered_engines():
+        raise ValueError(f"expected one of {', '.join(registered_engines())}")
+    return name
 
 
 DEFAULT_JUDGE_TEMPLATE = (
@@ -119,11 +138,17 @@ class GenRMConfig(Section):
     greedy: bool = Field(True, description="Greedy judging (else sampled at `temperature`).")
     temperature: float = Field(1.0, gt=0, description="Judge sampling temperature when not greedy.")
     batch_size: int = Field(64, gt=0, description="Judge engine slots.")
+    engine: str = Field("native", description="Rollout engine that decodes the judge (registered name).")
     log_every: int = Field(
         16,
         ge=0,
         description="Write every n-th judged row (prompt, output, verdict) to genrm_samples.jsonl (0: off).",
     )
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, name: str) -> str:
+        return _known_engine(name)
 
 
 class ScalarRMConfig(Section):
@@ -185,35 +210,6 @@ class RewardsConfig(Section):
         return self
 
 
-class PPOClipConfig(Section):
-    clip_low: float = Field(0.2, ge=0, lt=1, description="Lower ratio epsilon: clip at 1 - clip_low.")
-    clip_high: float = Field(0.28, ge=0, description="Upper ratio epsilon (DAPO clip-higher: > clip_low).")
-    dual_clip: float | None = Field(
-        None, gt=1, description="Dual-clip constant c: caps a negative-advantage token's loss at -c A."
-    )
-
-
-class GSPOConfig(Section):
-    clip_low: float = Field(3e-4, ge=0, lt=1, description="Sequence-ratio lower epsilon.")
-    clip_high: float = Field(4e-4, ge=0, description="Sequence-ratio upper epsilon.")
-
-
-class CISPOConfig(Section):
-    clip_low: float = Field(1.0, ge=0, le=1, description="IS-weight lower epsilon (1: no lower bound).")
-    clip_high: float = Field(0.28, ge=0, description="IS-weight upper epsilon: weight <= 1 + clip_high.")
-
-
-class ESPOConfig(Section):
-    alpha: float = Field(0.02, gt=0, description="Clip scale: eps = alpha * mean group entropy / log|V|.")
-    num_groups: int = Field(2, ge=1, description="Entropy groups per sequence.")
-    high_frac: float = Field(
-        0.2, gt=0, lt=1, description="K = 2: share of a sequence's tokens in the high-entropy group."
-    )
-    ratio_denominator: Literal["current", "old"] = Field(
-        "current", description="Token ratio sg[s]*pi/sg[pi] ('current') or sg[s]*pi/pi_old ('old')."
-    )
-
-
 class KLConfig(Section):
     estimator: Literal["k1", "k2", "k3"] | None = Field(
         None, description="KL estimator against the frozen starting policy (None: no KL term)."
@@ -262,10 +258,10 @@ class RLConfig(Section):
     loss_options: dict[str, Any] = Field(
         default_factory=dict, description="Extra keyword options for a user-registered loss."
     )
-    ppo: PPOClipConfig = Field(default_factory=lambda: PPOClipConfig(), description="ppo_clip options.")
-    gspo: GSPOConfig = Field(default_factory=lambda: GSPOConfig(), description="gspo / gspo_token options.")
-    cispo: CISPOConfig = Field(default_factory=lambda: CISPOConfig(), description="cispo options.")
-    espo: ESPOConfig = Field(default_factory=lambda: ESPOConfig(), description="espo options.")
+    ppo: PPOClipOptions = Field(default_factory=PPOClipOptions, description="ppo_clip options.")
+    gspo: GSPOOptions = Field(default_factory=GSPOOptions, description="gspo / gspo_token options.")
+    cispo: CISPOOptions = Field(default_factory=CISPOOptions, description="cispo options.")
+    espo: ESPOOptions = Field(default_factory=ESPOOptions, description="espo options.")
     kl: KLConfig = Field(default_factory=lambda: KLConfig(), description="KL penalty to the starting policy.")
     rollout_correction: RolloutCorrectionConfig = Field(
         default_factory=lambda: RolloutCorrectionConfig(),
@@ -289,8 +285,6 @@ class RLConfig(Section):
     @field_validator("advantage")
     @classmethod
     def _known_advantage(cls, name: str) -> str:
-        from everyprompt.algorithms import registered_advantages
-
         if name not in registered_advantages():
             raise ValueError(f"expected one of {', '.join(registered_advantages())}")
         return name
@@ -298,8 +292,6 @@ class RLConfig(Section):
     @field_validator("loss")
     @classmethod
     def _known_loss(cls, name: str) -> str:
-        from everyprompt.algorithms import registered_policy_losses
-
         if name not in registered_policy_losses():
             raise ValueError(f"expected one of {', '.join(registered_policy_losses())}")
         return name
@@ -335,17 +327,31 @@ class RLConfig(Section):
             )
         return self
 
+    def _loss_section(self) -> str | None:
+        """The section of this config (rl.ppo, rl.gspo, ...) typed with the loss's option schema."""
+        schema = policy_loss_spec(self.loss).options
+        fields = type(self).model_fields
+        return next((name for name, field in fields.items() if schema and field.annotation is schema), None)
+
+    @model_validator(mode="after")
+    def _loss_options_where_they_belong(self) -> RLConfig:
+        section = self._loss_section()
+        if section is not None and self.loss_options:
+            raise ValueError(
+                f"loss {self.loss!r} takes its options from rl.{section}.*, not rl.loss_options "
+                f"(got {sorted(self.loss_options)})"
+            )
+        if section is None:
+            policy_loss_spec(self.loss).resolve_options(self.loss_options)  # unknown or bad options
+        return self
+
     def loss_kwargs(self) -> dict[str, Any]:
-        """The per-method options of `loss`, as keyword arguments of its registered function."""
-        if self.loss == "ppo_clip":
-            return self.ppo.model_dump()
-        if self.loss in ("gspo", "gspo_token"):
-            return self.gspo.model_dump()
-        if self.loss == "cispo":
-            return self.cispo.model_dump()
-        if self.loss == "espo":
-            return self.espo.model_dump()
-        return dict(self.loss_options)
+        """The options of `loss`: its section of this config when it has one, else `loss_options` checked
+        against the loss's registered schema."""
+        section = self._loss_section()
+        if section is not None:
+            return getattr(self, section).model_dump()
+        return policy_loss_spec(self.loss).resolve_options(self.loss_options)
 
 
 class OfflineFilterConfig(Section):

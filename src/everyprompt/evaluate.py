@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections import defaultdict
 from math import comb
 
-from everyprompt.rewards import score_completions
-from everyprompt.rollout import GenerationRequest, SamplingParams
-from everyprompt.trainer.rl import derive_seed, reward_columns
+from everyprompt.generation import sample_and_score
+from everyprompt.rewards.pool import RewardPool
+from everyprompt.rollout import GenerationRequest, SamplingParams, derive_seed
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -28,11 +28,10 @@ def _passes(
         for i, row in enumerate(rows)
         for j in range(samples)
     ]
-    completions = sorted(engine.generate(requests, params), key=lambda c: c.request_id)
-    texts = tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
     expanded = [rows[i] for i in range(len(rows)) for _ in range(samples)]
-    rewards, _ = score_completions(reward_fn, texts, reward_columns(expanded))
-    flags = [r is not None and r >= 1.0 for r in rewards]
+    with RewardPool(reward_fn, workers=0) as pool:  # inline: the whole call scored in one reward call
+        scored = sample_and_score(engine, tokenizer, requests, params, expanded, pool)
+    flags = [r is not None and r >= 1.0 for r in scored.rewards]
     return [flags[i * samples : (i + 1) * samples] for i in range(len(rows))]
 
 

@@ -20,6 +20,7 @@ from everyprompt.evaluate import evaluate
 from everyprompt.models.experts import select_moe_kernel
 from everyprompt.models.io import load_model_and_tokenizer, load_pretrained
 from everyprompt.rewards import build_reward
+from everyprompt.rollout import check_engine
 from everyprompt.trainer import RLTrainer, resolve_checkpoint, run_sft, save_checkpoint
 from everyprompt.trainer.checkpoint import checkpoint_root, load_trainer_state, write_json_atomic
 from everyprompt.zve import run_offline_filter, seeded_sample
@@ -87,6 +88,7 @@ class Run:
             model, tokenizer = load_pretrained(sft_dir)
             return select_moe_kernel(model, kernel), tokenizer
         model, tokenizer = load_model_and_tokenizer(self.config.model, self.config.seed)
+        check_engine(self.config.rollout.engine, model.config)  # before any training, not after SFT
         select_moe_kernel(model, kernel)
         if self.config.sft.steps:
             run_sft(
@@ -110,7 +112,7 @@ class Run:
             model, tokenizer = load_pretrained(latest)
             select_moe_kernel(model, self.config.model.moe_kernel)
             reference = self.warm_started_model()[0] if self.config.rl.kl.estimator else None
-            trainer = RLTrainer(
+            trainer = RLTrainer.build(
                 self.config, model, tokenizer, self.filtered_rl_rows(), self.run_dir, reference, store
             )
             trainer.load_state_dict(load_trainer_state(latest))
@@ -120,7 +122,7 @@ class Run:
         rows, filter_rollouts = self.rl_rows(), 0
         if self.config.zve.enabled and self.config.zve.filter.enabled:
             rows, filter_rollouts = self.offline_filter(model, tokenizer, rows, store)
-        trainer = RLTrainer(self.config, model, tokenizer, rows, self.run_dir, store=store)
+        trainer = RLTrainer.build(self.config, model, tokenizer, rows, self.run_dir, store=store)
         trainer.rollouts_total = filter_rollouts  # the filter's samples count against rl.max_rollouts
         return trainer
 

@@ -83,7 +83,7 @@ def test_entropy_groups():
     # high_frac 0.5: ceil(2.5) = 3 tokens: 0.9, 0.5, 0.3
     assert entropy_groups(entropy, mask, 2, 0.5).tolist() == [[1, 0, 0, 1, 0, -1]]
     # K = 3 equal-count bins over ranks 0..4 (0.9, 0.5, 0.3, 0.2, 0.1): floor(3 rank / 5) = 0, 0, 1, 1, 2
-    assert entropy_groups(entropy, mask, 3).tolist() == [[2, 0, 1, 1, 0, -1]]
+    assert entropy_groups(entropy, mask, 3, 0.2).tolist() == [[2, 0, 1, 1, 0, -1]]
 
 
 def _espo_inputs():

@@ -7,7 +7,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from everyprompt.models.replay import ReplayError, RouterReplay
-from everyprompt.rollout import GenerationRequest, NativeEngine, SamplingParams
+from everyprompt.rollout import GenerationRequest, SamplingParams
+from everyprompt.rollout.native import NativeEngine
 from tests.conftest import TINY_LAYERS
 
 

@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from everyprompt.rollout import GenerationRequest, NativeEngine, SamplingParams, UnsupportedModelError
+from everyprompt.rollout import GenerationRequest, SamplingParams, UnsupportedModelError
+from everyprompt.rollout.native import NativeEngine
 
 
 def _requests(tokenizer, prompts, seed=0):

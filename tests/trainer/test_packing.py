@@ -134,8 +134,8 @@ def test_rl_old_logprobs_do_not_depend_on_packing(tmp_path):
             ),
             tmp_path / str(packed),
         ).trainer()
-        batch = trainer.rollout()
-        trainer._old_logprobs(batch)
+        batch = trainer.rollout.next_batch(0)
+        trainer.learner.old_logprobs(batch)
         values[packed] = (torch.cat(batch.old_logprobs), torch.cat(batch.old_entropies))
         # one micro-batch of all 16 rows: packing must actually merge rows, or this test compares nothing
         data = batch.padded(list(range(len(batch))), trainer.tokenizer.pad_token_id)

@@ -7,7 +7,7 @@ import torch
 from everyprompt.pipeline import Run, train
 from everyprompt.trainer.batch import RolloutBatch
 from everyprompt.trainer.checkpoint import CheckpointError, load_trainer_state, resolve_checkpoint
-from everyprompt.trainer.rl import zero_variance_rate
+from everyprompt.zve import zero_variance_rate
 from tests.conftest import tiny_config
 
 
@@ -112,7 +112,7 @@ def test_a_hanging_reward_is_cut_at_the_timeout_in_a_run(tmp_path):
     )
     trainer = train(tiny_config(*options), run_dir=tmp_path)
     line = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
-    odd = trainer.rewards.stats.timeouts
+    odd = trainer.rollout.rewards.stats.timeouts
     assert odd > 0 and line["reward/errors"] == odd == trainer.reward_errors
     assert line["time/reward_wait_s"] < 0.3 * odd + 5
 
@@ -122,18 +122,19 @@ def test_update_moves_log_probs_along_the_advantages(tmp_path):
     from everyprompt.trainer.logprobs import token_logprobs
 
     trainer = Run(tiny_config("rl.lr=1e-3", "rl.mini_batches=1"), tmp_path).trainer()
-    batch = trainer.rollout()
-    batch.rewards = torch.tensor([1.0, 0.0] * (len(batch) // 2))
-    batch.advantages = torch.tensor([1.0, -1.0] * (len(batch) // 2))
+    batch = trainer.rollout.next_batch(0)
+    batch.rewards = torch.tensor([1.0, 0.0] * (len(batch) // 2))  # each group of 2: one right, one wrong
+    sign = torch.tensor([1.0, -1.0] * (len(batch) // 2))
 
     def objective() -> float:
         data = batch.padded(list(range(len(batch))), trainer.tokenizer.pad_token_id)
         with torch.no_grad():
             logp, _ = token_logprobs(trainer.model, data["input_ids"])
-        return float(((logp * data["mask"]).sum(-1) * batch.advantages).sum())
+        return float(((logp * data["mask"]).sum(-1) * sign).sum())
 
     before = objective()
-    trainer.update(batch)
+    trainer.learner.update(batch)
+    assert torch.equal(batch.advantages.sign(), sign)  # the update's own advantages: +1 right, -1 wrong
     assert objective() > before + 1e-3
 
 
@@ -179,25 +180,25 @@ def test_every_method_trains_through_the_config(tmp_path, overrides):
 @pytest.mark.parametrize("old_logprobs", ["recompute", "rollout"])
 def test_espo_uses_the_sampling_policys_entropies(tmp_path, monkeypatch, old_logprobs):
     """The entropies the loss receives are the pre-update ones, in every mini-batch, not the live model's."""
-    import everyprompt.trainer.rl as rl_module
+    import everyprompt.trainer.learner as learner_module
     from everyprompt.trainer.logprobs import token_logprobs
 
     config = tiny_config("rl.loss=espo", "rl.lr=1e-2", f"rl.old_logprobs={old_logprobs}")
     trainer = Run(config, tmp_path).trainer()
-    batch = trainer.rollout()
-    batch.advantages = torch.linspace(-1, 1, len(batch))
+    batch = trainer.rollout.next_batch(0)
+    batch.rewards = torch.arange(len(batch), dtype=torch.float32)  # every group informative
     data = batch.padded(list(range(len(batch))), trainer.tokenizer.pad_token_id)
     with torch.no_grad():
         _, before = token_logprobs(trainer.model, data["input_ids"], with_entropy=True)
     seen = []
-    real_policy_loss = rl_module.policy_loss
+    real_policy_loss = learner_module.policy_loss
 
     def spy(*args, entropy=None, **kwargs):
         seen.append((entropy.detach().clone(), kwargs["rollout_logp"]))
         return real_policy_loss(*args, entropy=entropy, **kwargs)
 
-    monkeypatch.setattr(rl_module, "policy_loss", spy)
-    trainer.update(batch)
+    monkeypatch.setattr(learner_module, "policy_loss", spy)
+    trainer.learner.update(batch)
     assert len(seen) == len(batch) // trainer.rl.micro_batch_size  # every micro-batch of both mini-batches
     # rows are matched by their engine log-probs (distinct per completion); padding widths may differ
     expected = {
@@ -213,10 +214,10 @@ def test_espo_uses_the_sampling_policys_entropies(tmp_path, monkeypatch, old_log
 def test_rollout_logprobs_stand_for_the_recomputed_old_ones(tmp_path):
     """`rl.old_logprobs=rollout` skips a forward pass; in fp32 it must give what the pass would have."""
     trainer = Run(tiny_config("rl.loss=espo", "rl.old_logprobs=rollout"), tmp_path).trainer()
-    batch = trainer.rollout()
-    trainer._old_logprobs(batch)
+    batch = trainer.rollout.next_batch(0)
+    trainer.learner.old_logprobs(batch)
     recomputed = torch.cat(batch.old_logprobs), torch.cat(batch.old_entropies)
-    trainer._rollout_as_old(batch)
+    trainer.learner._rollout_as_old(batch)
     assert batch.old_logprobs is batch.rollout_logprobs
     torch.testing.assert_close(torch.cat(batch.old_logprobs), recomputed[0], atol=1e-5, rtol=0)
     torch.testing.assert_close(torch.cat(batch.old_entropies), recomputed[1], atol=1e-5, rtol=0)
@@ -227,9 +228,9 @@ def test_kl_reference_is_the_starting_policy_after_resume(tmp_path):
     train(tiny_config("rl.steps=1", *options), run_dir=tmp_path)
     start = Run(tiny_config(), tmp_path).warm_started_model()[0]
     resumed = Run(tiny_config("rl.steps=2", *options), tmp_path).trainer(resume=True)
-    torch.testing.assert_close(resumed.reference.state_dict(), start.state_dict())
+    torch.testing.assert_close(resumed.learner.reference.state_dict(), start.state_dict())
     moved = resumed.model.model.embed_tokens.weight
-    assert not torch.allclose(moved, resumed.reference.model.embed_tokens.weight)
+    assert not torch.allclose(moved, resumed.learner.reference.model.embed_tokens.weight)
 
 
 def test_zero_variance_rate_equals_a_loop():
@@ -250,14 +251,14 @@ def test_r3_replays_the_engines_routes_in_the_trainer(tmp_path, pack):
     """Engine routes ride in the batch; the replayed old-policy pass matches the engine and uses them."""
     config = tiny_config("rl.router_replay=r3", "rl.old_logprobs=recompute", f"model.pack_sequences={pack}")
     trainer = Run(config, tmp_path).trainer()
-    batch = trainer.rollout()
+    batch = trainer.rollout.next_batch(0)
     layers, top_k = trainer.model.config.num_hidden_layers, trainer.model.config.num_experts_per_tok
     for prompt, completion, routes in zip(batch.prompt_ids, batch.completion_ids, batch.routed_experts):
         assert routes.shape == (len(prompt) + len(completion) - 1, layers, top_k)
     data = batch.padded(list(range(len(batch))), trainer.tokenizer.pad_token_id)
     recorded = []
     with torch.no_grad():
-        logp, _ = trainer._logprobs(trainer.model, data, slice(None), recorded=recorded)
+        logp, _ = trainer.learner._logprobs(trainer.model, data, slice(None), False, recorded, "routes")
     engine = torch.cat([r for r in batch.rollout_logprobs])
     torch.testing.assert_close(
         torch.cat(batch.completion_values(list(range(len(batch))), logp)), engine, atol=1e-5, rtol=0
@@ -285,23 +286,17 @@ def test_mismatch_metrics_are_logged_with_the_old_policy_pass(tmp_path, replay):
 
 
 def test_mismatch_metrics_hand_computed():
-    from everyprompt.trainer.batch import RolloutBatch
-    from everyprompt.trainer.rl import mismatch_metrics
+    from everyprompt.trainer.mismatch import mismatch_metrics
 
-    batch = RolloutBatch(
-        prompt_ids=[[1, 2]],
-        completion_ids=[[3, 4]],
-        rollout_logprobs=[torch.tensor([-1.0, -2.0])],
-        finish_reason=["eos"],
-        group_index=torch.tensor([0]),
-        prompt_index=[0],
-        routed_experts=[
-            torch.tensor([[[0, 1]], [[2, 3]], [[0, 2]]], dtype=torch.int16)
-        ],  # 3 fed tokens, 1 layer
-    )
-    batch.old_logprobs = [torch.tensor([-1.0, -2.0 + math.log(3)])]  # second token: ratio 3
+    engine_routes = [torch.tensor([[[0, 1]], [[2, 3]], [[0, 2]]], dtype=torch.int16)]  # 3 fed tokens, 1 layer
     trainer_routes = [torch.tensor([[[1, 0]], [[2, 3]], [[0, 3]]], dtype=torch.int16)]  # last token flipped
-    metrics = mismatch_metrics(batch, trainer_routes)
+    metrics = mismatch_metrics(
+        [2],  # prompt of 2 tokens, completion of 2
+        [torch.tensor([-1.0, -2.0 + math.log(3)])],  # trainer: second token's ratio is 3
+        [torch.tensor([-1.0, -2.0])],
+        trainer_routes,
+        engine_routes,
+    )
     # |dlogp| = (0 + ln 3) / 2; k3 = ((1 - 1 - 0) + (3 - 1 - ln 3)) / 2; ratio > 2 on 1 of 2 tokens
     assert metrics["mismatch/logp_abs_diff"] == pytest.approx(math.log(3) / 2)
     assert metrics["mismatch/k3_kl"] == pytest.approx((2 - math.log(3)) / 2)

@@ -76,7 +76,6 @@ def test_dynamic_sampling_fills_the_step_with_informative_groups():
         group_size=8,
         dynamic_sampling=True,
         max_rollouts=10_000,
-        keep_zero_variance=False,
     )
     assert len(result.groups) == 8 and not any(g.zero_variance for g in result.groups)
     assert result.sampled_groups > 8 and result.dropped_groups == result.sampled_groups - 8

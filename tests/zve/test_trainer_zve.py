@@ -41,7 +41,7 @@ def test_zve_run_logs_every_stage_and_keeps_a_store(tmp_path):
         assert line["zve/generated_rollouts"] >= 4  # 2 prompts x 2 samples, more when expanded
     store = PassRateStore(tmp_path / "passrates.sqlite")
     assert len(store) >= 2
-    assert load_trainer_state(resolve_checkpoint(tmp_path))["store"] == store.state_dict()
+    assert load_trainer_state(resolve_checkpoint(tmp_path))["rollout"]["store"] == store.state_dict()
 
 
 def test_all_correct_prompts_retire_and_are_not_drawn_again(tmp_path):
@@ -50,7 +50,11 @@ def test_all_correct_prompts_retire_and_are_not_drawn_again(tmp_path):
     lines = _lines(tmp_path)
     assert [line["zve/retired"] for line in lines] == [2.0, 2.0, 2.0]  # every visited prompt retires at once
     assert lines[-1]["zve/retired_total"] == 6
-    retired = [p["prompt"] for p in trainer.prompts if not trainer.store.is_available(p["prompt"], 99)]
+    retired = [
+        p["prompt"]
+        for p in trainer.rollout.prompts
+        if not trainer.rollout.store.is_available(p["prompt"], 99)
+    ]
     assert len(retired) == len(set(retired)) == 6  # six different prompts: none was drawn twice
 
 
@@ -79,7 +83,7 @@ def test_a_step_whose_groups_are_all_dropped_skips_the_update(tmp_path):
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     metrics = trainer.train_step()
     assert metrics["actor/skipped_updates"] == 1.0 and metrics["zve/informative_rollout_fraction"] == 0.0
-    assert metrics["zve/dropped_groups"] == 2
+    assert metrics["zve/dropped_groups"] == 0 and metrics["zve/dropped_zero_variance_groups"] == 2
     assert all(torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
 
 
@@ -88,7 +92,7 @@ def test_resume_with_zve_equals_an_uninterrupted_run(tmp_path):
     straight = train(tiny_config("rl.steps=4", *options), run_dir=tmp_path / "straight")
     train(tiny_config("rl.steps=2", *options), run_dir=tmp_path / "split")
     resumed = train(tiny_config("rl.steps=4", *options), run_dir=tmp_path / "split", resume=True)
-    assert straight.store.state_dict() == resumed.store.state_dict()
+    assert straight.rollout.store.state_dict() == resumed.rollout.store.state_dict()
     for (name, a), b in zip(straight.model.named_parameters(), resumed.model.parameters()):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0, msg=name)
 
@@ -99,7 +103,7 @@ def test_curriculum_moves_from_stage_to_stage(tmp_path):
     lines = _lines(tmp_path)
     assert [line["curriculum/stage"] for line in lines] == [1, 1, 2, 2]
     assert [line["rollout/mean_length"] <= 6 for line in lines[2:]] == [True, True]
-    assert trainer.curriculum.index == 1
+    assert trainer.rollout.curriculum.index == 1
 
 
 def test_curriculum_advances_early_on_accuracy(tmp_path):
@@ -121,11 +125,11 @@ def test_offline_filter_keeps_the_informative_prompts_and_survives_resume(tmp_pa
     assert (
         report["kept"] + report["too_easy"] + report["too_hard"] + report["unscored"] == report["estimated"]
     )
-    assert len(trainer.prompts) == report["kept"] > 0
+    assert len(trainer.rollout.prompts) == report["kept"] > 0
     assert report["rollouts"] == report["estimated"] * 4  # the filter's samples count in the run's total
     assert trainer.rollouts_total == report["rollouts"] + _lines(tmp_path)[0]["zve/generated_rollouts"]
     resumed = train(tiny_config("rl.steps=2", *options), run_dir=tmp_path, resume=True)
-    assert [p["prompt"] for p in resumed.prompts] == [p["prompt"] for p in trainer.prompts]
+    assert [p["prompt"] for p in resumed.rollout.prompts] == [p["prompt"] for p in trainer.rollout.prompts]
 
 
 def test_offline_filter_that_keeps_nothing_says_so(tmp_path):

@@ -9,10 +9,41 @@ that `seq-mean-token-mean` reduces to exactly that objective, and declares it as
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
+from pydantic import Field
 
-from everyprompt.algorithms.registry import register_policy_loss
+from everyprompt.algorithms.registry import LossOptions, register_policy_loss
+
+
+class PPOClipOptions(LossOptions):
+    clip_low: float = Field(0.2, ge=0, lt=1, description="Lower ratio epsilon: clip at 1 - clip_low.")
+    clip_high: float = Field(0.28, ge=0, description="Upper ratio epsilon (DAPO clip-higher: > clip_low).")
+    dual_clip: float | None = Field(
+        None, gt=1, description="Dual-clip constant c: caps a negative-advantage token's loss at -c A."
+    )
+
+
+class GSPOOptions(LossOptions):
+    clip_low: float = Field(3e-4, ge=0, lt=1, description="Sequence-ratio lower epsilon.")
+    clip_high: float = Field(4e-4, ge=0, description="Sequence-ratio upper epsilon.")
+
+
+class CISPOOptions(LossOptions):
+    clip_low: float = Field(1.0, ge=0, le=1, description="IS-weight lower epsilon (1: no lower bound).")
+    clip_high: float = Field(0.28, ge=0, description="IS-weight upper epsilon: weight <= 1 + clip_high.")
+
+
+class ESPOOptions(LossOptions):
+    alpha: float = Field(0.02, gt=0, description="Clip scale: eps = alpha * mean group entropy / log|V|.")
+    num_groups: int = Field(2, ge=1, description="Entropy groups per sequence.")
+    high_frac: float = Field(
+        0.2, gt=0, lt=1, description="K = 2: share of a sequence's tokens in the high-entropy group."
+    )
+    ratio_denominator: Literal["current", "old"] = Field(
+        "current", description="Token ratio sg[s]*pi/sg[pi] ('current') or sg[s]*pi/pi_old ('old')."
+    )
 
 
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
@@ -33,15 +64,16 @@ def _sequence_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Te
     return (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1)
 
 
-@register_policy_loss("ppo_clip")
+@register_policy_loss("ppo_clip", options=PPOClipOptions)
 def ppo_clip_loss(
     logp: torch.Tensor,  # [B, T]
     old_logp: torch.Tensor,  # [B, T]
     advantages: torch.Tensor,  # [B, T]
     mask: torch.Tensor,  # [B, T]
-    clip_low: float = 0.2,
-    clip_high: float = 0.28,
-    dual_clip: float | None = None,
+    *,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None,
     entropy: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO-clip per token: -min(r A, clip(r, 1 - clip_low, 1 + clip_high) A), r = exp(logp - old_logp).
@@ -64,32 +96,36 @@ def ppo_clip_loss(
     return loss, metrics
 
 
-@register_policy_loss("gspo", default_agg="seq-mean-token-mean")
+@register_policy_loss("gspo", default_agg="seq-mean-token-mean", options=GSPOOptions)
 def gspo_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    clip_low: float = 3e-4,
-    clip_high: float = 4e-4,
+    *,
+    clip_low: float,
+    clip_high: float,
     entropy: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GSPO: one ratio per sequence, s_i = exp(mean_t (logp - old_logp)), clipped to [1 - lo, 1 + hi].
 
     The sequence loss -min(s A_i, clip(s) A_i) is written on every completion token of the sequence, so
-    `seq-mean-token-mean` gives the paper's mean over sequences. A_i is the sequence's advantage (its
-    first completion token's value when per-token advantages are given). Computed as GSPO-token with
-    that advantage on every token: same values, same gradient, and a clip fraction over tokens that is
+    `seq-mean-token-mean` gives the paper's mean over sequences. A_i is the sequence's advantage: the
+    mean of its completion tokens' advantages (the advantage itself when it is one per sequence; with
+    RL-ZVP's token advantages, their mean: docs/algorithms.md). Computed as GSPO-token with that
+    advantage on every token: same values, same gradient, and a clip fraction over tokens that is
     comparable with the token-level losses'.
     """
-    sequence_advantage = _first_valid(advantages, mask.to(logp.dtype))[:, None].expand_as(logp)
-    return gspo_token_loss(logp, old_logp, sequence_advantage, mask, clip_low, clip_high)
-
-
-def _first_valid(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Per row, the value at the first position where mask is 1 (0 for an empty row): [B]."""
-    first = mask.argmax(-1, keepdim=True)
-    return values.gather(-1, first).squeeze(-1) * (mask.sum(-1) > 0).to(values.dtype)
+    mask = mask.to(logp.dtype)
+    sequence_advantage = (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    return gspo_token_loss(
+        logp,
+        old_logp,
+        sequence_advantage[:, None].expand_as(logp),
+        mask,
+        clip_low=clip_low,
+        clip_high=clip_high,
+    )
 
 
 def _gspo_token_ratio(logp: torch.Tensor, group_log_ratio: torch.Tensor) -> torch.Tensor:
@@ -97,14 +133,15 @@ def _gspo_token_ratio(logp: torch.Tensor, group_log_ratio: torch.Tensor) -> torc
     return group_log_ratio.detach().exp() * (logp - logp.detach()).exp()
 
 
-@register_policy_loss("gspo_token", default_agg="seq-mean-token-mean")
+@register_policy_loss("gspo_token", default_agg="seq-mean-token-mean", options=GSPOOptions)
 def gspo_token_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    clip_low: float = 3e-4,
-    clip_high: float = 4e-4,
+    *,
+    clip_low: float,
+    clip_high: float,
     entropy: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GSPO-token: s_{i,t} = sg[s_i] exp(logp - sg[logp]); per token -min(s A_{i,t}, clip(s) A_{i,t}).
@@ -126,14 +163,15 @@ def gspo_token_loss(
     return loss, metrics
 
 
-@register_policy_loss("cispo")
+@register_policy_loss("cispo", options=CISPOOptions)
 def cispo_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    clip_low: float = 1.0,
-    clip_high: float = 0.28,
+    *,
+    clip_low: float,
+    clip_high: float,
     entropy: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """CISPO (MiniMax-M1): -sg[clip(r, 1 - clip_low, 1 + clip_high)] * A * logp per token.
@@ -157,7 +195,7 @@ def cispo_loss(
 
 
 def entropy_groups(
-    entropy: torch.Tensor, mask: torch.Tensor, num_groups: int = 2, high_frac: float = 0.2
+    entropy: torch.Tensor, mask: torch.Tensor, num_groups: int, high_frac: float
 ) -> torch.Tensor:
     """Per-token entropy group id [B, T] (long; 0 = highest entropy; -1 off the mask).
 
@@ -186,18 +224,21 @@ def entropy_groups(
     return torch.where(valid, group, torch.full_like(group, -1))
 
 
-@register_policy_loss("espo", default_agg="seq-mean-token-mean", needs_entropy=True)
+@register_policy_loss(
+    "espo", default_agg="seq-mean-token-mean", needs_entropy=True, needs_vocab_size=True, options=ESPOOptions
+)
 def espo_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    entropy: torch.Tensor | None = None,
-    vocab_size: int | None = None,
-    alpha: float = 0.02,
-    num_groups: int = 2,
-    high_frac: float = 0.2,
-    ratio_denominator: str = "current",
+    *,
+    entropy: torch.Tensor | None,
+    vocab_size: int | None,
+    alpha: float,
+    num_groups: int,
+    high_frac: float,
+    ratio_denominator: str,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """ESPO (ALGORITHMS.md section 2): entropy-grouped sequence ratios with entropy-adaptive clipping.
 

@@ -1,11 +1,18 @@
-"""Name -> function registries for advantage estimators and policy losses, and the two entry points."""
+"""Name -> function registries for advantage estimators and policy losses, and the two entry points.
+
+A policy loss registers with its option schema (a `LossOptions` model): each option's type, default and
+description live there and nowhere else; `policy_loss` fills unset options from it and rejects unknown
+ones by name.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from everyprompt.algorithms.aggregation import AGGREGATIONS, aggregate
 from everyprompt.algorithms.corrections import kl_penalty, rollout_correction
@@ -14,11 +21,37 @@ _ADVANTAGES: dict[str, Callable] = {}
 _POLICY_LOSSES: dict[str, LossSpec] = {}
 
 
+class LossOptions(BaseModel):
+    """Base of a loss's option schema: typed fields with defaults and descriptions, unknown keys refused."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class NoOptions(LossOptions):
+    """A loss without options."""
+
+
 @dataclass(frozen=True)
 class LossSpec:
     fn: Callable
     default_agg: str = "token-mean"
     needs_entropy: bool = False
+    needs_vocab_size: bool = False  # the loss is given the model's vocabulary size (vocab_size=...)
+    options: type[LossOptions] | None = None  # None: options are passed through unchecked
+
+    def resolve_options(self, given: dict[str, Any]) -> dict[str, Any]:
+        """`given` checked against the schema, unset options at their defaults."""
+        if self.options is None:
+            return dict(given)
+        try:
+            return self.options.model_validate(given).model_dump()
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise ValueError(
+                f"loss option {where!r}: {first['msg']} (options of this loss: "
+                f"{', '.join(self.options.model_fields)})"
+            ) from None
 
 
 def _lookup(table: dict, kind: str, name: str):
@@ -40,12 +73,18 @@ def register_advantage(name: str) -> Callable[[Callable], Callable]:
 
 
 def register_policy_loss(
-    name: str, *, default_agg: str = "token-mean", needs_entropy: bool = False
+    name: str,
+    *,
+    default_agg: str = "token-mean",
+    needs_entropy: bool = False,
+    needs_vocab_size: bool = False,
+    options: type[LossOptions] | None = None,
 ) -> Callable[[Callable], Callable]:
     """Decorator: register `fn(logp, old_logp, advantages, mask, *, entropy=None, **options)` as `name`.
 
     The function returns (per-token loss [B, T], detached metrics). `default_agg` is the aggregation used
-    when the caller names none; `needs_entropy` makes a call without entropies an error.
+    when the caller names none; `needs_entropy` makes a call without entropies an error;
+    `needs_vocab_size` passes `vocab_size`; `options` is the schema of the loss's keyword options.
     """
     if default_agg not in AGGREGATIONS:
         raise ValueError(f"default_agg {default_agg!r} is not one of {', '.join(AGGREGATIONS)}")
@@ -53,7 +92,7 @@ def register_policy_loss(
     def decorate(fn: Callable) -> Callable:
         if name in _POLICY_LOSSES:
             raise ValueError(f"policy loss {name!r} is already registered")
-        _POLICY_LOSSES[name] = LossSpec(fn, default_agg, needs_entropy)
+        _POLICY_LOSSES[name] = LossSpec(fn, default_agg, needs_entropy, needs_vocab_size, options)
         return fn
 
     return decorate
@@ -101,6 +140,7 @@ def policy_loss(
     correction: str | None = None,
     correction_level: str = "token",
     correction_cap: float = 2.0,
+    vocab_size: int | None = None,
     **options,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Scalar loss and detached metrics.
@@ -108,11 +148,15 @@ def policy_loss(
     The registered per-token objective, times the rollout-correction weights when `correction` is
     "tis" or "mis", plus `kl_coef` times the `kl` estimator against `ref_logp`, reduced by `agg` (the
     loss's own default when None). `num_tokens` / `num_sequences` are the whole mini-batch's
-    denominators when this call sees one micro-batch of it (see :func:`aggregate`).
+    denominators when this call sees one micro-batch of it (see :func:`aggregate`). `options` are the
+    loss's own (its registered schema fills the unset ones); `vocab_size` reaches losses that need it.
     """
     spec = policy_loss_spec(name)
     if spec.needs_entropy and entropy is None:
         raise ValueError(f"policy loss {name!r} needs per-token entropies (entropy=...)")
+    options = spec.resolve_options(options)
+    if spec.needs_vocab_size:
+        options["vocab_size"] = vocab_size
     if advantages.dim() == 1:
         advantages = advantages[:, None].expand_as(logp)
     token_loss, metrics = spec.fn(logp, old_logp, advantages, mask, entropy=entropy, **options)

@@ -51,6 +51,12 @@ def get_reward(spec: str) -> RewardFunction:
     return fn
 
 
+def reward_columns(rows: list[dict]) -> dict[str, list]:
+    """The keyword columns of a reward call for `rows`: every field any row has, None where a row lacks it."""
+    keys = sorted({key for row in rows for key in row})
+    return {key: [row.get(key) for row in rows] for key in keys}
+
+
 def _as_reward(value: Any) -> float | None:
     if value is None:
         return None

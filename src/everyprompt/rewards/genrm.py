@@ -91,10 +91,12 @@ class GenRMJudge:
         batch_size: int = 64,
         log_path: str | None = None,
         log_every: int = 16,
+        engine: str = "native",
     ):
         self.model_path, self.template = model, template
         self.max_new_tokens, self.greedy, self.temperature = max_new_tokens, greedy, temperature
         self.batch_size, self.log_path, self.log_every = batch_size, log_path, log_every
+        self.engine_name = engine
         self.judged = 0  # rows judged so far (sampling seeds, the logging cadence)
         self._engine = self._tokenizer = None
         unknown = set(values or {}) - set(DEFAULT_VALUES)
@@ -121,14 +123,15 @@ class GenRMJudge:
             config.batch_size,
             log_path,
             config.log_every,
+            config.engine,
         )
 
     def _load(self) -> None:
         from everyprompt.models.io import load_pretrained
-        from everyprompt.rollout import NativeEngine
+        from everyprompt.rollout import make_engine
 
         model, self._tokenizer = load_pretrained(self.model_path)
-        self._engine = NativeEngine.from_model(model.eval(), self._tokenizer, batch_size=self.batch_size)
+        self._engine = make_engine(self.engine_name, model.eval(), self._tokenizer, self.batch_size)
 
     def prompts(self, completions: list[str], prompt: list, answer: list) -> list[str]:
         return [

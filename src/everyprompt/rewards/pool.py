@@ -7,7 +7,8 @@ run never waits on it. A reward function that breaks the contract (wrong number 
 with its RewardError, as it would in-process.
 
 Workers are forked, so a reward registered by the user's own script before the run is known to them. With
-`workers=0` scoring runs inline in the calling process (no overlap, no time limit).
+`workers=0` scoring runs inline in the calling process, when `wait` is called, in one call of the reward
+function over everything submitted since (no overlap, no time limit; a batched judge sees the batch).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from everyprompt.rewards.base import RewardError, get_reward, score_completions
+from everyprompt.rewards.base import RewardError, get_reward, reward_columns, score_completions
 
 log = logging.getLogger(__name__)
 
@@ -47,27 +48,30 @@ def _serve(conn: Connection, fn: Callable) -> None:
             return
         key, completion, row = task
         try:
-            reward, components, failed = _score_one(fn, completion, row)
-            conn.send((key, (reward, components), failed, None))
+            rewards, components, failed = score_rows(fn, [completion], [row])
+            conn.send((key, (rewards[0], components[0]), failed, None))
         except RewardError as err:
             conn.send((key, (None, None), 1, str(err)))
 
 
-def _score_one(fn: Callable, completion: str, row: dict) -> tuple[float | None, dict | None, int]:
-    """One completion's reward, its components (for rewards with `score_with_components`, else None) and
-    error count. A call that raises costs its row (None, one error), as in `score_completions`."""
-    columns = {k: [v] for k, v in row.items()}
+def score_rows(
+    fn: Callable, completions: list[str], rows: list[dict]
+) -> tuple[list[float | None], list[dict | None], int]:
+    """Rewards of `completions` in one call, their components (rewards with `score_with_components`,
+    else None per row) and the number of rows whose scoring failed. A call that raises costs only its
+    rows (None, counted errors), as in `score_completions`."""
+    columns = reward_columns(rows)
     if not hasattr(fn, "score_with_components"):
-        rewards, failed = score_completions(fn, [completion], columns)
-        return rewards[0], None, failed
+        rewards, failed = score_completions(fn, completions, columns)
+        return rewards, [None] * len(completions), failed
     try:
-        totals, components, failed = fn.score_with_components([completion], **columns)
+        totals, components, failed = fn.score_with_components(completions, **columns)
     except RewardError:
         raise
     except Exception as err:  # noqa: BLE001  (user code: isolate, count, keep going)
         log.warning("reward function failed: %s: %s", type(err).__name__, err)
-        return None, None, 1
-    return totals[0], components[0], failed
+        return [None] * len(completions), [None] * len(completions), len(completions)
+    return totals, components, failed
 
 
 @dataclass
@@ -101,6 +105,7 @@ class RewardPool:
         # an unknown name fails here, in the caller, with the registry's message; forked workers inherit fn
         fn = spec if callable(spec) else get_reward(spec)
         self._inline = fn if workers == 0 else None
+        self._pending: list[tuple[Any, str, dict]] = []  # inline: submitted, not yet scored
         self._state = _Dispatcher(fn, workers, float(timeout_s))
         self.stats = self._state.stats
         self.last_components: list[dict | None] = []
@@ -112,8 +117,7 @@ class RewardPool:
     def submit(self, key: Any, completion: str, row: dict) -> None:
         self.stats.submitted += 1
         if self._inline is not None:
-            reward, components, failed = _score_one(self._inline, completion, row)
-            self._state.finish(key, (reward, components), failed)
+            self._pending.append((key, completion, row))
         else:
             self._state.put((key, completion, row))
 
@@ -121,14 +125,25 @@ class RewardPool:
         """Rewards for `keys` in that order, once all are in (each call is bounded by the timeout).
         `last_components` then holds each one's component values (composite rewards; else None)."""
         state = self._state
+        if self._pending:  # inline: everything submitted so far, in one reward call
+            pending, self._pending = self._pending, []
+            rewards, components, failed = score_rows(
+                self._inline, [c for _, c, _ in pending], [row for _, _, row in pending]
+            )
+            for (key, _, _), reward, parts in zip(pending, rewards, components):
+                state.finish(key, (reward, parts), 0)
+            state.stats.errors += failed
         with state.done:
             while True:
                 if state.failure is not None:
                     raise RewardError(state.failure)
-                if all(key in state.results for key in keys):
+                missing = [key for key in keys if key not in state.results]
+                if not missing:
                     scored = [state.results.pop(key) for key in keys]
                     self.last_components = [components for _, components in scored]
                     return [reward for reward, _ in scored]
+                if self._inline is not None:
+                    raise KeyError(f"wait() for rewards never submitted: {missing[:3]}")
                 state.done.wait(timeout=0.5)
 
     def close(self) -> None:

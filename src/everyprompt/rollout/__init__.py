@@ -1,13 +1,32 @@
-"""Rollout: the engine protocol and the native engine that decodes over the policy's weights."""
+"""Rollout: the engine protocol and registry (`build_engine`), the native engine, sampling, scheduling."""
 
-from everyprompt.rollout.base import Completion, GenerationRequest, RolloutEngine, SamplingParams
-from everyprompt.rollout.native import NativeEngine, UnsupportedModelError
+from everyprompt.rollout import native as _native  # noqa: F401  (registers "native")
+from everyprompt.rollout.base import (
+    Completion,
+    GenerationRequest,
+    RolloutEngine,
+    SamplingParams,
+    UnsupportedModelError,
+    build_engine,
+    check_engine,
+    engines_for,
+    make_engine,
+    register_engine,
+    registered_engines,
+)
+from everyprompt.rollout.sampling import derive_seed
 
 __all__ = [
     "Completion",
     "GenerationRequest",
-    "NativeEngine",
     "RolloutEngine",
     "SamplingParams",
     "UnsupportedModelError",
+    "build_engine",
+    "check_engine",
+    "derive_seed",
+    "engines_for",
+    "make_engine",
+    "register_engine",
+    "registered_engines",
 ]

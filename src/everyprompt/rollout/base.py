@@ -1,10 +1,15 @@
-"""The rollout-engine contract shared by every engine implementation."""
+"""The rollout-engine contract shared by every engine implementation, and the engine registry.
+
+An engine registers itself with `@register_engine(name, model_types=...)`; `build_engine` is the one
+place that turns a config's `rollout.engine` into an engine, and `check_engine` refuses a model the
+engine cannot run when the model is loaded, naming the engines that could run it.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 
@@ -56,7 +61,24 @@ class Completion:
     entropies: torch.Tensor | None = None  # [len(token_ids)] entropy of softmax(logits / T); None if not kept
 
 
+class UnsupportedModelError(ValueError):
+    """The chosen rollout engine cannot run this model (or this request of it)."""
+
+
 class RolloutEngine(Protocol):
+    """What the rest of everyprompt may use of an engine: nothing else is read from one."""
+
+    # the last finished generate call's figures: tokens, tokens_per_s, slot_occupancy, decode_step_ms,
+    # decode_steps, wall_s (more are allowed); empty before the first call
+    stats: dict[str, float]
+    # whether SamplingParams.record_routes can be honoured (a mixture-of-experts model)
+    can_record_routes: bool
+
+    @classmethod
+    def from_model(cls, model, tokenizer, batch_size: int, precision: str) -> RolloutEngine:
+        """An engine over `model`'s current weights, with `batch_size` slots, at `precision`."""
+        ...
+
     def generate(self, requests: Iterable[GenerationRequest], params: SamplingParams) -> Iterator[Completion]:
         """Yield each request's completion when it finishes (order not guaranteed)."""
         ...
@@ -64,3 +86,68 @@ class RolloutEngine(Protocol):
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Replace the engine's weights with the trainer's (weight sync)."""
         ...
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    cls: type
+    model_types: tuple[str, ...]  # the `model_type`s (transformers config) the engine runs; () = any
+
+
+_ENGINES: dict[str, EngineSpec] = {}
+
+
+def register_engine(name: str, *, model_types: tuple[str, ...] = ()) -> Callable[[type], type]:
+    """Class decorator: register a RolloutEngine implementation as `rollout.engine=name`."""
+
+    def decorate(cls: type) -> type:
+        if name in _ENGINES:
+            raise ValueError(f"rollout engine {name!r} is already registered")
+        _ENGINES[name] = EngineSpec(cls, tuple(model_types))
+        return cls
+
+    return decorate
+
+
+def registered_engines() -> list[str]:
+    return sorted(_ENGINES)
+
+
+def _spec(name: str) -> EngineSpec:
+    if name not in _ENGINES:
+        raise KeyError(f"unknown rollout engine {name!r}; valid: {', '.join(registered_engines())}")
+    return _ENGINES[name]
+
+
+def engines_for(model_type: str | None) -> list[str]:
+    """The registered engines that can run a model of this `model_type`."""
+    return [
+        n
+        for n in registered_engines()
+        if not _ENGINES[n].model_types or model_type in _ENGINES[n].model_types
+    ]
+
+
+def check_engine(name: str, model_config: Any) -> None:
+    """UnsupportedModelError (one line: the model type, the engines that could run it) unless engine
+    `name` runs models of `model_config`'s type."""
+    spec = _spec(name)
+    model_type = getattr(model_config, "model_type", None)
+    if spec.model_types and model_type not in spec.model_types:
+        others = engines_for(model_type)
+        could = f"engines that can: {', '.join(others)}" if others else "no registered engine can"
+        raise UnsupportedModelError(
+            f"rollout.engine={name} cannot run model_type {model_type!r} (it runs "
+            f"{', '.join(spec.model_types)}); {could}"
+        )
+
+
+def build_engine(config, model, tokenizer) -> RolloutEngine:
+    """The engine a `RolloutConfig` names (`engine`, `batch_size`, `precision`), over `model`'s weights."""
+    return make_engine(config.engine, model, tokenizer, config.batch_size, config.precision)
+
+
+def make_engine(name: str, model, tokenizer, batch_size: int, precision: str = "fp32") -> RolloutEngine:
+    """Registered engine `name` over `model`'s weights; UnsupportedModelError if it cannot run the model."""
+    check_engine(name, model.config)
+    return _spec(name).cls.from_model(model, tokenizer, batch_size=batch_size, precision=precision)

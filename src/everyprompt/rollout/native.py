@@ -23,14 +23,16 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from everyprompt.rollout.base import Completion, GenerationRequest, SamplingParams
+from everyprompt.rollout.base import (
+    Completion,
+    GenerationRequest,
+    SamplingParams,
+    UnsupportedModelError,
+    register_engine,
+)
 from everyprompt.rollout.sampling import sample_tokens
 
 SUPPORTED_ARCHITECTURES = ("qwen3_moe", "qwen3")
-
-
-class UnsupportedModelError(ValueError):
-    """The native engine has no forward pass for this architecture."""
 
 
 @dataclass
@@ -113,6 +115,7 @@ class FP8Weight:
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8": torch.float32}
 
 
+@register_engine("native", model_types=SUPPORTED_ARCHITECTURES)
 class NativeEngine:
     """RolloutEngine over a Qwen3(-MoE) state dict. Build it with :meth:`from_model` or the config."""
 
@@ -158,6 +161,11 @@ class NativeEngine:
         self._open_calls = 0  # generate() iterators not yet finished (the shared cache serves one)
         self.stats: dict[str, float] = {}  # the last generate call's throughput figures
         self.load_weights(state_dict)
+
+    @property
+    def can_record_routes(self) -> bool:
+        """A mixture-of-experts model: its layers have routers whose choices can be recorded."""
+        return any(layer.router is not None for layer in self.layers)
 
     @classmethod
     def from_model(cls, model, tokenizer, batch_size: int = 256, precision: str = "fp32") -> NativeEngine:

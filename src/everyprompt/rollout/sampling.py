@@ -12,6 +12,15 @@ import torch
 _MASK64 = (1 << 64) - 1
 
 
+def derive_seed(*parts: int) -> int:
+    """A 63-bit request seed from integers (run seed, step, slot, sample ...): stable across runs and
+    processes, so a request's sample depends only on where it stands in the run."""
+    value = 0x2545F4914F6CDD1D
+    for part in parts:
+        value = (value * 6364136223846793005 + part + 1442695040888963407) % (1 << 63)
+    return value
+
+
 def _to_signed(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 

@@ -1,8 +1,12 @@
-"""The rollout batch: everything one RL step knows about its completions, in one typed structure."""
+"""The rollout batch: everything one RL step knows about its completions, in one typed structure.
+
+It is what crosses from the rollout side to the learner side: the rollout side fills the fields up to
+`timing`; the learner adds advantages, old-policy log-probs and routes.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 
@@ -27,6 +31,7 @@ class RolloutBatch:
     routed_experts: list[torch.Tensor] | None = None  # N x [prompt + completion - 1, L_moe, k] int16 (replay)
     old_routes: list[torch.Tensor] | None = None  # the same, as the trainer's old-policy pass routed them
     timing: dict[str, float] = field(default_factory=dict)
+    max_new_tokens: int = 0  # the completion cap the batch was sampled with (the curriculum stage's)
 
     def __len__(self) -> int:
         return len(self.completion_ids)
@@ -69,6 +74,8 @@ class RolloutBatch:
         }
         if self.routed_experts is not None:
             tensors["routes"] = [self.routed_experts[r] for r in rows]  # a list: N x [length - 1, L_moe, k]
+        if self.old_routes is not None:
+            tensors["old_routes"] = [self.old_routes[r] for r in rows]
         if old_logp is not None:
             tensors["old_logp"] = old_logp
         if old_entropy is not None:
@@ -82,3 +89,21 @@ class RolloutBatch:
             start = len(self.prompt_ids[r]) - 1
             out.append(padded_values[index, start : start + len(self.completion_ids[r])].detach().clone())
         return out
+
+    def select(self, rows: list[int]) -> RolloutBatch:
+        """The batch of `rows` only (in that order), groups renumbered 0.. keeping their order."""
+        index = torch.tensor(rows, dtype=torch.long)
+        kept_groups = self.group_index[index]
+        _, group_index = torch.unique(kept_groups, return_inverse=True)
+        per_row = {}
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if item.name == "group_index":
+                per_row[item.name] = group_index.reshape(-1)
+            elif item.name == "reward_components":
+                per_row[item.name] = {name: values[index] for name, values in value.items()}
+            elif isinstance(value, torch.Tensor):
+                per_row[item.name] = value[index]
+            elif isinstance(value, list) and value:  # per-row lists (an empty one stays empty)
+                per_row[item.name] = [value[r] for r in rows]
+        return replace(self, **per_row)

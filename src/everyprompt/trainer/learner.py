@@ -1,0 +1,314 @@
+"""The learner side of the RL loop: a scored `RolloutBatch` in, one policy update out.
+
+`update(batch)`:
+  1. advantages through the registry, then ZVE stage 2 (reshaping) and stage 3 (RL-ZVP signs); groups
+     still zero-variance after every enabled stage leave the update (`zve.drop_zero_variance`);
+  2. the old policy's log-probs: the engine's (`rl.old_logprobs=rollout`), a separate trainer pass
+     (`recompute` with several mini-batches), or the first mini-batch's own forward (one mini-batch);
+  3. `rl.mini_batches` AdamW steps, each accumulated over micro-batches with the whole mini-batch's loss
+     denominators, so the gradient does not depend on the micro-batch size;
+  4. the train-inference mismatch of the old policy against the engine (`mismatch/*`): from the
+     separate pass when one runs, else from the first mini-batch's forward, at no extra cost.
+`state_dict()` is the weights hand-off to the rollout side. Nothing here reads the rollout side.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+import warnings
+
+import torch
+
+from everyprompt.algorithms import compute_advantages, policy_loss, policy_loss_spec, zvp_token_advantages
+from everyprompt.config import Config, ConfigError
+from everyprompt.models.replay import ReplayError, RouterReplay
+from everyprompt.rollout import derive_seed
+from everyprompt.trainer.batch import RolloutBatch
+from everyprompt.trainer.logprobs import check_packing, token_logprobs
+from everyprompt.trainer.mismatch import mismatch_metrics
+from everyprompt.trainer.optim import build_optimizer, build_scheduler
+from everyprompt.zve import group_zero_variance, reshape_zero_variance, zvp_signs
+
+log = logging.getLogger(__name__)
+
+# which routes the update passes replay, per rl.router_replay (a `RolloutBatch.padded` key; off: none)
+REPLAYED_ROUTES = {"off": None, "r2": "old_routes", "r3": "routes"}
+
+
+def _router(model, replay: str) -> RouterReplay | None:
+    """The model's MoE router hooks (replay and route metrics); None for a dense model unless replay is on."""
+    try:
+        return RouterReplay(model)
+    except ReplayError as err:
+        if replay != "off":
+            raise ConfigError(f"config key 'rl.router_replay': {err}") from None
+        return None
+
+
+class Learner:
+    """Owns the policy's optimizer, schedule, router replay and KL reference."""
+
+    def __init__(self, config: Config, model, pad_token_id: int, reference=None):
+        self.config, self.rl, self.zve = config, config.rl, config.zve
+        self.model, self.pad_id = model, pad_token_id
+        self.optimizer = build_optimizer(model, self.rl.lr, self.rl.weight_decay)
+        self.scheduler = build_scheduler(
+            self.optimizer, self.rl.warmup_steps, self.rl.steps, self.rl.lr_schedule
+        )
+        self.router = _router(model, self.rl.router_replay)
+        self.loss_spec = policy_loss_spec(self.rl.loss)
+        self.loss_options = self.rl.loss_kwargs()
+        # the KL term's reference: the starting policy, frozen (a copy of `model` unless given)
+        self.reference = None
+        if self.rl.kl.estimator is not None:
+            self.reference = (reference or copy.deepcopy(model)).eval().requires_grad_(False)
+        self.version = 0  # updates taken: the policy version of the weights handed to the rollout side
+        self._packing_checked = not config.model.pack_sequences
+
+    # ------------------------------------------------------------ hand-off and state
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The policy's weights, for the rollout side's `load_weights`."""
+        return self.model.state_dict()
+
+    def training_state(self) -> dict:
+        return {
+            "version": self.version,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+        }
+
+    def load_training_state(self, state: dict) -> None:
+        self.version = state["version"]
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+    # ------------------------------------------------------------ the update
+    def update(self, batch: RolloutBatch) -> dict[str, float]:
+        """One policy update from `batch` (which gains advantages and old-policy values); its metrics."""
+        started = time.perf_counter()
+        metrics, still_zero_variance = self.advantages(batch)
+        batch = self._drop_zero_variance(batch, still_zero_variance, metrics)
+        if len(batch):
+            metrics.update(self._optimize(batch))
+        else:  # every group was zero-variance and dropped: nothing to learn from this step
+            with warnings.catch_warnings():  # the schedule still advances one step per update
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler")
+                self.scheduler.step()
+            metrics["actor/skipped_updates"] = 1.0
+        self.version += 1
+        metrics["time/train_s"] = time.perf_counter() - started
+        return metrics
+
+    def advantages(self, batch: RolloutBatch) -> tuple[dict[str, float], torch.Tensor]:
+        """Group-relative advantages, then ZVE stages 2 (reshaping) and 3 (RL-ZVP signs) when enabled;
+        their metrics and the [G] groups still zero-variance after every enabled stage."""
+        options = {"dead_zone": self.rl.dead_zone} if self.rl.dead_zone > 0 else {}
+        batch.advantages = compute_advantages(self.rl.advantage, batch.rewards, batch.group_index, **options)
+        zero = group_zero_variance(batch.rewards, batch.group_index)
+        stats = {"zve/zero_variance_rate_batch": float(zero.double().mean())}
+        still = zero.clone()
+        if self.zve.enabled and self.zve.reshape.enabled and bool(zero.any()):
+            shape = self.zve.reshape
+            shaped, informative = reshape_zero_variance(
+                batch.rewards,
+                batch.completion_ids,
+                batch.group_index,
+                shape.length_coef,
+                shape.repetition_coef,
+                batch.max_new_tokens,
+                shape.reward_gap,
+            )
+            batch.advantages = torch.where(zero[batch.group_index], shaped, batch.advantages)
+            still &= ~informative
+            stats["zve/reshaped_groups"] = float(informative.sum())
+        if self.zve.enabled:
+            stats["zve/zero_variance_rate_reshaped"] = float(still.double().mean())
+        if self.zve.enabled and self.zve.zvp.enabled and bool(still.any()):
+            batch.zvp_sign = zvp_signs(batch.rewards, batch.group_index, still, self.zve.correct_reward)
+            zvp_groups = torch.zeros_like(still).index_put_(
+                (batch.group_index,), batch.zvp_sign != 0, accumulate=True
+            )
+            still &= ~zvp_groups
+            stats["zve/zvp_groups"] = float(zvp_groups.sum())
+        if self.zve.enabled:
+            stats["zve/zero_variance_rate_final"] = float(still.double().mean())
+        carries = batch.advantages != 0
+        if batch.zvp_sign is not None:
+            carries |= batch.zvp_sign != 0
+        # of all rollouts generated this step: those whose update carries a non-zero advantage
+        generated = batch.stats.get("zve/generated_rollouts", float(len(batch)))
+        stats["zve/informative_rollout_fraction"] = float(carries.sum()) / max(generated, 1.0)
+        return stats, still
+
+    def _drop_zero_variance(self, batch: RolloutBatch, still: torch.Tensor, metrics: dict) -> RolloutBatch:
+        """`zve.drop_zero_variance`: the batch without the groups `still` zero-variance after every stage."""
+        if not (self.zve.enabled and self.zve.drop_zero_variance):
+            return batch
+        metrics["zve/dropped_zero_variance_groups"] = float(still.sum())
+        if not bool(still.any()):
+            return batch
+        kept = ~still[batch.group_index]
+        return batch.select(kept.nonzero().flatten().tolist())
+
+    def _optimize(self, batch: RolloutBatch) -> dict[str, float]:
+        self.model.train()
+        self._check_packing(batch)
+        generator = torch.Generator().manual_seed(derive_seed(self.config.seed, self.version, 7))
+        order = torch.randperm(len(batch), generator=generator)
+        separate_pass = self.rl.old_logprobs == "recompute" and self.rl.mini_batches > 1
+        stats: dict[str, list[float]] = {}
+        if self.rl.old_logprobs == "rollout":
+            self._rollout_as_old(batch)
+        elif separate_pass:
+            for key, value in self.old_logprobs(batch).items():
+                stats[key] = [value]
+        for number, mini in enumerate(order.chunk(self.rl.mini_batches)):
+            measure = number == 0 and not separate_pass  # this forward is the old policy: measure it
+            for key, value in self._mini_batch_step(batch, mini.tolist(), measure).items():
+                stats.setdefault(key, []).append(value)
+        self.scheduler.step()
+        return {key: sum(values) / len(values) for key, values in stats.items()}
+
+    def _check_packing(self, batch: RolloutBatch) -> None:
+        """Once, before the first packed forward: packed and one-by-one log-probs agree for this model."""
+        if self._packing_checked:
+            return
+        sequences = [batch.prompt_ids[i] + batch.completion_ids[i] for i in range(min(2, len(batch)))]
+        check_packing(self.model, (sequences * 2)[:2], self.pad_id)
+        self._packing_checked = True
+
+    def _logprobs(self, model, data: dict, rows: slice, with_entropy=False, recorded=None, routes_key=None):
+        """`token_logprobs` of rows `rows` of a `RolloutBatch.padded` dict, packed when configured;
+        the policy's forwards replay `data[routes_key]` when given and record the routes they used into
+        `recorded` (a list) when given."""
+        policy = model is self.model
+        return token_logprobs(
+            model,
+            data["input_ids"][rows],
+            self.config.rollout.temperature,
+            with_entropy=with_entropy,
+            lengths=data["lengths"][rows].tolist() if self.config.model.pack_sequences else None,
+            pad_id=self.pad_id,
+            router=self.router if policy else None,
+            routes=data[routes_key][rows] if policy and routes_key in data else None,
+            recorded=recorded if policy and self.router is not None else None,
+        )
+
+    def _rollout_as_old(self, batch: RolloutBatch) -> None:
+        """`rl.old_logprobs=rollout`: the engine's log-probs (and entropies) stand for the old policy's."""
+        batch.old_logprobs = batch.rollout_logprobs
+        if self.loss_spec.needs_entropy:
+            if batch.rollout_entropies is None:
+                raise RuntimeError(
+                    f"rl.loss={self.rl.loss} needs the old policy's token entropies, which this rollout "
+                    "engine does not return; set rl.old_logprobs=recompute"
+                )
+            batch.old_entropies = batch.rollout_entropies
+
+    @torch.no_grad()
+    def old_logprobs(self, batch: RolloutBatch) -> dict[str, float]:
+        """The trainer's pre-update log-probs, entropies (when the loss needs them) and routes of `batch`,
+        stored on it; returns their mismatch metrics. Only r3 replays here: r2 records the trainer's own
+        routes, which the update passes then replay."""
+        rows = list(range(len(batch)))
+        logprobs: list[torch.Tensor] = []
+        entropies: list[torch.Tensor] = []
+        routes: list[torch.Tensor] = []
+        routes_key = "routes" if self.rl.router_replay == "r3" else None
+        for start in range(0, len(rows), self.rl.micro_batch_size):
+            chunk = rows[start : start + self.rl.micro_batch_size]
+            data = batch.padded(chunk, self.pad_id)
+            needs_entropy = self.loss_spec.needs_entropy
+            logp, entropy = self._logprobs(self.model, data, slice(None), needs_entropy, routes, routes_key)
+            logprobs.extend(batch.completion_values(chunk, logp))
+            if entropy is not None:
+                entropies.extend(batch.completion_values(chunk, entropy))
+        batch.old_logprobs = logprobs
+        batch.old_entropies = entropies or None
+        batch.old_routes = routes or None
+        return self._mismatch(batch, rows, logprobs, batch.old_routes)
+
+    def _mismatch(self, batch: RolloutBatch, rows: list[int], trainer_logprobs, trainer_routes) -> dict:
+        engine_routes = batch.routed_experts
+        return mismatch_metrics(
+            [len(batch.prompt_ids[r]) for r in rows],
+            trainer_logprobs,
+            [batch.rollout_logprobs[r] for r in rows],
+            trainer_routes,
+            [engine_routes[r] for r in rows] if engine_routes is not None else None,
+        )
+
+    def _mini_batch_step(self, batch: RolloutBatch, rows: list[int], measure: bool) -> dict[str, float]:
+        """One optimizer step over `rows`; with `measure`, also the old policy's mismatch on them."""
+        data = batch.padded(rows, self.pad_id)
+        advantages = batch.advantages[rows]
+        num_tokens = float(data["mask"].sum().clamp(min=1))
+        routes_key = REPLAYED_ROUTES[self.rl.router_replay]
+        total_loss, entropy_sum, stats = 0.0, 0.0, {}
+        measured, used_routes = [], [] if measure else None
+        self.optimizer.zero_grad(set_to_none=True)
+        for start in range(0, len(rows), self.rl.micro_batch_size):
+            part = slice(start, start + self.rl.micro_batch_size)
+            mask = data["mask"][part]
+            logp, entropy = self._logprobs(self.model, data, part, True, used_routes, routes_key)
+            if measure:
+                measured.extend(batch.completion_values(rows[part], logp))
+            part_advantages = advantages[part]
+            if batch.zvp_sign is not None:  # RL-ZVP: token advantages from the current policy's entropies
+                sign = batch.zvp_sign[rows][part]
+                token_advantages = zvp_token_advantages(entropy, mask, sign, self.zve.zvp.alpha)
+                part_advantages = torch.where(
+                    (sign != 0)[:, None], token_advantages, part_advantages[:, None].expand_as(logp)
+                )
+            # without old-policy values (recompute, one mini-batch) this forward *is* the old policy
+            old_logp = data["old_logp"][part] if "old_logp" in data else logp.detach()
+            old_entropy = data["old_entropy"][part] if "old_entropy" in data else entropy
+            extra = {}
+            if self.reference is not None:
+                with torch.no_grad():
+                    extra["ref_logp"], _ = self._logprobs(self.reference, data, part)
+            loss, metrics = policy_loss(
+                self.rl.loss,
+                logp,
+                old_logp,
+                part_advantages,
+                mask,
+                entropy=old_entropy,
+                agg=self.rl.loss_agg,
+                max_length=self.config.rollout.max_new_tokens,
+                num_tokens=num_tokens,
+                num_sequences=len(rows),
+                kl=self.rl.kl.estimator,
+                kl_coef=self.rl.kl.coef,
+                rollout_logp=data["rollout_logp"][part],
+                correction=self.rl.rollout_correction.mode,
+                correction_level=self.rl.rollout_correction.level,
+                correction_cap=self.rl.rollout_correction.cap,
+                vocab_size=self.model.config.vocab_size,
+                **extra,
+                **self.loss_options,
+            )
+            if not torch.isfinite(loss):
+                log.warning("non-finite loss at update %d; this mini-batch's update is skipped", self.version)
+                self.optimizer.zero_grad(set_to_none=True)
+                return {"actor/skipped_updates": 1.0}
+            loss.backward()
+            total_loss += float(loss.detach())
+            entropy_sum += float((entropy * mask).sum())
+            weight = float(mask.sum()) / num_tokens
+            for key, value in metrics.items():
+                stats[key] = stats.get(key, 0.0) + value * weight
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.rl.max_grad_norm)
+        self.optimizer.step()
+        if measure:
+            stats.update(self._mismatch(batch, rows, measured, used_routes or None))
+        return {
+            **stats,
+            "loss/policy": total_loss,
+            "actor/entropy": entropy_sum / num_tokens,
+            "actor/grad_norm": float(grad_norm),
+            "actor/lr": self.scheduler.get_last_lr()[0],
+            "actor/skipped_updates": 0.0,
+        }

@@ -1,0 +1,152 @@
+"""The RL loop: a rollout side and a learner side, composed synchronously.
+
+One step is the rollout side's batch, the learner's update on it, and the weights handed back:
+
+    batch = self.rollout.next_batch(self.step)
+    metrics = self.learner.update(batch)
+    self.rollout.load_weights(self.learner.state_dict())
+
+The two sides share nothing but the `RolloutBatch` and the weights (DESIGN: the two sides of the loop),
+so either can move to another process. The loop also owns the run's counters, the metrics log and the
+checkpoints (both sides' state, the RNG streams and the model, written atomically).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from everyprompt.config import Config
+from everyprompt.data.passrate import PassRateStore
+from everyprompt.trainer.checkpoint import save_checkpoint
+from everyprompt.trainer.learner import Learner
+from everyprompt.trainer.metrics import MetricsLogger
+from everyprompt.trainer.rollout_side import RolloutSide
+
+
+class RLTrainer:
+    """Runs `rl.steps` steps of a `RolloutSide` and a `Learner`; logs, evaluates and checkpoints."""
+
+    def __init__(self, config: Config, rollout: RolloutSide, learner: Learner, model, tokenizer, run_dir):
+        self.config, self.rl = config, config.rl
+        self.rollout, self.learner = rollout, learner
+        self.model, self.tokenizer = model, tokenizer  # what a checkpoint saves
+        self.run_dir = Path(run_dir)
+        self.step = 0
+        self.rollouts_total = 0  # rollouts generated so far (the offline filter's count in when it ran)
+        self.reward_errors = 0
+
+    @classmethod
+    def build(
+        cls,
+        config: Config,
+        model,
+        tokenizer,
+        prompts: list[dict],
+        run_dir: str | Path,
+        reference=None,
+        store: PassRateStore | None = None,
+    ) -> RLTrainer:
+        """Both sides over `model`: the engine gets its weights, the learner trains it in place."""
+        store = store if store is not None else PassRateStore(ema_decay=config.zve.retirement.ema_decay)
+        learner = Learner(config, model, tokenizer.pad_token_id, reference)
+        rollout = RolloutSide.build(config, model, tokenizer, prompts, run_dir, store)
+        return cls(config, rollout, learner, model, tokenizer, run_dir)
+
+    @property
+    def engine(self):
+        """The rollout side's engine (evaluation decodes with it)."""
+        return self.rollout.engine
+
+    def close(self) -> None:
+        """Stop the rollout side's reward workers (the trainer is not used after this)."""
+        self.rollout.close()
+
+    # ------------------------------------------------------------ one step
+    def train_step(self) -> dict[str, float]:
+        batch = self.rollout.next_batch(self.step)
+        metrics = self.learner.update(batch)
+        synced = time.perf_counter()
+        self.rollout.load_weights(self.learner.state_dict())
+        metrics["time/weight_sync_s"] = time.perf_counter() - synced
+        self.step += 1
+        return {**batch.stats, **self._count(batch), **metrics}
+
+    def _count(self, batch) -> dict[str, float]:
+        """The run's running totals after `batch`, and its timings."""
+        self.rollouts_total += int(batch.stats.get("zve/generated_rollouts", len(batch)))
+        self.reward_errors += int(batch.stats.get("reward/errors", 0))
+        return {
+            "rollout/total": float(self.rollouts_total),
+            "reward/errors_total": float(self.reward_errors),
+            **{f"time/{name}": value for name, value in batch.timing.items()},
+        }
+
+    # ------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        return {
+            "step": self.step,
+            "rollouts_total": self.rollouts_total,
+            "reward_errors": self.reward_errors,
+            "rollout": self.rollout.state_dict(),
+            "learner": self.learner.training_state(),
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = state["step"]
+        self.rollouts_total, self.reward_errors = state["rollouts_total"], state["reward_errors"]
+        self.rollout.load_state_dict(state["rollout"])
+        self.learner.load_training_state(state["learner"])
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(state["rng"]["python"])
+        self.rollout.load_weights(self.learner.state_dict())
+
+    def save(self) -> Path:
+        return save_checkpoint(
+            self.run_dir,
+            f"step_{self.step}",
+            self.model,
+            self.tokenizer,
+            self.state_dict(),
+            keep_last=self.config.checkpoint.keep_last,
+        )
+
+    # ------------------------------------------------------------ the loop
+    @property
+    def finished(self) -> bool:
+        """`rl.steps` done, or `rl.max_rollouts` rollouts generated (offline-filter samples included)."""
+        budget = self.rl.max_rollouts
+        return self.step >= self.rl.steps or (budget is not None and self.rollouts_total >= budget)
+
+    def train(self, evaluate_fn=None) -> list[dict[str, float]]:
+        """Run until finished; checkpoint every `checkpoint.every` steps and at the end."""
+        logger = MetricsLogger(
+            self.run_dir,
+            self.rl.steps,
+            "RL",
+            start_step=self.step,
+            progress=self.config.logging.progress,
+            tensorboard=self.config.logging.tensorboard,
+        )
+        history = []
+        try:
+            while not self.finished:
+                started = time.perf_counter()
+                metrics = self.train_step()
+                every = self.config.eval.every
+                if evaluate_fn is not None and every and self.step % every == 0 and not self.finished:
+                    metrics.update({f"eval/{k}": v for k, v in evaluate_fn(self.engine).items()})
+                metrics["time/step_s"] = time.perf_counter() - started
+                logger.log(self.step, metrics)
+                history.append(metrics)
+                if self.config.checkpoint.every and self.step % self.config.checkpoint.every == 0:
+                    self.save()
+            if not (self.run_dir / "checkpoints" / f"step_{self.step}").is_dir():
+                self.save()
+        finally:
+            logger.close()
+        return history

@@ -1,0 +1,57 @@
+"""Train-inference mismatch: how far the trainer's old policy is from the engine that sampled.
+
+DESIGN's rule is that the two implementations' disagreement is measured, not hidden; docs/metrics.md
+explains each `mismatch/*` metric, docs/algorithms.md what router replay and the rollout corrections do
+about it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from everyprompt.models.replay import same_expert_sets
+
+
+def mismatch_metrics(
+    prompt_lengths: Sequence[int],
+    trainer_logprobs: Sequence[torch.Tensor],  # N x [completion]: the trainer's old-policy log-probs
+    engine_logprobs: Sequence[torch.Tensor],  # N x [completion]: the engine's
+    trainer_routes: Sequence[torch.Tensor] | None = None,  # N x [fed tokens, L_moe, k]: routes it used
+    engine_routes: Sequence[torch.Tensor] | None = None,  # N x [fed tokens, L_moe, k]: the engine's
+) -> dict[str, float]:
+    """Over completion tokens: mean |logp_trainer - logp_engine|, the k3 estimate of KL(engine || trainer),
+    the share of tokens whose ratio pi_trainer / pi_engine exceeds 2; with both sides' routes: the share
+    of (token, MoE layer) pairs routed to the same expert set, and |dlogp| on tokens whose input token
+    was routed differently in some layer ("flipped") and on the rest."""
+    if not trainer_logprobs:
+        return {}
+    old, engine = torch.cat(list(trainer_logprobs)), torch.cat(list(engine_logprobs))
+    if not old.numel():
+        return {}
+    log_ratio = (old - engine).double()
+    metrics = {
+        "mismatch/logp_abs_diff": float(log_ratio.abs().mean()),
+        "mismatch/k3_kl": float((log_ratio.exp() - 1 - log_ratio).mean()),
+        "mismatch/ratio_above_2": float((log_ratio > math.log(2)).double().mean()),
+    }
+    if trainer_routes is None or engine_routes is None:
+        return metrics
+    same_pairs, pairs, flipped = 0, 0, []
+    for prompt_length, trainer, engine_route in zip(prompt_lengths, trainer_routes, engine_routes):
+        n = min(len(trainer), len(engine_route))
+        same = same_expert_sets(trainer[:n], engine_route[:n])  # [n, L]
+        same_pairs, pairs = same_pairs + int(same.sum()), pairs + same.numel()
+        # completion target j is predicted from input token prompt_length - 1 + j
+        flipped.append(~same[prompt_length - 1 :].all(-1))
+    flipped_tokens = torch.cat(flipped)
+    diff = log_ratio.abs()[: flipped_tokens.numel()]
+    metrics["mismatch/routing_agreement"] = same_pairs / max(pairs, 1)
+    metrics["mismatch/flipped_token_fraction"] = float(flipped_tokens.double().mean())
+    if bool(flipped_tokens.any()):
+        metrics["mismatch/logp_abs_diff_flipped"] = float(diff[flipped_tokens].mean())
+    if bool((~flipped_tokens).any()):
+        metrics["mismatch/logp_abs_diff_unflipped"] = float(diff[~flipped_tokens].mean())
+    return metrics

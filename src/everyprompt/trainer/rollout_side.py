@@ -1,0 +1,306 @@
+"""The rollout side of the RL loop: prompts in, a scored `RolloutBatch` out.
+
+`next_batch(step)` draws the step's prompts (curriculum stage mixture, retired prompts skipped), admits
+their requests into the engine longest-predicted-first, streams each finished completion to the reward
+pool, grows zero-variance groups (ZVE stage 1), records every group in the pass-rate store (stage 4),
+and assembles the batch. `load_weights` takes the learner's hand-off. Nothing here reads the learner.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from everyprompt.config import Config
+from everyprompt.data.curriculum import Curriculum
+from everyprompt.data.passrate import PassRateStore
+from everyprompt.data.source import ALL, PromptSource, buckets_by_field, buckets_by_pass_rate
+from everyprompt.generation import sample_and_score
+from everyprompt.rewards import build_reward
+from everyprompt.rewards.pool import RewardPool
+from everyprompt.rollout import GenerationRequest, RolloutEngine, SamplingParams, build_engine, derive_seed
+from everyprompt.rollout.scheduler import LengthPredictor, admission_order
+from everyprompt.trainer.batch import RolloutBatch
+from everyprompt.zve import Collection, Group, collect_groups, group_zero_variance
+
+
+@dataclass
+class _Tally:
+    """What one step's generate calls add up to (ZVE expansion makes several calls per step)."""
+
+    generate_s: float = 0.0
+    reward_wait_s: float = 0.0
+    engine_calls: list[dict[str, float]] = field(default_factory=list)
+    components: dict[str, list[float | None]] = field(default_factory=dict)
+
+    def add(self, scored) -> None:
+        self.generate_s += scored.generate_s
+        self.reward_wait_s += scored.reward_wait_s
+        if scored.engine_stats:
+            self.engine_calls.append(scored.engine_stats)
+        for parts in scored.components:
+            for name, value in (parts or {}).items():
+                self.components.setdefault(name, []).append(value)
+
+    def metrics(self) -> dict[str, float]:
+        """rollout/* throughput over the calls and each reward component's mean (reward/<name>)."""
+        out = {
+            f"reward/{name}": statistics.fmean(v for v in values if v is not None)
+            if any(v is not None for v in values)
+            else math.nan
+            for name, values in self.components.items()
+        }
+        calls = self.engine_calls
+        if calls:
+            steps = max(sum(c["decode_steps"] for c in calls), 1)
+            wall = sum(c["wall_s"] for c in calls)
+            out["rollout/tokens_per_s"] = sum(c["tokens"] for c in calls) / wall if wall > 0 else 0.0
+            out["rollout/slot_occupancy"] = (
+                sum(c["slot_occupancy"] * c["decode_steps"] for c in calls) / steps
+            )
+            out["rollout/decode_step_ms"] = (
+                sum(c["decode_step_ms"] * c["decode_steps"] for c in calls) / steps
+            )
+        return out
+
+
+class RolloutSide:
+    """Owns the engine, the reward pool, the prompt source and curriculum, the length predictor and the
+    pass-rate store's updates."""
+
+    def __init__(
+        self,
+        config: Config,
+        engine: RolloutEngine,
+        tokenizer,
+        prompts: list[dict],
+        rewards: RewardPool,
+        store: PassRateStore,
+    ):
+        self.config, self.engine, self.tokenizer = config, engine, tokenizer
+        self.prompts, self.rewards, self.store = prompts, rewards, store
+        self.curriculum = Curriculum(config.curriculum) if config.curriculum.stages else None
+        self.source = PromptSource(self._buckets(), config.seed)
+        self.lengths = LengthPredictor(store, default=config.rollout.max_new_tokens)
+        self.retired_total = 0
+        self._prompt_ids = [tokenizer(p["prompt"]).input_ids for p in prompts]
+        keys = sorted({key for row in prompts for key in row})
+        self._reward_rows = [{key: row.get(key) for key in keys} for row in prompts]
+        self._calls = 0  # generate calls so far: keeps each call's reward keys apart
+
+    @classmethod
+    def build(cls, config: Config, model, tokenizer, prompts, run_dir, store: PassRateStore) -> RolloutSide:
+        """The configured engine over `model`'s weights and the configured reward in its worker pool."""
+        rewards = config.rewards
+        pool = RewardPool(build_reward(rewards, run_dir), rewards.workers, rewards.timeout_s)
+        return cls(config, build_engine(config.rollout, model, tokenizer), tokenizer, prompts, pool, store)
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """The learner's new weights (weight sync)."""
+        self.engine.load_weights(state_dict)
+
+    def close(self) -> None:
+        """Stop the reward workers (the side is not used after this)."""
+        self.rewards.close()
+
+    # ------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        return {
+            "source": self.source.state_dict(),
+            "store": self.store.state_dict(),
+            "curriculum": self.curriculum.state_dict() if self.curriculum else None,
+            "lengths": self.lengths.state_dict(),
+            "retired_total": self.retired_total,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.store.load_state_dict(state["store"])
+        if self.curriculum is not None and state["curriculum"] is not None:
+            self.curriculum.load_state_dict(state["curriculum"])
+        self.source.load_state_dict(state["source"])
+        self.lengths.load_state_dict(state["lengths"])
+        self.retired_total = state["retired_total"]
+
+    # ------------------------------------------------------------ one batch
+    def settings(self) -> dict:
+        """This step's sampling settings: the config's, with the curriculum stage's overrides."""
+        rollout, rl = self.config.rollout, self.config.rl
+        values = {
+            "rollout.temperature": rollout.temperature,
+            "rollout.top_p": rollout.top_p,
+            "rl.group_size": rl.group_size,
+            "rl.prompts_per_step": rl.prompts_per_step,
+            "max_new_tokens": rollout.max_new_tokens,
+        }
+        if self.curriculum is not None:
+            values.update(self.curriculum.stage.overrides)
+            if self.curriculum.stage.max_new_tokens:
+                values["max_new_tokens"] = self.curriculum.stage.max_new_tokens
+        return values
+
+    def next_batch(self, step: int) -> RolloutBatch:
+        """Sample and score step `step`'s groups (with ZVE stage 1 when enabled); record their pass rates."""
+        started = time.perf_counter()
+        settings = self.settings()
+        params = SamplingParams(
+            settings["max_new_tokens"],
+            settings["rollout.temperature"],
+            settings["rollout.top_p"],
+            record_routes=self.engine.can_record_routes,  # replay and the routing-mismatch metrics
+        )
+        tally = _Tally()
+        errors_before = self.rewards.stats.errors
+        zve = self.config.zve
+        expand = zve.enabled and zve.expansion.enabled
+        mixture = self.curriculum.stage.mixture if self.curriculum is not None else None
+        available = self._available(step) if zve.enabled and zve.retirement.enabled else None
+        collection = collect_groups(
+            lambda count: self.source.take(count, mixture, available),
+            lambda specs: self._sample(step, specs, params, tally),
+            prompts_per_step=settings["rl.prompts_per_step"],
+            group_size=settings["rl.group_size"],
+            max_group_size=zve.expansion.max_group_size if expand else None,
+            expansion_step=zve.expansion.step,
+            dynamic_sampling=expand and zve.expansion.dynamic_sampling,
+            max_rollouts=zve.expansion.max_rollouts_per_step,
+        )
+        batch = self._assemble(collection.groups, settings["max_new_tokens"])
+        batch.stats = {
+            **self._record_pass_rates(collection, step),
+            **self._collection_stats(collection),
+            **self._reward_stats(batch, collection.generated),
+            **tally.metrics(),
+            "reward/errors": float(self.rewards.stats.errors - errors_before),
+        }
+        if self.curriculum is not None:
+            batch.stats["curriculum/stage"] = float(self.curriculum.index + 1)  # the stage this step ran in
+            accuracy = batch.stats["reward/accuracy"]
+            if self.curriculum.observe(step + 1, 0.0 if math.isnan(accuracy) else accuracy):
+                self.source.set_buckets(self._buckets())
+        batch.timing = {
+            "rollout_s": time.perf_counter() - started,
+            "generate_s": tally.generate_s,
+            "reward_wait_s": tally.reward_wait_s,  # after the engine finished (scoring overlaps it)
+        }
+        return batch
+
+    def _available(self, step: int):
+        return lambda index: self.store.is_available(self.prompts[index]["prompt"], step)
+
+    def _sample(self, step: int, specs: list[tuple[int, int, int]], params, tally: _Tally) -> list:
+        """One completion per (prompt index, group slot, sample number) spec: [((Completion, text), reward)]."""
+        seed = self.config.seed
+        requests = [
+            GenerationRequest(i, self._prompt_ids[index], derive_seed(seed, step, slot, s))
+            for i, (index, slot, s) in enumerate(specs)
+        ]
+        predicted = [self.lengths.predict(self.prompts[i]["prompt"], self._bucket(i)) for i, _, _ in specs]
+        order = admission_order(predicted, self.config.rollout.schedule)
+        rows = [self._reward_rows[index] for index, _, _ in specs]
+        scored = sample_and_score(
+            self.engine, self.tokenizer, [requests[i] for i in order], params, rows, self.rewards, self._calls
+        )
+        self._calls += 1
+        tally.add(scored)
+        for (index, _, _), completion in zip(specs, scored.completions):
+            self.lengths.observe(self._bucket(index), [len(completion.token_ids)])
+        return [((c, t), r) for c, t, r in zip(scored.completions, scored.texts, scored.rewards)]
+
+    def _buckets(self) -> dict[str, list[int]]:
+        """Prompt buckets of the current curriculum stage (one bucket without a curriculum)."""
+        if self.curriculum is None:
+            return {ALL: list(range(len(self.prompts)))}
+        if self.config.curriculum.difficulty == "field":
+            return buckets_by_field(self.prompts, self.config.curriculum.field)
+        return buckets_by_pass_rate(
+            self.prompts, self.store.pass_rate, self.config.curriculum.pass_rate_edges
+        )
+
+    def _bucket(self, index: int) -> str | None:
+        """The prompt's difficulty bucket for length prediction: its curriculum field, when it has one."""
+        value = self.prompts[index].get(self.config.curriculum.field)
+        return None if value is None else str(value)
+
+    def _record_pass_rates(self, collection: Collection, step: int) -> dict[str, float]:
+        """ZVE stage 4: every group updates its prompt's pass rate; retire / defer by the streak rules."""
+        zve = self.config.zve
+        visits = []
+        for group in collection.all_groups:
+            valid = group.valid_rewards()
+            if valid:
+                lengths = [len(c.token_ids) for c, _ in group.completions]
+                prompt = self.prompts[group.prompt_index]["prompt"]
+                correct = sum(r >= zve.correct_reward for r in valid)
+                visits.append((prompt, len(valid), correct, sum(lengths) / len(lengths)))
+        rules = zve.retirement
+        if zve.enabled and rules.enabled:
+            counts = self.store.record(visits, step, rules.retire_after, rules.defer_after, rules.defer_steps)
+        else:
+            counts = self.store.record(visits, step)
+        self.retired_total += counts.retired
+        return {
+            "zve/retired": float(counts.retired),
+            "zve/deferred": float(counts.deferred),
+            "zve/retired_total": float(self.retired_total),
+            "zve/deferred_now": float(self.store.counts()["deferred"]),
+        }
+
+    @staticmethod
+    def _collection_stats(collection: Collection) -> dict[str, float]:
+        return {
+            "zve/generated_rollouts": float(collection.generated),
+            "zve/expansion_rounds": float(collection.rounds),
+            "zve/sampled_groups": float(collection.sampled_groups),
+            "zve/dropped_groups": float(collection.dropped_groups),
+            "zve/zero_variance_rate": collection.zv_sampled,
+            "zve/zero_variance_rate_expanded": collection.zv_expanded,
+        }
+
+    def _reward_stats(self, batch: RolloutBatch, generated: int) -> dict[str, float]:
+        """reward/* and rollout/* of the batch, and how many of the `generated` rollouts carry a signal."""
+        valid = batch.rewards[~torch.isnan(batch.rewards)]
+        tokens = sum(len(c) for c in batch.completion_ids)
+        zero = group_zero_variance(batch.rewards, batch.group_index)
+        signal_groups = int((~zero).sum())
+        correct = self.config.zve.correct_reward
+        return {
+            "reward/mean": float(valid.mean()) if valid.numel() else math.nan,
+            "reward/accuracy": float((valid >= correct).float().mean()) if valid.numel() else math.nan,
+            "reward/none_fraction": 1.0 - valid.numel() / len(batch),
+            # of all rollouts generated this step, those in groups with a reward signal (before ZVE 2-3)
+            "zve/signal_rollout_fraction": float((~zero)[batch.group_index].sum()) / generated,
+            "zve/signal_groups": float(signal_groups),
+            "zve/rollouts_per_signal_group": generated / signal_groups if signal_groups else math.inf,
+            "rollout/tokens": float(tokens),
+            "rollout/mean_length": tokens / len(batch),
+            "rollout/truncated_fraction": batch.finish_reason.count("length") / len(batch),
+        }
+
+    @staticmethod
+    def _assemble(groups: list[Group], max_new_tokens: int) -> RolloutBatch:
+        completions = [pair for g in groups for pair in g.completions]  # (Completion, text)
+        rewards = [r for g in groups for r in g.rewards]
+        every = [c for c, _ in completions]
+        return RolloutBatch(
+            prompt_ids=[c.prompt_ids for c in every],
+            completion_ids=[c.token_ids for c in every],
+            rollout_logprobs=[c.logprobs for c in every],
+            rollout_entropies=[c.entropies for c in every]
+            if all(c.entropies is not None for c in every)
+            else None,
+            routed_experts=[c.routed_experts for c in every]
+            if every and all(c.routed_experts is not None for c in every)
+            else None,
+            finish_reason=[c.finish_reason for c in every],
+            group_index=torch.tensor(
+                [n for n, g in enumerate(groups) for _ in g.completions], dtype=torch.long
+            ),
+            prompt_index=[g.prompt_index for g in groups for _ in g.completions],
+            completion_text=[t for _, t in completions],
+            rewards=torch.tensor([math.nan if r is None else r for r in rewards], dtype=torch.float32),
+            max_new_tokens=max_new_tokens,
+        )

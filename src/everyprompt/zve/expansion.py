@@ -1,0 +1,137 @@
+"""ZVE stage 1, adaptive group expansion (docs/zve.md): sample N0 per prompt, grow the zero-variance
+groups up to N_max, optionally draw extra prompts until the step has enough informative groups.
+
+Decisions where the method's paper is silent:
+- After expansion, the update takes at most `prompts_per_step` groups, informative ones first; with
+  dynamic sampling the remaining zero-variance groups are only used when the budget ran out first.
+- Groups still zero-variance after every enabled stage are left out by the learner (stages 2 and 3
+  run there), not here: this collector returns every chosen group.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Group:
+    """One prompt's completions in one step (its size grows under expansion)."""
+
+    prompt_index: int
+    slot: int  # creation order within the step (seeds and the batch's group order derive from it)
+    completions: list = field(default_factory=list)  # rollout.Completion
+    rewards: list[float | None] = field(default_factory=list)
+    initial_size: int = 0
+
+    @property
+    def size(self) -> int:
+        return len(self.completions)
+
+    def valid_rewards(self) -> list[float]:
+        return [r for r in self.rewards if r is not None and not math.isnan(r)]
+
+    @property
+    def zero_variance(self) -> bool:
+        values = self.valid_rewards()
+        return len(values) == 0 or max(values) == min(values)
+
+    def initially_zero_variance(self) -> bool:
+        values = [r for r in self.rewards[: self.initial_size] if r is not None and not math.isnan(r)]
+        return len(values) == 0 or max(values) == min(values)
+
+
+@dataclass
+class Collection:
+    """The groups an update uses and the accounting of how they were obtained."""
+
+    groups: list[Group]  # the update's groups, in batch order
+    all_groups: list[Group]  # every group sampled this step (the pass-rate store records them all)
+    generated: int  # rollouts sampled this step, used or not
+    rounds: int  # expansion rounds run
+    sampled_groups: int  # groups opened this step (dynamic sampling adds to the first draw)
+    zv_sampled: float  # zero-variance rate of the first draw at N0 (what plain GRPO would see)
+    zv_expanded: float  # zero-variance rate of all groups after expansion
+    dropped_groups: int  # groups sampled but left out of the update
+
+
+Sampler = Callable[[list[tuple[int, int, int]]], list[tuple[object, float | None]]]
+
+
+def collect_groups(
+    take_prompts: Callable[[int], list[int]],
+    sample: Sampler,
+    prompts_per_step: int,
+    group_size: int,
+    max_group_size: int | None = None,
+    expansion_step: int | None = None,
+    dynamic_sampling: bool = False,
+    max_rollouts: int | None = None,
+) -> Collection:
+    """ZVE stage 1: draw `group_size` (N0) completions per prompt, then grow zero-variance groups.
+
+    `sample(specs)` generates and scores one completion per (prompt index, slot, sample number) spec and
+    returns (completion, reward) pairs in order; `take_prompts(n)` gives the next n prompt indices.
+    Zero-variance groups get `expansion_step` more samples per round until they turn informative or
+    reach `max_group_size`; with `dynamic_sampling`, extra prompts are drawn until `prompts_per_step`
+    groups are informative. Nothing is sampled past `max_rollouts`. Without expansion
+    (`max_group_size` None or <= N0) this is plain GRPO sampling.
+    """
+    max_group_size = max(max_group_size or group_size, group_size)
+    step = expansion_step or group_size
+    budget = max_rollouts if max_rollouts is not None else 2 * prompts_per_step * group_size
+    budget = max(budget, prompts_per_step * group_size)  # the first draw is always taken whole
+    groups: list[Group] = []
+    generated, rounds = 0, 0
+
+    def run(specs: list[tuple[int, int, int]]) -> None:
+        nonlocal generated
+        for (_, slot, _), (completion, reward) in zip(specs, sample(specs)):
+            groups[slot].completions.append(completion)
+            groups[slot].rewards.append(reward)
+        generated += len(specs)
+
+    def open_groups(count: int) -> None:
+        fresh = []
+        for index in take_prompts(count):
+            groups.append(Group(index, len(groups), initial_size=group_size))
+            fresh.extend((index, len(groups) - 1, s) for s in range(group_size))
+        run(fresh)
+
+    open_groups(prompts_per_step)
+    first_draw = len(groups)
+    while True:
+        # expansion rounds over every zero-variance group that can still grow
+        while True:
+            growable = [g for g in groups if g.zero_variance and g.size < max_group_size]
+            room = budget - generated
+            if not growable or room <= 0:
+                break
+            specs = []
+            for g in growable:
+                extra = min(step, max_group_size - g.size, room - len(specs))
+                specs.extend((g.prompt_index, g.slot, g.size + s) for s in range(extra))
+                if len(specs) >= room:
+                    break
+            run(specs)
+            rounds += 1
+        informative = sum(not g.zero_variance for g in groups)
+        need = prompts_per_step - informative
+        if not dynamic_sampling or need <= 0 or budget - generated < group_size:
+            break
+        open_groups(min(need, (budget - generated) // group_size))
+
+    ordered = [g for g in groups if not g.zero_variance] + [g for g in groups if g.zero_variance]
+    chosen = ordered[:prompts_per_step]
+    chosen.sort(key=lambda g: g.slot)
+    return Collection(
+        groups=chosen,
+        all_groups=groups,
+        generated=generated,
+        rounds=rounds,
+        sampled_groups=len(groups),
+        zv_sampled=sum(g.initially_zero_variance() for g in groups[:first_draw]) / max(first_draw, 1),
+        zv_expanded=sum(g.zero_variance for g in groups) / max(len(groups), 1),
+        dropped_groups=len(groups) - len(chosen),
+    )

@@ -1,0 +1,142 @@
+"""ZVE stage 0, the offline filter (docs/zve.md): estimate each prompt's pass rate with k samples of the
+starting policy, keep the prompts neither always solved nor never, and record the rates in the pass-rate
+store (`everyprompt filter`, or before RL with `zve.filter.enabled`).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from everyprompt.generation import sample_and_score
+from everyprompt.rewards import build_reward
+from everyprompt.rewards.pool import RewardPool
+from everyprompt.rollout import GenerationRequest, SamplingParams, build_engine, derive_seed
+from everyprompt.trainer.metrics import progress_bar
+
+
+def seeded_sample(indices: Sequence[int], count: int | None, seed: int) -> list[int]:
+    """`count` of `indices` chosen by `seed` (all of them, in order, when count is None or too big)."""
+    if count is None or count >= len(indices):
+        return list(indices)
+    return sorted(random.Random(seed).sample(list(indices), count))
+
+
+@dataclass
+class PassRateEstimate:
+    attempts: list[int]  # per prompt: valid (scored) samples
+    successes: list[int]  # per prompt: correct samples
+    mean_length: list[float]  # per prompt: mean completion length (tokens)
+    errors: int  # reward-function failures (scored None)
+
+    def rate(self, index: int) -> float | None:
+        return self.successes[index] / self.attempts[index] if self.attempts[index] else None
+
+
+def estimate_pass_rates(
+    engine,
+    tokenizer,
+    rows: list[dict],
+    rewards: RewardPool,
+    samples: int,
+    params,
+    seed: int,
+    correct_reward: float = 1.0,
+    chunk: int = 1024,
+    progress: Callable[[int], None] | None = None,
+) -> PassRateEstimate:
+    """ZVE stage 0: `samples` completions per prompt from `engine`, scored by `rewards`; per-prompt
+    pass counts.
+
+    Completions are generated `chunk` requests at a time; `progress(n)` is called after each chunk with
+    the number of prompts it finished.
+    """
+    attempts = [0] * len(rows)
+    successes = [0] * len(rows)
+    lengths = [0.0] * len(rows)
+    errors_before = rewards.stats.errors
+    per_chunk = max(1, chunk // samples)
+    for start in range(0, len(rows), per_chunk):
+        block = list(range(start, min(start + per_chunk, len(rows))))
+        prompt_ids = {i: tokenizer(rows[i]["prompt"]).input_ids for i in block}
+        owners = [i for i in block for _ in range(samples)]
+        requests = [
+            GenerationRequest(n, prompt_ids[i], derive_seed(seed, 0x51F7, i, s))
+            for n, (i, s) in enumerate((i, s) for i in block for s in range(samples))
+        ]
+        scored = sample_and_score(
+            engine, tokenizer, requests, params, [rows[i] for i in owners], rewards, start
+        )
+        for owner, completion, reward in zip(owners, scored.completions, scored.rewards):
+            lengths[owner] += len(completion.token_ids) / samples
+            if reward is not None:
+                attempts[owner] += 1
+                successes[owner] += int(reward >= correct_reward)
+        if progress is not None:
+            progress(len(block))
+    return PassRateEstimate(attempts, successes, lengths, rewards.stats.errors - errors_before)
+
+
+@dataclass
+class FilterResult:
+    kept: list[int]  # indices of prompts with low < p < high
+    too_easy: int  # p >= high
+    too_hard: int  # p <= low
+    unscored: int  # no valid reward at all (dropped)
+    histogram: dict[str, int]  # pass-rate value ("0.375") -> prompts
+
+
+def filter_by_pass_rate(estimate: PassRateEstimate, low: float = 0.0, high: float = 1.0) -> FilterResult:
+    """Keep prompts whose estimated pass rate lies strictly inside (low, high)."""
+    kept, too_easy, too_hard, unscored = [], 0, 0, 0
+    histogram: dict[str, int] = {}
+    for index in range(len(estimate.attempts)):
+        p = estimate.rate(index)
+        if p is None:
+            unscored += 1
+            continue
+        histogram[f"{p:.3f}"] = histogram.get(f"{p:.3f}", 0) + 1
+        if p >= high:
+            too_easy += 1
+        elif p <= low:
+            too_hard += 1
+        else:
+            kept.append(index)
+    return FilterResult(kept, too_easy, too_hard, unscored, dict(sorted(histogram.items())))
+
+
+def run_offline_filter(model, tokenizer, rows: list[dict], config, store=None):
+    """Stage 0 as `everyprompt filter` and the training pipeline run it: estimate, filter, record.
+
+    Samples with the config's rollout settings and reward; records every scored prompt in `store`
+    (when given) at step -1. Returns (PassRateEstimate, FilterResult).
+    """
+    rules, rollout = config.zve.filter, config.rollout
+    engine = build_engine(rollout, model, tokenizer)
+    params = SamplingParams(rollout.max_new_tokens, rollout.temperature, rollout.top_p)
+    with (
+        progress_bar(len(rows), "pass rates", enabled=config.logging.progress) as advance,
+        RewardPool(build_reward(config.rewards), config.rewards.workers, config.rewards.timeout_s) as pool,
+    ):
+        estimate = estimate_pass_rates(
+            engine,
+            tokenizer,
+            rows,
+            pool,
+            rules.samples,
+            params,
+            config.seed,
+            config.zve.correct_reward,
+            progress=advance,
+        )
+    if store is not None:
+        store.record(
+            [
+                (row["prompt"], estimate.attempts[i], estimate.successes[i], estimate.mean_length[i])
+                for i, row in enumerate(rows)
+                if estimate.attempts[i]
+            ],
+            step=-1,
+        )
+    return estimate, filter_by_pass_rate(estimate, rules.low, rules.high)
