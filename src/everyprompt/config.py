@@ -419,7 +419,7 @@ class RetirementConfig(Section):
 
 
 class ZVEConfig(Section):
-    enabled: bool = Field(False, description="Multi-stage zero-variance elimination (ALGORITHMS.md s. 3).")
+    enabled: bool = Field(False, description="Multi-stage zero-variance elimination (docs/zve.md).")
     filter: OfflineFilterConfig = Field(
         default_factory=lambda: OfflineFilterConfig(), description="Stage 0: the offline pass-rate filter."
     )

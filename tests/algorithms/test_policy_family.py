@@ -218,3 +218,61 @@ def test_registry_rejects_duplicates_and_names_the_valid_losses():
         register_policy_loss("espo")(lambda *a, **k: None)
     with pytest.raises(KeyError, match="valid: cispo, espo, gspo, gspo_token, ppo_clip"):
         policy_loss("nope", torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), torch.ones(1, 1))
+
+
+def test_gspo_takes_the_mean_of_token_advantages_as_the_sequence_advantage():
+    """RL-ZVP gives token advantages; GSPO's one ratio per sequence then weighs their mean (docs/algorithms.md).
+    ratio 1 everywhere: loss = -mean over sequences of A_seq = -((0.1 + 0.3) / 2 + (-0.2)) / 2 = 0.0;
+    with only the first token's advantage it would be -(0.1 - 0.2) / 2 = 0.05."""
+    logp = torch.zeros(2, 3)
+    advantages = torch.tensor([[0.1, 0.3, 9.0], [-0.2, -0.2, -0.2]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])  # the 9.0 sits off the mask
+    loss, _ = policy_loss("gspo", logp, logp, advantages, mask)
+    assert loss.item() == pytest.approx(0.0, abs=1e-7)
+    constant, _ = policy_loss("gspo", logp, logp, torch.tensor([0.4, -0.2]), mask)
+    assert constant.item() == pytest.approx(-(0.4 - 0.2) / 2)
+
+
+def test_loss_options_are_checked_against_the_losss_schema():
+    logp = torch.zeros(1, 2)
+    with pytest.raises(ValueError, match=r"loss option 'clip_lo'.*options of this loss: clip_low, clip_high"):
+        policy_loss("ppo_clip", logp, logp, torch.ones(1), torch.ones(1, 2), clip_lo=0.1)
+    with pytest.raises(ValueError, match="loss option 'alpha'"):
+        policy_loss(
+            "espo", logp, logp, torch.ones(1), torch.ones(1, 2), entropy=logp, vocab_size=10, alpha=-1
+        )
+
+
+def test_a_user_loss_gets_its_options_from_loss_options_through_its_schema():
+    from pydantic import Field
+
+    from everyprompt.algorithms import registry
+    from everyprompt.algorithms.registry import LossOptions
+    from everyprompt.config import ConfigError
+    from tests.conftest import tiny_config
+
+    class ScaleOptions(LossOptions):
+        scale: float = Field(2.0, gt=0, description="Multiplies the advantage.")
+
+    @register_policy_loss("test_scaled", options=ScaleOptions)
+    def scaled(logp, old_logp, advantages, mask, *, scale, entropy=None):
+        return -scale * advantages * logp, {}
+
+    try:
+        assert tiny_config("rl.loss=test_scaled").rl.loss_kwargs() == {"scale": 2.0}
+        assert tiny_config("rl.loss=test_scaled", "rl.loss_options={scale: 3}").rl.loss_kwargs() == {
+            "scale": 3.0
+        }
+        with pytest.raises(ConfigError, match="loss option 'scale'"):
+            tiny_config("rl.loss=test_scaled", "rl.loss_options={scale: -1}")
+        with pytest.raises(ConfigError, match=r"takes its options from rl.ppo.\*, not rl.loss_options"):
+            tiny_config("rl.loss=ppo_clip", "rl.loss_options={clip_low: 0.1}")
+        # ppo_clip's options come from rl.ppo, ESPO's from rl.espo, each with the schema's defaults
+        assert tiny_config("rl.ppo.clip_high=0.3").rl.loss_kwargs() == {
+            "clip_low": 0.2,
+            "clip_high": 0.3,
+            "dual_clip": None,
+        }
+        assert tiny_config("rl.loss=espo").rl.loss_kwargs()["alpha"] == 0.02
+    finally:
+        registry._POLICY_LOSSES.pop("test_scaled")

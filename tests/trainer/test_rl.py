@@ -59,8 +59,11 @@ def test_train_writes_metrics_checkpoints_and_tensorboard(tmp_path):
         "actor/clip_fraction",
         "actor/entropy",
         "actor/grad_norm",
+        "mismatch/logp_abs_diff",  # the demo config's rl.old_logprobs=rollout: measured at no extra cost
+        "mismatch/routing_agreement",
     ):
         assert key in lines[0], key
+    assert lines[0]["mismatch/logp_abs_diff"] < 1e-4 and lines[0]["mismatch/routing_agreement"] == 1.0  # fp32
     assert (tmp_path / "config.yaml").is_file()
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
     latest = resolve_checkpoint(tmp_path)

@@ -1,4 +1,4 @@
-"""Group-relative advantage estimators (ALGORITHMS.md section 1).
+"""Group-relative advantage estimators (docs/algorithms.md).
 
 All take rewards [N] (NaN where the reward is None) and group indices [N]; NaN rewards are left out of
 their group's statistics and get advantage 0. Group statistics use scatter ops, no Python loop.
@@ -35,7 +35,7 @@ def grpo_advantages(
 ) -> torch.Tensor:
     """A_i = (R_i - mean_g R) / (std_g R + eps); std is the unbiased sample std of the group.
 
-    `dead_zone` delta (for scalar reward models, ALGORITHMS.md section 5): |R_i - mean_g R| < delta gives
+    `dead_zone` delta (for scalar reward models, docs/rewards.md): |R_i - mean_g R| < delta gives
     A_i = 0, so that scores scattered around the mean by the reward model's noise do not become
     advantages of magnitude ~1 and random sign. The group's mean and std are those of all its rewards.
     """
@@ -70,7 +70,7 @@ def zvp_token_advantages(
     sign: torch.Tensor,  # [B] +1: all-correct group, -1: all-wrong group, 0: not a zero-variance group
     alpha: float = 0.1,
 ) -> torch.Tensor:  # [B, T], 0 where sign == 0 or off the mask
-    """RL-ZVP token advantages for zero-variance groups (arXiv 2509.21880; ALGORITHMS.md section 3).
+    """RL-ZVP token advantages for zero-variance groups (arXiv 2509.21880; docs/zve.md).
 
     all-correct: A_t = alpha * H_t;  all-wrong: A_t = -alpha * (max_k H_k - H_t), the max over the
     sequence's own completion tokens. Confident tokens of a right answer are left nearly alone while

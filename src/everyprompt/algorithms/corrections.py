@@ -1,4 +1,4 @@
-"""KL penalties against a reference model and train/rollout mismatch corrections (ALGORITHMS.md s. 1).
+"""KL penalties against a reference model and train/rollout mismatch corrections (docs/algorithms.md).
 
 KL estimators of KL(pi || pi_ref) per token, with d = logp - ref_logp (Schulman's k1/k2/k3):
   k1 = d,    k2 = d^2 / 2,    k3 = exp(-d) - 1 + d    (k3 >= 0 and unbiased).

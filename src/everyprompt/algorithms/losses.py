@@ -1,4 +1,4 @@
-"""Per-token policy objectives (ALGORITHMS.md sections 1 and 2).
+"""Per-token policy objectives (docs/algorithms.md).
 
 Each loss takes log-probs under the policy being trained and under the policy that sampled, advantages
 and the completion mask, all [B, T], and returns (per-token loss [B, T], detached metrics); the registry
@@ -240,7 +240,7 @@ def espo_loss(
     high_frac: float,
     ratio_denominator: str,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """ESPO (ALGORITHMS.md section 2): entropy-grouped sequence ratios with entropy-adaptive clipping.
+    """ESPO (docs/algorithms.md): entropy-grouped sequence ratios with entropy-adaptive clipping.
 
     Per sequence i and entropy group tau (see :func:`entropy_groups`; entropies of the sampling policy):
       s_tau   = exp(mean_{t in tau} (logp - old_logp))

@@ -1,4 +1,4 @@
-"""The staged difficulty curriculum (Compass-Thinker-7B, arXiv 2508.08909; ALGORITHMS.md section 7).
+"""The staged difficulty curriculum (Compass-Thinker-7B, arXiv 2508.08909; docs/zve.md).
 
 RL runs in stages; each stage has a difficulty mixture (weights over buckets), its own response-length
 cap and settings, and ends after its step budget or once the recent training accuracy passes its

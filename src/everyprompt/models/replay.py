@@ -1,4 +1,4 @@
-"""Router record and replay for transformers' mixture-of-experts routers (ALGORITHMS.md section 4).
+"""Router record and replay for transformers' mixture-of-experts routers (docs/algorithms.md).
 
 A replayed router uses given top-k expert indices instead of its own, while its gate weights are
 recomputed from the live router logits over those experts (softmax, then the model's own top-k

@@ -1,5 +1,5 @@
-"""Generative reward model (GenRM): a judge that reasons, then gives a ternary verdict (ALGORITHMS.md
-section 5). Equal-quality responses then tie exactly and their group is zero-variance, handled by ZVE,
+"""Generative reward model (GenRM): a judge that reasons, then gives a ternary verdict (docs/rewards.md;
+arXiv 2512.07710). Equal-quality responses then tie exactly and their group is zero-variance, handled by ZVE,
 instead of getting random-sign advantages from a noisy scalar score.
 
 This module holds the verdict contract: the judge is asked to end with a line `Verdict: <label>`, and

@@ -1,5 +1,5 @@
 """RewardPool: reward functions in worker processes, fed one completion at a time as the engine streams
-them out, so that scoring overlaps with generation (ALGORITHMS.md section 6).
+them out, so that scoring overlaps with generation (docs/rollout.md).
 
 Each call has a time limit: a worker that hangs past `timeout_s` or dies (a crash, a segfault in a
 native verifier) is killed and replaced, and its completion gets reward None and a counted error; the

@@ -1,4 +1,4 @@
-"""Reward reshaping for zero-variance groups (ZVE stage 2, ALGORITHMS.md section 3).
+"""Reward reshaping for zero-variance groups (ZVE stage 2, docs/zve.md).
 
 R'_i = R_i - lambda * (L_i - mean_g L) / L_max - mu * (rep_i - mean_g rep)
 

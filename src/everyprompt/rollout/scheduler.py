@@ -1,4 +1,4 @@
-"""Length-aware scheduling (ALGORITHMS.md section 6): predict each prompt's completion length, admit the
+"""Length-aware scheduling (docs/rollout.md): predict each prompt's completion length, admit the
 longest first, and balance several engine workers by longest-processing-time-first.
 
 A batch's wall time is set by its longest sequences. Admitted last, a long sequence decodes alone while

@@ -47,6 +47,16 @@ def _router(model, replay: str) -> RouterReplay | None:
         return None
 
 
+def _fed_tokens(
+    batch: RolloutBatch, rows: list[int], routes: list[torch.Tensor] | None
+) -> list[torch.Tensor]:
+    """Recorded routes of `rows` cut to each row's fed tokens (prompt + completion - 1; an unpacked
+    forward records its padding too)."""
+    return [
+        r[: len(batch.prompt_ids[i]) + len(batch.completion_ids[i]) - 1] for i, r in zip(rows, routes or [])
+    ]
+
+
 class Learner:
     """Owns the policy's optimizer, schedule, router replay and KL reference."""
 
@@ -221,7 +231,9 @@ class Learner:
             chunk = rows[start : start + self.rl.micro_batch_size]
             data = batch.padded(chunk, self.pad_id)
             needs_entropy = self.loss_spec.needs_entropy
-            logp, entropy = self._logprobs(self.model, data, slice(None), needs_entropy, routes, routes_key)
+            recorded = [] if self.router is not None else None
+            logp, entropy = self._logprobs(self.model, data, slice(None), needs_entropy, recorded, routes_key)
+            routes.extend(_fed_tokens(batch, chunk, recorded or []))
             logprobs.extend(batch.completion_values(chunk, logp))
             if entropy is not None:
                 entropies.extend(batch.completion_values(chunk, entropy))
@@ -303,7 +315,7 @@ class Learner:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.rl.max_grad_norm)
         self.optimizer.step()
         if measure:
-            stats.update(self._mismatch(batch, rows, measured, used_routes or None))
+            stats.update(self._mismatch(batch, rows, measured, _fed_tokens(batch, rows, used_routes) or None))
         return {
             **stats,
             "loss/policy": total_loss,

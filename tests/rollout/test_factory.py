@@ -1,0 +1,68 @@
+"""The engine registry: `build_engine` is the one way to an engine, and a model it cannot run is refused
+when the model is loaded, by name."""
+
+from __future__ import annotations
+
+import pytest
+
+from everyprompt.cli import main
+from everyprompt.config import ConfigError, RolloutConfig
+from everyprompt.rollout import (
+    UnsupportedModelError,
+    build_engine,
+    check_engine,
+    engines_for,
+    register_engine,
+    registered_engines,
+)
+from everyprompt.rollout.native import NativeEngine
+from tests.conftest import TINY_OVERRIDES, tiny_config
+
+
+def test_build_engine_makes_the_configured_engine(tiny_model):
+    model, tokenizer = tiny_model
+    engine = build_engine(RolloutConfig(batch_size=3, precision="bf16"), model, tokenizer)
+    assert isinstance(engine, NativeEngine) and engine.batch_size == 3 and engine.precision == "bf16"
+    assert engine.can_record_routes and engine.stats == {}
+    assert "native" in registered_engines() and engines_for("qwen3_moe") == ["native"]
+
+
+def test_an_unknown_engine_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"rollout.engine.*expected one of native.*got 'vllm'"):
+        tiny_config("rollout.engine=vllm")
+
+
+def test_an_engine_name_registers_once():
+    with pytest.raises(ValueError, match="already registered"):
+        register_engine("native")(object)
+
+
+def test_a_model_the_engine_cannot_run_is_named_with_the_engines_that_could(tiny_model):
+    model, tokenizer = tiny_model
+    model.config.model_type = "gpt2"
+    with pytest.raises(
+        UnsupportedModelError,
+        match=r"rollout.engine=native cannot run model_type 'gpt2'.*no registered engine can",
+    ):
+        check_engine("native", model.config)
+    with pytest.raises(UnsupportedModelError, match="'gpt2'"):
+        build_engine(RolloutConfig(), model, tokenizer)
+
+
+def test_train_refuses_an_unsupported_model_before_any_sft_step(tmp_path, tiny_model, capsys):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    _, tokenizer = tiny_model
+    checkpoint = tmp_path / "gpt2"
+    ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    GPT2LMHeadModel(
+        GPT2Config(vocab_size=len(tokenizer), n_embd=16, n_layer=1, n_head=2, **ids)
+    ).save_pretrained(checkpoint)
+    tokenizer.save_pretrained(checkpoint)
+    capsys.readouterr()
+    run = tmp_path / "run"
+    code = main(["train", *TINY_OVERRIDES, f"model.path={checkpoint}", "--run-dir", str(run)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "Traceback" not in err[0]
+    assert "cannot run model_type 'gpt2'" in err[0]
+    assert not (run / "sft").exists() and not (run / "checkpoints").exists()  # refused before SFT

@@ -1,0 +1,204 @@
+"""Each side of the RL loop alone: the learner from a hand-made RolloutBatch, the rollout side with a stub
+reward; and the three fixes that came with the split (r2 routes, mismatch at no cost, dropping)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import everyprompt.trainer.learner as learner_module
+from everyprompt.data.passrate import PassRateStore
+from everyprompt.models import load_model_and_tokenizer
+from everyprompt.rewards.pool import RewardPool
+from everyprompt.rollout import build_engine
+from everyprompt.trainer import Learner, RolloutBatch, RolloutSide
+from everyprompt.trainer.logprobs import token_logprobs
+from tests.conftest import tiny_config
+
+# (prompt, completion) per row; rows 2k and 2k+1 form group k
+ROWS = [
+    ("1+2=", "3|3"),
+    ("1+2=", "4|4"),
+    ("3+4=", "7|7"),
+    ("3+4=", "7|7"),
+    ("5+1=", "6|6"),
+    ("5+1=", "6|6|6"),
+]
+
+
+def _model(config):
+    model, tokenizer = load_model_and_tokenizer(config.model, config.seed)
+    with torch.no_grad():  # larger weights than the init, so that routers pick distinct experts per token
+        generator = torch.Generator().manual_seed(1)
+        for param in model.parameters():
+            if param.dim() >= 2:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+    return model, tokenizer
+
+
+def hand_batch(model, tokenizer, rewards: list[float], rows=ROWS, routes=None) -> RolloutBatch:
+    """A batch as the rollout side would build it, with the model's own log-probs as the engine's."""
+    prompts = [tokenizer(p).input_ids for p, _ in rows]
+    completions = [
+        tokenizer(c, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for _, c in rows
+    ]
+    engine_logprobs = []
+    with torch.no_grad():
+        for prompt, completion in zip(prompts, completions):
+            logp, _ = token_logprobs(model, torch.tensor([prompt + completion]))
+            engine_logprobs.append(logp[0, len(prompt) - 1 :].clone())
+    return RolloutBatch(
+        prompt_ids=prompts,
+        completion_ids=completions,
+        rollout_logprobs=engine_logprobs,
+        finish_reason=["eos"] * len(rows),
+        group_index=torch.arange(len(rows)) // 2,
+        prompt_index=[i // 2 for i in range(len(rows))],
+        rewards=torch.tensor(rewards),
+        routed_experts=routes,
+        max_new_tokens=12,
+    )
+
+
+def test_the_learner_updates_from_a_hand_made_batch():
+    config = tiny_config("rl.old_logprobs=recompute", "rl.mini_batches=1", "rl.lr=1e-2")
+    model, tokenizer = _model(config)
+    learner = Learner(config, model, tokenizer.pad_token_id)
+    batch = hand_batch(model, tokenizer, [1.0, 0.0, 1.0, 1.0, 0.0, 1.0])
+    before = {k: v.clone() for k, v in learner.state_dict().items()}
+    metrics = learner.update(batch)
+    # GRPO: group [1, 0] has mean 0.5 and unbiased std sqrt(2 * 0.25 / 1) = 0.7071 -> A = +-0.7071
+    a = 0.5 / (math.sqrt(0.5) + 1e-6)
+    torch.testing.assert_close(batch.advantages, torch.tensor([a, -a, 0.0, 0.0, -a, a]))
+    assert metrics["actor/skipped_updates"] == 0 and math.isfinite(metrics["loss/policy"])
+    assert metrics["mismatch/logp_abs_diff"] < 1e-5  # the batch's engine log-probs are the model's own
+    assert learner.version == 1
+    after = learner.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert after.keys() == model.state_dict().keys()
+
+
+def _forced_routes(batch: RolloutBatch, layers: int) -> list[torch.Tensor]:
+    """Engine routes unlike any router's: every token to experts (0, 1) in every layer."""
+    routes = []
+    for prompt, completion in zip(batch.prompt_ids, batch.completion_ids):
+        routes.append(
+            torch.tensor([0, 1], dtype=torch.int16).expand(len(prompt) + len(completion) - 1, layers, 2)
+        )
+    return routes
+
+
+@pytest.mark.parametrize("mode", ["r2", "r3"])
+def test_r2_replays_the_trainers_own_routes_and_r3_the_engines(monkeypatch, mode):
+    config = tiny_config(
+        f"rl.router_replay={mode}",
+        "rl.old_logprobs=recompute",
+        "model.pack_sequences=false",
+        "rl.micro_batch_size=8",
+    )
+    model, tokenizer = _model(config)
+    learner = Learner(config, model, tokenizer.pad_token_id)
+    batch = hand_batch(model, tokenizer, [1.0, 0.0] * 3)
+    batch.routed_experts = _forced_routes(batch, model.config.num_hidden_layers)
+    replayed = []
+    real_replay = learner.router.replay
+
+    def spy(indices):
+        replayed.append(indices.clone())
+        return real_replay(indices)
+
+    monkeypatch.setattr(learner.router, "replay", spy)
+    metrics = learner.update(batch)
+    # old-policy pass (r3 only) + one replayed forward per mini-batch
+    assert len(replayed) == (3 if mode == "r3" else 2)
+    given = [r[r[:, 0, 0] >= 0] for r in replayed]  # positions with a route (the rest is padding)
+    forced = torch.tensor([0, 1])
+    if mode == "r3":
+        assert all(bool((g == forced).all()) for g in given)
+        assert metrics["mismatch/routing_agreement"] == 1.0  # the trainer computed the engine's network
+    else:
+        assert not any(bool((g == forced).all()) for g in given)  # its own routes, not the engine's
+        own = torch.cat(batch.old_routes).long()
+        assert sorted(torch.cat(given).flatten().tolist()) == sorted(own.flatten().tolist())
+        assert metrics["mismatch/routing_agreement"] < 0.9
+
+
+def test_mismatch_is_measured_without_a_separate_old_policy_pass():
+    """rl.old_logprobs=rollout (the demo's): the first mini-batch's forward is the old policy."""
+    config = tiny_config("rl.old_logprobs=rollout", "rl.mini_batches=2")
+    model, tokenizer = _model(config)
+    learner = Learner(config, model, tokenizer.pad_token_id)
+    batch = hand_batch(model, tokenizer, [1.0, 0.0] * 3)
+    batch.rollout_logprobs = [x + 0.5 for x in batch.rollout_logprobs]  # an engine 0.5 nats off everywhere
+    batch.routed_experts = _forced_routes(batch, model.config.num_hidden_layers)
+    metrics = learner.update(batch)
+    assert metrics["mismatch/logp_abs_diff"] == pytest.approx(0.5, abs=1e-5)
+    assert 0 < metrics["mismatch/routing_agreement"] < 1  # replay is off: the trainer routed on its own
+
+
+@pytest.mark.parametrize("drop", [True, False])
+def test_drop_zero_variance_drops_what_stays_zero_variance_after_every_stage(monkeypatch, drop):
+    config = tiny_config(
+        "zve.enabled=true",
+        "zve.zvp.enabled=false",
+        f"zve.drop_zero_variance={str(drop).lower()}",
+        "rl.mini_batches=1",
+        "rl.micro_batch_size=64",
+        "rl.old_logprobs=recompute",
+    )
+    model, tokenizer = _model(config)
+    learner = Learner(config, model, tokenizer.pad_token_id)
+    # group 0 informative; group 1 all-correct with identical completions: reshaping cannot break the tie;
+    # group 2 all-correct with lengths 4 and 6: reshaping makes it informative
+    batch = hand_batch(model, tokenizer, [1.0, 0.0, 1.0, 1.0, 1.0, 1.0])
+    rows_seen = []
+    real_policy_loss = learner_module.policy_loss
+
+    def spy(name, logp, *args, **kwargs):
+        rows_seen.append(logp.shape[0])
+        return real_policy_loss(name, logp, *args, **kwargs)
+
+    monkeypatch.setattr(learner_module, "policy_loss", spy)
+    metrics = learner.update(batch)
+    assert metrics["zve/reshaped_groups"] == 1 and metrics["zve/zero_variance_rate_final"] == pytest.approx(
+        1 / 3
+    )
+    assert sum(rows_seen) == (4 if drop else 6)
+    assert metrics.get("zve/dropped_zero_variance_groups", 0) == (1 if drop else 0)
+
+
+def test_the_rollout_side_with_a_stub_reward():
+    config = tiny_config("rl.prompts_per_step=3", "rl.group_size=4", "rollout.max_new_tokens=6")
+    model, tokenizer = _model(config)
+    prompts = [{"prompt": f"{a}+{a}=", "answer": str(2 * a), "level": 1} for a in range(1, 8)]
+    calls = []
+
+    def stub(completions, answer, level, **_):
+        calls.append(len(completions))
+        return [float(len(text) % 2) for text in completions]
+
+    def side() -> RolloutSide:
+        pool = RewardPool(stub, workers=0)
+        return RolloutSide(
+            config, build_engine(config.rollout, model, tokenizer), tokenizer, prompts, pool, PassRateStore()
+        )
+
+    first = side()
+    batch = first.next_batch(0)
+    assert len(batch) == 12 and batch.group_index.tolist() == [g for g in range(3) for _ in range(4)]
+    assert batch.rewards.tolist() == [float(len(t) % 2) for t in batch.completion_text]
+    assert calls == [12]  # the inline pool scores one generate call in one reward call
+    assert all(len(c) <= 6 for c in batch.completion_ids) and batch.max_new_tokens == 6
+    layers, top_k = model.config.num_hidden_layers, model.config.num_experts_per_tok
+    for prompt, completion, routes in zip(batch.prompt_ids, batch.completion_ids, batch.routed_experts):
+        assert routes.shape == (len(prompt) + len(completion) - 1, layers, top_k)
+    for key in ("reward/mean", "reward/accuracy", "zve/generated_rollouts", "rollout/tokens_per_s"):
+        assert key in batch.stats
+    assert len(first.store) == 3 and set(batch.timing) == {"rollout_s", "generate_s", "reward_wait_s"}
+    # the same step from a fresh side samples the same completions; the next step other prompts
+    again = side().next_batch(0)
+    assert again.completion_ids == batch.completion_ids
+    assert first.next_batch(1).prompt_index != batch.prompt_index
+    first.close()
