@@ -38,6 +38,13 @@ def _model(config):
     return model, tokenizer
 
 
+def _learner(*overrides: str):
+    """A Learner over a fresh tiny model: (learner, model, tokenizer)."""
+    config = tiny_config(*overrides)
+    model, tokenizer = _model(config)
+    return Learner(config, model, tokenizer.pad_token_id), model, tokenizer
+
+
 def hand_batch(model, tokenizer, rewards: list[float], rows=ROWS, routes=None) -> RolloutBatch:
     """A batch as the rollout side would build it, with the model's own log-probs as the engine's."""
     prompts = [tokenizer(p).input_ids for p, _ in rows]
@@ -63,9 +70,7 @@ def hand_batch(model, tokenizer, rewards: list[float], rows=ROWS, routes=None) -
 
 
 def test_the_learner_updates_from_a_hand_made_batch():
-    config = tiny_config("rl.old_logprobs=recompute", "rl.mini_batches=1", "rl.lr=1e-2")
-    model, tokenizer = _model(config)
-    learner = Learner(config, model, tokenizer.pad_token_id)
+    learner, model, tokenizer = _learner("rl.old_logprobs=recompute", "rl.mini_batches=1", "rl.lr=1e-2")
     batch = hand_batch(model, tokenizer, [1.0, 0.0, 1.0, 1.0, 0.0, 1.0])
     before = {k: v.clone() for k, v in learner.state_dict().items()}
     metrics = learner.update(batch)
@@ -92,14 +97,12 @@ def _forced_routes(batch: RolloutBatch, layers: int) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("mode", ["r2", "r3"])
 def test_r2_replays_the_trainers_own_routes_and_r3_the_engines(monkeypatch, mode):
-    config = tiny_config(
+    learner, model, tokenizer = _learner(
         f"rl.router_replay={mode}",
         "rl.old_logprobs=recompute",
         "model.pack_sequences=false",
         "rl.micro_batch_size=8",
     )
-    model, tokenizer = _model(config)
-    learner = Learner(config, model, tokenizer.pad_token_id)
     batch = hand_batch(model, tokenizer, [1.0, 0.0] * 3)
     batch.routed_experts = _forced_routes(batch, model.config.num_hidden_layers)
     replayed = []
@@ -127,9 +130,7 @@ def test_r2_replays_the_trainers_own_routes_and_r3_the_engines(monkeypatch, mode
 
 def test_mismatch_is_measured_without_a_separate_old_policy_pass():
     """rl.old_logprobs=rollout (the demo's): the first mini-batch's forward is the old policy."""
-    config = tiny_config("rl.old_logprobs=rollout", "rl.mini_batches=2")
-    model, tokenizer = _model(config)
-    learner = Learner(config, model, tokenizer.pad_token_id)
+    learner, model, tokenizer = _learner("rl.old_logprobs=rollout", "rl.mini_batches=2")
     batch = hand_batch(model, tokenizer, [1.0, 0.0] * 3)
     batch.rollout_logprobs = [x + 0.5 for x in batch.rollout_logprobs]  # an engine 0.5 nats off everywhere
     batch.routed_experts = _forced_routes(batch, model.config.num_hidden_layers)
@@ -140,7 +141,7 @@ def test_mismatch_is_measured_without_a_separate_old_policy_pass():
 
 @pytest.mark.parametrize("drop", [True, False])
 def test_drop_zero_variance_drops_what_stays_zero_variance_after_every_stage(monkeypatch, drop):
-    config = tiny_config(
+    learner, model, tokenizer = _learner(
         "zve.enabled=true",
         "zve.zvp.enabled=false",
         f"zve.drop_zero_variance={str(drop).lower()}",
@@ -148,8 +149,6 @@ def test_drop_zero_variance_drops_what_stays_zero_variance_after_every_stage(mon
         "rl.micro_batch_size=64",
         "rl.old_logprobs=recompute",
     )
-    model, tokenizer = _model(config)
-    learner = Learner(config, model, tokenizer.pad_token_id)
     # group 0 informative; group 1 all-correct with identical completions: reshaping cannot break the tie;
     # group 2 all-correct with lengths 4 and 6: reshaping makes it informative
     batch = hand_batch(model, tokenizer, [1.0, 0.0, 1.0, 1.0, 1.0, 1.0])
