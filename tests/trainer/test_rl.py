@@ -324,3 +324,27 @@ def test_fp8_rollouts_show_in_the_mismatch_metrics(tmp_path):
     train(config, run_dir=tmp_path)
     line = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
     assert line["mismatch/logp_abs_diff"] > 1e-4  # fp8 engine vs fp32 trainer: measured, not hidden
+
+
+class _Payload:
+    """Pickles to a call that touches a file: what a malicious checkpoint would do on load."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import pathlib
+
+        return (pathlib.Path.touch, (pathlib.Path(self.marker),))
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_unopened(tmp_path):
+    train(tiny_config("rl.steps=1"), run_dir=tmp_path)
+    marker = tmp_path / "pwned"
+    state_file = resolve_checkpoint(tmp_path) / "trainer_state.pt"
+    state = load_trainer_state(resolve_checkpoint(tmp_path))  # a real state loads with weights_only
+    assert state["step"] == 1
+    torch.save({**state, "extra": _Payload(str(marker))}, state_file)
+    with pytest.raises(CheckpointError, match="trainer_state.pt: cannot be read"):
+        load_trainer_state(resolve_checkpoint(tmp_path))
+    assert not marker.exists()

@@ -89,7 +89,8 @@ def load_trainer_state(checkpoint: str | Path) -> dict:
     if not file.is_file():
         raise CheckpointError(f"{checkpoint}: {STATE_FILE} is missing, so this checkpoint cannot be resumed")
     try:
-        return torch.load(file, map_location="cpu", weights_only=False)
+        # tensors and plain types only: opening a checkpoint someone sent you cannot run code
+        return torch.load(file, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001  (torch raises many types for a damaged file)
         raise CheckpointError(
             f"{file}: cannot be read ({type(err).__name__}: {err}); the file is damaged"
