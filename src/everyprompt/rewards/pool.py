@@ -27,13 +27,15 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from everyprompt.processes import die_with_parent
 from everyprompt.rewards.base import RewardError, get_reward, reward_columns, score_completions
 
 log = logging.getLogger(__name__)
 
 
-def _serve(conn: Connection, fn: Callable) -> None:
+def _serve(conn: Connection, fn: Callable, parent_pid: int) -> None:
     """Worker loop: (key, completion, row) in, (key, (reward, components), failed, contract_error) out."""
+    die_with_parent(parent_pid)  # a killed run leaves no reward worker behind
     if "torch" in sys.modules:
         # torch's intra-op thread pool does not survive fork: a forked child that runs a parallel op
         # with the parent's thread count hangs (seen with torch 2.13). One thread per worker, as
@@ -177,7 +179,7 @@ class _Dispatcher:
 
     def start(self) -> _Worker:
         parent, child = self.context.Pipe()
-        process = self.context.Process(target=_serve, args=(child, self.fn), daemon=True)
+        process = self.context.Process(target=_serve, args=(child, self.fn, os.getpid()), daemon=True)
         process.start()
         child.close()
         return _Worker(process, parent)
