@@ -106,7 +106,7 @@ def _print_eval(results: dict[str, float], pass_k: int) -> None:
 def cmd_score(args) -> int:
     from everyprompt.data.datasets import read_jsonl
     from everyprompt.rewards import get_reward, score_completions
-    from everyprompt.rewards.base import reward_columns
+    from everyprompt.rewards.base import reward_columns, summarize_failures
 
     fields = (args.completion_field, args.answer_field)
     rows = read_jsonl(args.input, required=fields)
@@ -115,7 +115,7 @@ def cmd_score(args) -> int:
     columns["answer"] = [str(row[args.answer_field]) for row in rows]
     columns.pop(args.completion_field, None)
     completions = [str(row[args.completion_field]) for row in rows]
-    rewards, errors = score_completions(fn, completions, columns)
+    rewards, failures = score_completions(fn, completions, columns)
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     try:
         for row, reward in zip(rows, rewards):
@@ -125,7 +125,9 @@ def cmd_score(args) -> int:
             out.close()
     scored = [r for r in rewards if r is not None]
     mean = sum(scored) / len(scored) if scored else float("nan")
-    print(f"scored {len(rows)} rows: mean reward {mean:.4f}, {errors} errors", file=sys.stderr)
+    print(f"scored {len(rows)} rows: mean reward {mean:.4f}, {len(failures)} errors", file=sys.stderr)
+    for summary, (count, first) in summarize_failures(failures).items():
+        print(f"  {count} x {summary}\n{first.traceback}", file=sys.stderr)
     return 0
 
 

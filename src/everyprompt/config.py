@@ -193,6 +193,14 @@ class RewardsConfig(Section):
     timeout_s: float = Field(
         30.0, gt=0, description="Time limit of one reward call; past it the reward is None (an error)."
     )
+    max_error_fraction: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="Stop the run when more than this share of the rewards of the last `error_window` steps "
+        "failed (a step whose rewards all failed stops it at once).",
+    )
+    error_window: int = Field(10, ge=1, description="Steps over which `max_error_fraction` is judged.")
 
     @model_validator(mode="after")
     def _check_functions(self) -> RewardsConfig:

@@ -63,7 +63,7 @@ class ComponentsRaiseOnX:
         if any("x" in c for c in completions):
             raise ValueError("cannot score this")
         values = [float(len(c)) for c in completions]
-        return values, [{"length": v} for v in values], 0
+        return values, [{"length": v} for v in values], []
 
     def __call__(self, completions, **columns):
         return self.score_with_components(completions, **columns)[0]

@@ -21,7 +21,7 @@ def test_weighted_sum_and_the_missing_rule():
     # weights 1.0 and 0.5: 1.5, 0.5, 0.0, and for the last row skip -> None, zero -> 0 + 0.5 * 0 = 0.0
     skip = CompositeReward([("exact", exact, 1.0), ("short", short, 0.5)], "skip")
     totals, rows, failed = skip.score_with_components(completions, answer=answer)
-    assert totals == [1.5, 0.5, 0.0, None] and failed == 0
+    assert totals == [1.5, 0.5, 0.0, None] and failed == []
     assert rows[3] == {"exact": 0.0, "short": None}
     zero = CompositeReward([("exact", exact, 1.0), ("short", short, 0.5)], "zero")
     assert zero(completions, answer=answer) == [1.5, 0.5, 0.0, 0.0]

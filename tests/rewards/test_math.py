@@ -41,14 +41,43 @@ def test_reward_that_raises_gives_none_and_counts_errors():
             raise RuntimeError("cannot score")
         return [1.0 for _ in completions]
 
-    rewards, errors = score_completions(fragile, ["ok", "boom", "fine"], {"answer": ["1", "2", "3"]})
+    rewards, failures = score_completions(fragile, ["ok", "boom", "fine"], {"answer": ["1", "2", "3"]})
     assert rewards == [1.0, None, 1.0]
-    assert errors == 1
+    assert [f.summary for f in failures] == ["RuntimeError: cannot score"]
+    assert "raise RuntimeError" in failures[0].traceback
 
 
-def test_reward_returning_wrong_length_is_a_contract_error():
-    with pytest.raises(RewardError, match="returned 1 values for 2"):
-        score_completions(lambda completions, **_: [1.0], ["a", "b"], {})
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        (float("nan"), "reward value nan is not finite"),
+        (float("inf"), "reward value inf is not finite"),
+        ("1.0", "reward value '1.0' (str) is not a number"),
+        ([1.0], "reward value [1.0] (list) is not a number"),
+    ],
+)
+def test_a_value_that_is_not_a_finite_number_scores_none_and_fails(value, why):
+    def odd(completions, **_):  # the bad value on row "b", good values elsewhere
+        return [value if c == "b" else 1.0 for c in completions]
+
+    rewards, failures = score_completions(odd, ["a", "b", "c"], {})
+    assert rewards == [1.0, None, 1.0]
+    assert len(failures) == 1 and failures[0].summary == f"ValueError: {why}"
+
+
+def test_a_reward_returning_the_wrong_number_of_values_is_scored_row_by_row():
+    calls = []
+
+    def short(completions, **_):
+        calls.append(len(completions))
+        return [0.5]  # right for one row, wrong for several
+
+    assert score_completions(short, ["a", "b"], {}) == ([0.5, 0.5], [])
+    assert calls == [2, 1, 1]
+    rewards, failures = score_completions(lambda completions, **_: [1.0, 2.0], ["a"], {})
+    assert rewards == [None] and "returned 2 values for 1 completions" in failures[0].summary
+    rewards, failures = score_completions(lambda completions, **_: 1.0, ["a"], {})
+    assert rewards == [None] and "returned float values for 1 completions" in failures[0].summary
 
 
 def test_registry_and_import_paths():

@@ -46,11 +46,13 @@ def test_a_raising_reward_scores_none_and_counts():
         assert pool.stats.errors == 1 and pool.stats.crashes == 0
 
 
-def test_contract_violations_stop_with_the_reward_error():
+def test_a_wrong_number_of_values_scores_none_and_the_failure_comes_back():
     with RewardPool(f"{HERE}:wrong_count", workers=1) as pool:
         pool.submit(0, "a", {})
-        with pytest.raises(RewardError, match="returned 2 values for 1 completions"):
-            pool.wait([0])
+        assert pool.wait([0]) == [None] and pool.stats.errors == 1
+        (failure,) = pool.take_failures()
+        assert "returned 2 values for 1 completions" in failure.summary and "Traceback" in failure.traceback
+        assert pool.take_failures() == []
 
 
 def test_workers_score_before_the_caller_asks():

@@ -26,3 +26,8 @@ def always(completions, **columns):
 def by_level(completions, level, **columns):
     """Level-4 prompts always right, level-5 prompts always wrong: zero-variance groups of both kinds."""
     return [1.0 if lvl == 4 else 0.0 for lvl in level]
+
+
+def wrong_signature(completions):
+    """Takes no columns: every call raises TypeError (a user's typo)."""
+    return [1.0 for _ in completions]

@@ -348,3 +348,34 @@ def test_a_checkpoint_that_would_run_code_is_refused_unopened(tmp_path):
     with pytest.raises(CheckpointError, match="trainer_state.pt: cannot be read"):
         load_trainer_state(resolve_checkpoint(tmp_path))
     assert not marker.exists()
+
+
+def test_a_reward_that_always_fails_stops_the_run_with_its_traceback(tmp_path, capsys):
+    from everyprompt.cli import main
+    from tests.conftest import TINY_OVERRIDES
+
+    argv = ["train", *TINY_OVERRIDES, "rewards.function=tests.trainer.flaky_reward:wrong_signature"]
+    assert main([*argv, "--run-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "every reward of step 0 failed" in err and "TypeError" in err and "Traceback" in err
+    assert not (tmp_path / "metrics.jsonl").exists() or not (tmp_path / "metrics.jsonl").read_text()
+
+
+def test_reward_health_judges_the_window_hand_computed():
+    from everyprompt.rewards import RewardError
+    from everyprompt.rewards.base import RewardFailure
+    from everyprompt.trainer.rollout_side import RewardHealth
+
+    health = RewardHealth(max_error_fraction=0.5, window=3)
+    bad = RewardFailure("ValueError: bad", "Traceback ...")
+    health.check(0, [bad] * 3, 4)  # 3 of 4: the window is not full yet
+    health.check(1, [bad] * 1, 4)  # 4 of 8
+    with pytest.raises(
+        RewardError, match=r"7 of the 12 rewards of the last 3 steps failed.*3 x ValueError: bad"
+    ):
+        health.check(2, [bad] * 3, 4)  # 7 of 12 > 0.5
+    fine = RewardHealth(max_error_fraction=0.5, window=3)
+    for step in range(5):
+        fine.check(step, [bad] * 2, 4)  # exactly half: goes on
+    with pytest.raises(RewardError, match="every reward of step 5 failed"):
+        fine.check(5, [bad] * 4, 4)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import importlib
 import logging
 import math
+import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 RewardFunction = Callable[..., list]
@@ -57,44 +59,77 @@ def reward_columns(rows: list[dict]) -> dict[str, list]:
     return {key: [row.get(key) for row in rows] for key in keys}
 
 
+@dataclass(frozen=True)
+class RewardFailure:
+    """One row the reward function could not score: what went wrong (`summary`, one line: the same for
+    the same bug) and where (`traceback`)."""
+
+    summary: str
+    traceback: str = ""
+
+    @classmethod
+    def from_exception(cls, err: BaseException) -> RewardFailure:
+        text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+        return cls(f"{type(err).__name__}: {err}", text)
+
+
+def summarize_failures(failures: list[RewardFailure]) -> dict[str, tuple[int, RewardFailure]]:
+    """Distinct failures (by summary, in order of first appearance): their count and first occurrence."""
+    out: dict[str, tuple[int, RewardFailure]] = {}
+    for failure in failures:
+        count, first = out.get(failure.summary, (0, failure))
+        out[failure.summary] = (count + 1, first)
+    return out
+
+
 def _as_reward(value: Any) -> float | None:
+    """A reward value as a float (None stays None: "could not be scored"); ValueError for anything that
+    is not a finite number: NaN, inf, a string, a list."""
     if value is None:
         return None
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__float__"):
+        raise ValueError(f"reward value {value!r} ({type(value).__name__}) is not a number")
     number = float(value)
-    return None if math.isnan(number) else number
+    if not math.isfinite(number):
+        raise ValueError(f"reward value {number} is not finite")
+    return number
+
+
+def _checked(values: Any, count: int, fn: RewardFunction) -> list:
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__len__") or len(values) != count:
+        length = len(values) if hasattr(values, "__len__") else type(values).__name__
+        raise ValueError(
+            f"reward function {getattr(fn, '__name__', fn)!r} returned {length} values for {count} completions"
+        )
+    return list(values)
 
 
 def score_completions(
     fn: RewardFunction, completions: list[str], columns: dict[str, list]
-) -> tuple[list[float | None], int]:
-    """Rewards for `completions` and the number of rows whose scoring failed.
+) -> tuple[list[float | None], list[RewardFailure]]:
+    """Rewards for `completions` and the failures of the rows that could not be scored.
 
-    The batch is scored in one call; if that call raises, each row is scored alone so that one bad row
-    costs only itself: a row whose call raises (or returns a non-number) gets None and counts as an error.
+    The batch is scored in one call; if that call raises or returns the wrong number of values, each
+    row is scored alone, so that one bad row costs only itself. A row whose call raises, or whose value
+    is not a finite number (NaN, inf, a string), gets None and a `RewardFailure`. Nothing is logged
+    here: the caller reports each distinct failure once.
     """
     try:
-        values = fn(completions, **columns)
-        if len(values) != len(completions):
-            raise RewardError(
-                f"reward function {getattr(fn, '__name__', fn)!r} returned {len(values)} values "
-                f"for {len(completions)} completions"
-            )
-        return [_as_reward(v) for v in values], 0
-    except RewardError:
-        raise
+        values = _checked(fn(completions, **columns), len(completions), fn)
     except Exception as err:  # noqa: BLE001  (user code: isolate, count, keep going)
         if len(completions) == 1:  # already one row: retrying it alone would only call it twice
-            log.warning("reward function failed: %s: %s", type(err).__name__, err)
-            return [None], 1
-        log.debug("batch reward call failed (%s); scoring rows one by one", err)
+            return [None], [RewardFailure.from_exception(err)]
+        values = None
     rewards: list[float | None] = []
-    errors = 0
+    failures: list[RewardFailure] = []
     for index, completion in enumerate(completions):
-        row = {key: [values[index]] for key, values in columns.items()}
         try:
-            rewards.append(_as_reward(fn([completion], **row)[0]))
+            if values is None:
+                row = {key: [column[index]] for key, column in columns.items()}
+                rewards.append(_as_reward(_checked(fn([completion], **row), 1, fn)[0]))
+            else:
+                rewards.append(_as_reward(values[index]))
         except Exception as err:  # noqa: BLE001
-            log.warning("reward function failed on row %d: %s: %s", index, type(err).__name__, err)
             rewards.append(None)
-            errors += 1
-    return rewards, errors
+            failures.append(RewardFailure.from_exception(err))
+    return rewards, failures

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
-from everyprompt.rewards.base import score_completions
+from everyprompt.rewards.base import RewardFailure, score_completions
 
 
 class CompositeReward:
@@ -31,14 +31,14 @@ class CompositeReward:
 
     def score_with_components(
         self, completions: list[str], **columns
-    ) -> tuple[list[float | None], list[dict[str, float | None]], int]:
-        """(totals, per-row component values, rows whose scoring failed in some component)."""
+    ) -> tuple[list[float | None], list[dict[str, float | None]], list[RewardFailure]]:
+        """(totals, per-row component values, the failures of every component)."""
         per_component = {}
-        failed = 0
+        failed = []
         for name, fn, _ in self.components:
             values, errors = score_completions(fn, completions, columns)
             per_component[name] = values
-            failed += errors
+            failed.extend(errors)
         totals: list[float | None] = []
         rows: list[dict[str, float | None]] = []
         for i in range(len(completions)):

@@ -143,7 +143,7 @@ class GenRMJudge:
         """Values, plus per row `genrm_unparseable` (1 if the verdict could not be read): logged by the
         trainer as reward/genrm_unparseable."""
         values = self(completions, **columns)
-        return values, [{"genrm_unparseable": float(v is None)} for v in values], 0
+        return values, [{"genrm_unparseable": float(v is None)} for v in values], []
 
     def __call__(self, completions: list[str], prompt: list | None = None, answer: list | None = None, **_):
         if prompt is None or answer is None:

@@ -3,8 +3,9 @@ them out, so that scoring overlaps with generation (docs/rollout.md).
 
 Each call has a time limit: a worker that hangs past `timeout_s` or dies (a crash, a segfault in a
 native verifier) is killed and replaced, and its completion gets reward None and a counted error; the
-run never waits on it. A reward function that breaks the contract (wrong number of values) stops the run
-with its RewardError, as it would in-process.
+run never waits on it. A row that cannot be scored (the function raises, returns a non-number or the wrong number of
+values) gets None and a `RewardFailure`; `take_failures()` hands them to the caller, which reports each
+distinct one once and decides whether the run can go on.
 
 Workers are forked, so a reward registered by the user's own script before the run is known to them. With
 `workers=0` scoring runs inline in the calling process, when `wait` is called, in one call of the reward
@@ -13,7 +14,6 @@ function over everything submitted since (no overlap, no time limit; a batched j
 
 from __future__ import annotations
 
-import logging
 import multiprocessing
 import os
 import queue
@@ -28,13 +28,11 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from everyprompt.processes import die_with_parent
-from everyprompt.rewards.base import RewardError, get_reward, reward_columns, score_completions
-
-log = logging.getLogger(__name__)
+from everyprompt.rewards.base import RewardFailure, get_reward, reward_columns, score_completions
 
 
 def _serve(conn: Connection, fn: Callable, parent_pid: int) -> None:
-    """Worker loop: (key, completion, row) in, (key, (reward, components), failed, contract_error) out."""
+    """Worker loop: (key, completion, row) in, (key, (reward, components), failures) out."""
     die_with_parent(parent_pid)  # a killed run leaves no reward worker behind
     if "torch" in sys.modules:
         # torch's intra-op thread pool does not survive fork: a forked child that runs a parallel op
@@ -49,31 +47,31 @@ def _serve(conn: Connection, fn: Callable, parent_pid: int) -> None:
         if task is None:
             return
         key, completion, row = task
-        try:
-            rewards, components, failed = score_rows(fn, [completion], [row])
-            conn.send((key, (rewards[0], components[0]), failed, None))
-        except RewardError as err:
-            conn.send((key, (None, None), 1, str(err)))
+        rewards, components, failures = score_rows(fn, [completion], [row])
+        conn.send((key, (rewards[0], components[0]), failures))
 
 
 def score_rows(
     fn: Callable, completions: list[str], rows: list[dict]
-) -> tuple[list[float | None], list[dict | None], int]:
+) -> tuple[list[float | None], list[dict | None], list[RewardFailure]]:
     """Rewards of `completions` in one call, their components (rewards with `score_with_components`,
-    else None per row) and the number of rows whose scoring failed. A call that raises costs only its
-    rows (None, counted errors), as in `score_completions`."""
+    else None per row) and the failures of the rows that could not be scored, as in
+    `score_completions`."""
     columns = reward_columns(rows)
     if not hasattr(fn, "score_with_components"):
-        rewards, failed = score_completions(fn, completions, columns)
-        return rewards, [None] * len(completions), failed
+        rewards, failures = score_completions(fn, completions, columns)
+        return rewards, [None] * len(completions), failures
     try:
-        totals, components, failed = fn.score_with_components(completions, **columns)
-    except RewardError:
-        raise
+        totals, components, failures = fn.score_with_components(completions, **columns)
     except Exception as err:  # noqa: BLE001  (user code: isolate, count, keep going)
-        log.warning("reward function failed: %s: %s", type(err).__name__, err)
-        return [None] * len(completions), [None] * len(completions), len(completions)
-    return totals, components, failed
+        return (
+            [None] * len(completions),
+            [None] * len(completions),
+            [RewardFailure.from_exception(err)] * len(completions),
+        )
+    if isinstance(failures, int):  # a count without details
+        failures = [RewardFailure(f"{type(fn).__name__}.score_with_components: a row failed")] * failures
+    return totals, components, failures
 
 
 @dataclass
@@ -129,16 +127,14 @@ class RewardPool:
         state = self._state
         if self._pending:  # inline: everything submitted so far, in one reward call
             pending, self._pending = self._pending, []
-            rewards, components, failed = score_rows(
+            rewards, components, failures = score_rows(
                 self._inline, [c for _, c, _ in pending], [row for _, _, row in pending]
             )
             for (key, _, _), reward, parts in zip(pending, rewards, components):
-                state.finish(key, (reward, parts), 0)
-            state.stats.errors += failed
+                state.finish(key, (reward, parts), [])
+            state.record_failures(failures)
         with state.done:
             while True:
-                if state.failure is not None:
-                    raise RewardError(state.failure)
                 missing = [key for key in keys if key not in state.results]
                 if not missing:
                     scored = [state.results.pop(key) for key in keys]
@@ -147,6 +143,12 @@ class RewardPool:
                 if self._inline is not None:
                     raise KeyError(f"wait() for rewards never submitted: {missing[:3]}")
                 state.done.wait(timeout=0.5)
+
+    def take_failures(self) -> list[RewardFailure]:
+        """The failures recorded since the last call (timeouts and crashed workers included)."""
+        with self._state.done:
+            failures, self._state.failures = self._state.failures, []
+        return failures
 
     def close(self) -> None:
         self._finalizer()
@@ -166,7 +168,7 @@ class _Dispatcher:
         self.fn, self.timeout_s = fn, timeout_s
         self.stats = PoolStats()
         self.results: dict[Any, tuple] = {}  # key -> (reward, components)
-        self.failure: str | None = None
+        self.failures: list[RewardFailure] = []  # since the pool's last take_failures()
         self.done = threading.Condition()
         self.tasks: queue.SimpleQueue = queue.SimpleQueue()
         # a byte per submitted task wakes the dispatcher, which otherwise sleeps until a worker answers
@@ -199,24 +201,28 @@ class _Dispatcher:
                 worker.process.kill()
                 worker.process.join()
 
-    def finish(self, key: Any, reward: tuple, failed: int) -> None:
-        """Record `reward` = (value, components) for `key`."""
+    def finish(self, key: Any, reward: tuple, failures: list[RewardFailure]) -> None:
+        """Record `reward` = (value, components) for `key`, and the failures of its scoring."""
         with self.done:
             self.stats.scored += 1
-            self.stats.errors += failed
             self.results[key] = reward
+            self.record_failures(failures)
             self.done.notify_all()
+
+    def record_failures(self, failures: list[RewardFailure]) -> None:
+        with self.done:
+            self.stats.errors += len(failures)
+            self.failures.extend(failures)
 
     def replace(self, index: int, why: str) -> None:
         worker = self.workers[index]
         key = worker.task[0]
-        log.warning("reward call for %r %s; its reward is None and the worker is replaced", key, why)
         worker.process.kill()
         worker.process.join()
         worker.conn.close()
         self.stats.restarts += 1
         self.workers[index] = self.start()
-        self.finish(key, (None, None), 1)
+        self.finish(key, (None, None), [RewardFailure(f"reward call {why}; the worker was replaced")])
 
     def put(self, task) -> None:
         self.tasks.put(task)
@@ -262,17 +268,13 @@ class _Dispatcher:
                 continue
             if worker.conn.poll():
                 try:
-                    key, reward, failed, contract_error = worker.conn.recv()
+                    key, reward, failures = worker.conn.recv()
                 except (EOFError, OSError):
                     self.stats.crashes += 1
                     self.replace(index, f"crashed (exit code {worker.process.exitcode})")
                     continue
                 worker.task = None
-                if contract_error is not None:
-                    with self.done:
-                        self.failure = contract_error
-                        self.done.notify_all()
-                self.finish(key, reward, failed)
+                self.finish(key, reward, failures)
             elif not worker.process.is_alive():
                 self.stats.crashes += 1
                 self.replace(index, f"crashed (exit code {worker.process.exitcode})")

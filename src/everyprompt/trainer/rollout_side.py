@@ -8,9 +8,11 @@ and assembles the batch. `load_weights` takes the learner's hand-off. Nothing he
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -20,12 +22,15 @@ from everyprompt.data.curriculum import Curriculum
 from everyprompt.data.passrate import PassRateStore
 from everyprompt.data.source import ALL, PromptSource, buckets_by_field, buckets_by_pass_rate
 from everyprompt.generation import sample_and_score
-from everyprompt.rewards import build_reward
+from everyprompt.rewards import RewardError, build_reward
+from everyprompt.rewards.base import RewardFailure, summarize_failures
 from everyprompt.rewards.pool import RewardPool
 from everyprompt.rollout import GenerationRequest, RolloutEngine, SamplingParams, build_engine, derive_seed
 from everyprompt.rollout.scheduler import LengthPredictor, admission_order
 from everyprompt.trainer.batch import RolloutBatch
 from everyprompt.zve import Collection, Group, collect_groups, group_zero_variance
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -68,6 +73,42 @@ class _Tally:
         return out
 
 
+class RewardHealth:
+    """Reports each distinct reward failure once per step, and stops a run whose reward is broken: every
+    reward of a step failed, or more than `max_error_fraction` of those of the last `window` steps."""
+
+    def __init__(self, max_error_fraction: float, window: int):
+        self.max_error_fraction = max_error_fraction
+        self.recent: deque[tuple[int, int]] = deque(maxlen=window)  # (failed, scored) per step
+
+    def check(self, step: int, failures: list[RewardFailure], scored: int) -> None:
+        distinct = summarize_failures(failures)
+        for summary, (count, first) in distinct.items():
+            log.warning(
+                "step %d: %d of %d rewards failed with %s; first:\n%s",
+                step,
+                count,
+                scored,
+                summary,
+                first.traceback,
+            )
+        self.recent.append((len(failures), scored))
+        failed, total = (sum(column) for column in zip(*self.recent))
+        every = scored > 0 and len(failures) >= scored
+        too_many = len(self.recent) == self.recent.maxlen and failed > self.max_error_fraction * total
+        if every or too_many:
+            summary, (count, first) = next(iter(distinct.items()), ("", (0, RewardFailure(""))))
+            why = (
+                f"every reward of step {step} failed"
+                if every
+                else (
+                    f"{failed} of the {total} rewards of the last {len(self.recent)} steps failed "
+                    f"(rewards.max_error_fraction={self.max_error_fraction:g})"
+                )
+            )
+            raise RewardError(f"{why}; the reward function is broken: {count} x {summary}\n{first.traceback}")
+
+
 class RolloutSide:
     """Owns the engine, the reward pool, the prompt source and curriculum, the length predictor and the
     pass-rate store's updates."""
@@ -87,6 +128,7 @@ class RolloutSide:
         self.source = PromptSource(self._buckets(), config.seed)
         self.lengths = LengthPredictor(store, default=config.rollout.max_new_tokens)
         self.retired_total = 0
+        self.health = RewardHealth(config.rewards.max_error_fraction, config.rewards.error_window)
         self._prompt_ids = [tokenizer(p["prompt"]).input_ids for p in prompts]
         keys = sorted({key for row in prompts for key in row})
         self._reward_rows = [{key: row.get(key) for key in keys} for row in prompts]
@@ -115,6 +157,7 @@ class RolloutSide:
             "curriculum": self.curriculum.state_dict() if self.curriculum else None,
             "lengths": self.lengths.state_dict(),
             "retired_total": self.retired_total,
+            "reward_health": list(self.health.recent),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -124,6 +167,7 @@ class RolloutSide:
         self.source.load_state_dict(state["source"])
         self.lengths.load_state_dict(state["lengths"])
         self.retired_total = state["retired_total"]
+        self.health.recent.extend(tuple(pair) for pair in state["reward_health"])
 
     # ------------------------------------------------------------ one batch
     def settings(self) -> dict:
@@ -168,6 +212,7 @@ class RolloutSide:
             dynamic_sampling=expand and zve.expansion.dynamic_sampling,
             max_rollouts=zve.expansion.max_rollouts_per_step,
         )
+        self.health.check(step, self.rewards.take_failures(), collection.generated)
         batch = self._assemble(collection.groups, settings["max_new_tokens"])
         batch.stats = {
             **self._record_pass_rates(collection, step),
