@@ -21,6 +21,7 @@ from pathlib import Path
 from everyprompt.config import Config, ConfigError, load_config
 
 EXIT_USAGE = 2
+EXIT_FAILURE = 1
 
 
 def _split_config_args(values: list[str]) -> tuple[str | None, list[str]]:
@@ -318,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     from everyprompt.rewards import RewardError
     from everyprompt.rollout import UnsupportedModelError
     from everyprompt.trainer import CheckpointError
+    from everyprompt.trainer.learner import NumericsError
 
     parser = build_parser()
     # KEY=VALUE overrides may also follow the options (`filter data.jsonl --model M rl.seed=1`)
@@ -333,6 +335,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"everyprompt: config error: {err}", file=sys.stderr)
     except (DataError, ModelError, RewardError, CheckpointError, ReportError, UnsupportedModelError) as err:
         print(f"everyprompt: {err}", file=sys.stderr)
+    except NumericsError as err:  # not the user's input: the run itself went wrong
+        print(f"everyprompt: {err}", file=sys.stderr)
+        return EXIT_FAILURE
     return EXIT_USAGE
 
 

@@ -245,6 +245,12 @@ class RLConfig(Section):
     lr_schedule: Literal["constant", "cosine"] = Field("constant", description="Schedule after warm-up.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
+    max_skipped_updates: int = Field(
+        3,
+        ge=1,
+        description="Consecutive mini-batch updates skipped for a non-finite loss or gradient norm after which "
+        "the run stops (its last checkpoint is the last good state).",
+    )
     mini_batches: int = Field(2, gt=0, description="Optimizer steps per rollout batch (PPO mini-batches).")
     micro_batch_size: int = Field(
         64, gt=0, description="Sequences per forward/backward (gradient accumulation)."

@@ -379,3 +379,26 @@ def test_reward_health_judges_the_window_hand_computed():
         fine.check(step, [bad] * 2, 4)  # exactly half: goes on
     with pytest.raises(RewardError, match="every reward of step 5 failed"):
         fine.check(5, [bad] * 4, 4)
+
+
+def test_a_run_whose_updates_stay_non_finite_stops_and_names_its_last_checkpoint(
+    tmp_path, monkeypatch, capsys
+):
+    from everyprompt.cli import main
+    from everyprompt.trainer.learner import Learner
+    from tests.conftest import TINY_OVERRIDES
+
+    real_optimize = Learner._optimize
+
+    def poisoned(self, batch):  # from the third update on, every gradient is infinite
+        if self.version >= 2 and not getattr(self, "_poisoned", False):
+            self.model.lm_head.weight.register_hook(lambda grad: torch.full_like(grad, float("inf")))
+            self._poisoned = True
+        return real_optimize(self, batch)
+
+    monkeypatch.setattr(Learner, "_optimize", poisoned)
+    argv = ["train", *TINY_OVERRIDES, "rl.steps=6", "rl.max_skipped_updates=2", "--run-dir", str(tmp_path)]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "2 updates in a row were skipped" in err and "Traceback" not in err
+    assert f"last good state is {(tmp_path / 'checkpoints' / 'step_2').resolve()}" in err

@@ -201,3 +201,35 @@ def test_the_rollout_side_with_a_stub_reward():
     assert again.completion_ids == batch.completion_ids
     assert first.next_batch(1).prompt_index != batch.prompt_index
     first.close()
+
+
+def _poison_gradients(model) -> None:
+    """The loss stays finite, the gradient does not: an inf on one weight's gradient."""
+    weight = model.lm_head.weight
+    weight.register_hook(lambda grad: torch.full_like(grad, float("inf")))
+
+
+def test_a_non_finite_gradient_norm_skips_the_update():
+    learner, model, tokenizer = _learner(
+        "rl.mini_batches=1", "rl.old_logprobs=recompute", "rl.max_skipped_updates=2"
+    )
+    batch = hand_batch(model, tokenizer, [1.0, 0.0] * 3)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    _poison_gradients(model)
+    metrics = learner.update(batch)
+    assert metrics["actor/skipped_updates"] == 1.0 and "loss/policy" not in metrics
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # no step was taken
+    assert all(not state for state in learner.optimizer.state.values())  # nor any moment updated
+    with pytest.raises(
+        learner_module.NumericsError, match=r"2 updates in a row were skipped.*gradient norm = inf"
+    ):
+        learner.update(hand_batch(model, tokenizer, [1.0, 0.0] * 3))
+
+
+def test_a_good_update_resets_the_skip_count():
+    learner, model, tokenizer = _learner(
+        "rl.mini_batches=1", "rl.old_logprobs=recompute", "rl.max_skipped_updates=2"
+    )
+    learner.consecutive_skips = 1
+    metrics = learner.update(hand_batch(model, tokenizer, [1.0, 0.0] * 3))
+    assert metrics["actor/skipped_updates"] == 0 and learner.consecutive_skips == 0

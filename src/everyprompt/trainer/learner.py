@@ -57,6 +57,10 @@ def _fed_tokens(
     ]
 
 
+class NumericsError(RuntimeError):
+    """Updates kept coming out non-finite: the run stops rather than train on garbage."""
+
+
 class Learner:
     """Owns the policy's optimizer, schedule, router replay and KL reference."""
 
@@ -75,6 +79,7 @@ class Learner:
         if self.rl.kl.estimator is not None:
             self.reference = (reference or copy.deepcopy(model)).eval().requires_grad_(False)
         self.version = 0  # updates taken: the policy version of the weights handed to the rollout side
+        self.consecutive_skips = 0  # mini-batch updates skipped in a row for non-finite numbers
         self._packing_checked = not config.model.pack_sequences
 
     # ------------------------------------------------------------ hand-off and state
@@ -85,12 +90,14 @@ class Learner:
     def training_state(self) -> dict:
         return {
             "version": self.version,
+            "consecutive_skips": self.consecutive_skips,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
         }
 
     def load_training_state(self, state: dict) -> None:
         self.version = state["version"]
+        self.consecutive_skips = state["consecutive_skips"]
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
 
@@ -103,9 +110,7 @@ class Learner:
         if len(batch):
             metrics.update(self._optimize(batch))
         else:  # every group was zero-variance and dropped: nothing to learn from this step
-            with warnings.catch_warnings():  # the schedule still advances one step per update
-                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler")
-                self.scheduler.step()
+            self._advance_schedule()
             metrics["actor/skipped_updates"] = 1.0
         self.version += 1
         metrics["time/train_s"] = time.perf_counter() - started
@@ -178,8 +183,27 @@ class Learner:
             measure = number == 0 and not separate_pass  # this forward is the old policy: measure it
             for key, value in self._mini_batch_step(batch, mini.tolist(), measure).items():
                 stats.setdefault(key, []).append(value)
-        self.scheduler.step()
+        self._advance_schedule()
         return {key: sum(values) / len(values) for key, values in stats.items()}
+
+    def _advance_schedule(self) -> None:
+        """One schedule step per update, also when no optimizer step was taken (skipped or dropped)."""
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler")
+            self.scheduler.step()
+
+    def _skip(self, what: str, value: float) -> dict[str, float]:
+        """Drop this mini-batch's update (its gradient is not finite); stop after too many in a row."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.consecutive_skips += 1
+        log.warning("update %d: %s is %s; this mini-batch's update is skipped", self.version, what, value)
+        if self.consecutive_skips >= self.rl.max_skipped_updates:
+            raise NumericsError(
+                f"{self.consecutive_skips} updates in a row were skipped for a non-finite loss or gradient norm "
+                f"(last: {what} = {value}; rl.max_skipped_updates={self.rl.max_skipped_updates}); lower rl.lr "
+                "or look for the batch that produces it"
+            )
+        return {"actor/skipped_updates": 1.0}
 
     def _check_packing(self, batch: RolloutBatch) -> None:
         """Once, before the first packed forward: packed and one-by-one log-probs agree for this model."""
@@ -303,9 +327,7 @@ class Learner:
                 **self.loss_options,
             )
             if not torch.isfinite(loss):
-                log.warning("non-finite loss at update %d; this mini-batch's update is skipped", self.version)
-                self.optimizer.zero_grad(set_to_none=True)
-                return {"actor/skipped_updates": 1.0}
+                return self._skip("loss", float(loss))
             loss.backward()
             total_loss += float(loss.detach())
             entropy_sum += float((entropy * mask).sum())
@@ -313,7 +335,10 @@ class Learner:
             for key, value in metrics.items():
                 stats[key] = stats.get(key, 0.0) + value * weight
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.rl.max_grad_norm)
+        if not torch.isfinite(grad_norm):
+            return self._skip("gradient norm", float(grad_norm))
         self.optimizer.step()
+        self.consecutive_skips = 0
         if measure:
             stats.update(self._mismatch(batch, rows, measured, _fed_tokens(batch, rows, used_routes) or None))
         return {

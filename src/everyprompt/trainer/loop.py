@@ -22,7 +22,7 @@ import torch
 from everyprompt.config import Config
 from everyprompt.data.passrate import PassRateStore
 from everyprompt.trainer.checkpoint import save_checkpoint
-from everyprompt.trainer.learner import Learner
+from everyprompt.trainer.learner import Learner, NumericsError
 from everyprompt.trainer.metrics import MetricsLogger
 from everyprompt.trainer.rollout_side import RolloutSide
 
@@ -115,6 +115,12 @@ class RLTrainer:
             keep_last=self.config.checkpoint.keep_last,
         )
 
+    def _last_checkpoint(self) -> str:
+        latest = self.run_dir / "checkpoints" / "latest"
+        if latest.exists():
+            return f"{latest.resolve()} (`everyprompt train --resume {self.run_dir}` continues from it)"
+        return "the starting model (no RL checkpoint was written yet)"
+
     # ------------------------------------------------------------ the loop
     @property
     def finished(self) -> bool:
@@ -136,7 +142,10 @@ class RLTrainer:
         try:
             while not self.finished:
                 started = time.perf_counter()
-                metrics = self.train_step()
+                try:
+                    metrics = self.train_step()
+                except NumericsError as err:
+                    raise NumericsError(f"{err}. The last good state is {self._last_checkpoint()}") from None
                 every = self.config.eval.every
                 if evaluate_fn is not None and every and self.step % every == 0 and not self.finished:
                     metrics.update({f"eval/{k}": v for k, v in evaluate_fn(self.engine).items()})
