@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import time
 from datetime import datetime
@@ -21,8 +22,15 @@ from everyprompt.models.experts import select_moe_kernel
 from everyprompt.models.io import load_model_and_tokenizer, load_pretrained
 from everyprompt.rewards import build_reward
 from everyprompt.rollout import check_engine
-from everyprompt.trainer import RLTrainer, resolve_checkpoint, run_sft, save_checkpoint
-from everyprompt.trainer.checkpoint import checkpoint_root, load_trainer_state, write_json_atomic
+from everyprompt.trainer import RLTrainer, run_sft, save_checkpoint
+from everyprompt.trainer.checkpoint import (
+    CheckpointError,
+    checkpoint_root,
+    latest_complete_checkpoint,
+    load_trainer_state,
+    verify_checkpoint,
+    write_json_atomic,
+)
 from everyprompt.zve import run_offline_filter, seeded_sample
 
 log = logging.getLogger(__name__)
@@ -45,7 +53,15 @@ class Run:
         self.console = console or Console(stderr=True)
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         self.run_dir = Path(run_dir or config.run_dir or f"runs/{config.name}-{stamp}")
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:  # fail now, not at the first checkpoint an hour in
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            probe = self.run_dir / f".write-test-{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as err:
+            raise CheckpointError(
+                f"{self.run_dir}: cannot write the run directory ({err.strerror or err})"
+            ) from None
         if config.threads:
             torch.set_num_threads(config.threads)
         random.seed(config.seed)
@@ -84,9 +100,13 @@ class Run:
         """
         sft_dir = checkpoint_root(self.run_dir) / "sft"
         kernel = self.config.model.moe_kernel
-        if self.config.sft.steps and (sft_dir / "config.json").is_file():
-            model, tokenizer = load_pretrained(sft_dir)
-            return select_moe_kernel(model, kernel), tokenizer
+        if self.config.sft.steps and sft_dir.is_dir():
+            try:
+                verify_checkpoint(sft_dir)
+                model, tokenizer = load_pretrained(sft_dir)
+                return select_moe_kernel(model, kernel), tokenizer
+            except CheckpointError as err:
+                log.warning("the SFT checkpoint is damaged (%s); SFT runs again", err)
         model, tokenizer = load_model_and_tokenizer(self.config.model, self.config.seed)
         check_engine(self.config.rollout.engine, model.config)  # before any training, not after SFT
         select_moe_kernel(model, kernel)
@@ -108,7 +128,7 @@ class Run:
         save_config(self.config, self.run_dir / "config.yaml")
         store = self.pass_rate_store()
         if resume:
-            latest = resolve_checkpoint(checkpoint_root(self.run_dir) / "latest")
+            latest = latest_complete_checkpoint(self.run_dir)
             model, tokenizer = load_pretrained(latest)
             select_moe_kernel(model, self.config.model.moe_kernel)
             reference = self.warm_started_model()[0] if self.config.rl.kl.estimator else None

@@ -87,13 +87,57 @@ def test_resume_equals_an_uninterrupted_run(tmp_path):
         torch.testing.assert_close(a[name], b[name], atol=1e-6, rtol=0, msg=name)
 
 
-def test_truncated_checkpoint_is_a_clear_error(tmp_path):
-    train(tiny_config("rl.steps=1"), run_dir=tmp_path)
-    (resolve_checkpoint(tmp_path) / "trainer_state.pt").write_bytes(b"\x80\x02trunc")
-    with pytest.raises(CheckpointError, match="trainer_state.pt: cannot be read"):
+def test_a_damaged_checkpoint_is_named_and_the_run_resumes_from_the_newest_complete_one(tmp_path, caplog):
+    train(tiny_config("rl.steps=2"), run_dir=tmp_path)  # step_1 and step_2 (latest)
+    state = resolve_checkpoint(tmp_path) / "trainer_state.pt"
+    state.write_bytes(state.read_bytes()[:-100])  # truncated
+    trainer = Run(tiny_config(), tmp_path).trainer(resume=True)
+    assert trainer.step == 1
+    assert "step_2/trainer_state.pt" in caplog.text and "truncated or altered" in caplog.text
+    # the other one altered, same size: nothing complete is left
+    weights = tmp_path / "checkpoints" / "step_1" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(
+        CheckpointError, match=r"no complete checkpoint to resume from.*model.safetensors: checksum"
+    ):
         Run(tiny_config(), tmp_path).trainer(resume=True)
     with pytest.raises(CheckpointError, match="no checkpoint"):
         resolve_checkpoint(tmp_path / "nowhere")
+
+
+def test_an_unwritable_checkpoint_directory_fails_at_once_and_keeps_the_previous_one(tmp_path, monkeypatch):
+    import everyprompt.trainer.checkpoint as checkpoint_module
+    from everyprompt.trainer.checkpoint import verify_checkpoint
+
+    trainer = train(tiny_config("rl.steps=1"), run_dir=tmp_path)
+    real_save = checkpoint_module.save_pretrained
+
+    def full_disk(model, tokenizer, path):
+        real_save(model, tokenizer, path)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint_module, "save_pretrained", full_disk)
+    trainer.step = 2
+    with pytest.raises(CheckpointError, match=r"cannot write checkpoint .*step_2: No space left on device"):
+        trainer.save()
+    assert resolve_checkpoint(tmp_path).name == "step_1"
+    verify_checkpoint(resolve_checkpoint(tmp_path))
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "sft", "step_1"]
+
+
+def test_a_run_directory_that_cannot_be_written_is_named_at_once(tmp_path, capsys):
+    from everyprompt.cli import main
+    from tests.conftest import TINY_OVERRIDES
+
+    (tmp_path / "file").write_text("not a directory")
+    assert main(["train", *TINY_OVERRIDES, "--run-dir", str(tmp_path / "file" / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        err.startswith("everyprompt: ")
+        and f"{tmp_path / 'file' / 'run'}: cannot write the run directory" in err
+    )
 
 
 def test_reward_errors_are_counted_not_fatal(tmp_path):

@@ -1,9 +1,17 @@
-"""Atomic, resumable checkpoints: HF model + tokenizer + trainer state, written to a temporary
-directory, then renamed; `latest` is a symlink swapped atomically, so a kill never leaves it corrupt."""
+"""Atomic, verified, resumable checkpoints: HF model + tokenizer + trainer state.
+
+A checkpoint is written into a temporary directory; every file is fsynced, then `manifest.json` (each
+file's size and SHA-256) is written last, and the directory is renamed into place; `latest` is a symlink
+swapped atomically. A kill at any instant leaves the previous checkpoints whole. On resume a checkpoint
+is trusted only if its manifest matches: a truncated or altered file is reported by name and the run
+falls back to the newest complete checkpoint.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -13,39 +21,83 @@ import torch
 from everyprompt.models.io import save_pretrained
 
 STATE_FILE = "trainer_state.pt"
+MANIFEST = "manifest.json"
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that cannot be resumed from; the message names the path and what is missing."""
+    """A checkpoint that cannot be written or resumed from; the message names the path and the problem."""
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_json_atomic(path: str | Path, data) -> None:
-    """Write JSON to a temporary file beside `path`, then rename: a kill leaves the old file or the new."""
+    """Write JSON to a temporary file beside `path`, fsync, then rename: a kill leaves the old file or the new."""
     path = Path(path)
     temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     temporary.write_text(json.dumps(data, indent=2))
+    _fsync(temporary)
     os.replace(temporary, path)
+    _fsync(path.parent)
 
 
 def checkpoint_root(run_dir: str | Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_manifest(directory: Path) -> None:
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
+    for file in files:
+        _fsync(file)
+    entries = {str(f.relative_to(directory)): {"size": f.stat().st_size, "sha256": _sha256(f)} for f in files}
+    (directory / MANIFEST).write_text(json.dumps({"files": entries}, indent=1))
+    _fsync(directory / MANIFEST)
+    _fsync(directory)
+
+
 def save_checkpoint(
     run_dir: str | Path, name: str, model, tokenizer, state: dict | None, keep_last: int = 0
 ) -> Path:
+    """Write checkpoint `name` (with the trainer `state` when given, then pointed to by `latest`)."""
     root = checkpoint_root(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
     final = root / name
     temporary = root / f".tmp-{name}-{os.getpid()}"
-    if temporary.exists():
-        shutil.rmtree(temporary)
-    save_pretrained(model, tokenizer, temporary)
-    if state is not None:
-        torch.save(state, temporary / STATE_FILE)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(temporary, final)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if temporary.exists():
+            shutil.rmtree(temporary)
+        save_pretrained(model, tokenizer, temporary)
+        if state is not None:
+            torch.save(state, temporary / STATE_FILE)
+        _write_manifest(temporary)
+        if final.exists():  # the same name again (a resumed run's final step): swap, never delete first
+            old = root / f".old-{name}-{os.getpid()}"
+            os.replace(final, old)
+            os.replace(temporary, final)
+            shutil.rmtree(old)
+        else:
+            os.replace(temporary, final)
+        _fsync(root)
+    except OSError as err:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise CheckpointError(
+            f"cannot write checkpoint {final}: {err.strerror or err} ({type(err).__name__}); the previous "
+            "checkpoints are untouched"
+        ) from None
     if state is not None:
         _point_latest(root, name)
         if keep_last:
@@ -59,18 +111,67 @@ def _point_latest(root: Path, name: str) -> None:
         link.unlink()
     link.symlink_to(name)
     os.replace(link, root / "latest")
+    _fsync(root)
 
 
 def _step_of(path: Path) -> int:
     return int(path.name.split("_", 1)[1])
 
 
+def step_checkpoints(root: Path) -> list[Path]:
+    """The `step_N` checkpoints under `root`, oldest first."""
+    return sorted((p for p in root.glob("step_*") if p.name.split("_", 1)[1].isdigit()), key=_step_of)
+
+
 def _prune(root: Path, keep_last: int) -> None:
-    steps = sorted((p for p in root.glob("step_*") if p.name.split("_", 1)[1].isdigit()), key=_step_of)
     current = (root / "latest").resolve()
-    for path in steps[:-keep_last]:
+    for path in step_checkpoints(root)[:-keep_last]:
         if path.resolve() != current:
             shutil.rmtree(path)
+
+
+def verify_checkpoint(path: str | Path) -> None:
+    """CheckpointError naming the first file that is missing, truncated or altered against the manifest."""
+    path = Path(path)
+    manifest = path / MANIFEST
+    if not manifest.is_file():
+        raise CheckpointError(f"{path}: no {MANIFEST}, so it was never completely written")
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{manifest}: damaged ({err})") from None
+    for name, expected in files.items():
+        file = path / name
+        if not file.is_file():
+            raise CheckpointError(f"{file}: missing (listed in {MANIFEST})")
+        size = file.stat().st_size
+        if size != expected["size"]:
+            raise CheckpointError(f"{file}: {size} bytes, {expected['size']} expected (truncated or altered)")
+        if _sha256(file) != expected["sha256"]:
+            raise CheckpointError(f"{file}: checksum differs from {MANIFEST} (altered or damaged)")
+
+
+def latest_complete_checkpoint(run_dir: str | Path) -> Path:
+    """The checkpoint a resume starts from: `latest` if it verifies, else the newest `step_N` that does
+    (with a warning naming what was damaged); CheckpointError if none does."""
+    root = checkpoint_root(run_dir)
+    candidates = []
+    if (root / "latest").exists():
+        candidates.append((root / "latest").resolve())
+    candidates += [p for p in reversed(step_checkpoints(root)) if p.resolve() not in candidates]
+    problems = []
+    for candidate in candidates:
+        try:
+            verify_checkpoint(candidate)
+        except CheckpointError as err:
+            problems.append(str(err))
+            log.warning("not resuming from %s: %s", candidate.name, err)
+            continue
+        if problems:
+            log.warning("resuming from %s, the newest complete checkpoint", candidate)
+        return candidate
+    found = "; ".join(problems) if problems else "none was written"
+    raise CheckpointError(f"{root}: no complete checkpoint to resume from ({found})")
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
