@@ -77,6 +77,9 @@ class SFTConfig(Section):
     warmup_steps: int = Field(20, ge=0, description="Linear warm-up steps.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     levels: list[int] = Field([1, 2, 3, 4, 5], description="Difficulty levels of the worked solutions.")
+    checkpoint_every: int = Field(
+        100, ge=0, description="Save a resumable SFT checkpoint every N steps (0: only the finished model)."
+    )
 
 
 class RolloutConfig(Section):

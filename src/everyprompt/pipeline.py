@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import random
+import shutil
 import time
 from datetime import datetime
 from pathlib import Path
@@ -28,6 +29,8 @@ from everyprompt.trainer.checkpoint import (
     checkpoint_root,
     latest_complete_checkpoint,
     load_trainer_state,
+    newest_complete,
+    step_checkpoints,
     verify_checkpoint,
     write_json_atomic,
 )
@@ -96,18 +99,26 @@ class Run:
     def warm_started_model(self):
         """The starting policy: the configured model, after the SFT stage when `sft.steps` > 0.
 
-        An SFT checkpoint already in the run directory is reused (a resumed run does not retrain it).
+        A finished SFT checkpoint in the run directory is reused; an SFT stage that was cut short continues
+        from its newest complete `sft_step_N` checkpoint.
         """
-        sft_dir = checkpoint_root(self.run_dir) / "sft"
+        root = checkpoint_root(self.run_dir)
         kernel = self.config.model.moe_kernel
-        if self.config.sft.steps and sft_dir.is_dir():
+        if self.config.sft.steps and (root / "sft").is_dir():
             try:
-                verify_checkpoint(sft_dir)
-                model, tokenizer = load_pretrained(sft_dir)
+                verify_checkpoint(root / "sft")
+                model, tokenizer = load_pretrained(root / "sft")
                 return select_moe_kernel(model, kernel), tokenizer
             except CheckpointError as err:
                 log.warning("the SFT checkpoint is damaged (%s); SFT runs again", err)
-        model, tokenizer = load_model_and_tokenizer(self.config.model, self.config.seed)
+        partial = newest_complete(root, "sft_step_") if self.config.sft.steps else None
+        if partial is not None:
+            model, tokenizer = load_pretrained(partial)
+            resume = load_trainer_state(partial)
+            self.console.print(f"SFT resumes from {partial} at step {resume['step']}")
+        else:
+            model, tokenizer = load_model_and_tokenizer(self.config.model, self.config.seed)
+            resume = None
         check_engine(self.config.rollout.engine, model.config)  # before any training, not after SFT
         select_moe_kernel(model, kernel)
         if self.config.sft.steps:
@@ -120,12 +131,21 @@ class Run:
                 self.run_dir,
                 self.config.logging,
                 pack_sequences=self.config.model.pack_sequences,
+                resume=resume,
             )
             save_checkpoint(self.run_dir, "sft", model, tokenizer, state=None)
+            for stale in step_checkpoints(root, "sft_step_"):
+                shutil.rmtree(stale)
         return model, tokenizer
 
     def trainer(self, resume: bool = False) -> RLTrainer:
+        """The RL trainer of this run. With `resume`, whichever phase was cut short continues: RL from its
+        newest complete checkpoint, else the run restarts RL from its beginning, reusing a finished SFT
+        stage and offline filter (SFT itself continues from its own checkpoints)."""
         save_config(self.config, self.run_dir / "config.yaml")
+        if resume and not step_checkpoints(checkpoint_root(self.run_dir)):
+            resume = False  # RL never checkpointed: its pass rates start again from the run's start
+            (self.run_dir / "passrates.sqlite").unlink(missing_ok=True)
         store = self.pass_rate_store()
         if resume:
             latest = latest_complete_checkpoint(self.run_dir)
@@ -141,7 +161,10 @@ class Run:
         model, tokenizer = self.warm_started_model()
         rows, filter_rollouts = self.rl_rows(), 0
         if self.config.zve.enabled and self.config.zve.filter.enabled:
-            rows, filter_rollouts = self.offline_filter(model, tokenizer, rows, store)
+            if (self.run_dir / "filter.json").is_file():  # it finished before the run was cut short
+                rows, filter_rollouts = self.filtered_rl_rows(store), self._filter_report()["rollouts"]
+            else:
+                rows, filter_rollouts = self.offline_filter(model, tokenizer, rows, store)
         trainer = RLTrainer.build(self.config, model, tokenizer, rows, self.run_dir, store=store)
         trainer.rollouts_total = filter_rollouts  # the filter's samples count against rl.max_rollouts
         return trainer
@@ -186,6 +209,7 @@ class Run:
             "seconds": time.perf_counter() - started,
             "rollouts": len(candidates) * rules.samples,
             "kept_indices": kept,
+            "records": estimate.records(candidates),  # the store's step -1, again on a resume
         }
         write_json_atomic(self.run_dir / "filter.json", report)
         self.console.print(
@@ -199,16 +223,22 @@ class Run:
             )
         return [rows[i] for i in kept], len(candidates) * rules.samples
 
-    def filtered_rl_rows(self) -> list[dict]:
-        """The RL prompts of this run: after the offline filter when it ran (its kept list is saved)."""
-        rows = self.rl_rows()
+    def _filter_report(self) -> dict:
         report = self.run_dir / "filter.json"
-        if self.config.zve.enabled and self.config.zve.filter.enabled:
-            if not report.is_file():
-                raise DataError(f"{report}: missing; the run's offline filter result is needed to resume")
-            kept = json.loads(report.read_text())["kept_indices"]
-            return [rows[i] for i in kept]
-        return rows
+        if not report.is_file():
+            raise DataError(f"{report}: missing; the run's offline filter result is needed to resume")
+        return json.loads(report.read_text())
+
+    def filtered_rl_rows(self, store: PassRateStore | None = None) -> list[dict]:
+        """The RL prompts of this run: after the offline filter when it ran (its kept list is saved).
+        With `store`, the filter's pass rates are recorded in it again (RL restarts from its start)."""
+        rows = self.rl_rows()
+        if not (self.config.zve.enabled and self.config.zve.filter.enabled):
+            return rows
+        report = self._filter_report()
+        if store is not None:
+            store.record([tuple(r) for r in report["records"]], step=-1)
+        return [rows[i] for i in report["kept_indices"]]
 
     def evaluate(self, engine, tokenizer, rows: list[dict] | None = None) -> dict[str, float]:
         config = self.config

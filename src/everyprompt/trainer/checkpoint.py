@@ -70,9 +70,16 @@ def _write_manifest(directory: Path) -> None:
 
 
 def save_checkpoint(
-    run_dir: str | Path, name: str, model, tokenizer, state: dict | None, keep_last: int = 0
+    run_dir: str | Path,
+    name: str,
+    model,
+    tokenizer,
+    state: dict | None,
+    keep_last: int = 0,
+    latest: bool = True,
 ) -> Path:
-    """Write checkpoint `name` (with the trainer `state` when given, then pointed to by `latest`)."""
+    """Write checkpoint `name`, with the trainer `state` when given. An RL checkpoint (`latest`, with a
+    state) becomes `latest`; `keep_last` prunes the older checkpoints of the same `<prefix>_N` series."""
     root = checkpoint_root(run_dir)
     final = root / name
     temporary = root / f".tmp-{name}-{os.getpid()}"
@@ -98,10 +105,10 @@ def save_checkpoint(
             f"cannot write checkpoint {final}: {err.strerror or err} ({type(err).__name__}); the previous "
             "checkpoints are untouched"
         ) from None
-    if state is not None:
+    if state is not None and latest:
         _point_latest(root, name)
-        if keep_last:
-            _prune(root, keep_last)
+    if keep_last:
+        _prune(root, name.rsplit("_", 1)[0] + "_", keep_last)
     return final
 
 
@@ -114,20 +121,28 @@ def _point_latest(root: Path, name: str) -> None:
     _fsync(root)
 
 
-def _step_of(path: Path) -> int:
-    return int(path.name.split("_", 1)[1])
+def step_checkpoints(root: Path, prefix: str = "step_") -> list[Path]:
+    """The `<prefix>N` checkpoints under `root` (RL: step_N, SFT: sft_step_N), oldest first."""
+    numbered = [p for p in root.glob(f"{prefix}*") if p.name[len(prefix) :].isdigit()]
+    return sorted(numbered, key=lambda p: int(p.name[len(prefix) :]))
 
 
-def step_checkpoints(root: Path) -> list[Path]:
-    """The `step_N` checkpoints under `root`, oldest first."""
-    return sorted((p for p in root.glob("step_*") if p.name.split("_", 1)[1].isdigit()), key=_step_of)
-
-
-def _prune(root: Path, keep_last: int) -> None:
+def _prune(root: Path, prefix: str, keep_last: int) -> None:
     current = (root / "latest").resolve()
-    for path in step_checkpoints(root)[:-keep_last]:
+    for path in step_checkpoints(root, prefix)[:-keep_last]:
         if path.resolve() != current:
             shutil.rmtree(path)
+
+
+def newest_complete(root: Path, prefix: str) -> Path | None:
+    """The newest `<prefix>N` checkpoint that verifies (damaged ones are named in a warning)."""
+    for candidate in reversed(step_checkpoints(root, prefix)):
+        try:
+            verify_checkpoint(candidate)
+            return candidate
+        except CheckpointError as err:
+            log.warning("not resuming from %s: %s", candidate.name, err)
+    return None
 
 
 def verify_checkpoint(path: str | Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 from rich.console import Console
@@ -42,6 +43,21 @@ def _format(value: float) -> str:
     return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3f}"
 
 
+def keep_records_up_to(path: Path, step: int) -> None:
+    """Rewrite a metrics.jsonl with only its records of steps <= `step` (and no torn last line), atomically."""
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:  # a line cut short by a kill
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step:
+            kept.append(line + "\n")
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text("".join(kept), encoding="utf-8")
+    os.replace(temporary, path)
+
+
 class MetricsLogger:
     def __init__(
         self,
@@ -56,7 +72,10 @@ class MetricsLogger:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.console = console or Console(stderr=True)
-        self._jsonl = (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8")
+        path = self.run_dir / "metrics.jsonl"
+        if path.is_file():  # a resumed run: its steps after `start_step` are logged again
+            keep_records_up_to(path, start_step)
+        self._jsonl = path.open("a", encoding="utf-8")
         self._writer = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter

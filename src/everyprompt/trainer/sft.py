@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from everyprompt.config import LoggingConfig, SFTConfig
+from everyprompt.trainer.checkpoint import save_checkpoint
 from everyprompt.trainer.logprobs import check_packing, token_logprobs
 from everyprompt.trainer.metrics import MetricsLogger
 from everyprompt.trainer.optim import build_optimizer, build_scheduler
@@ -46,11 +47,14 @@ def run_sft(
     run_dir: str | Path,
     logging: LoggingConfig,
     pack_sequences: bool = True,
+    resume: dict | None = None,
 ) -> list[dict[str, float]]:
     """Train `sft.steps` steps on random batches of `rows` (each needs `prompt` and `solution`).
 
     With `pack_sequences` the forward pass packs each batch (see `token_logprobs`), after checking on
-    two rows that packing leaves this model's log-probs unchanged.
+    two rows that packing leaves this model's log-probs unchanged. Every `sft.checkpoint_every` steps
+    the model, optimizer, schedule and data order are saved as `checkpoints/sft_step_N`; `resume` (the
+    state of such a checkpoint, with `model` loaded from it) continues from there.
     """
     missing = [i for i, row in enumerate(rows) if not row.get("solution")]
     if missing:
@@ -60,13 +64,24 @@ def run_sft(
     rng = random.Random(seed)
     optimizer = build_optimizer(model, sft.lr, sft.weight_decay)
     scheduler = build_scheduler(optimizer, sft.warmup_steps, sft.steps, "cosine")
+    start = 0
+    if resume is not None:
+        start = resume["step"]
+        optimizer.load_state_dict(resume["optimizer"])
+        scheduler.load_state_dict(resume["scheduler"])
+        rng.setstate(_python_state(resume["data_rng"]))
     logger = MetricsLogger(
-        Path(run_dir) / "sft", sft.steps, "SFT", progress=logging.progress, tensorboard=logging.tensorboard
+        Path(run_dir) / "sft",
+        sft.steps,
+        "SFT",
+        start_step=start,
+        progress=logging.progress,
+        tensorboard=logging.tensorboard,
     )
     model.train()
     history = []
     try:
-        for step in range(1, sft.steps + 1):
+        for step in range(start + 1, sft.steps + 1):
             started = time.perf_counter()
             input_ids, mask, lengths = sft_batch(tokenizer, rng.sample(rows, min(sft.batch_size, len(rows))))
             logp, _ = token_logprobs(
@@ -86,6 +101,22 @@ def run_sft(
             }
             logger.log(step, metrics)
             history.append(metrics)
+            if sft.checkpoint_every and step % sft.checkpoint_every == 0 and step < sft.steps:
+                state = {
+                    "step": step,
+                    "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(),
+                    "data_rng": rng.getstate(),
+                }
+                save_checkpoint(
+                    run_dir, f"sft_step_{step}", model, tokenizer, state, keep_last=1, latest=False
+                )
     finally:
         logger.close()
     return history
+
+
+def _python_state(state) -> tuple:
+    """random.Random state back from a checkpoint (which stores its tuple as lists)."""
+    version, internal, gauss = state
+    return version, tuple(internal), gauss

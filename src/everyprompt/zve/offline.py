@@ -30,6 +30,14 @@ class PassRateEstimate:
     mean_length: list[float]  # per prompt: mean completion length (tokens)
     errors: int  # reward-function failures (scored None)
 
+    def records(self, rows: list[dict]) -> list[tuple[str, int, int, float]]:
+        """(prompt, attempts, successes, mean length) of every scored prompt: what the store records."""
+        return [
+            (row["prompt"], self.attempts[i], self.successes[i], self.mean_length[i])
+            for i, row in enumerate(rows)
+            if self.attempts[i]
+        ]
+
     def rate(self, index: int) -> float | None:
         return self.successes[index] / self.attempts[index] if self.attempts[index] else None
 
@@ -131,12 +139,5 @@ def run_offline_filter(model, tokenizer, rows: list[dict], config, store=None):
             progress=advance,
         )
     if store is not None:
-        store.record(
-            [
-                (row["prompt"], estimate.attempts[i], estimate.successes[i], estimate.mean_length[i])
-                for i, row in enumerate(rows)
-                if estimate.attempts[i]
-            ],
-            step=-1,
-        )
+        store.record(estimate.records(rows), step=-1)
     return estimate, filter_by_pass_rate(estimate, rules.low, rules.high)
