@@ -315,6 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from everyprompt.data import DataError
     from everyprompt.models.io import ModelError
+    from everyprompt.processes import StopRequested
     from everyprompt.report import ReportError
     from everyprompt.rewards import RewardError
     from everyprompt.rollout import UnsupportedModelError
@@ -338,6 +339,9 @@ def main(argv: list[str] | None = None) -> int:
     except NumericsError as err:  # not the user's input: the run itself went wrong
         print(f"everyprompt: {err}", file=sys.stderr)
         return EXIT_FAILURE
+    except StopRequested as err:  # SIGINT / SIGTERM: stopped cleanly after a checkpoint
+        print(f"everyprompt: {err}", file=sys.stderr)
+        return err.exit_code
     return EXIT_USAGE
 
 

@@ -33,3 +33,46 @@ def _watch_parent(parent_pid: int, poll_s: float) -> None:
     while os.getppid() == parent_pid:
         time.sleep(poll_s)
     os._exit(1)
+
+
+class StopRequested(Exception):  # noqa: N818  (a request, not an error)
+    """SIGINT or SIGTERM asked the run to stop; it stopped cleanly after a checkpoint."""
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(message)
+        self.signum = signum
+        self.exit_code = 128 + signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
+
+
+class GracefulStop:
+    """Within it, the first SIGINT / SIGTERM only sets `signum`: the loop finishes its step, writes a
+    checkpoint and raises StopRequested. A second signal stops at once (KeyboardInterrupt / SystemExit)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def _handle(self, signum, _frame) -> None:
+        if self.signum is not None:  # asked twice: do not wait for the step
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise SystemExit(128 + signum)
+        self.signum = signum
+        print(
+            f"\n{signal.Signals(signum).name}: stopping after this step (a checkpoint is written); "
+            "send it again to stop at once",
+            file=sys.stderr,
+        )
+
+    def __enter__(self) -> GracefulStop:
+        if threading.current_thread() is threading.main_thread():  # only the main thread may set handlers
+            for signum in self.SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue
+import signal
 import sys
 import threading
 import time
@@ -34,6 +35,7 @@ from everyprompt.rewards.base import RewardFailure, get_reward, reward_columns, 
 def _serve(conn: Connection, fn: Callable, parent_pid: int) -> None:
     """Worker loop: (key, completion, row) in, (key, (reward, components), failures) out."""
     die_with_parent(parent_pid)  # a killed run leaves no reward worker behind
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the run decides
     if "torch" in sys.modules:
         # torch's intra-op thread pool does not survive fork: a forked child that runs a parallel op
         # with the parent's thread count hangs (seen with torch 2.13). One thread per worker, as

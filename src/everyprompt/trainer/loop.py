@@ -14,6 +14,7 @@ checkpoints (both sides' state, the RNG streams and the model, written atomicall
 from __future__ import annotations
 
 import random
+import signal
 import time
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import torch
 
 from everyprompt.config import Config
 from everyprompt.data.passrate import PassRateStore
+from everyprompt.processes import GracefulStop, StopRequested
 from everyprompt.trainer.checkpoint import save_checkpoint
 from everyprompt.trainer.learner import Learner, NumericsError
 from everyprompt.trainer.metrics import MetricsLogger
@@ -129,7 +131,8 @@ class RLTrainer:
         return self.step >= self.rl.steps or (budget is not None and self.rollouts_total >= budget)
 
     def train(self, evaluate_fn=None) -> list[dict[str, float]]:
-        """Run until finished; checkpoint every `checkpoint.every` steps and at the end."""
+        """Run until finished; checkpoint every `checkpoint.every` steps and at the end. SIGINT / SIGTERM
+        end the current step, write a checkpoint and raise StopRequested (exit 130 / 143)."""
         logger = MetricsLogger(
             self.run_dir,
             self.rl.steps,
@@ -140,22 +143,37 @@ class RLTrainer:
         )
         history = []
         try:
-            while not self.finished:
-                started = time.perf_counter()
-                try:
-                    metrics = self.train_step()
-                except NumericsError as err:
-                    raise NumericsError(f"{err}. The last good state is {self._last_checkpoint()}") from None
-                every = self.config.eval.every
-                if evaluate_fn is not None and every and self.step % every == 0 and not self.finished:
-                    metrics.update({f"eval/{k}": v for k, v in evaluate_fn(self.engine).items()})
-                metrics["time/step_s"] = time.perf_counter() - started
-                logger.log(self.step, metrics)
-                history.append(metrics)
-                if self.config.checkpoint.every and self.step % self.config.checkpoint.every == 0:
+            with GracefulStop() as stop:
+                while not self.finished:
+                    history.append(self._step(logger, evaluate_fn))
+                    if self.config.checkpoint.every and self.step % self.config.checkpoint.every == 0:
+                        self.save()
+                    if stop.signum is not None:
+                        self._stop(stop.signum)
+                if not (self.run_dir / "checkpoints" / f"step_{self.step}").is_dir():
                     self.save()
-            if not (self.run_dir / "checkpoints" / f"step_{self.step}").is_dir():
-                self.save()
         finally:
             logger.close()
         return history
+
+    def _step(self, logger: MetricsLogger, evaluate_fn) -> dict[str, float]:
+        started = time.perf_counter()
+        try:
+            metrics = self.train_step()
+        except NumericsError as err:
+            raise NumericsError(f"{err}. The last good state is {self._last_checkpoint()}") from None
+        every = self.config.eval.every
+        if evaluate_fn is not None and every and self.step % every == 0 and not self.finished:
+            metrics.update({f"eval/{k}": v for k, v in evaluate_fn(self.engine).items()})
+        metrics["time/step_s"] = time.perf_counter() - started
+        logger.log(self.step, metrics)
+        return metrics
+
+    def _stop(self, signum: int) -> None:
+        if not (self.run_dir / "checkpoints" / f"step_{self.step}").is_dir():
+            self.save()
+        raise StopRequested(
+            signum,
+            f"stopped by {signal.Signals(signum).name} after RL step {self.step}; checkpoint written; "
+            f"continue with: everyprompt train --resume {self.run_dir}",
+        )

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import random
+import signal
 import time
 from pathlib import Path
 
 import torch
 
 from everyprompt.config import LoggingConfig, SFTConfig
+from everyprompt.processes import GracefulStop, StopRequested
 from everyprompt.trainer.checkpoint import save_checkpoint
 from everyprompt.trainer.logprobs import check_packing, token_logprobs
 from everyprompt.trainer.metrics import MetricsLogger
@@ -81,39 +83,55 @@ def run_sft(
     model.train()
     history = []
     try:
-        for step in range(start + 1, sft.steps + 1):
-            started = time.perf_counter()
-            input_ids, mask, lengths = sft_batch(tokenizer, rng.sample(rows, min(sft.batch_size, len(rows))))
-            logp, _ = token_logprobs(
-                model, input_ids, lengths=lengths if pack_sequences else None, pad_id=tokenizer.pad_token_id
-            )
-            loss = -(logp * mask).sum() / mask.sum()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            scheduler.step()
-            metrics = {
-                "sft/loss": float(loss.detach()),
-                "sft/grad_norm": float(grad_norm),
-                "sft/lr": scheduler.get_last_lr()[0],
-                "time/step_s": time.perf_counter() - started,
-            }
-            logger.log(step, metrics)
-            history.append(metrics)
-            if sft.checkpoint_every and step % sft.checkpoint_every == 0 and step < sft.steps:
-                state = {
-                    "step": step,
-                    "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(),
-                    "data_rng": rng.getstate(),
-                }
-                save_checkpoint(
-                    run_dir, f"sft_step_{step}", model, tokenizer, state, keep_last=1, latest=False
-                )
+        with GracefulStop() as stop:
+            for step in range(start + 1, sft.steps + 1):
+                started = time.perf_counter()
+                batch = rng.sample(rows, min(sft.batch_size, len(rows)))
+                metrics = _sft_step(model, tokenizer, batch, optimizer, scheduler, pack_sequences)
+                metrics["time/step_s"] = time.perf_counter() - started
+                logger.log(step, metrics)
+                history.append(metrics)
+                stopping = stop.signum is not None and step < sft.steps
+                if stopping or (
+                    sft.checkpoint_every and step % sft.checkpoint_every == 0 and step < sft.steps
+                ):
+                    state = {
+                        "step": step,
+                        "optimizer": optimizer.state_dict(),
+                        "scheduler": scheduler.state_dict(),
+                        "data_rng": rng.getstate(),
+                    }
+                    save_checkpoint(
+                        run_dir, f"sft_step_{step}", model, tokenizer, state, keep_last=1, latest=False
+                    )
+                if stopping:
+                    raise StopRequested(
+                        stop.signum,
+                        f"stopped by {signal.Signals(stop.signum).name} after SFT step {step}; checkpoint "
+                        f"written; continue with: everyprompt train --resume {run_dir}",
+                    )
     finally:
         logger.close()
     return history
+
+
+def _sft_step(model, tokenizer, rows, optimizer, scheduler, pack_sequences: bool) -> dict[str, float]:
+    """One next-token step on the worked solutions of `rows`."""
+    input_ids, mask, lengths = sft_batch(tokenizer, rows)
+    logp, _ = token_logprobs(
+        model, input_ids, lengths=lengths if pack_sequences else None, pad_id=tokenizer.pad_token_id
+    )
+    loss = -(logp * mask).sum() / mask.sum()
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    scheduler.step()
+    return {
+        "sft/loss": float(loss.detach()),
+        "sft/grad_norm": float(grad_norm),
+        "sft/lr": scheduler.get_last_lr()[0],
+    }
 
 
 def _python_state(state) -> tuple:
