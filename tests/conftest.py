@@ -54,3 +54,13 @@ def tiny_model():
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.2)
     model.eval()
     return model, tokenizer
+
+
+# property tests: a quick default for `make test`; HYPOTHESIS_PROFILE=thorough for 1000+ examples a property
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+settings.register_profile("default", max_examples=100, deadline=None)
+settings.register_profile(
+    "thorough", max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile(__import__("os").environ.get("HYPOTHESIS_PROFILE", "default"))

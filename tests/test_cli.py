@@ -121,3 +121,25 @@ def test_overrides_may_follow_the_options(capsys):
     assert exit_info.value.code == 2
     with pytest.raises(SystemExit):
         main(["score", "x.jsonl", "rl.steps=3"])  # score takes no config overrides
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["score", "{missing}"],
+        ["score", "{binary}"],
+        ["eval", "{missing}"],
+        ["filter", "{missing}", "--model", "{missing}"],
+        ["train", "{missing}.yaml"],
+        ["train", "--resume", "{missing}"],
+        ["report", "{missing}"],
+    ],
+)
+def test_every_command_given_a_missing_or_unreadable_file_exits_2_naming_it(tmp_path, capsys, argv):
+    (tmp_path / "binary.jsonl").write_bytes(b'{"completion": "1", "answer": "1"}\n\xff\xfe\n')
+    names = {"missing": str(tmp_path / "missing.jsonl"), "binary": str(tmp_path / "binary.jsonl")}
+    args = [a.format(**names) for a in argv]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    named = names["binary"] + ":2" if "{binary}" in argv else names["missing"]
+    assert err.startswith("everyprompt: ") and named in err and "Traceback" not in err

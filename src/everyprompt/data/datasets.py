@@ -24,24 +24,34 @@ def read_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> list[dict]:
     """Rows of a JSONL file; a malformed line raises DataError naming the file and the line number."""
     path = Path(path)
     rows = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataError(
-                    f"{path}:{number}: not valid JSON ({err.msg} at column {err.colno})"
-                ) from None
-            rows.append(_check_row(row, f"{path}:{number}", required))
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise DataError(f"{path}: cannot be read ({err.strerror or err})") from None
+    for number, data in enumerate(raw.split(b"\n"), start=1):
+        try:
+            line = data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise DataError(f"{path}:{number}: not UTF-8 text (byte {err.start + 1} of the line)") from None
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except (json.JSONDecodeError, RecursionError) as err:
+            why = f"{err.msg} at column {err.colno}" if isinstance(err, json.JSONDecodeError) else "nested too deep"
+            raise DataError(f"{path}:{number}: not valid JSON ({why})") from None
+        rows.append(_check_row(row, f"{path}:{number}", required))
     return rows
 
 
 def read_parquet(path: str | Path, required: tuple[str, ...] = ()) -> list[dict]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pq.read_table(path)
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as err:
+        raise DataError(f"{path}: not a readable Parquet file ({err})") from None
     missing = [f for f in required if f not in table.column_names]
     if missing:
         raise DataError(f"{path}: missing column(s) {missing}; the file has {table.column_names}")
