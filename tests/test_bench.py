@@ -216,3 +216,18 @@ def test_inversion_bench_smoke(tmp_path, capsys):
     # group normalisation blows any scalar noise up to |A| ~ 0.8 on equal-quality groups
     assert rows["scalar RM, noise sd 0.05"]["equal_quality_mean_abs_advantage"] > 0.5
     assert "Advantage sign vs true quality" in capsys.readouterr().out
+
+
+def test_chaos_parameter_difference_by_hand(tmp_path):
+    import subprocess
+    import sys
+
+    import torch
+
+    bench = _load("chaos")
+    a = {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([0.5])}
+    assert bench.max_difference(a, {"w": torch.tensor([1.0, 2.25]), "b": torch.tensor([0.0])}) == 0.5
+    assert bench.max_difference(a, {"w": torch.tensor([1.0, 2.0])}) == float("inf")  # a tensor missing
+    # a process that ends before its phase begins is not killed
+    quick = subprocess.Popen([sys.executable, "-c", "pass"])
+    assert bench.kill_at(quick, tmp_path, "rl", 0.0) == {"killed": False, "phase": "rl", "leftover": 0}

@@ -11,33 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from everyprompt.processes import descendants, is_alive
 from tests.conftest import TINY_OVERRIDES
-
-
-def children(pid: int) -> set[int]:
-    """Every live process whose parent chain leads to `pid` (read from /proc)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] != "Z":  # a zombie has already ended
-                parents[int(entry.name)] = int(fields[1])
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {p for p, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the process tree from /proc")
@@ -54,15 +29,15 @@ def test_a_run_killed_during_rl_leaves_no_reward_worker(tmp_path):
         while not (metrics.is_file() and metrics.read_text().count("\n") >= 1):  # RL is under way
             assert run.poll() is None and time.monotonic() < deadline, "the run ended or never reached RL"
             time.sleep(0.2)
-        workers = children(run.pid)
+        workers = descendants(run.pid)
         assert len(workers) >= 2  # the two reward workers (and any helper they started)
     finally:
         os.kill(run.pid, signal.SIGKILL)
         run.wait()
     deadline = time.monotonic() + 5
-    while any(alive(p) for p in workers) and time.monotonic() < deadline:
+    while any(is_alive(p) for p in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
-    left = [p for p in workers if alive(p)]
+    left = [p for p in workers if is_alive(p)]
     for pid in left:  # do not leave them to the next test either
         os.kill(pid, signal.SIGKILL)
     assert not left, f"processes left behind 5 s after the kill: {left}"

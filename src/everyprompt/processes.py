@@ -13,6 +13,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -76,3 +77,35 @@ class GracefulStop:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
+
+
+def _proc_table() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, state) of every process, from /proc (Linux)."""
+    table = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            table[int(entry.name)] = (int(fields[1]), fields[0])
+    return table
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process whose parent chain leads to `pid` (zombies, already ended, left out)."""
+    table = {p: parent for p, (parent, state) in _proc_table().items() if state != "Z"}
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, parent in table.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def is_alive(pid: int) -> bool:
+    """The process exists and has not ended (a zombie has)."""
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

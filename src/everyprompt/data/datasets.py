@@ -38,7 +38,11 @@ def read_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> list[dict]:
         try:
             row = json.loads(line)
         except (json.JSONDecodeError, RecursionError) as err:
-            why = f"{err.msg} at column {err.colno}" if isinstance(err, json.JSONDecodeError) else "nested too deep"
+            why = (
+                f"{err.msg} at column {err.colno}"
+                if isinstance(err, json.JSONDecodeError)
+                else "nested too deep"
+            )
             raise DataError(f"{path}:{number}: not valid JSON ({why})") from None
         rows.append(_check_row(row, f"{path}:{number}", required))
     return rows
