@@ -2,8 +2,10 @@
 
 Each run is a short config (SFT warm start with checkpoints, RL with zero-variance elimination and two
 reward worker processes) started as `everyprompt train` in its own process. It is killed with SIGKILL at a
-random instant of a chosen phase (SFT, RL, or while a checkpoint is being written: the moment a temporary
-checkpoint directory appears); every third run is killed a second time during its resume. Then
+random instant of a chosen phase (SFT, RL, or while an SFT or RL checkpoint is being written: the moment
+its temporary directory appears); every third run is killed a second time during its resume. Each kill
+records what the run had done (SFT and RL steps logged, a checkpoint being written) and how many child
+processes it had. Then
 `everyprompt train --resume` runs it to the end. Reported per run: whether it finished, the largest
 |parameter difference| of its final model to the uninterrupted run's, and how many of the killed
 processes' children were still alive 5 s after each kill.
@@ -34,10 +36,11 @@ from everyprompt.processes import descendants, is_alive  # noqa: E402
 
 CONFIG = [
     *TINY,
+    "data.num_train=2000",  # 40 RL steps with retirement need more prompts than the tiny set's 64
     "sft.steps=200",
     "sft.checkpoint_every=20",
-    "rl.steps=12",
-    "checkpoint.every=3",
+    "rl.steps=40",
+    "checkpoint.every=5",
     "zve.enabled=true",
     "zve.expansion.max_group_size=4",
     "rewards.workers=2",
@@ -45,7 +48,8 @@ CONFIG = [
     "logging.progress=false",
     "logging.tensorboard=false",
 ]
-PHASES = ("sft", "rl", "checkpoint")
+PHASES = ("sft", "rl", "sft_checkpoint", "rl_checkpoint")  # a checkpoint phase: while one is written
+WRITING = {"sft_checkpoint": ".tmp-sft_step_", "rl_checkpoint": ".tmp-step_"}
 
 
 def _command(run_dir: Path, resume: bool) -> list[str]:
@@ -63,14 +67,30 @@ def _lines(path: Path) -> int:
     return path.read_text().count("\n") if path.is_file() else 0
 
 
+def _writing(run_dir: Path, prefix: str) -> bool:
+    root = run_dir / "checkpoints"
+    try:
+        return any(p.name.startswith(prefix) for p in root.iterdir())
+    except OSError:
+        return False
+
+
 def _in_phase(run_dir: Path, phase: str) -> bool:
-    """Whether the run has reached `phase` (for a checkpoint: one is being written right now)."""
+    """Whether the run has reached `phase` (for a checkpoint phase: one is being written right now)."""
     if phase == "sft":
         return _lines(run_dir / "sft" / "metrics.jsonl") >= 1
     if phase == "rl":
         return _lines(run_dir / "metrics.jsonl") >= 1
-    root = run_dir / "checkpoints"
-    return root.is_dir() and any(p.name.startswith(".tmp-") for p in root.iterdir())
+    return _writing(run_dir, WRITING[phase])
+
+
+def _where(run_dir: Path) -> dict:
+    """What the run had done when it was killed: SFT and RL steps logged, a checkpoint being written."""
+    return {
+        "sft_steps": _lines(run_dir / "sft" / "metrics.jsonl"),
+        "rl_steps": _lines(run_dir / "metrics.jsonl"),
+        "writing_checkpoint": _writing(run_dir, ".tmp-"),
+    }
 
 
 def kill_at(process: subprocess.Popen, run_dir: Path, phase: str, delay: float) -> dict:
@@ -79,20 +99,21 @@ def kill_at(process: subprocess.Popen, run_dir: Path, phase: str, delay: float) 
     while not _in_phase(run_dir, phase):
         if process.poll() is not None:
             return {"killed": False, "phase": phase, "leftover": 0}
-        time.sleep(0.005 if phase == "checkpoint" else 0.05)
+        time.sleep(0.002 if phase in WRITING else 0.05)
     time.sleep(delay)
     children = descendants(process.pid)
     if process.poll() is not None:
         return {"killed": False, "phase": phase, "leftover": 0}
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
+    where = _where(run_dir)
     deadline = time.monotonic() + 5
     while any(is_alive(p) for p in children) and time.monotonic() < deadline:
         time.sleep(0.1)
     left = [p for p in children if is_alive(p)]
     for pid in left:  # reported, then cleaned up so that later runs are not disturbed
         os.kill(pid, signal.SIGKILL)
-    return {"killed": True, "phase": phase, "children": len(children), "leftover": len(left)}
+    return {"killed": True, "phase": phase, "at": where, "children": len(children), "leftover": len(left)}
 
 
 def final_parameters(run_dir: Path) -> dict:
@@ -111,10 +132,10 @@ def max_difference(a: dict, b: dict) -> float:
 def one_run(work: Path, index: int, rng: random.Random, reference: dict, durations: dict) -> dict:
     run_dir = work / f"run{index}"
     phase = PHASES[index % len(PHASES)]
-    kills = [kill_at(_start(run_dir, False), run_dir, phase, rng.uniform(0, durations[phase]))]
+    kills = [kill_at(_start(run_dir, False), run_dir, phase, rng.uniform(0, 0.8 * durations[phase]))]
     if index % 3 == 2:  # killed a second time, during its resume
-        again = rng.choice(PHASES[1:])
-        kills.append(kill_at(_start(run_dir, True), run_dir, again, rng.uniform(0, durations[again])))
+        again = rng.choice(("rl", "rl_checkpoint"))
+        kills.append(kill_at(_start(run_dir, True), run_dir, again, rng.uniform(0, 0.8 * durations[again])))
     resumed = _start(run_dir, True)
     code = resumed.wait(timeout=900)
     finished = code == 0 and (run_dir / "checkpoints" / "latest").exists()
@@ -144,7 +165,8 @@ def reference_run(work: Path) -> tuple[dict, dict]:
     if process.returncode != 0:
         raise SystemExit(f"the reference run failed (exit {process.returncode}); see {run_dir}.log")
     ended = time.perf_counter()
-    durations = {"sft": marks["rl"] - marks["sft"], "rl": ended - marks["rl"], "checkpoint": 0.0}
+    durations = {"sft": marks["rl"] - marks["sft"], "rl": ended - marks["rl"]}
+    durations.update({phase: 0.0 for phase in WRITING})
     print(f"reference run: {ended - began:.0f} s (SFT {durations['sft']:.0f} s, RL {durations['rl']:.0f} s)")
     return final_parameters(run_dir), durations
 
@@ -169,7 +191,11 @@ def main(argv: list[str] | None = None) -> int:
         row = one_run(work, index, rng, reference, durations)
         rows.append(row)
         phases = " then ".join(
-            k["phase"] + ("" if k["killed"] else " (finished first)") for k in row["kills"]
+            f"{k['phase']} (SFT step {k['at']['sft_steps']}, RL step {k['at']['rl_steps']}"
+            f"{', writing a checkpoint' if k['at']['writing_checkpoint'] else ''}; {k['children']} children)"
+            if k["killed"]
+            else f"{k['phase']} (finished first)"
+            for k in row["kills"]
         )
         print(
             f"run {index}: killed during {phases}; finished {row['finished']}, "

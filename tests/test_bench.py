@@ -231,3 +231,13 @@ def test_chaos_parameter_difference_by_hand(tmp_path):
     # a process that ends before its phase begins is not killed
     quick = subprocess.Popen([sys.executable, "-c", "pass"])
     assert bench.kill_at(quick, tmp_path, "rl", 0.0) == {"killed": False, "phase": "rl", "leftover": 0}
+
+
+@pytest.mark.slow
+def test_chaos_bench_kills_and_resumes(tmp_path):
+    """Two runs killed with SIGKILL (during SFT and during RL), resumed: equal to the uninterrupted run."""
+    bench = _load("chaos")
+    assert bench.main(["--runs", "2", "--out", str(tmp_path), "--work", str(tmp_path / "work")]) == 0
+    summary = json.loads((tmp_path / "chaos.json").read_text())["summary"]
+    assert summary["finished"] == 2 and summary["max_parameter_difference"] <= 1e-6
+    assert summary["leftover_processes"] == 0
