@@ -140,9 +140,8 @@ def cmd_filter(args) -> int:
     from everyprompt.data import load_prompt_file
     from everyprompt.data.passrate import PassRateStore
     from everyprompt.models.io import load_pretrained
-    from everyprompt.pipeline import Run
+    from everyprompt.pipeline import Run, run_offline_filter
     from everyprompt.trainer import resolve_checkpoint
-    from everyprompt.zve import run_offline_filter
 
     extra = [
         f"zve.filter.{key}={value}"

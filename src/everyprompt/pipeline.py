@@ -22,7 +22,8 @@ from everyprompt.evaluate import evaluate
 from everyprompt.models.experts import select_moe_kernel
 from everyprompt.models.io import load_model_and_tokenizer, load_pretrained
 from everyprompt.rewards import build_reward
-from everyprompt.rollout import check_engine
+from everyprompt.rewards.pool import RewardPool
+from everyprompt.rollout import SamplingParams, build_engine, check_engine
 from everyprompt.trainer import RLTrainer, run_sft, save_checkpoint
 from everyprompt.trainer.checkpoint import (
     CheckpointError,
@@ -34,7 +35,8 @@ from everyprompt.trainer.checkpoint import (
     verify_checkpoint,
     write_json_atomic,
 )
-from everyprompt.zve import run_offline_filter, seeded_sample
+from everyprompt.trainer.metrics import progress_bar
+from everyprompt.zve import estimate_pass_rates, filter_by_pass_rate, seeded_sample
 
 log = logging.getLogger(__name__)
 
@@ -318,3 +320,32 @@ def demo(config: Config, run_dir: str | Path | None = None, console: Console | N
         f"tensorboard/, checkpoints/); `everyprompt report {run.run_dir}` draws its curves"
     )
     return summary
+
+
+def run_offline_filter(model, tokenizer, rows: list[dict], config, store=None):
+    """ZVE stage 0 as `everyprompt filter` and the training pipeline run it: estimate, filter, record.
+
+    Samples with the config's rollout settings and reward; records every scored prompt in `store`
+    (when given) at step -1. Returns (PassRateEstimate, FilterResult).
+    """
+    rules, rollout = config.zve.filter, config.rollout
+    engine = build_engine(rollout, model, tokenizer)
+    params = SamplingParams(rollout.max_new_tokens, rollout.temperature, rollout.top_p)
+    with (
+        progress_bar(len(rows), "pass rates", enabled=config.logging.progress) as advance,
+        RewardPool(build_reward(config.rewards), config.rewards.workers, config.rewards.timeout_s) as pool,
+    ):
+        estimate = estimate_pass_rates(
+            engine,
+            tokenizer,
+            rows,
+            pool,
+            rules.samples,
+            params,
+            config.seed,
+            config.zve.correct_reward,
+            progress=advance,
+        )
+    if store is not None:
+        store.record(estimate.records(rows), step=-1)
+    return estimate, filter_by_pass_rate(estimate, rules.low, rules.high)

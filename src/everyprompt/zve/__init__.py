@@ -16,7 +16,6 @@ from everyprompt.zve.offline import (
     PassRateEstimate,
     estimate_pass_rates,
     filter_by_pass_rate,
-    run_offline_filter,
     seeded_sample,
 )
 from everyprompt.zve.stages import group_zero_variance, reshape_zero_variance, zero_variance_rate, zvp_signs
@@ -31,7 +30,6 @@ __all__ = [
     "filter_by_pass_rate",
     "group_zero_variance",
     "reshape_zero_variance",
-    "run_offline_filter",
     "seeded_sample",
     "zero_variance_rate",
     "zvp_signs",

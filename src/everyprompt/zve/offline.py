@@ -1,6 +1,7 @@
 """ZVE stage 0, the offline filter (docs/zve.md): estimate each prompt's pass rate with k samples of the
 starting policy, keep the prompts neither always solved nor never, and record the rates in the pass-rate
-store (`everyprompt filter`, or before RL with `zve.filter.enabled`).
+store (`everyprompt filter`, or before RL with `zve.filter.enabled`; `pipeline.run_offline_filter` runs it
+with a config's engine and reward).
 """
 
 from __future__ import annotations
@@ -10,10 +11,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from everyprompt.generation import sample_and_score
-from everyprompt.rewards import build_reward
 from everyprompt.rewards.pool import RewardPool
-from everyprompt.rollout import GenerationRequest, SamplingParams, build_engine, derive_seed
-from everyprompt.trainer.metrics import progress_bar
+from everyprompt.rollout import GenerationRequest, derive_seed
 
 
 def seeded_sample(indices: Sequence[int], count: int | None, seed: int) -> list[int]:
@@ -112,32 +111,3 @@ def filter_by_pass_rate(estimate: PassRateEstimate, low: float = 0.0, high: floa
         else:
             kept.append(index)
     return FilterResult(kept, too_easy, too_hard, unscored, dict(sorted(histogram.items())))
-
-
-def run_offline_filter(model, tokenizer, rows: list[dict], config, store=None):
-    """Stage 0 as `everyprompt filter` and the training pipeline run it: estimate, filter, record.
-
-    Samples with the config's rollout settings and reward; records every scored prompt in `store`
-    (when given) at step -1. Returns (PassRateEstimate, FilterResult).
-    """
-    rules, rollout = config.zve.filter, config.rollout
-    engine = build_engine(rollout, model, tokenizer)
-    params = SamplingParams(rollout.max_new_tokens, rollout.temperature, rollout.top_p)
-    with (
-        progress_bar(len(rows), "pass rates", enabled=config.logging.progress) as advance,
-        RewardPool(build_reward(config.rewards), config.rewards.workers, config.rewards.timeout_s) as pool,
-    ):
-        estimate = estimate_pass_rates(
-            engine,
-            tokenizer,
-            rows,
-            pool,
-            rules.samples,
-            params,
-            config.seed,
-            config.zve.correct_reward,
-            progress=advance,
-        )
-    if store is not None:
-        store.record(estimate.records(rows), step=-1)
-    return estimate, filter_by_pass_rate(estimate, rules.low, rules.high)
