@@ -56,6 +56,12 @@ TINY = [
 ]
 
 
+def repo_path(path) -> str:
+    """`path` relative to the repository when it lies inside it (results JSON name no machine paths)."""
+    path = Path(path).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def nan_mean(values) -> float:
     """Mean of the values that are not NaN (NaN if none is)."""
     values = [v for v in values if v == v]
@@ -137,7 +143,7 @@ def run_one(job: dict) -> dict:
         "espo": {key: nan_mean(values) for key, values in per_step.items() if key.startswith("espo/")},
         "per_step": per_step,
         "wall_seconds": wall,
-        "run_dir": str(job["run_dir"]),
+        "run_dir": repo_path(job["run_dir"]),
     }
 
 
@@ -277,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
             result["evals"].insert(0, {**results[0]["evals"][0]})
     payload = {
         "benchmark": "algorithms",
-        "sft_checkpoint": str(sft_dir),
+        "sft_checkpoint": repo_path(sft_dir),
         "sft_seed": args.sft_seed,
         "steps": args.steps,
         "seeds": args.seeds,

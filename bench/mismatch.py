@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 sys.path.insert(0, str(ROOT / "bench"))
 
-from algorithms import TINY, nan_mean, prepare_sft  # noqa: E402
+from algorithms import TINY, nan_mean, prepare_sft, repo_path  # noqa: E402
 from everyprompt.models.replay import same_expert_sets  # noqa: E402
 
 KEYS = (
@@ -461,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
             cells.append(cell)
     payload = {
         "benchmark": "mismatch",
-        "sft_checkpoint": str(sft_dir),
+        "sft_checkpoint": repo_path(sft_dir),
         "batches": args.batches,
         "seed": seed,
         "cells": cells,

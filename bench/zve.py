@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 sys.path.insert(0, str(ROOT / "bench"))
 
-from algorithms import TINY, accuracy_cells, nan_mean, prepare_sft, run_jobs  # noqa: E402  (shared bench helpers)
+from algorithms import TINY, accuracy_cells, nan_mean, prepare_sft, repo_path, run_jobs  # noqa: E402  (shared bench helpers)
 
 ZVE_ONLINE = [
     "zve.enabled=true",
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     results = run_jobs(run_one, jobs, args.workers, console)
     payload = {
         "benchmark": "zve",
-        "sft_checkpoint": str(sft_dir),
+        "sft_checkpoint": repo_path(sft_dir),
         "sft_greedy_accuracy": start,
         "budget": args.budget,
         "seeds": args.seeds,
