@@ -257,10 +257,6 @@ class Run:
         )
 
 
-def has_rl_checkpoint(run_dir: str | Path) -> bool:
-    return (checkpoint_root(run_dir) / "latest").exists()
-
-
 def train(config: Config, run_dir: str | Path | None = None, resume: bool = False) -> RLTrainer:
     """SFT warm start (if configured), then RL; returns the trainer after its last step."""
     run = Run(config, run_dir)

@@ -446,3 +446,29 @@ def test_a_run_whose_updates_stay_non_finite_stops_and_names_its_last_checkpoint
     err = capsys.readouterr().err
     assert "2 updates in a row were skipped" in err and "Traceback" not in err
     assert f"last good state is {(tmp_path / 'checkpoints' / 'step_2').resolve()}" in err
+
+
+def test_batch_select_keeps_rows_and_renumbers_groups():
+    batch = RolloutBatch(
+        prompt_ids=[[1], [1], [2], [2], [3], [3]],
+        completion_ids=[[4], [5], [6], [7], [8], [9]],
+        rollout_logprobs=[torch.tensor([float(-i)]) for i in range(6)],
+        finish_reason=["eos", "length"] * 3,
+        group_index=torch.tensor([0, 0, 1, 1, 2, 2]),
+        prompt_index=[7, 7, 8, 8, 9, 9],
+        rewards=torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0]),
+        reward_components={"exact": torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0])},
+        max_new_tokens=5,
+    )
+    kept = batch.select([0, 1, 4, 5])  # group 1 dropped: group 2 becomes group 1
+    assert kept.group_index.tolist() == [0, 0, 1, 1] and kept.prompt_index == [7, 7, 9, 9]
+    assert kept.completion_ids == [[4], [5], [8], [9]] and kept.finish_reason == ["eos", "length"] * 2
+    assert kept.rewards.tolist() == [1.0, 0.0, 0.0, 1.0] and kept.reward_components["exact"].tolist() == [
+        1,
+        0,
+        0,
+        1,
+    ]
+    assert [float(x) for x in kept.rollout_logprobs] == [0.0, -1.0, -4.0, -5.0]
+    assert kept.completion_text == [] and kept.routed_experts is None and kept.max_new_tokens == 5
+    assert len(batch) == 6  # the original is left as it was

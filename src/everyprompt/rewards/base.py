@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import logging
 import math
 import traceback
 from collections.abc import Callable
@@ -12,7 +11,6 @@ from typing import Any
 
 RewardFunction = Callable[..., list]
 _REGISTRY: dict[str, RewardFunction] = {}
-log = logging.getLogger(__name__)
 
 
 class RewardError(ValueError):

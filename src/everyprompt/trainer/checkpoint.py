@@ -134,15 +134,23 @@ def _prune(root: Path, prefix: str, keep_last: int) -> None:
             shutil.rmtree(path)
 
 
-def newest_complete(root: Path, prefix: str) -> Path | None:
-    """The newest `<prefix>N` checkpoint that verifies (damaged ones are named in a warning)."""
+def _newest_complete(root: Path, prefix: str) -> tuple[Path | None, list[str]]:
+    """The newest `<prefix>N` checkpoint that verifies, and what was wrong with the newer ones (each
+    also named in a warning)."""
+    problems = []
     for candidate in reversed(step_checkpoints(root, prefix)):
         try:
             verify_checkpoint(candidate)
-            return candidate
+            return candidate, problems
         except CheckpointError as err:
+            problems.append(str(err))
             log.warning("not resuming from %s: %s", candidate.name, err)
-    return None
+    return None, problems
+
+
+def newest_complete(root: Path, prefix: str) -> Path | None:
+    """The newest `<prefix>N` checkpoint that verifies (damaged ones are named in a warning)."""
+    return _newest_complete(root, prefix)[0]
 
 
 def verify_checkpoint(path: str | Path) -> None:
@@ -167,26 +175,16 @@ def verify_checkpoint(path: str | Path) -> None:
 
 
 def latest_complete_checkpoint(run_dir: str | Path) -> Path:
-    """The checkpoint a resume starts from: `latest` if it verifies, else the newest `step_N` that does
-    (with a warning naming what was damaged); CheckpointError if none does."""
+    """The checkpoint a resume starts from: the newest `step_N` that verifies (`latest` points to it unless
+    the run died between writing it and moving the link); CheckpointError if none does."""
     root = checkpoint_root(run_dir)
-    candidates = []
-    if (root / "latest").exists():
-        candidates.append((root / "latest").resolve())
-    candidates += [p for p in reversed(step_checkpoints(root)) if p.resolve() not in candidates]
-    problems = []
-    for candidate in candidates:
-        try:
-            verify_checkpoint(candidate)
-        except CheckpointError as err:
-            problems.append(str(err))
-            log.warning("not resuming from %s: %s", candidate.name, err)
-            continue
-        if problems:
-            log.warning("resuming from %s, the newest complete checkpoint", candidate)
-        return candidate
-    found = "; ".join(problems) if problems else "none was written"
-    raise CheckpointError(f"{root}: no complete checkpoint to resume from ({found})")
+    found, problems = _newest_complete(root, "step_")
+    if found is None:
+        why = "; ".join(problems) if problems else "none was written"
+        raise CheckpointError(f"{root}: no complete checkpoint to resume from ({why})")
+    if problems:
+        log.warning("resuming from %s, the newest complete checkpoint", found)
+    return found
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
