@@ -84,13 +84,15 @@ class SFTConfig(Section):
 
 class RolloutConfig(Section):
     engine: str = Field(
-        "native",
-        description="Rollout engine (registered name; `native`: own decode path for Qwen3 / Qwen3-MoE).",
+        "auto",
+        description="Rollout engine: `native` (own decode path, the fast one; families in docs/models.md), "
+        "`hf` (any transformers causal LM through its own forward), or `auto` (native where it runs the "
+        "model, else hf; the choice is logged).",
     )
     precision: Literal["fp32", "bf16", "fp8"] = Field(
         "fp32",
-        description="Rollout engine arithmetic: fp32, bf16, or fp8 (e4m3 projection weights with "
-        "per-output-channel scales, re-quantised at every weight sync).",
+        description="Rollout engine arithmetic: fp32, bf16, or fp8 (native engine only: e4m3 projection "
+        "weights with per-output-channel scales, re-quantised at every weight sync).",
     )
     max_new_tokens: int = Field(64, gt=0, description="Completion length cap (tokens).")
     temperature: float = Field(
@@ -111,10 +113,10 @@ class RolloutConfig(Section):
 
 
 def _known_engine(name: str) -> str:
-    from everyprompt.rollout import registered_engines
+    from everyprompt.rollout import engine_choices
 
-    if name not in registered_engines():
-        raise ValueError(f"expected one of {', '.join(registered_engines())}")
+    if name not in engine_choices():
+        raise ValueError(f"expected one of {', '.join(engine_choices())}")
     return name
 
 
@@ -141,7 +143,7 @@ class GenRMConfig(Section):
     greedy: bool = Field(True, description="Greedy judging (else sampled at `temperature`).")
     temperature: float = Field(1.0, gt=0, description="Judge sampling temperature when not greedy.")
     batch_size: int = Field(64, gt=0, description="Judge engine slots.")
-    engine: str = Field("native", description="Rollout engine that decodes the judge (registered name).")
+    engine: str = Field("auto", description="Rollout engine that decodes the judge (as `rollout.engine`).")
     log_every: int = Field(
         16,
         ge=0,

@@ -121,7 +121,7 @@ class Run:
         else:
             model, tokenizer = load_model_and_tokenizer(self.config.model, self.config.seed)
             resume = None
-        check_engine(self.config.rollout.engine, model.config)  # before any training, not after SFT
+        self.announce_engine(model.config)  # before any training: a model no engine runs stops here
         select_moe_kernel(model, kernel)
         if self.config.sft.steps:
             run_sft(
@@ -139,6 +139,19 @@ class Run:
             for stale in step_checkpoints(root, "sft_step_"):
                 shutil.rmtree(stale)
         return model, tokenizer
+
+    def announce_engine(self, model_config) -> str:
+        """The engine that will decode this model (UnsupportedModelError if the configured one cannot),
+        printed once with why when `auto` chose it."""
+        configured = self.config.rollout.engine
+        engine = check_engine(configured, model_config)
+        how = (
+            f"auto: the fastest engine for {model_config.model_type}"
+            if configured == "auto"
+            else "configured"
+        )
+        self.console.print(f"rollout engine: {engine} ({how})")
+        return engine
 
     def trainer(self, resume: bool = False) -> RLTrainer:
         """The RL trainer of this run. With `resume`, whichever phase was cut short continues: RL from its

@@ -24,17 +24,18 @@ def test_build_engine_makes_the_configured_engine(tiny_model):
     engine = build_engine(RolloutConfig(batch_size=3, precision="bf16"), model, tokenizer)
     assert isinstance(engine, NativeEngine) and engine.batch_size == 3 and engine.precision == "bf16"
     assert engine.can_record_routes and engine.stats == {}
-    assert "native" in registered_engines() and engines_for("qwen3_moe") == ["native"]
+    assert registered_engines() == ["hf", "native"] and engines_for(model.config) == ["native", "hf"]
 
 
 def test_an_unknown_engine_is_a_config_error():
-    with pytest.raises(ConfigError, match=r"rollout.engine.*expected one of native.*got 'vllm'"):
+    with pytest.raises(ConfigError, match=r"rollout.engine.*expected one of auto, hf, native.*got 'vllm'"):
         tiny_config("rollout.engine=vllm")
 
 
 def test_an_engine_name_registers_once():
-    with pytest.raises(ValueError, match="already registered"):
-        register_engine("native")(object)
+    for taken in ("native", "auto"):
+        with pytest.raises(ValueError, match="already registered"):
+            register_engine(taken)(object)
 
 
 def test_a_model_the_engine_cannot_run_is_named_with_the_engines_that_could(tiny_model):
@@ -42,11 +43,12 @@ def test_a_model_the_engine_cannot_run_is_named_with_the_engines_that_could(tiny
     model.config.model_type = "gpt2"
     with pytest.raises(
         UnsupportedModelError,
-        match=r"rollout.engine=native cannot run model_type 'gpt2'.*no registered engine can",
+        match=r"rollout.engine=native cannot run this gpt2 model: .*not 'gpt2'; set rollout.engine=hf \(or auto\)",
     ):
         check_engine("native", model.config)
     with pytest.raises(UnsupportedModelError, match="'gpt2'"):
-        build_engine(RolloutConfig(), model, tokenizer)
+        build_engine(RolloutConfig(engine="native"), model, tokenizer)
+    assert check_engine("auto", model.config) == "hf"
 
 
 def test_train_refuses_an_unsupported_model_before_any_sft_step(tmp_path, tiny_model, capsys):
@@ -61,8 +63,10 @@ def test_train_refuses_an_unsupported_model_before_any_sft_step(tmp_path, tiny_m
     tokenizer.save_pretrained(checkpoint)
     capsys.readouterr()
     run = tmp_path / "run"
-    code = main(["train", *TINY_OVERRIDES, f"model.path={checkpoint}", "--run-dir", str(run)])
+    code = main(
+        ["train", *TINY_OVERRIDES, f"model.path={checkpoint}", "rollout.engine=native", "--run-dir", str(run)]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "Traceback" not in err[0]
-    assert "cannot run model_type 'gpt2'" in err[0]
+    assert "rollout.engine=native cannot run this gpt2 model" in err[0]
     assert not (run / "sft").exists() and not (run / "checkpoints").exists()  # refused before SFT

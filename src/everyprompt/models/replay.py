@@ -1,17 +1,20 @@
 """Router record and replay for transformers' mixture-of-experts routers (docs/algorithms.md).
 
 A replayed router uses given top-k expert indices instead of its own, while its gate weights are
-recomputed from the live router logits over those experts (softmax, then the model's own top-k
-renormalisation), so the router keeps its gradient. Index -1 in a row means "no route given": that token
-keeps the router's own choice (the last token of a sequence, padding).
+recomputed from the live router logits over those experts by the router's own gate function (softmax
+then optional renormalisation for Qwen / Mixtral / OLMoE; sigmoid, renormalisation and scaling for
+DeepSeek-V3; softmax over the chosen logits for GPT-OSS), so the router keeps its gradient. Index -1 in a
+row means "no route given": that token keeps the router's own choice (the last token of a sequence,
+padding).
 
-The hook sits on the router module's output `(router_logits, scores, indices)`, the interface shared by
-the routers below; an unknown router is an error naming the architecture, not a silent no-op.
+The hook sits on the router module's output `(router_logits, gate_weights, indices)`, the interface
+shared by transformers' routers; each router class is registered with its gate function in `GATES`, and
+an unknown router is an error naming the architecture, not a silent no-op.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -22,9 +25,41 @@ class ReplayError(ValueError):
     """Replay asked of a model it cannot serve, or given indices that do not fit."""
 
 
-# routers whose forward returns (logits, scores, indices); their gate weights are renormalised over the
-# top-k when `norm_topk_prob` says so (Mixtral's router has no such switch and always renormalises)
-_ROUTERS = ("Qwen3MoeTopKRouter", "Qwen2MoeTopKRouter", "OlmoeTopKRouter", "MixtralTopKRouter")
+GateFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def softmax_gates(router: nn.Module, logits: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """Softmax over all experts, taken at the chosen ones, renormalised over them when the router's
+    `norm_topk_prob` says so (Mixtral's router has no such switch and always renormalises)."""
+    weights = torch.softmax(logits.float(), dim=-1).gather(-1, chosen)
+    if getattr(router, "norm_topk_prob", True):
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights
+
+
+def sigmoid_gates(router: nn.Module, logits: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """DeepSeek-V3: sigmoid scores at the chosen experts (the score-correction bias only steers the
+    choice, never the weights), renormalised when `norm_topk_prob`, times `routed_scaling_factor`."""
+    weights = torch.sigmoid(logits.float()).gather(-1, chosen)
+    if router.norm_topk_prob:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * router.routed_scaling_factor
+
+
+def chosen_softmax_gates(_router: nn.Module, logits: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """GPT-OSS: softmax over the chosen experts' logits alone."""
+    return torch.softmax(logits.float().gather(-1, chosen), dim=-1)
+
+
+# router class name -> how its gate weights follow from its logits and chosen experts
+GATES: dict[str, GateFn] = {
+    "Qwen3MoeTopKRouter": softmax_gates,
+    "Qwen2MoeTopKRouter": softmax_gates,
+    "OlmoeTopKRouter": softmax_gates,
+    "MixtralTopKRouter": softmax_gates,
+    "DeepseekV3TopkRouter": sigmoid_gates,
+    "GptOssTopKRouter": chosen_softmax_gates,
+}
 
 
 def same_expert_sets(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -32,13 +67,18 @@ def same_expert_sets(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a.long().sort(-1).values == b.long().sort(-1).values).all(-1)
 
 
+def find_routers(model: nn.Module) -> list[nn.Module]:
+    """The model's known MoE routers in layer order (empty for a dense model)."""
+    return [m for m in model.modules() if type(m).__name__ in GATES]
+
+
 def moe_routers(model: nn.Module) -> list[nn.Module]:
     """The model's known MoE routers in layer order; ReplayError naming the architecture if none."""
-    routers = [m for m in model.modules() if type(m).__name__ in _ROUTERS]
+    routers = find_routers(model)
     if not routers:
         raise ReplayError(
             f"{type(model).__name__}: no mixture-of-experts router that replay knows "
-            f"(supported: {', '.join(sorted(_ROUTERS))})"
+            f"(supported: {', '.join(sorted(GATES))})"
         )
     return routers
 
@@ -80,9 +120,7 @@ class RouterReplay:
                 f"{int(indices.min())}..{int(indices.max())}"
             )
         handles = [
-            router.register_forward_hook(
-                self._hook(indices[:, layer], bool(getattr(router, "norm_topk_prob", True)))
-            )
+            router.register_forward_hook(self._hook(indices[:, layer]))
             for layer, router in enumerate(self.routers)
         ]
         try:
@@ -92,18 +130,16 @@ class RouterReplay:
                 handle.remove()
 
     @staticmethod
-    def _hook(given: torch.Tensor, normalise: bool):
-        def hook(_module, _inputs, output):
-            logits, _scores, own = output
+    def _hook(given: torch.Tensor):
+        def hook(module, _inputs, output):
+            logits, scores, own = output
             if given.shape[0] != own.shape[0]:
                 raise ReplayError(
                     f"replay indices cover {given.shape[0]} tokens, the forward has {own.shape[0]}"
                 )
             keep_own = (given[:, :1] < 0).expand_as(own)
             chosen = torch.where(keep_own, own, given)
-            weights = torch.softmax(logits.float(), dim=-1).gather(-1, chosen)
-            if normalise:
-                weights = weights / weights.sum(dim=-1, keepdim=True)
-            return logits, weights.to(logits.dtype), chosen
+            weights = GATES[type(module).__name__](module, logits, chosen)
+            return logits, weights.to(scores.dtype), chosen
 
         return hook

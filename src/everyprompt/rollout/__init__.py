@@ -1,5 +1,6 @@
 """Rollout: the engine protocol and registry (`build_engine`), the native engine, sampling, scheduling."""
 
+from everyprompt.rollout import hf as _hf  # noqa: F401  (registers "hf")
 from everyprompt.rollout import native as _native  # noqa: F401  (registers "native")
 from everyprompt.rollout.base import (
     Completion,
@@ -9,10 +10,12 @@ from everyprompt.rollout.base import (
     UnsupportedModelError,
     build_engine,
     check_engine,
+    engine_choices,
     engines_for,
     make_engine,
     register_engine,
     registered_engines,
+    resolve_engine,
 )
 from everyprompt.rollout.sampling import derive_seed
 
@@ -25,8 +28,10 @@ __all__ = [
     "build_engine",
     "check_engine",
     "derive_seed",
+    "engine_choices",
     "engines_for",
     "make_engine",
     "register_engine",
     "registered_engines",
+    "resolve_engine",
 ]

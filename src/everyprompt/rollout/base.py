@@ -1,17 +1,21 @@
 """The rollout-engine contract shared by every engine implementation, and the engine registry.
 
-An engine registers itself with `@register_engine(name, model_types=...)`; `build_engine` is the one
-place that turns a config's `rollout.engine` into an engine, and `check_engine` refuses a model the
-engine cannot run when the model is loaded, naming the engines that could run it.
+An engine registers itself with `@register_engine(name, model_types=..., rank=...)`; `build_engine` is
+the one place that turns a config's `rollout.engine` into an engine (`auto`: the lowest-ranked engine
+that can run the model), and `check_engine` refuses a model the engine cannot run when the model is
+loaded, naming the setting and the engines that could run it.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 import torch
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -24,6 +28,8 @@ class SamplingParams:
     # return each token's router logits per MoE layer (mismatch diagnosis: [T, L_moe, E] float32 per
     # completion, so keep it to small runs)
     record_router_logits: bool = False
+    # strings that end a completion (finish_reason "stop") besides the model's end-of-sequence ids
+    stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -34,6 +40,8 @@ class SamplingParams:
             )
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if any(not s for s in self.stop):
+            raise ValueError(f"stop strings must be non-empty, got {list(self.stop)}")
 
 
 @dataclass(frozen=True)
@@ -48,9 +56,10 @@ class GenerationRequest:
 class Completion:
     request_id: int
     prompt_ids: list[int]
-    token_ids: list[int]  # sampled tokens, EOS included when finish_reason == "eos"
+    token_ids: list[int]  # sampled tokens, the stopping one included (EOS id, end of a stop string)
     logprobs: torch.Tensor  # [len(token_ids)] float32, log softmax(logits / T) of each sampled token
-    finish_reason: Literal["eos", "length"]
+    # eos: one of the model's end-of-sequence ids; stop: a configured stop string; length: the token cap
+    finish_reason: Literal["eos", "stop", "length"]
     timing: dict[str, float] = field(default_factory=dict)
     # [len(prompt_ids) + len(token_ids) - 1, L_moe, k] int16 when SamplingParams.record_routes: the experts
     # each token fed through the model was routed to (the last sampled token is never fed)
@@ -92,18 +101,24 @@ class RolloutEngine(Protocol):
 class EngineSpec:
     cls: type
     model_types: tuple[str, ...]  # the `model_type`s (transformers config) the engine runs; () = any
+    rank: int  # `rollout.engine=auto` takes the lowest-ranked engine that can run the model
 
 
 _ENGINES: dict[str, EngineSpec] = {}
+AUTO = "auto"  # not an engine: the choice of the fastest registered engine that runs the model
 
 
-def register_engine(name: str, *, model_types: tuple[str, ...] = ()) -> Callable[[type], type]:
-    """Class decorator: register a RolloutEngine implementation as `rollout.engine=name`."""
+def register_engine(
+    name: str, *, model_types: tuple[str, ...] = (), rank: int = 100
+) -> Callable[[type], type]:
+    """Class decorator: register a RolloutEngine implementation as `rollout.engine=name`. An engine may
+    define `check_config(model_config)` (a classmethod raising UnsupportedModelError that names the
+    setting it does not implement); it runs when the model is loaded, before any training."""
 
     def decorate(cls: type) -> type:
-        if name in _ENGINES:
+        if name in _ENGINES or name == AUTO:
             raise ValueError(f"rollout engine {name!r} is already registered")
-        _ENGINES[name] = EngineSpec(cls, tuple(model_types))
+        _ENGINES[name] = EngineSpec(cls, tuple(model_types), rank)
         return cls
 
     return decorate
@@ -113,33 +128,61 @@ def registered_engines() -> list[str]:
     return sorted(_ENGINES)
 
 
+def engine_choices() -> list[str]:
+    """What `rollout.engine` accepts: `auto` and every registered engine."""
+    return [AUTO, *registered_engines()]
+
+
 def _spec(name: str) -> EngineSpec:
     if name not in _ENGINES:
-        raise KeyError(f"unknown rollout engine {name!r}; valid: {', '.join(registered_engines())}")
+        raise KeyError(f"unknown rollout engine {name!r}; valid: {', '.join(engine_choices())}")
     return _ENGINES[name]
 
 
-def engines_for(model_type: str | None) -> list[str]:
-    """The registered engines that can run a model of this `model_type`."""
-    return [
-        n
-        for n in registered_engines()
-        if not _ENGINES[n].model_types or model_type in _ENGINES[n].model_types
-    ]
-
-
-def check_engine(name: str, model_config: Any) -> None:
-    """UnsupportedModelError (one line: the model type, the engines that could run it) unless engine
-    `name` runs models of `model_config`'s type."""
+def _refusal(name: str, model_config: Any) -> str | None:
+    """Why engine `name` cannot run a model of `model_config` (None: it can)."""
     spec = _spec(name)
     model_type = getattr(model_config, "model_type", None)
     if spec.model_types and model_type not in spec.model_types:
-        others = engines_for(model_type)
-        could = f"engines that can: {', '.join(others)}" if others else "no registered engine can"
+        return f"it runs model_type {', '.join(spec.model_types)}, not {model_type!r}"
+    check = getattr(spec.cls, "check_config", None)
+    if check is not None:
+        try:
+            check(model_config)
+        except UnsupportedModelError as err:
+            return str(err)
+    return None
+
+
+def engines_for(model_config: Any) -> list[str]:
+    """The registered engines that can run a model of this config, fastest first."""
+    names = sorted(_ENGINES, key=lambda n: (_ENGINES[n].rank, n))
+    return [n for n in names if _refusal(n, model_config) is None]
+
+
+def resolve_engine(name: str, model_config: Any) -> str:
+    """The engine that runs this model: `name` itself (UnsupportedModelError naming why it cannot, and
+    the engines that could), or for `auto` the fastest engine that can."""
+    if name == AUTO:
+        able = engines_for(model_config)
+        if not able:
+            model_type = getattr(model_config, "model_type", None)
+            raise UnsupportedModelError(f"no registered rollout engine can run model_type {model_type!r}")
+        return able[0]
+    why = _refusal(name, model_config)
+    if why is not None:
+        model_type = getattr(model_config, "model_type", None)
+        others = [n for n in engines_for(model_config) if n != name]
+        could = f"set rollout.engine={others[0]} (or auto)" if others else "no registered engine can"
         raise UnsupportedModelError(
-            f"rollout.engine={name} cannot run model_type {model_type!r} (it runs "
-            f"{', '.join(spec.model_types)}); {could}"
+            f"rollout.engine={name} cannot run this {model_type} model: {why}; {could}"
         )
+    return name
+
+
+def check_engine(name: str, model_config: Any) -> str:
+    """The engine that will run the model (see `resolve_engine`); raises before any training if none."""
+    return resolve_engine(name, model_config)
 
 
 def build_engine(config, model, tokenizer) -> RolloutEngine:
@@ -148,6 +191,9 @@ def build_engine(config, model, tokenizer) -> RolloutEngine:
 
 
 def make_engine(name: str, model, tokenizer, batch_size: int, precision: str = "fp32") -> RolloutEngine:
-    """Registered engine `name` over `model`'s weights; UnsupportedModelError if it cannot run the model."""
-    check_engine(name, model.config)
-    return _spec(name).cls.from_model(model, tokenizer, batch_size=batch_size, precision=precision)
+    """Engine `name` (or `auto`'s choice) over `model`'s weights; UnsupportedModelError if it cannot run
+    the model."""
+    chosen = resolve_engine(name, model.config)
+    if name == AUTO:
+        log.info("rollout.engine=auto runs %s with the %s engine", model.config.model_type, chosen)
+    return _spec(chosen).cls.from_model(model, tokenizer, batch_size=batch_size, precision=precision)

@@ -2,8 +2,9 @@
 
 It is a second implementation of the model's forward pass, written for decoding rather than gradients
 (as vLLM is beside Megatron in production): no autograd, no module tree, one preallocated cache.
-Supported architectures: Qwen3-MoE and Qwen3 (dense); the trainer's HF forward is the reference it is
-tested against (log-probs equal within 1e-4 in fp32).
+Families: `families.FAMILIES` (Llama, Qwen2, Qwen3, Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE); a config
+setting it does not compute is refused when the model loads (`check_config`). The trainer's HF forward is
+the reference it is tested against (log-probs equal within 1e-4 in fp32).
 
 Layout: the cache has `batch_size` rows (slots). A request is admitted into a free row, its prompt
 prefilled at cache positions [0, len) (prompts admitted together are right-padded; causal attention keeps
@@ -18,7 +19,6 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -30,104 +30,37 @@ from everyprompt.rollout.base import (
     UnsupportedModelError,
     register_engine,
 )
+from everyprompt.rollout.native.families import FAMILIES, rope_tables, unsupported_settings
+from everyprompt.rollout.native.weights import Layer, StateDict, read_layer
 from everyprompt.rollout.sampling import sample_tokens
-
-SUPPORTED_ARCHITECTURES = ("qwen3_moe", "qwen3")
-
-
-@dataclass
-class _Layer:
-    """One decoder layer's weights, each projection stored as the right operand of `x @ w` (fp8: as
-    FP8Weight, dequantised into that layout once per generate call by `dequantized`)."""
-
-    qkv: (
-        torch.Tensor | FP8Weight
-    )  # [H, (heads + 2 kv_heads) * D]: query, key and value projections in one matmul
-    o: torch.Tensor | FP8Weight  # [heads * D, H]
-    qk_norm: torch.Tensor  # [heads + kv_heads, D]: q_norm on every query head, k_norm on every key head
-    input_norm: torch.Tensor
-    post_norm: torch.Tensor
-    router: torch.Tensor | None = None  # [H, E]
-    experts: tuple[torch.Tensor | FP8Weight, torch.Tensor | FP8Weight] | None = (
-        None  # gate_up [E, H, 2I], down [E, I, H]
-    )
-    mlp: tuple[torch.Tensor | FP8Weight, torch.Tensor | FP8Weight] | None = (
-        None  # dense layers: gate_up [H, 2I], down [I, H]
-    )
-
-    def dequantized(self) -> _Layer:
-        """This layer with every FP8Weight replaced by its dequantised operand (itself when none is):
-        a generate call takes it once, so decode steps multiply plain tensors."""
-
-        def plain(weight):
-            return weight.operand() if isinstance(weight, FP8Weight) else weight
-
-        if not isinstance(self.qkv, FP8Weight):
-            return self
-        pairs = {
-            name: tuple(map(plain, getattr(self, name))) for name in ("experts", "mlp") if getattr(self, name)
-        }
-        return replace(self, qkv=plain(self.qkv), o=plain(self.o), **pairs)
+from everyprompt.rollout.stops import StopStrings, stop_token_ids
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """Qwen3's RMSNorm (statistics in float32, scaled in the input's dtype); one fused op in float32."""
+    """RMSNorm as these families compute it (statistics in float32, scaled in the input's dtype); one fused op in float32."""
     if x.dtype == torch.float32:
         return F.rms_norm(x, x.shape[-1:], weight, eps)
     normed = F.rms_norm(x.float(), x.shape[-1:], eps=eps).to(x.dtype)
     return normed if weight is None else weight * normed
 
 
-E4M3_MAX = 448.0  # largest finite float8_e4m3fn value
-
-
-class FP8Weight:
-    """A linear weight [..., out, in] kept in float8_e4m3fn with one float32 scale per output channel.
-
-    `operand()` dequantises into the layout the engine multiplies by (weight-only FP8: activations stay
-    in the engine's dtype). A stack of expert weights [E, out, in] has one scale per expert and channel.
-    """
-
-    def __init__(self, data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype):
-        self.data, self.scale, self.dtype = data, scale, dtype
-
-    @classmethod
-    def quantize(cls, weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> FP8Weight:
-        weight = weight.detach().float()
-        scale = (weight.abs().amax(dim=-1, keepdim=True) / E4M3_MAX).clamp(min=1e-12)
-        return cls((weight / scale).to(torch.float8_e4m3fn), scale, dtype)
-
-    def dequantize(self) -> torch.Tensor:
-        return (self.data.float() * self.scale).to(self.dtype)
-
-    def operand(self) -> torch.Tensor:
-        """The right operand of `x @ w`: [in, out] (a stack [E, out, in] gives [E, in, out])."""
-        return self.dequantize().transpose(-2, -1)
-
-    def __getitem__(self, index) -> FP8Weight:
-        return FP8Weight(self.data[index], self.scale[index], self.dtype)
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.data.shape
-
-
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8": torch.float32}
 
 
-@register_engine("native", model_types=SUPPORTED_ARCHITECTURES)
+@register_engine("native", model_types=tuple(FAMILIES), rank=0)
 class NativeEngine:
-    """RolloutEngine over a Qwen3(-MoE) state dict. Build it with :meth:`from_model` or the config."""
+    """RolloutEngine over a state dict of one of `FAMILIES`. Build it with :meth:`from_model`."""
 
     def __init__(
         self,
         config,
         state_dict: dict[str, torch.Tensor],
-        eos_token_id: int,
+        eos_token_id: int | Iterable[int],
         pad_token_id: int,
         batch_size: int = 256,
         dtype: torch.dtype = torch.float32,
         precision: str | None = None,
+        tokenizer=None,
     ):
         """`precision` (fp32 | bf16 | fp8) overrides `dtype`; fp8 keeps the attention and expert / MLP
         projections in float8_e4m3fn (per-output-channel scales, re-quantised by every `load_weights`),
@@ -137,14 +70,11 @@ class NativeEngine:
                 raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
             dtype = PRECISIONS[precision]
         self.precision = precision or ("bf16" if dtype == torch.bfloat16 else "fp32")
-        model_type = getattr(config, "model_type", None)
-        if model_type not in SUPPORTED_ARCHITECTURES:
-            raise UnsupportedModelError(
-                f"the native rollout engine does not support model_type {model_type!r}; "
-                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-            )
-        self.config = config
-        self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
+        self.check_config(config)
+        self.config, self.family = config, FAMILIES[config.model_type]
+        stops = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+        self.stop_ids = torch.tensor(sorted(stops), dtype=torch.long)
+        self.pad_token_id, self.tokenizer = pad_token_id, tokenizer
         self.batch_size, self.dtype = batch_size, dtype
         self.batched_moe_tokens = 512  # MoE layers over at most this many tokens: all experts in one bmm
         self.num_heads = config.num_attention_heads
@@ -152,15 +82,27 @@ class NativeEngine:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         self.eps = config.rms_norm_eps
         self.top_k = getattr(config, "num_experts_per_tok", 0)
-        self.norm_topk_prob = getattr(config, "norm_topk_prob", False)
-        theta = config.rope_parameters["rope_theta"]
-        self.inv_freq = 1.0 / (
-            theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float) / self.head_dim)
-        )
+        renormalise = self.family.renormalise
+        self.norm_topk_prob = getattr(config, "norm_topk_prob", False) if renormalise is None else renormalise
+        self.clip_qkv = getattr(config, "clip_qkv", None)
+        self.inv_freq, self.rope_scale = rope_tables(config, self.head_dim)
         self._cache_storage: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._open_calls = 0  # generate() iterators not yet finished (the shared cache serves one)
         self.stats: dict[str, float] = {}  # the last generate call's throughput figures
         self.load_weights(state_dict)
+
+    @classmethod
+    def check_config(cls, config) -> None:
+        """UnsupportedModelError naming every setting of `config` this engine does not compute."""
+        if getattr(config, "model_type", None) not in FAMILIES:
+            raise UnsupportedModelError(
+                f"the native engine runs model_type {', '.join(FAMILIES)}, not {config.model_type!r}"
+            )
+        found = unsupported_settings(config)
+        if found:
+            raise UnsupportedModelError(
+                f"the native engine does not implement {'; '.join(found)} (model_type {config.model_type})"
+            )
 
     @property
     def can_record_routes(self) -> bool:
@@ -172,68 +114,24 @@ class NativeEngine:
         return cls(
             model.config,
             model.state_dict(),
-            tokenizer.eos_token_id,
+            stop_token_ids(model, tokenizer),
             tokenizer.pad_token_id,
             batch_size,
             precision=precision,
+            tokenizer=tokenizer,
         )
 
     # ---------------------------------------------------------------- weights
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        def get(name: str) -> torch.Tensor:
-            if name not in state_dict:
-                raise KeyError(f"weight {name!r} missing from the state dict given to load_weights")
-            return state_dict[name].detach()
-
-        def projection(*names: str):
-            """Linear weights [out, in] stacked along `out` (fp8: quantised per output channel, so a
-            fused projection has the scales its parts would have alone), as a right operand."""
-            weight = torch.cat([get(name) for name in names]) if len(names) > 1 else get(names[0])
-            if self.precision == "fp8":
-                return FP8Weight.quantize(weight, self.dtype)
-            return weight.to(self.dtype).T.contiguous()
-
-        def plain(name: str) -> torch.Tensor:
-            return get(name).to(self.dtype).clone()
-
-        self.embed = plain("model.embed_tokens.weight")
-        self.final_norm = plain("model.norm.weight")
-        head = "lm_head.weight" if "lm_head.weight" in state_dict else "model.embed_tokens.weight"
-        self.lm_head = get(head).to(self.dtype).T.contiguous()
-        self.layers = []
-        for i in range(self.config.num_hidden_layers):
-            p = f"model.layers.{i}."
-            attn = p + "self_attn."
-            layer = _Layer(
-                qkv=projection(attn + "q_proj.weight", attn + "k_proj.weight", attn + "v_proj.weight"),
-                o=projection(attn + "o_proj.weight"),
-                qk_norm=torch.cat(
-                    [
-                        plain(attn + "q_norm.weight").expand(self.num_heads, -1),
-                        plain(attn + "k_norm.weight").expand(self.num_kv_heads, -1),
-                    ]
-                ),
-                input_norm=plain(p + "input_layernorm.weight"),
-                post_norm=plain(p + "post_attention_layernorm.weight"),
-            )
-            if p + "mlp.gate.weight" in state_dict:
-                layer.router = get(p + "mlp.gate.weight").to(self.dtype).T.contiguous()
-                gate_up, down = get(p + "mlp.experts.gate_up_proj"), get(p + "mlp.experts.down_proj")
-                # checkpoint layout [E, out, in]; multiplied as [E, in, out] (fp8: one scale per expert
-                # and output channel)
-                if self.precision == "fp8":
-                    layer.experts = (
-                        FP8Weight.quantize(gate_up, self.dtype),
-                        FP8Weight.quantize(down, self.dtype),
-                    )
-                else:
-                    layer.experts = tuple(
-                        w.to(self.dtype).transpose(1, 2).contiguous() for w in (gate_up, down)
-                    )
-            else:
-                gate, up = p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"
-                layer.mlp = (projection(gate, up), projection(p + "mlp.down_proj.weight"))
-            self.layers.append(layer)
+        weights = StateDict(state_dict, self.dtype, fp8=self.precision == "fp8")
+        self.embed = weights.plain("model.embed_tokens.weight")
+        self.final_norm = weights.plain("model.norm.weight")
+        head = "lm_head.weight" if "lm_head.weight" in weights else "model.embed_tokens.weight"
+        self.lm_head = weights.operand(head)
+        self.layers = [
+            read_layer(weights, self.family, i, self.num_heads, self.num_kv_heads)
+            for i in range(self.config.num_hidden_layers)
+        ]
 
     # ---------------------------------------------------------------- forward pieces
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -241,11 +139,11 @@ class NativeEngine:
         (rotate_half(x) = [-x2, x1] = roll(x) * [-1, 1])."""
         freqs = positions[..., None].float() * self.inv_freq  # [B, T, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)
-        sin = emb.sin()
+        sin = emb.sin() * self.rope_scale
         sin[..., : self.head_dim // 2].neg_()
-        return emb.cos().to(self.dtype)[:, :, None], sin.to(self.dtype)[:, :, None]
+        return (emb.cos() * self.rope_scale).to(self.dtype)[:, :, None], sin.to(self.dtype)[:, :, None]
 
-    def _attention(self, layer: _Layer, x: torch.Tensor, rope, cache, rows, positions, bias):
+    def _attention(self, layer: Layer, x: torch.Tensor, rope, cache, rows, positions, bias):
         """Self-attention of x [B, T, H] against the cache rows `rows`.
 
         Prefill (`bias` None): right-padded prompts attend causally among themselves (a real token never
@@ -256,11 +154,16 @@ class NativeEngine:
         """
         batch, length, _ = x.shape
         heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = (x @ layer.qkv).view(batch, length, heads + 2 * kv_heads, dim)
-        qk = _rms_norm(qkv[:, :, : heads + kv_heads], None, self.eps) * layer.qk_norm
+        qkv = x @ layer.qkv
+        if layer.qkv_bias is not None:
+            qkv = qkv + layer.qkv_bias
+        qkv = qkv.view(batch, length, heads + 2 * kv_heads, dim)
+        qk, v = self._qk_norm(layer, qkv[:, :, : heads + kv_heads]), qkv[:, :, heads + kv_heads :]
+        if self.clip_qkv is not None:  # OLMoE: query, key and value clamped after the norms
+            qk, v = qk.clamp(-self.clip_qkv, self.clip_qkv), v.clamp(-self.clip_qkv, self.clip_qkv)
         cos, sin = rope
         qk = qk * cos + qk.roll(dim // 2, dims=-1) * sin
-        q, k, v = qk[:, :, :heads], qk[:, :, heads:], qkv[:, :, heads + kv_heads :]
+        q, k = qk[:, :, :heads], qk[:, :, heads:]
         k_cache, v_cache = cache
         if bias is None:
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, T, D]
@@ -280,7 +183,7 @@ class NativeEngine:
                     attn_mask=bias.view(batch, heads, 1, width),
                     enable_gqa=True,
                 )
-                return out.transpose(1, 2).reshape(batch, 1, heads * dim) @ layer.o
+                return self._output(layer, out.transpose(1, 2).reshape(batch, 1, heads * dim))
             # one query per row, grouped heads as [B * kv_heads, group, D] against that row's cache: three
             # small kernels, faster than the fused one at this size
             keys = k_cache[:, :, :width].reshape(batch * kv_heads, width, dim)
@@ -289,7 +192,26 @@ class NativeEngine:
                 bias, q.reshape(batch * kv_heads, group, dim), keys.transpose(1, 2), alpha=dim**-0.5
             )
             out = torch.bmm(torch.softmax(scores, dim=-1), values).view(batch, 1, heads * dim)
-        return out @ layer.o
+        return self._output(layer, out)
+
+    def _qk_norm(self, layer: Layer, qk: torch.Tensor) -> torch.Tensor:
+        """The query and key heads qk [B, T, heads + kv_heads, D] normalised as the family does: per
+        head (one RMSNorm call over all heads), over all query heads and all key heads, or not at all."""
+        mode = self.family.qk_norm
+        if mode == "none":
+            return qk
+        if mode == "head":
+            return _rms_norm(qk, None, self.eps) * layer.qk_norm
+        batch, length, heads = qk.shape[:3]
+        width = self.num_heads * self.head_dim
+        q = _rms_norm(qk[:, :, : self.num_heads].reshape(batch, length, -1), layer.qk_norm[:width], self.eps)
+        k = _rms_norm(qk[:, :, self.num_heads :].reshape(batch, length, -1), layer.qk_norm[width:], self.eps)
+        return torch.cat([q, k], dim=-1).view(batch, length, heads, self.head_dim)
+
+    @staticmethod
+    def _output(layer: Layer, attended: torch.Tensor) -> torch.Tensor:
+        out = attended @ layer.o
+        return out if layer.o_bias is None else out + layer.o_bias
 
     def _decode_bias(self, positions: torch.Tensor) -> torch.Tensor:
         """The decode step's attention mask as an additive bias [B * kv_heads, group, S] (S = the
@@ -300,7 +222,7 @@ class NativeEngine:
         group = self.num_heads // self.num_kv_heads
         return bias[:, None, None].expand(-1, self.num_kv_heads, group, -1).reshape(-1, group, width)
 
-    def _moe(self, layer: _Layer, x: torch.Tensor, routes: list | None = None) -> torch.Tensor:
+    def _moe(self, layer: Layer, x: torch.Tensor, routes: list | None = None) -> torch.Tensor:
         """Top-k routed experts. With `routes` (a list), appends this layer's (expert indices [B, T, k],
         router logits [B, T, E])."""
         flat = x.reshape(-1, x.shape[-1])  # [N, H]
@@ -315,7 +237,16 @@ class NativeEngine:
         gate_up, down = layer.experts
         batched = flat.shape[0] <= self.batched_moe_tokens
         experts_path = self._experts_batched if batched else self._experts_grouped
-        return experts_path(gate_up, down, flat, weights, experts).view_as(x)
+        out = experts_path(gate_up, down, flat, weights, experts)
+        if layer.shared is not None:
+            out = out + torch.sigmoid(flat @ layer.shared_gate) * self._swiglu(layer.shared, flat)
+        return out.view_as(x)
+
+    @staticmethod
+    def _swiglu(pair, x: torch.Tensor) -> torch.Tensor:
+        gate_up, down = pair
+        gate, up = (x @ gate_up).chunk(2, dim=-1)
+        return (F.silu(gate) * up) @ down
 
     @staticmethod
     def _experts_batched(gate_up, down, flat, weights, experts) -> torch.Tensor:
@@ -363,12 +294,10 @@ class NativeEngine:
             out.index_add_(0, tokens, hidden * weights.reshape(-1)[pairs, None])
         return out
 
-    def _mlp(self, layer: _Layer, x: torch.Tensor, routes: list | None = None) -> torch.Tensor:
+    def _mlp(self, layer: Layer, x: torch.Tensor, routes: list | None = None) -> torch.Tensor:
         if layer.router is not None:
             return self._moe(layer, x, routes)
-        gate_up, down = layer.mlp
-        gate, up = (x @ gate_up).chunk(2, dim=-1)
-        return (F.silu(gate) * up) @ down
+        return self._swiglu(layer.mlp, x)
 
     def _forward(
         self, layers, tokens, positions, caches, rows, bias, last, routes: list | None = None
@@ -436,6 +365,7 @@ class NativeEngine:
         pool = min(self.batch_size, len(requests))
         width = max(len(r.prompt_ids) for r in requests) + params.max_new_tokens
         state = _Slots(pool, params.max_new_tokens, self.config.vocab_size)
+        stops = StopStrings(self.tokenizer, params.stop)
         caches = self._cache(pool, width, shared)
         layers = [layer.dequantized() for layer in self.layers]
         record = _Record.start(self, params, pool, width)
@@ -473,9 +403,13 @@ class NativeEngine:
             state.entropies[active, state.step[active]] = entropies
             state.step[active] += 1
             clock["tokens"] += len(active)
-            finished = (sampled == self.eos_token_id) | (state.step[active] >= state.limit[active])
+            finished = torch.isin(sampled, self.stop_ids) | (state.step[active] >= state.limit[active])
+            if stops.strings:
+                finished |= torch.tensor(
+                    [stops.hit(state.tokens[slot, : state.step[slot]].tolist()) for slot in active.tolist()]
+                )
             for slot in active[finished].tolist():
-                yield self._completion(requests[int(state.request[slot])], state, slot, record, began)
+                yield self._completion(requests[int(state.request[slot])], state, slot, record, began, stops)
                 state.request[slot] = -1
             running = active[~finished]
             if not len(running):
@@ -557,10 +491,15 @@ class NativeEngine:
             record.select(running)
         return compacted
 
-    def _completion(self, request, state, slot: int, record, began: float) -> Completion:
+    def _completion(self, request, state, slot: int, record, began: float, stops: StopStrings) -> Completion:
         length = int(state.step[slot])
         token_ids = state.tokens[slot, :length].tolist()
-        reason = "eos" if token_ids[-1] == self.eos_token_id else "length"
+        if token_ids[-1] in self.stop_ids:
+            reason = "eos"
+        elif stops.hit(token_ids):
+            reason = "stop"
+        else:
+            reason = "length"
         return Completion(
             request_id=request.request_id,
             prompt_ids=list(request.prompt_ids),

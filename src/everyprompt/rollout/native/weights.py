@@ -1,0 +1,166 @@
+"""The native engine's weights: a checkpoint's state dict laid out for decoding, one `Layer` per decoder
+layer, each projection stored as the right operand of `x @ w` (fp8: as `FP8Weight`, per-output-channel
+scales, dequantised once per generate call)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+from everyprompt.rollout.native.families import Family
+
+E4M3_MAX = 448.0  # largest finite float8_e4m3fn value
+
+
+class FP8Weight:
+    """A linear weight [..., out, in] kept in float8_e4m3fn with one float32 scale per output channel.
+
+    `operand()` dequantises into the layout the engine multiplies by (weight-only FP8: activations stay
+    in the engine's dtype). A stack of expert weights [E, out, in] has one scale per expert and channel.
+    """
+
+    def __init__(self, data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype):
+        self.data, self.scale, self.dtype = data, scale, dtype
+
+    @classmethod
+    def quantize(cls, weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> FP8Weight:
+        weight = weight.detach().float()
+        scale = (weight.abs().amax(dim=-1, keepdim=True) / E4M3_MAX).clamp(min=1e-12)
+        return cls((weight / scale).to(torch.float8_e4m3fn), scale, dtype)
+
+    def dequantize(self) -> torch.Tensor:
+        return (self.data.float() * self.scale).to(self.dtype)
+
+    def operand(self) -> torch.Tensor:
+        """The right operand of `x @ w`: [in, out] (a stack [E, out, in] gives [E, in, out])."""
+        return self.dequantize().transpose(-2, -1)
+
+    def __getitem__(self, index) -> FP8Weight:
+        return FP8Weight(self.data[index], self.scale[index], self.dtype)
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.data.shape
+
+
+Projection = torch.Tensor | FP8Weight
+
+
+@dataclass
+class Layer:
+    """One decoder layer's weights."""
+
+    qkv: Projection  # [H, (heads + 2 kv_heads) * D]: query, key and value projections in one matmul
+    o: Projection  # [heads * D, H]
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    # qk_norm "head": [heads + kv_heads, D] (q_norm on every query head, k_norm on every key head);
+    # "full": [(heads + kv_heads) * D] (q_norm over all query heads, then k_norm over all key heads)
+    qk_norm: torch.Tensor | None = None
+    qkv_bias: torch.Tensor | None = None  # [(heads + 2 kv_heads) * D]
+    o_bias: torch.Tensor | None = None  # [H]
+    router: torch.Tensor | None = None  # [H, E]
+    experts: tuple[Projection, Projection] | None = None  # gate_up [E, H, 2I], down [E, I, H]
+    mlp: tuple[Projection, Projection] | None = None  # dense layers: gate_up [H, 2I], down [I, H]
+    shared: tuple[Projection, Projection] | None = None  # Qwen2-MoE shared expert, as `mlp`
+    shared_gate: torch.Tensor | None = None  # [H, 1]
+
+    def dequantized(self) -> Layer:
+        """This layer with every FP8Weight replaced by its dequantised operand (itself when none is):
+        a generate call takes it once, so decode steps multiply plain tensors."""
+
+        def plain(value):
+            if isinstance(value, tuple):
+                return tuple(map(plain, value))
+            return value.operand() if isinstance(value, FP8Weight) else value
+
+        if not isinstance(self.qkv, FP8Weight):
+            return self
+        return replace(self, **{f.name: plain(getattr(self, f.name)) for f in fields(self)})
+
+
+class StateDict:
+    """Reads a transformers state dict into the engine's layout at `dtype` (`fp8`: projections quantised)."""
+
+    def __init__(self, state_dict: dict[str, torch.Tensor], dtype: torch.dtype, fp8: bool):
+        self.state, self.dtype, self.fp8 = state_dict, dtype, fp8
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.state
+
+    def get(self, name: str) -> torch.Tensor:
+        if name not in self.state:
+            raise KeyError(f"weight {name!r} missing from the state dict given to load_weights")
+        return self.state[name].detach()
+
+    def plain(self, name: str) -> torch.Tensor:
+        return self.get(name).to(self.dtype).clone()
+
+    def operand(self, name: str) -> torch.Tensor:
+        """A weight kept in full precision (embeddings' transposes, routers, the LM head) as `x @ w`."""
+        return self.get(name).to(self.dtype).T.contiguous()
+
+    def projection(self, *names: str) -> Projection:
+        """Linear weights [out, in] stacked along `out` (fp8: quantised per output channel, so a fused
+        projection has the scales its parts would have alone), as a right operand."""
+        weight = torch.cat([self.get(n) for n in names]) if len(names) > 1 else self.get(names[0])
+        if self.fp8:
+            return FP8Weight.quantize(weight, self.dtype)
+        return weight.to(self.dtype).T.contiguous()
+
+    def stacked(self, name: str) -> Projection:
+        """Expert weights, checkpoint layout [E, out, in], multiplied as [E, in, out] (fp8: one scale per
+        expert and output channel)."""
+        weight = self.get(name)
+        if self.fp8:
+            return FP8Weight.quantize(weight, self.dtype)
+        return weight.to(self.dtype).transpose(1, 2).contiguous()
+
+    def bias(self, *names: str) -> torch.Tensor | None:
+        present = [n in self.state for n in names]
+        if not any(present):
+            return None
+        if not all(present):
+            raise KeyError(f"biases {', '.join(n for n, p in zip(names, present) if not p)} missing")
+        return torch.cat([self.plain(n) for n in names])
+
+    def swiglu(self, prefix: str) -> tuple[Projection, Projection]:
+        return (
+            self.projection(prefix + "gate_proj.weight", prefix + "up_proj.weight"),
+            self.projection(prefix + "down_proj.weight"),
+        )
+
+
+def read_layer(weights: StateDict, family: Family, index: int, heads: int, kv_heads: int) -> Layer:
+    """Decoder layer `index` of a checkpoint of `family`."""
+    p = f"model.layers.{index}."
+    attn = p + "self_attn."
+    qkv = [attn + f"{name}_proj.weight" for name in "qkv"]
+    layer = Layer(
+        qkv=weights.projection(*qkv),
+        o=weights.projection(attn + "o_proj.weight"),
+        input_norm=weights.plain(p + "input_layernorm.weight"),
+        post_norm=weights.plain(p + "post_attention_layernorm.weight"),
+        qkv_bias=weights.bias(*(name.replace("weight", "bias") for name in qkv)),
+        o_bias=weights.bias(attn + "o_proj.bias"),
+    )
+    if family.qk_norm == "head":
+        q_norm, k_norm = weights.plain(attn + "q_norm.weight"), weights.plain(attn + "k_norm.weight")
+        layer.qk_norm = torch.cat([q_norm.expand(heads, -1), k_norm.expand(kv_heads, -1)])
+    elif family.qk_norm == "full":
+        layer.qk_norm = torch.cat(
+            [weights.plain(attn + "q_norm.weight"), weights.plain(attn + "k_norm.weight")]
+        )
+    if p + "mlp.gate.weight" in weights:
+        layer.router = weights.operand(p + "mlp.gate.weight")
+        layer.experts = (
+            weights.stacked(p + "mlp.experts.gate_up_proj"),
+            weights.stacked(p + "mlp.experts.down_proj"),
+        )
+        if family.shared_expert:
+            layer.shared = weights.swiglu(p + "mlp.shared_expert.")
+            layer.shared_gate = weights.operand(p + "mlp.shared_expert_gate.weight")
+    else:
+        layer.mlp = weights.swiglu(p + "mlp.")
+    return layer
