@@ -99,6 +99,18 @@ class RolloutConfig(Section):
         1.0, gt=0, description="Sampling temperature; the trainer's log-probs use the same."
     )
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    parity_threshold: float = Field(
+        1e-3,
+        ge=0,
+        description="Startup parity check: the largest mean |log-prob difference| (fp32) allowed between the "
+        "engine and the trainer on a few completions before the first RL step; 0 turns the check off.",
+    )
+    parity_prompts: int = Field(4, gt=0, description="Training prompts the startup parity check samples.")
+    stop: list[str] = Field(
+        default_factory=list,
+        description="Strings that end a completion (finish reason `stop`), besides every end-of-sequence id "
+        "of the model's tokenizer and generation config (finish reason `eos`).",
+    )
     batch_size: int = Field(256, gt=0, description="Sequences decoded together (continuous-batching slots).")
     schedule: Literal["fifo", "longest_first"] = Field(
         "longest_first",
@@ -197,6 +209,12 @@ class RewardsConfig(Section):
     )
     timeout_s: float = Field(
         30.0, gt=0, description="Time limit of one reward call; past it the reward is None (an error)."
+    )
+    load_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="Limit on a reward worker's one-time set-up (a judge loading its model), apart from the "
+        "per-call timeout_s; a reward that fails to load stops the run.",
     )
     max_error_fraction: float = Field(
         0.5,

@@ -57,16 +57,17 @@ def evaluate(
     pass_k: int = 1,
     temperature: float = 1.0,
     seed: int = 0,
+    stop: tuple[str, ...] = (),
 ) -> dict[str, float]:
     """Greedy accuracy (and pass@k when `num_samples` > 0) of `engine` on `rows`."""
-    greedy = SamplingParams(max_new_tokens, greedy=True)
+    greedy = SamplingParams(max_new_tokens, greedy=True, stop=stop)
     results = _summarise(
         rows,
         [float(p[0]) for p in _passes(engine, tokenizer, rows, reward_fn, greedy, 1, seed)],
         "greedy_accuracy",
     )
     if num_samples:
-        sampled = SamplingParams(max_new_tokens, temperature=temperature)
+        sampled = SamplingParams(max_new_tokens, temperature=temperature, stop=stop)
         flags = _passes(engine, tokenizer, rows, reward_fn, sampled, num_samples, seed)
         results.update(
             _summarise(rows, [pass_at_k(num_samples, sum(f), pass_k) for f in flags], f"pass@{pass_k}")

@@ -267,6 +267,7 @@ class Run:
             pass_k=config.eval.pass_k,
             temperature=config.eval.temperature,
             seed=config.seed,
+            stop=tuple(config.rollout.stop),
         )
 
 
@@ -339,10 +340,17 @@ def run_offline_filter(model, tokenizer, rows: list[dict], config, store=None):
     """
     rules, rollout = config.zve.filter, config.rollout
     engine = build_engine(rollout, model, tokenizer)
-    params = SamplingParams(rollout.max_new_tokens, rollout.temperature, rollout.top_p)
+    params = SamplingParams(
+        rollout.max_new_tokens, rollout.temperature, rollout.top_p, stop=tuple(rollout.stop)
+    )
     with (
         progress_bar(len(rows), "pass rates", enabled=config.logging.progress) as advance,
-        RewardPool(build_reward(config.rewards), config.rewards.workers, config.rewards.timeout_s) as pool,
+        RewardPool(
+            build_reward(config.rewards),
+            config.rewards.workers,
+            config.rewards.timeout_s,
+            load_timeout_s=config.rewards.load_timeout_s,
+        ) as pool,
     ):
         estimate = estimate_pass_rates(
             engine,

@@ -67,3 +67,23 @@ class ComponentsRaiseOnX:
 
     def __call__(self, completions, **columns):
         return self.score_with_components(completions, **columns)[0]
+
+
+class SlowLoading:
+    """A reward that sets itself up slowly (as a judge loads its weights) and then scores each row with
+    the size of the call it came in (so a test sees how the pool batched)."""
+
+    def __init__(self, load_s: float = 0.0, batch_size: int = 1, fail: bool = False):
+        self.load_s, self.batch_size, self.fail = load_s, batch_size, fail
+        self.loaded = False
+
+    def prepare(self) -> None:
+        time.sleep(self.load_s)
+        if self.fail:
+            raise OSError("judge weights not found")
+        self.loaded = True
+
+    def __call__(self, completions, **_):
+        if not self.loaded:
+            raise RuntimeError("called before prepare()")
+        return [float(len(completions))] * len(completions)

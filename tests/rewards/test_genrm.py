@@ -121,3 +121,77 @@ def test_a_genrm_run_end_to_end(judge_dir, tmp_path):
     assert line["reward/genrm_unparseable"] == line["reward/none_fraction"]  # counted on its own
     samples = (run_dir / "genrm_samples.jsonl").read_text().splitlines()
     assert len(samples) == 4  # 2 prompts x 2 samples, every row logged (written by the reward worker)
+
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def deepseek_judge(tmp_path_factory):
+    """A DeepSeek-V3 judge (no native path: it runs on the hf engine) whose tokenizer has a chat template."""
+    from tests.families import family_model
+
+    model, tokenizer = family_model("deepseek_v3", seed=2)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    path = tmp_path_factory.mktemp("judge") / "deepseek"
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_a_judge_of_any_family_renders_its_chat_template_and_judges_in_batches(deepseek_judge):
+    from everyprompt.rewards import GenRMJudge
+    from everyprompt.rewards.pool import RewardPool
+
+    template = "Q {question} R {reference} A {response}"
+    judge = GenRMJudge(str(deepseek_judge), template, max_new_tokens=6, batch_size=4)
+    judge.prepare()
+    assert type(judge._engine).__name__ == "HFEngine"
+    expected = judge._tokenizer("<|user|>Q 6*7= R 42 A 41<|assistant|>", add_special_tokens=False).input_ids
+    assert judge.prompt_ids("Q 6*7= R 42 A 41") == expected
+    completions = [str(40 + i) for i in range(6)]
+    rows = {"prompt": ["6*7="] * 6, "answer": ["42"] * 6}
+    one_at_a_time = [
+        GenRMJudge(str(deepseek_judge), template, max_new_tokens=6, batch_size=1)(
+            [c], prompt=["6*7="], answer=["42"]
+        )[0]
+        for c in completions
+    ]
+    assert judge(completions, **rows) == one_at_a_time  # greedy: the batch changes nothing
+    with RewardPool(
+        GenRMJudge(str(deepseek_judge), template, max_new_tokens=6, batch_size=4), workers=1
+    ) as pool:
+        for key, completion in enumerate(completions):
+            pool.submit(key, completion, {"prompt": "6*7=", "answer": "42"})
+        assert pool.wait(list(range(6))) == one_at_a_time and pool.stats.errors == 0
+
+
+def test_a_run_scores_with_a_judge_slower_to_load_than_the_call_timeout(judge_dir, tmp_path, monkeypatch):
+    import json
+    import time
+
+    from everyprompt.pipeline import train
+    from everyprompt.rewards import GenRMJudge
+    from tests.conftest import tiny_config
+
+    load = GenRMJudge.prepare
+
+    def slow_prepare(self):  # forked reward workers inherit the patch
+        if self._engine is None:
+            time.sleep(2.0)
+        load(self)
+
+    monkeypatch.setattr(GenRMJudge, "prepare", slow_prepare)
+    config = tiny_config(
+        "rl.steps=2",
+        "rewards.function=genrm",
+        f"rewards.genrm.model={judge_dir}",
+        "rewards.genrm.max_new_tokens=6",
+        "rewards.timeout_s=1.0",
+    )
+    train(config, run_dir=tmp_path / "run")
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == 2 and all(line["reward/errors"] == 0 for line in lines)

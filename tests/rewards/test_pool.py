@@ -121,3 +121,42 @@ def test_a_callable_can_stand_for_the_spec():
     with RewardPool(length, workers=1) as pool:
         pool.submit(0, "abcd", {})
         assert pool.wait([0]) == [4.0]
+
+
+def test_a_worker_is_sent_up_to_batch_size_completions_per_call():
+    from tests.rewards.slow_rewards import SlowLoading
+
+    with RewardPool(SlowLoading(load_s=0.5, batch_size=4), workers=1, timeout_s=5) as pool:
+        for key in range(10):  # all waiting by the time the worker has loaded
+            pool.submit(key, "c", {})
+        assert pool.wait(list(range(10))) == [4.0] * 8 + [2.0] * 2
+    with RewardPool(SlowLoading(load_s=0.5, batch_size=4), workers=1, timeout_s=5, batch_size=1) as pool:
+        for key in range(3):
+            pool.submit(key, "c", {})
+        assert pool.wait([0, 1, 2]) == [1.0] * 3  # the pool's own batch_size wins over the reward's
+
+
+def test_a_slow_load_is_not_counted_against_the_call_timeout():
+    from tests.rewards.slow_rewards import SlowLoading
+
+    with RewardPool(SlowLoading(load_s=1.5), workers=2, timeout_s=0.5) as pool:
+        for key in range(6):
+            pool.submit(key, "c", {})
+        assert pool.wait(list(range(6))) == [1.0] * 6
+        assert pool.stats.timeouts == 0 and pool.stats.restarts == 0 and pool.stats.errors == 0
+
+
+@pytest.mark.parametrize(
+    "reward, match",
+    [
+        ({"load_s": 0.0, "fail": True}, r"failed to load: OSError: judge weights not found"),
+        ({"load_s": 30.0}, r"did not finish loading within rewards.load_timeout_s=0.5 s"),
+    ],
+)
+def test_a_reward_that_cannot_load_stops_the_run(reward, match):
+    from tests.rewards.slow_rewards import SlowLoading
+
+    with RewardPool(SlowLoading(**reward), workers=1, timeout_s=5, load_timeout_s=0.5) as pool:
+        pool.submit(0, "c", {})
+        with pytest.raises(RewardError, match=match):
+            pool.wait([0])

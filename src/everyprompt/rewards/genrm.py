@@ -73,11 +73,15 @@ def verdict_value(text: str, values: dict[str, float] | None = None) -> float | 
 
 
 class GenRMJudge:
-    """`fn(completions, prompt=..., answer=...) -> list[float | None]`: a judge checkpoint, run through the
-    native engine, grades each completion against the row's reference answer.
+    """`fn(completions, prompt=..., answer=...) -> list[float | None]`: a judge checkpoint of any family,
+    decoded by the rollout engine `engine` names (`auto`: native where it runs the judge, else hf), grades
+    each completion against the row's reference answer; the completions of one call are judged together
+    (the reward pool sends up to `batch_size` per call).
 
-    The judge loads on first call, i.e. in the reward worker that calls it, not in the trainer. With
-    `log_path`, every `log_every`-th judged row (prompt, raw output, verdict, value) is appended there.
+    The judge loads in `prepare()`, which the reward pool runs once in each worker before its first call
+    (under `rewards.load_timeout_s`, not the per-call timeout), never in the trainer. Its prompt is the
+    template rendered through the judge tokenizer's chat template when it has one. With `log_path`, every
+    `log_every`-th judged row (prompt, raw output, verdict, value) is appended there.
     """
 
     def __init__(
@@ -91,7 +95,7 @@ class GenRMJudge:
         batch_size: int = 64,
         log_path: str | None = None,
         log_every: int = 16,
-        engine: str = "native",
+        engine: str = "auto",
     ):
         self.model_path, self.template = model, template
         self.max_new_tokens, self.greedy, self.temperature = max_new_tokens, greedy, temperature
@@ -126,12 +130,25 @@ class GenRMJudge:
             config.engine,
         )
 
-    def _load(self) -> None:
+    def prepare(self) -> None:
+        """Load the judge (once; the pool calls this in each worker before the first call)."""
+        if self._engine is not None:
+            return
         from everyprompt.models.io import load_pretrained
         from everyprompt.rollout import make_engine
 
         model, self._tokenizer = load_pretrained(self.model_path)
         self._engine = make_engine(self.engine_name, model.eval(), self._tokenizer, self.batch_size)
+
+    def prompt_ids(self, text: str) -> list[int]:
+        """The judge's input: `text` as a user turn of its chat template when it has one, else as is."""
+        tokenizer = self._tokenizer
+        if getattr(tokenizer, "chat_template", None):
+            rendered = tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+            )
+            return tokenizer(rendered, add_special_tokens=False).input_ids
+        return tokenizer(text).input_ids
 
     def prompts(self, completions: list[str], prompt: list, answer: list) -> list[str]:
         return [
@@ -150,12 +167,10 @@ class GenRMJudge:
             raise ValueError("the genrm reward needs the rows' `prompt` and `answer` fields")
         from everyprompt.rollout import GenerationRequest, SamplingParams
 
-        if self._engine is None:
-            self._load()
+        self.prepare()
         texts = self.prompts(completions, prompt, answer)
         requests = [
-            GenerationRequest(i, self._tokenizer(t).input_ids, seed=self.judged + i)
-            for i, t in enumerate(texts)
+            GenerationRequest(i, self.prompt_ids(t), seed=self.judged + i) for i, t in enumerate(texts)
         ]
         params = SamplingParams(self.max_new_tokens, temperature=self.temperature, greedy=self.greedy)
         outputs: dict[int, str] = {}

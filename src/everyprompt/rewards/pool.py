@@ -1,9 +1,13 @@
 """RewardPool: reward functions in worker processes, fed one completion at a time as the engine streams
 them out, so that scoring overlaps with generation (docs/rollout.md).
 
-Each call has a time limit: a worker that hangs past `timeout_s` or dies (a crash, a segfault in a
-native verifier) is killed and replaced, and its completion gets reward None and a counted error; the
-run never waits on it. A row that cannot be scored (the function raises, returns a non-number or the wrong number of
+A worker is sent up to `batch_size` waiting completions per call (the reward function's own
+`batch_size` attribute by default, 1 without one: a judge model decodes a batch at once). Each call has a
+time limit: a worker that hangs past `timeout_s` or dies (a crash, a segfault in a native verifier) is
+killed and replaced, and its completions get reward None and a counted error; the run never waits on it.
+A reward with a `prepare()` method (a judge loading its model) runs it once per worker before its first
+call, under its own limit `load_timeout_s`, not the per-call one; a reward that cannot load stops the run
+(`wait` raises RewardError) rather than being retried forever. A row that cannot be scored (the function raises, returns a non-number or the wrong number of
 values) gets None and a `RewardFailure`; `take_failures()` hands them to the caller, which reports each
 distinct one once and decides whether the run can go on.
 
@@ -29,11 +33,14 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from everyprompt.processes import die_with_parent
-from everyprompt.rewards.base import RewardFailure, get_reward, reward_columns, score_completions
+from everyprompt.rewards.base import RewardError, RewardFailure, get_reward, reward_columns, score_completions
+
+READY = "ready"  # a worker's first message: the reward's prepare() finished (or it has none)
 
 
 def _serve(conn: Connection, fn: Callable, parent_pid: int) -> None:
-    """Worker loop: (key, completion, row) in, (key, (reward, components), failures) out."""
+    """Worker loop: first READY (or a load failure), then [(key, completion, row), ...] in and
+    ([(key, (reward, components)), ...], failures) out."""
     die_with_parent(parent_pid)  # a killed run leaves no reward worker behind
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the run decides
     if "torch" in sys.modules:
@@ -41,16 +48,23 @@ def _serve(conn: Connection, fn: Callable, parent_pid: int) -> None:
         # with the parent's thread count hangs (seen with torch 2.13). One thread per worker, as
         # DataLoader workers do.
         sys.modules["torch"].set_num_threads(1)
+    prepare = getattr(fn, "prepare", None)
+    try:
+        if prepare is not None:
+            prepare()
+    except Exception as err:  # noqa: BLE001  (user code: reported to the run, which stops)
+        conn.send((RewardFailure.from_exception(err).summary, None))
+        return
+    conn.send((READY, None))
     while True:
         try:
-            task = conn.recv()
+            tasks = conn.recv()
         except EOFError:
             return
-        if task is None:
+        if tasks is None:
             return
-        key, completion, row = task
-        rewards, components, failures = score_rows(fn, [completion], [row])
-        conn.send((key, (rewards[0], components[0]), failures))
+        rewards, components, failures = score_rows(fn, [t[1] for t in tasks], [t[2] for t in tasks])
+        conn.send(([(t[0], (r, c)) for t, r, c in zip(tasks, rewards, components)], failures))
 
 
 def score_rows(
@@ -80,8 +94,9 @@ def score_rows(
 class _Worker:
     process: Any
     conn: Connection
-    task: tuple | None = None  # the task in flight
-    started: float = 0.0
+    started: float  # when it was started (while loading) or sent its current call
+    tasks: list | None = None  # the call in flight
+    ready: bool = False  # its reward's prepare() finished
 
 
 @dataclass
@@ -99,16 +114,27 @@ class RewardPool:
 
     The workers stop at `close()`, or when the pool is garbage-collected."""
 
-    def __init__(self, spec: str | Callable, workers: int = 1, timeout_s: float = 30.0):
+    def __init__(
+        self,
+        spec: str | Callable,
+        workers: int = 1,
+        timeout_s: float = 30.0,
+        batch_size: int | None = None,
+        load_timeout_s: float = 600.0,
+    ):
         if workers < 0:
             raise ValueError(f"rewards.workers must be >= 0, got {workers}")
-        if not timeout_s > 0:
-            raise ValueError(f"rewards.timeout_s must be > 0, got {timeout_s}")
+        for key, value in (("timeout_s", timeout_s), ("load_timeout_s", load_timeout_s)):
+            if not value > 0:
+                raise ValueError(f"rewards.{key} must be > 0, got {value}")
         # an unknown name fails here, in the caller, with the registry's message; forked workers inherit fn
         fn = spec if callable(spec) else get_reward(spec)
+        batch_size = batch_size if batch_size is not None else int(getattr(fn, "batch_size", 1))
+        if batch_size < 1:
+            raise ValueError(f"reward batch_size must be >= 1, got {batch_size}")
         self._inline = fn if workers == 0 else None
         self._pending: list[tuple[Any, str, dict]] = []  # inline: submitted, not yet scored
-        self._state = _Dispatcher(fn, workers, float(timeout_s))
+        self._state = _Dispatcher(fn, workers, float(timeout_s), batch_size, float(load_timeout_s))
         self.stats = self._state.stats
         self.last_components: list[dict | None] = []
         if workers:
@@ -137,6 +163,8 @@ class RewardPool:
             state.record_failures(failures)
         with state.done:
             while True:
+                if state.fatal is not None:
+                    raise RewardError(state.fatal)
                 missing = [key for key in keys if key not in state.results]
                 if not missing:
                     scored = [state.results.pop(key) for key in keys]
@@ -166,8 +194,10 @@ class _Dispatcher:
     """The pool's worker processes and the thread loop that feeds them (holds no reference to the pool,
     so that a pool nobody holds is collected and its workers stopped)."""
 
-    def __init__(self, fn: Callable, workers: int, timeout_s: float):
+    def __init__(self, fn: Callable, workers: int, timeout_s: float, batch_size: int, load_timeout_s: float):
         self.fn, self.timeout_s = fn, timeout_s
+        self.batch_size, self.load_timeout_s = batch_size, load_timeout_s
+        self.fatal: str | None = None  # why the reward cannot run at all (it failed to load)
         self.stats = PoolStats()
         self.results: dict[Any, tuple] = {}  # key -> (reward, components)
         self.failures: list[RewardFailure] = []  # since the pool's last take_failures()
@@ -186,7 +216,7 @@ class _Dispatcher:
         process = self.context.Process(target=_serve, args=(child, self.fn, os.getpid()), daemon=True)
         process.start()
         child.close()
-        return _Worker(process, parent)
+        return _Worker(process, parent, time.perf_counter())
 
     def stop(self) -> None:
         if self.stopped:
@@ -218,13 +248,24 @@ class _Dispatcher:
 
     def replace(self, index: int, why: str) -> None:
         worker = self.workers[index]
-        key = worker.task[0]
         worker.process.kill()
         worker.process.join()
         worker.conn.close()
         self.stats.restarts += 1
         self.workers[index] = self.start()
-        self.finish(key, (None, None), [RewardFailure(f"reward call {why}; the worker was replaced")])
+        failure = RewardFailure(f"reward call {why}; the worker was replaced")
+        for key, _, _ in worker.tasks or []:
+            self.finish(key, (None, None), [failure])
+
+    def give_up(self, why: str) -> None:
+        """The reward cannot run: every waiter is woken to raise RewardError(why)."""
+        with self.done:
+            self.fatal = why
+            self.done.notify_all()
+
+    def deadline(self, worker: _Worker) -> float:
+        limit = self.timeout_s if worker.ready else self.load_timeout_s
+        return worker.started + limit
 
     def put(self, task) -> None:
         self.tasks.put(task)
@@ -244,13 +285,12 @@ class _Dispatcher:
                 except queue.Empty:
                     pass
                 for worker in self.workers:
-                    if worker.task is None and backlog:
-                        worker.task, worker.started = backlog.popleft(), time.perf_counter()
-                        worker.conn.send(worker.task)
-                busy = [w for w in self.workers if w.task is not None]
-                deadline = (
-                    min(w.started for w in busy) + self.timeout_s - time.perf_counter() if busy else None
-                )
+                    if worker.ready and worker.tasks is None and backlog:
+                        worker.tasks = [backlog.popleft() for _ in range(min(self.batch_size, len(backlog)))]
+                        worker.started = time.perf_counter()
+                        worker.conn.send(worker.tasks)
+                busy = [w for w in self.workers if w.tasks is not None or not w.ready]
+                deadline = min(map(self.deadline, busy)) - time.perf_counter() if busy else None
                 ready = wait(
                     [self.wake_read] + [w.conn for w in busy] + [w.process.sentinel for w in busy],
                     timeout=None if deadline is None else max(deadline, 0.0) + 1e-3,
@@ -266,20 +306,34 @@ class _Dispatcher:
     def collect(self) -> None:
         now = time.perf_counter()
         for index, worker in enumerate(list(self.workers)):
-            if worker.task is None:
+            if worker.ready and worker.tasks is None:
                 continue
             if worker.conn.poll():
                 try:
-                    key, reward, failures = worker.conn.recv()
+                    scored, failures = worker.conn.recv()
                 except (EOFError, OSError):
                     self.stats.crashes += 1
                     self.replace(index, f"crashed (exit code {worker.process.exitcode})")
                     continue
-                worker.task = None
-                self.finish(key, reward, failures)
+                if not worker.ready:  # its first message: loaded, or why it could not
+                    if scored != READY:
+                        self.give_up(f"the reward function failed to load: {scored}")
+                    worker.ready, worker.started = scored == READY, now
+                    continue
+                worker.tasks = None
+                for key, reward in scored:
+                    self.finish(key, reward, [])
+                self.record_failures(failures)
             elif not worker.process.is_alive():
                 self.stats.crashes += 1
                 self.replace(index, f"crashed (exit code {worker.process.exitcode})")
-            elif now - worker.started > self.timeout_s:
+            elif now > self.deadline(worker):
+                if not worker.ready:
+                    self.give_up(
+                        f"the reward function did not finish loading within rewards.load_timeout_s="
+                        f"{self.load_timeout_s:g} s"
+                    )
+                    worker.ready = True  # not waited on again (the run stops at its next wait)
+                    continue
                 self.stats.timeouts += 1
                 self.replace(index, f"timed out after {self.timeout_s:g} s")

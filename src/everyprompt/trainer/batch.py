@@ -16,7 +16,7 @@ class RolloutBatch:
     prompt_ids: list[list[int]]  # N prompts' token ids (BOS included)
     completion_ids: list[list[int]]  # N sampled completions (EOS included when finished by EOS)
     rollout_logprobs: list[torch.Tensor]  # N tensors [len(completion)]: the engine's log-probs
-    finish_reason: list[str]  # N x "eos" | "length"
+    finish_reason: list[str]  # N x "eos" | "stop" | "length"
     group_index: torch.Tensor  # [N] long: the prompt group of each completion (0..P-1)
     prompt_index: list[int]  # N: index of the prompt in the data
     completion_text: list[str] = field(default_factory=list)  # N decoded completions (no special tokens)

@@ -13,6 +13,7 @@ checkpoints (both sides' state, the RNG streams and the model, written atomicall
 
 from __future__ import annotations
 
+import logging
 import random
 import signal
 import time
@@ -26,7 +27,10 @@ from everyprompt.processes import GracefulStop, StopRequested
 from everyprompt.trainer.checkpoint import save_checkpoint
 from everyprompt.trainer.learner import Learner, NumericsError
 from everyprompt.trainer.metrics import MetricsLogger
+from everyprompt.trainer.parity import check_parity
 from everyprompt.trainer.rollout_side import RolloutSide
+
+log = logging.getLogger(__name__)
 
 
 class RLTrainer:
@@ -40,6 +44,7 @@ class RLTrainer:
         self.step = 0
         self.rollouts_total = 0  # rollouts generated so far (the offline filter's count in when it ran)
         self.reward_errors = 0
+        self.startup_metrics: dict[str, float] = {}  # parity check figures, logged with the next step
 
     @classmethod
     def build(
@@ -133,6 +138,14 @@ class RLTrainer:
     def train(self, evaluate_fn=None) -> list[dict[str, float]]:
         """Run until finished; checkpoint every `checkpoint.every` steps and at the end. SIGINT / SIGTERM
         end the current step, write a checkpoint and raise StopRequested (exit 130 / 143)."""
+        if self.config.rollout.parity_threshold > 0:
+            self.startup_metrics.update(
+                check_parity(self.model, self.tokenizer, self.config, self.rollout.prompt_ids)
+            )
+            log.info(
+                "startup parity: engine vs trainer mean |dlogp| %.2e",
+                self.startup_metrics["parity/logp_abs_diff"],
+            )
         logger = MetricsLogger(
             self.run_dir,
             self.rl.steps,
@@ -166,6 +179,8 @@ class RLTrainer:
         if evaluate_fn is not None and every and self.step % every == 0 and not self.finished:
             metrics.update({f"eval/{k}": v for k, v in evaluate_fn(self.engine).items()})
         metrics["time/step_s"] = time.perf_counter() - started
+        metrics.update(self.startup_metrics)  # the first logged step carries the startup figures
+        self.startup_metrics = {}
         logger.log(self.step, metrics)
         return metrics
 

@@ -129,7 +129,7 @@ class RolloutSide:
         self.lengths = LengthPredictor(store, default=config.rollout.max_new_tokens)
         self.retired_total = 0
         self.health = RewardHealth(config.rewards.max_error_fraction, config.rewards.error_window)
-        self._prompt_ids = [tokenizer(p["prompt"]).input_ids for p in prompts]
+        self.prompt_ids = [tokenizer(p["prompt"]).input_ids for p in prompts]
         keys = sorted({key for row in prompts for key in row})
         self._reward_rows = [{key: row.get(key) for key in keys} for row in prompts]
         self._calls = 0  # generate calls so far: keeps each call's reward keys apart
@@ -138,7 +138,12 @@ class RolloutSide:
     def build(cls, config: Config, model, tokenizer, prompts, run_dir, store: PassRateStore) -> RolloutSide:
         """The configured engine over `model`'s weights and the configured reward in its worker pool."""
         rewards = config.rewards
-        pool = RewardPool(build_reward(rewards, run_dir), rewards.workers, rewards.timeout_s)
+        pool = RewardPool(
+            build_reward(rewards, run_dir),
+            rewards.workers,
+            rewards.timeout_s,
+            load_timeout_s=rewards.load_timeout_s,
+        )
         return cls(config, build_engine(config.rollout, model, tokenizer), tokenizer, prompts, pool, store)
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
@@ -195,6 +200,7 @@ class RolloutSide:
             settings["rollout.temperature"],
             settings["rollout.top_p"],
             record_routes=self.engine.can_record_routes,  # replay and the routing-mismatch metrics
+            stop=tuple(self.config.rollout.stop),
         )
         tally = _Tally()
         errors_before = self.rewards.stats.errors
@@ -240,7 +246,7 @@ class RolloutSide:
         """One completion per (prompt index, group slot, sample number) spec: [((Completion, text), reward)]."""
         seed = self.config.seed
         requests = [
-            GenerationRequest(i, self._prompt_ids[index], derive_seed(seed, step, slot, s))
+            GenerationRequest(i, self.prompt_ids[index], derive_seed(seed, step, slot, s))
             for i, (index, slot, s) in enumerate(specs)
         ]
         predicted = [self.lengths.predict(self.prompts[i]["prompt"], self._bucket(i)) for i, _, _ in specs]

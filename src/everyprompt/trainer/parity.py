@@ -1,0 +1,89 @@
+"""The startup parity check: the rollout engine and the trainer score the same completions.
+
+A fast path that computes a model differently from transformers (a family nobody tested, a setting
+missed) would otherwise train on log-probs of the wrong distribution without a word. Before the first
+RL step, an fp32 engine of the run's kind samples a few completions of training prompts and the
+trainer's forward re-scores them; a mean |log-prob difference| above `rollout.parity_threshold` stops
+the run with the gap and the engine named. The figure is logged either way (`parity/logp_abs_diff`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from everyprompt.rollout import (
+    GenerationRequest,
+    SamplingParams,
+    UnsupportedModelError,
+    make_engine,
+    resolve_engine,
+)
+from everyprompt.rollout.sampling import derive_seed
+
+
+class ParityError(UnsupportedModelError):
+    """The engine's log-probs of a model are not the trainer's."""
+
+
+def _trainer_logprobs(model, prompt_ids: list[int], token_ids: list[int], temperature: float) -> torch.Tensor:
+    ids = torch.tensor([prompt_ids + token_ids])
+    logits = model(input_ids=ids, use_cache=False).logits[0, len(prompt_ids) - 1 : -1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(token_ids)[:, None]).squeeze(-1)
+
+
+@torch.no_grad()
+def parity_gap(
+    model,
+    tokenizer,
+    engine: str,
+    prompt_ids: list[list[int]],
+    *,
+    temperature: float,
+    max_new_tokens: int,
+    seed: int,
+) -> dict[str, float]:
+    """Mean |engine - trainer| log-prob over the completion tokens of `prompt_ids`, both in fp32."""
+    fp32 = make_engine(engine, model, tokenizer, batch_size=len(prompt_ids), precision="fp32")
+    requests = [
+        GenerationRequest(i, ids, seed=derive_seed(seed, 7919, i)) for i, ids in enumerate(prompt_ids)
+    ]
+    params = SamplingParams(max_new_tokens, temperature=temperature)
+    training = model.training
+    model.eval()
+    try:
+        gaps = [
+            (c.logprobs - _trainer_logprobs(model, c.prompt_ids, c.token_ids, temperature)).abs()
+            for c in fp32.generate(requests, params)
+        ]
+    finally:
+        model.train(training)
+    gap = torch.cat(gaps)
+    return {
+        "parity/logp_abs_diff": float(gap.mean()),
+        "parity/logp_abs_diff_max": float(gap.max()),
+        "parity/tokens": float(gap.numel()),
+    }
+
+
+def check_parity(model, tokenizer, config, prompt_ids: list[list[int]]) -> dict[str, float]:
+    """`parity_gap` on the first `rollout.parity_prompts` prompts; ParityError above the threshold."""
+    rollout = config.rollout
+    engine = resolve_engine(rollout.engine, model.config)
+    figures = parity_gap(
+        model,
+        tokenizer,
+        engine,
+        prompt_ids[: rollout.parity_prompts],
+        temperature=rollout.temperature,
+        max_new_tokens=min(rollout.max_new_tokens, 32),
+        seed=config.seed,
+    )
+    gap = figures["parity/logp_abs_diff"]
+    if gap > rollout.parity_threshold:
+        raise ParityError(
+            f"the {engine} engine's log-probs of this {model.config.model_type} model differ from the trainer's by "
+            f"{gap:.2e} on average in fp32 (rollout.parity_threshold={rollout.parity_threshold:g}): the engine "
+            f"computes the model differently; run it with rollout.engine=hf"
+            + (" or report the model" if engine == "hf" else "")
+        )
+    return figures
