@@ -1,10 +1,10 @@
 """Rollout throughput: engine speed, reward overlap, length-aware scheduling, and an RL step against TRL.
 
 Each comparison runs in one process on the same model, prompts and sampling settings:
-  (a) the native engine's tokens/s against transformers' `generate`: the same batch decoding the same
-      number of tokens per sequence (the kernels' speed), and a rollout workload (the long-tailed length
-      mix of (c), each request cut at its own length; `generate` in batches of the engine's slot count,
-      each batch running until its longest request is done, as static batching does);
+  (a) the native and hf engines' tokens/s against transformers' `generate`: the same batch decoding the
+      same number of tokens per sequence (the kernels' speed), and a rollout workload (the long-tailed
+      length mix of (c), each request cut at its own length; `generate` in batches of the engine's slot
+      count, each batch running until its longest request is done, as static batching does);
   (b) rollout + a deliberately slow reward (a 20 ms call per completion, as a remote judge would take),
       scored after generation vs streamed into the RewardPool during it, against rollout alone;
   (c) a long-tailed length mix through a few slots, `fifo` vs `longest_first` admission: wall time and
@@ -83,6 +83,15 @@ def _engine(model, tokenizer, slots: int, eos: bool = True):
     )
 
 
+def _hf_engine(model, tokenizer, slots: int):
+    """The hf engine over a copy of `model`, never stopping early (no end-of-sequence ids)."""
+    import copy
+
+    from everyprompt.rollout.hf import HFEngine
+
+    return HFEngine(copy.deepcopy(model), [], tokenizer.pad_token_id, slots)
+
+
 def _best_of(repeats: int, fn) -> tuple[float, object]:
     """The fastest of `repeats` timed calls (the first also warms caches up), with its result."""
     best, result = float("inf"), None
@@ -123,6 +132,9 @@ def engine_vs_hf(model, tokenizer, prompts: list[str], batch: int, new_tokens: i
     params = SamplingParams(new_tokens)
     native_s, completions = _best_of(repeats, lambda: list(engine.generate(requests, params)))
     native_tokens = sum(len(c.token_ids) for c in completions)
+    hf_engine = _hf_engine(model, tokenizer, batch)
+    hf_engine_s, completions = _best_of(repeats, lambda: list(hf_engine.generate(requests, params)))
+    hf_engine_tokens = sum(len(c.token_ids) for c in completions)
 
     tokenizer.padding_side = "left"
     encoded = tokenizer(prompts, return_tensors="pt", padding=True)
@@ -144,6 +156,10 @@ def engine_vs_hf(model, tokenizer, prompts: list[str], batch: int, new_tokens: i
         "hf_s": hf_s,
         "hf_tokens_per_s": hf_tokens / hf_s,
         "speedup": (native_tokens / native_s) / (hf_tokens / hf_s),
+        "hf_engine_tokens": hf_engine_tokens,
+        "hf_engine_s": hf_engine_s,
+        "hf_engine_tokens_per_s": hf_engine_tokens / hf_engine_s,
+        "hf_engine_vs_generate": (hf_engine_tokens / hf_engine_s) / (hf_tokens / hf_s),
         "engine_stats": engine.stats,
         "profile": profiles,
     }
@@ -166,6 +182,11 @@ def engine_vs_hf_rollout(
     order = admission_order(predicted, "longest_first")
     native_s, completions = _best_of(
         repeats, lambda: list(engine.generate([requests[i] for i in order], params))
+    )
+    assert sorted(len(c.token_ids) for c in completions) == sorted(lengths)
+    hf_engine = _hf_engine(model, tokenizer, slots)
+    hf_engine_s, completions = _best_of(
+        repeats, lambda: list(hf_engine.generate([requests[i] for i in order], params))
     )
     assert sorted(len(c.token_ids) for c in completions) == sorted(lengths)
 
@@ -192,6 +213,10 @@ def engine_vs_hf_rollout(
         "hf_tokens_per_s": tokens / hf_s,
         "hf_useful_share": tokens / hf_computed,
         "speedup": hf_s / native_s,
+        "hf_engine_s": hf_engine_s,
+        "hf_engine_tokens_per_s": tokens / hf_engine_s,
+        "hf_engine_slot_occupancy": hf_engine.stats["slot_occupancy"],
+        "hf_engine_vs_generate": hf_s / hf_engine_s,
     }
 
 
@@ -566,7 +591,21 @@ def main(argv: list[str] | None = None) -> int:
         f"{a['speedup']:.1f}x",
         ">= 10x",
     )
+    table.add_row(
+        f"(a) hf engine tokens/s, batch {a['batch']} x {a['new_tokens']} tokens",
+        f"{a['hf_engine_tokens_per_s']:.0f}",
+        f"{a['hf_tokens_per_s']:.0f} (HF generate)",
+        f"{a['hf_engine_vs_generate']:.2f}x",
+        ">= 1x",
+    )
     r = results["engine_vs_hf_rollout"]
+    table.add_row(
+        f"(a) hf engine tokens/s, rollout: {r['requests']} requests, {r['slots']} slots",
+        f"{r['hf_engine_tokens_per_s']:.0f} ({r['hf_engine_slot_occupancy']:.0%} of slots busy)",
+        f"{r['hf_tokens_per_s']:.0f} (HF generate)",
+        f"{r['hf_engine_vs_generate']:.2f}x",
+        ">= 1x",
+    )
     table.add_row(
         f"(a) tokens/s, rollout: {r['requests']} requests, long-tailed lengths, {r['slots']} slots",
         f"{r['native_tokens_per_s']:.0f} ({r['native_slot_occupancy']:.0%} of slots busy)",

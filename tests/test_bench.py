@@ -194,7 +194,8 @@ def test_throughput_bench_smoke(tmp_path, capsys):
     assert bench.main(["--tiny", "--out", str(tmp_path)]) == 0
     payload = json.loads((tmp_path / "throughput.json").read_text())
     a, b, c = payload["engine_vs_hf"], payload["reward_overlap"], payload["scheduling"]
-    assert a["native_tokens"] == a["hf_tokens"] == a["batch"] * a["new_tokens"]  # equal work on both sides
+    # equal work on every side: native engine, hf engine, transformers generate
+    assert a["native_tokens"] == a["hf_engine_tokens"] == a["hf_tokens"] == a["batch"] * a["new_tokens"]
     assert 0 < a["profile"]["native"]["compute_kernel_share"] < 1
     assert b["rollout_then_reward_s"] > b["rollout_alone_s"] and set(b["by_workers"]) == {"1", "2", "4", "8"}
     assert c["fifo"]["tokens"] == c["longest_first"]["tokens"] == c["tokens"]
@@ -241,3 +242,12 @@ def test_chaos_bench_kills_and_resumes(tmp_path):
     summary = json.loads((tmp_path / "chaos.json").read_text())["summary"]
     assert summary["finished"] == 2 and summary["max_parameter_difference"] <= 1e-6
     assert summary["leftover_processes"] == 0
+
+
+def test_genrm_bench_smoke(tmp_path, capsys):
+    bench = _load("genrm")
+    assert bench.main(["--tiny", "--out", str(tmp_path)]) == 0
+    payload = json.loads((tmp_path / "genrm.json").read_text())
+    assert payload["batch_1"]["completions"] == payload["batch_16"]["completions"] == 16
+    assert payload["same_verdicts"] and payload["speedup"] > 0
+    assert "GenRM judge" in capsys.readouterr().out

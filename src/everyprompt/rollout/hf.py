@@ -177,11 +177,12 @@ class HFEngine:
             )
             clock["tokens"] += len(batch.rows)
             keep = []
-            for i, row in enumerate(batch.rows):
-                token = int(sampled[i])
+            for i, (row, token, logprob, entropy) in enumerate(
+                zip(batch.rows, sampled.tolist(), logprobs.tolist(), entropies.tolist())
+            ):
                 row.tokens.append(token)
-                row.logprobs.append(float(logprobs[i]))
-                row.entropies.append(float(entropies[i]))
+                row.logprobs.append(logprob)
+                row.entropies.append(entropy)
                 if token in self.stop_token_ids:
                     reason = "eos"
                 elif stops.hit(row.tokens):
