@@ -70,6 +70,27 @@ class Completion:
     entropies: torch.Tensor | None = None  # [len(token_ids)] entropy of softmax(logits / T); None if not kept
 
 
+def call_stats(clock: dict[str, float], wall: float, slots: int) -> dict[str, float]:
+    """An engine's `stats` for one generate call from its running counts (`tokens`, `busy`: the sum over
+    decode steps of the busy slot fraction, `decode_s`, `decode_steps`, `prefill_s`, `admissions`, and
+    optional ones such as `shrinks`) and its wall time."""
+    steps = max(clock["decode_steps"], 1)
+    stats = {
+        "tokens": float(clock["tokens"]),
+        "tokens_per_s": clock["tokens"] / wall if wall > 0 else 0.0,
+        "slot_occupancy": clock["busy"] / steps,
+        "decode_step_ms": 1000 * clock["decode_s"] / steps,
+        "decode_steps": float(clock["decode_steps"]),
+        "prefill_s": clock["prefill_s"],
+        "wall_s": wall,
+        "slots": float(slots),
+        "admissions": float(clock["admissions"]),
+    }
+    if "shrinks" in clock:
+        stats["pool_shrinks"] = float(clock["shrinks"])
+    return stats
+
+
 class UnsupportedModelError(ValueError):
     """The chosen rollout engine cannot run this model (or this request of it)."""
 

@@ -34,6 +34,7 @@ from everyprompt.rollout.base import (
     GenerationRequest,
     SamplingParams,
     UnsupportedModelError,
+    call_stats,
     register_engine,
 )
 from everyprompt.rollout.sampling import sample_tokens
@@ -203,19 +204,7 @@ class HFEngine:
             clock["decode_s"] += time.perf_counter() - tick
             clock["decode_steps"] += 1
             clock["busy"] += len(batch.rows) / pool
-        wall = time.perf_counter() - began
-        steps = max(clock["decode_steps"], 1)
-        self.stats = {
-            "tokens": float(clock["tokens"]),
-            "tokens_per_s": clock["tokens"] / wall if wall > 0 else 0.0,
-            "slot_occupancy": clock["busy"] / steps,
-            "decode_step_ms": 1000 * clock["decode_s"] / steps,
-            "decode_steps": float(clock["decode_steps"]),
-            "prefill_s": clock["prefill_s"],
-            "wall_s": wall,
-            "slots": float(pool),
-            "admissions": float(clock["admissions"]),
-        }
+        self.stats = call_stats(clock, time.perf_counter() - began, pool)
 
     @torch.inference_mode()
     def _admit(self, batch: _Batch, requests, admitted: list[int], params: SamplingParams, captured) -> None:

@@ -28,6 +28,7 @@ from everyprompt.rollout.base import (
     GenerationRequest,
     SamplingParams,
     UnsupportedModelError,
+    call_stats,
     register_engine,
 )
 from everyprompt.rollout.native.families import FAMILIES, rope_tables, unsupported_settings
@@ -438,20 +439,7 @@ class NativeEngine:
             clock["decode_s"] += time.perf_counter() - tick
             clock["decode_steps"] += 1
             clock["busy"] += len(running) / pool
-        wall = time.perf_counter() - began
-        steps = max(clock["decode_steps"], 1)
-        self.stats = {
-            "tokens": float(clock["tokens"]),
-            "tokens_per_s": clock["tokens"] / wall if wall > 0 else 0.0,
-            "slot_occupancy": clock["busy"] / steps,
-            "decode_step_ms": 1000 * clock["decode_s"] / steps,
-            "decode_steps": float(clock["decode_steps"]),
-            "prefill_s": clock["prefill_s"],
-            "wall_s": wall,
-            "slots": float(pool),
-            "pool_shrinks": float(clock["shrinks"]),
-            "admissions": float(clock["admissions"]),
-        }
+        self.stats = call_stats(clock, time.perf_counter() - began, pool)
 
     def _prefill(self, layers, requests, admitted, slots, state, caches, params, record):
         """Run the admitted prompts (right-padded) into cache rows `slots`; their next-token logits become
