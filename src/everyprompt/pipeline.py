@@ -144,7 +144,7 @@ class Run:
         """The engine that will decode this model (UnsupportedModelError if the configured one cannot),
         printed once with why when `auto` chose it."""
         configured = self.config.rollout.engine
-        engine = check_engine(configured, model_config)
+        engine = check_engine(configured, model_config, self.config.rollout.precision)
         how = (
             f"auto: the fastest engine for {model_config.model_type}"
             if configured == "auto"

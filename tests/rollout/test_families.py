@@ -198,3 +198,46 @@ def test_a_setting_native_does_not_compute_is_refused_by_name(tmp_path, capsys, 
     assert not (run / "sft").exists() and not (run / "checkpoints").exists()  # refused before any training
     model, _ = family_model(name, **overrides)
     assert engines_for(model.config) == ["hf"]  # auto runs it on hf
+
+
+def test_a_precision_no_engine_runs_for_the_model_is_refused_before_training(tmp_path, capsys):
+    from everyprompt.rollout import UnsupportedModelError, check_engine
+
+    model, _ = family_model("deepseek_v3")
+    with pytest.raises(UnsupportedModelError, match=r"hf: it runs rollout.precision fp32, bf16, not fp8"):
+        check_engine("auto", model.config, "fp8")
+    assert check_engine("auto", model.config, "bf16") == "hf"
+    checkpoint = save_family_checkpoint("deepseek_v3", tmp_path / "ds")
+    capsys.readouterr()
+    run = tmp_path / "run"
+    argv = [
+        "train",
+        *TINY_OVERRIDES,
+        f"model.path={checkpoint}",
+        "rollout.precision=fp8",
+        "rl.old_logprobs=recompute",
+        "--run-dir",
+        str(run),
+    ]
+    assert main(argv) == 2
+    assert "no registered rollout engine can run this deepseek_v3 model" in capsys.readouterr().err
+    assert not (run / "sft").exists()
+
+
+def test_hf_engine_weight_sync_and_bf16():
+    model, tokenizer = family_model("mixtral")
+    other, _ = family_model("mixtral", seed=7)
+    synced = make_engine("hf", model, tokenizer, batch_size=4)
+    synced.load_weights(other.state_dict())
+    fresh = make_engine("hf", other, tokenizer, batch_size=4)
+    params = SamplingParams(10)
+    a = {c.request_id: c for c in synced.generate(_requests(tokenizer), params)}
+    b = {c.request_id: c for c in fresh.generate(_requests(tokenizer), params)}
+    assert all(a[i].token_ids == b[i].token_ids and torch.equal(a[i].logprobs, b[i].logprobs) for i in a)
+    with pytest.raises(KeyError, match="does not fit MixtralForCausalLM"):
+        synced.load_weights({"lm_head.weight": other.lm_head.weight})
+    half = make_engine("hf", model, tokenizer, batch_size=4, precision="bf16")
+    for completion in half.generate(_requests(tokenizer), params):
+        gap = (completion.logprobs - _forward(model, completion, 1.0)[0]).abs().mean()
+        assert gap < 0.05  # bf16 arithmetic, same model
+    assert next(model.parameters()).dtype == torch.float32  # the engine's copy, not the policy, went bf16

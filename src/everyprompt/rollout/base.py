@@ -160,12 +160,15 @@ def _spec(name: str) -> EngineSpec:
     return _ENGINES[name]
 
 
-def _refusal(name: str, model_config: Any) -> str | None:
-    """Why engine `name` cannot run a model of `model_config` (None: it can)."""
+def _refusal(name: str, model_config: Any, precision: str | None = None) -> str | None:
+    """Why engine `name` cannot run a model of `model_config` (at `precision`, when given); None: it can."""
     spec = _spec(name)
     model_type = getattr(model_config, "model_type", None)
     if spec.model_types and model_type not in spec.model_types:
         return f"it runs model_type {', '.join(spec.model_types)}, not {model_type!r}"
+    precisions = getattr(spec.cls, "PRECISIONS", None)
+    if precision is not None and precisions is not None and precision not in precisions:
+        return f"it runs rollout.precision {', '.join(precisions)}, not {precision}"
     check = getattr(spec.cls, "check_config", None)
     if check is not None:
         try:
@@ -175,25 +178,28 @@ def _refusal(name: str, model_config: Any) -> str | None:
     return None
 
 
-def engines_for(model_config: Any) -> list[str]:
-    """The registered engines that can run a model of this config, fastest first."""
+def engines_for(model_config: Any, precision: str | None = None) -> list[str]:
+    """The registered engines that can run a model of this config (at `precision`), fastest first."""
     names = sorted(_ENGINES, key=lambda n: (_ENGINES[n].rank, n))
-    return [n for n in names if _refusal(n, model_config) is None]
+    return [n for n in names if _refusal(n, model_config, precision) is None]
 
 
-def resolve_engine(name: str, model_config: Any) -> str:
-    """The engine that runs this model: `name` itself (UnsupportedModelError naming why it cannot, and
-    the engines that could), or for `auto` the fastest engine that can."""
+def resolve_engine(name: str, model_config: Any, precision: str | None = None) -> str:
+    """The engine that runs this model (at `precision`, when given): `name` itself (UnsupportedModelError
+    naming why it cannot, and the engines that could), or for `auto` the fastest engine that can."""
     if name == AUTO:
-        able = engines_for(model_config)
+        able = engines_for(model_config, precision)
         if not able:
             model_type = getattr(model_config, "model_type", None)
-            raise UnsupportedModelError(f"no registered rollout engine can run model_type {model_type!r}")
+            why = "; ".join(f"{n}: {_refusal(n, model_config, precision)}" for n in registered_engines())
+            raise UnsupportedModelError(
+                f"no registered rollout engine can run this {model_type} model ({why})"
+            )
         return able[0]
-    why = _refusal(name, model_config)
+    why = _refusal(name, model_config, precision)
     if why is not None:
         model_type = getattr(model_config, "model_type", None)
-        others = [n for n in engines_for(model_config) if n != name]
+        others = [n for n in engines_for(model_config, precision) if n != name]
         could = f"set rollout.engine={others[0]} (or auto)" if others else "no registered engine can"
         raise UnsupportedModelError(
             f"rollout.engine={name} cannot run this {model_type} model: {why}; {could}"
@@ -201,9 +207,9 @@ def resolve_engine(name: str, model_config: Any) -> str:
     return name
 
 
-def check_engine(name: str, model_config: Any) -> str:
+def check_engine(name: str, model_config: Any, precision: str | None = None) -> str:
     """The engine that will run the model (see `resolve_engine`); raises before any training if none."""
-    return resolve_engine(name, model_config)
+    return resolve_engine(name, model_config, precision)
 
 
 def build_engine(config, model, tokenizer) -> RolloutEngine:
@@ -214,7 +220,7 @@ def build_engine(config, model, tokenizer) -> RolloutEngine:
 def make_engine(name: str, model, tokenizer, batch_size: int, precision: str = "fp32") -> RolloutEngine:
     """Engine `name` (or `auto`'s choice) over `model`'s weights; UnsupportedModelError if it cannot run
     the model."""
-    chosen = resolve_engine(name, model.config)
+    chosen = resolve_engine(name, model.config, precision)
     if name == AUTO:
         log.info("rollout.engine=auto runs %s with the %s engine", model.config.model_type, chosen)
     return _spec(chosen).cls.from_model(model, tokenizer, batch_size=batch_size, precision=precision)

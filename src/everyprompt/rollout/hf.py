@@ -90,6 +90,8 @@ class _Captured:
 class HFEngine:
     """RolloutEngine over a transformers causal LM (any architecture). Build it with :meth:`from_model`."""
 
+    PRECISIONS = tuple(DTYPES)
+
     def __init__(
         self,
         model,

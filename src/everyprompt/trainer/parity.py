@@ -68,7 +68,7 @@ def parity_gap(
 def check_parity(model, tokenizer, config, prompt_ids: list[list[int]]) -> dict[str, float]:
     """`parity_gap` on the first `rollout.parity_prompts` prompts; ParityError above the threshold."""
     rollout = config.rollout
-    engine = resolve_engine(rollout.engine, model.config)
+    engine = resolve_engine(rollout.engine, model.config, rollout.precision)
     figures = parity_gap(
         model,
         tokenizer,

@@ -52,6 +52,8 @@ PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8": torch.float3
 class NativeEngine:
     """RolloutEngine over a state dict of one of `FAMILIES`. Build it with :meth:`from_model`."""
 
+    PRECISIONS = tuple(PRECISIONS)
+
     def __init__(
         self,
         config,
