@@ -95,6 +95,13 @@ def test_rollout_old_logprobs_cannot_be_corrected_against_themselves():
         load_config(None, ["rl.old_logprobs=rollout", "rl.rollout_correction.mode=tis"])
 
 
+def test_a_rule_across_sections_is_reported_without_an_empty_section_name():
+    with pytest.raises(
+        ConfigError, match=r"yaml: config: rl.old_logprobs=rollout .*set rl.old_logprobs=recompute$"
+    ):
+        load_config(None, ["rl.old_logprobs=rollout", "rollout.precision=fp8"])
+
+
 @pytest.mark.parametrize(
     ("override", "needle"),
     [

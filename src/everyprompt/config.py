@@ -638,7 +638,8 @@ def _describe_error(err: dict, source: str) -> str:
     given = err.get("input")
     message = err["msg"].removeprefix("Value error, ")
     if isinstance(given, dict):  # a rule across a section's keys: the message names them
-        return f"{source}config section '{key}': {message}"
+        where = f"config section '{key}'" if key else "config"  # '' is the top level: rules across sections
+        return f"{source}{where}: {message}"
     return f"{source}config key '{key}': {message}, got {given!r}"
 
 
