@@ -87,45 +87,11 @@ def test_bad_replay_indices_and_dense_models_are_clear_errors(tiny_model):
         RouterReplay(dense)
 
 
-def _other_moe(kind: str):
-    """A tiny random-init model of another MoE family (the native engine serves only Qwen3)."""
-    from transformers import (
-        MixtralConfig,
-        MixtralForCausalLM,
-        OlmoeConfig,
-        OlmoeForCausalLM,
-        Qwen2MoeConfig,
-        Qwen2MoeForCausalLM,
-    )
+@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe", "olmoe", "gpt_oss"])
+def test_replay_fits_mixtral_qwen2_moe_olmoe_and_gpt_oss_routers(kind):
+    from tests.families import family_model
 
-    common = dict(vocab_size=32, **TINY_LAYERS)
-    torch.manual_seed(0)
-    if kind == "mixtral":
-        return MixtralForCausalLM(
-            MixtralConfig(**common, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2)
-        )
-    if kind == "qwen2_moe":
-        return Qwen2MoeForCausalLM(
-            Qwen2MoeConfig(
-                **common,
-                intermediate_size=32,
-                moe_intermediate_size=16,
-                shared_expert_intermediate_size=16,
-                num_experts=4,
-                num_experts_per_tok=2,
-                norm_topk_prob=True,
-            )
-        )
-    return OlmoeForCausalLM(
-        OlmoeConfig(
-            **common, intermediate_size=16, num_experts=4, num_experts_per_tok=2, norm_topk_prob=False
-        )
-    )
-
-
-@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe", "olmoe"])
-def test_replay_fits_mixtral_qwen2_moe_and_olmoe_routers(kind):
-    model = _other_moe(kind)
+    model, _ = family_model(kind)
     ids = [3, 7, 1, 30, 12, 5, 9, 2]
     replay = RouterReplay(model)
     assert len(replay.routers) == 2
@@ -142,3 +108,23 @@ def test_replay_fits_mixtral_qwen2_moe_and_olmoe_routers(kind):
         _logprobs(model, ids).sum().backward()
     for router in replay.routers:
         assert router.weight.grad is not None and router.weight.grad.abs().sum() > 0
+
+
+def test_gate_functions_hand_computed():
+    import math
+    from types import SimpleNamespace
+
+    from everyprompt.models.replay import chosen_softmax_gates, sigmoid_gates, softmax_gates
+
+    logits = torch.tensor([[0.0, 0.0, math.log(2.0)]])  # softmax: 0.25, 0.25, 0.5
+    chosen = torch.tensor([[2, 0]])
+    plain = softmax_gates(SimpleNamespace(norm_topk_prob=False), logits, chosen)
+    torch.testing.assert_close(plain, torch.tensor([[0.5, 0.25]]))
+    torch.testing.assert_close(
+        softmax_gates(SimpleNamespace(), logits, chosen), torch.tensor([[2 / 3, 1 / 3]])
+    )
+    deepseek = SimpleNamespace(norm_topk_prob=True, routed_scaling_factor=2.5)
+    sigmoid = sigmoid_gates(deepseek, torch.tensor([[0.0, math.log(3.0)]]), torch.tensor([[0, 1]]))
+    torch.testing.assert_close(sigmoid, torch.tensor([[1.0, 1.5]]))  # (0.5, 0.75) / 1.25 * 2.5
+    oss = chosen_softmax_gates(None, torch.tensor([[1.0, 0.0, math.log(3.0)]]), torch.tensor([[0, 2]]))
+    torch.testing.assert_close(oss, torch.tensor([[math.e / (math.e + 3), 3 / (math.e + 3)]]))
