@@ -11,7 +11,7 @@ from everyprompt.models.experts import (
     use_sorted_experts,
 )
 from tests.conftest import TINY_LAYERS
-from tests.models.test_replay import _other_moe
+from tests.families import family_model
 
 
 def _loss_and_grads(model, ids: torch.Tensor, implementation: str):
@@ -37,7 +37,7 @@ def _qwen3_moe():
 def test_sorted_kernel_equals_the_eager_experts_in_loss_and_every_gradient(kind):
     """Eager is transformers' per-expert loop, the definition; router weights get their gradient through
     the gate weights, the experts through the grouped matmuls, the embeddings through index_add."""
-    model = _qwen3_moe() if kind == "qwen3_moe" else _other_moe(kind)
+    model = _qwen3_moe() if kind == "qwen3_moe" else family_model(kind)[0]
     assert use_sorted_experts(model) and model.config._experts_implementation == KERNEL_NAME
     ids = torch.randint(0, 32, (3, 11), generator=torch.Generator().manual_seed(1))
     loss, grads = _loss_and_grads(model, ids, KERNEL_NAME)
