@@ -23,7 +23,7 @@ from everyprompt.models.experts import select_moe_kernel
 from everyprompt.models.io import load_model_and_tokenizer, load_pretrained
 from everyprompt.rewards import build_reward
 from everyprompt.rewards.pool import RewardPool
-from everyprompt.rollout import SamplingParams, build_engine, check_engine
+from everyprompt.rollout import SamplingParams, build_engine, resolve_engine
 from everyprompt.trainer import RLTrainer, run_sft, save_checkpoint
 from everyprompt.trainer.checkpoint import (
     CheckpointError,
@@ -144,7 +144,7 @@ class Run:
         """The engine that will decode this model (UnsupportedModelError if the configured one cannot),
         printed once with why when `auto` chose it."""
         configured = self.config.rollout.engine
-        engine = check_engine(configured, model_config, self.config.rollout.precision)
+        engine = resolve_engine(configured, model_config, self.config.rollout.precision)
         how = (
             f"auto: the fastest engine for {model_config.model_type}"
             if configured == "auto"

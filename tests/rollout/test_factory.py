@@ -10,10 +10,10 @@ from everyprompt.config import ConfigError, RolloutConfig
 from everyprompt.rollout import (
     UnsupportedModelError,
     build_engine,
-    check_engine,
     engines_for,
     register_engine,
     registered_engines,
+    resolve_engine,
 )
 from everyprompt.rollout.native import NativeEngine
 from tests.conftest import TINY_OVERRIDES, tiny_config
@@ -45,10 +45,10 @@ def test_a_model_the_engine_cannot_run_is_named_with_the_engines_that_could(tiny
         UnsupportedModelError,
         match=r"rollout.engine=native cannot run this gpt2 model: .*not 'gpt2'; set rollout.engine=hf \(or auto\)",
     ):
-        check_engine("native", model.config)
+        resolve_engine("native", model.config)
     with pytest.raises(UnsupportedModelError, match="'gpt2'"):
         build_engine(RolloutConfig(engine="native"), model, tokenizer)
-    assert check_engine("auto", model.config) == "hf"
+    assert resolve_engine("auto", model.config) == "hf"
 
 
 def test_train_refuses_an_unsupported_model_before_any_sft_step(tmp_path, tiny_model, capsys):

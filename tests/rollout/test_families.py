@@ -201,12 +201,12 @@ def test_a_setting_native_does_not_compute_is_refused_by_name(tmp_path, capsys, 
 
 
 def test_a_precision_no_engine_runs_for_the_model_is_refused_before_training(tmp_path, capsys):
-    from everyprompt.rollout import UnsupportedModelError, check_engine
+    from everyprompt.rollout import UnsupportedModelError, resolve_engine
 
     model, _ = family_model("deepseek_v3")
     with pytest.raises(UnsupportedModelError, match=r"hf: it runs rollout.precision fp32, bf16, not fp8"):
-        check_engine("auto", model.config, "fp8")
-    assert check_engine("auto", model.config, "bf16") == "hf"
+        resolve_engine("auto", model.config, "fp8")
+    assert resolve_engine("auto", model.config, "bf16") == "hf"
     checkpoint = save_family_checkpoint("deepseek_v3", tmp_path / "ds")
     capsys.readouterr()
     run = tmp_path / "run"
@@ -241,3 +241,21 @@ def test_hf_engine_weight_sync_and_bf16():
         gap = (completion.logprobs - _forward(model, completion, 1.0)[0]).abs().mean()
         assert gap < 0.05  # bf16 arithmetic, same model
     assert next(model.parameters()).dtype == torch.float32  # the engine's copy, not the policy, went bf16
+
+
+@pytest.mark.parametrize("name", NATIVE)
+def test_native_and_hf_give_the_same_completions_and_routes(name):
+    model, tokenizer = family_model(name)
+    params = SamplingParams(12, record_routes=name in MOE_FAMILIES)
+    native = {
+        c.request_id: c
+        for c in make_engine("native", model, tokenizer, 3).generate(_requests(tokenizer), params)
+    }
+    hf = {
+        c.request_id: c for c in make_engine("hf", model, tokenizer, 3).generate(_requests(tokenizer), params)
+    }
+    for request_id, mine in native.items():
+        assert mine.token_ids == hf[request_id].token_ids
+        torch.testing.assert_close(mine.logprobs, hf[request_id].logprobs, atol=1e-4, rtol=0)
+        if params.record_routes:
+            assert torch.equal(mine.routed_experts, hf[request_id].routed_experts)

@@ -35,7 +35,8 @@ from typing import Any
 from everyprompt.processes import die_with_parent
 from everyprompt.rewards.base import RewardError, RewardFailure, get_reward, reward_columns, score_completions
 
-READY = "ready"  # a worker's first message: the reward's prepare() finished (or it has none)
+# a worker's first message: (READY, None) once the reward's prepare() finished, or (FAILED, why)
+READY, FAILED = "ready", "failed"
 
 
 def _serve(conn: Connection, fn: Callable, parent_pid: int) -> None:
@@ -53,7 +54,7 @@ def _serve(conn: Connection, fn: Callable, parent_pid: int) -> None:
         if prepare is not None:
             prepare()
     except Exception as err:  # noqa: BLE001  (user code: reported to the run, which stops)
-        conn.send((RewardFailure.from_exception(err).summary, None))
+        conn.send((FAILED, RewardFailure.from_exception(err).summary))
         return
     conn.send((READY, None))
     while True:
@@ -284,6 +285,10 @@ class _Dispatcher:
                         backlog.append(task)
                 except queue.Empty:
                     pass
+                if self.fatal is not None:  # the reward cannot run: send nothing more, wait for stop()
+                    wait([self.wake_read])
+                    os.read(self.wake_read, 4096)
+                    continue
                 for worker in self.workers:
                     if worker.ready and worker.tasks is None and backlog:
                         worker.tasks = [backlog.popleft() for _ in range(min(self.batch_size, len(backlog)))]
@@ -316,8 +321,8 @@ class _Dispatcher:
                     self.replace(index, f"crashed (exit code {worker.process.exitcode})")
                     continue
                 if not worker.ready:  # its first message: loaded, or why it could not
-                    if scored != READY:
-                        self.give_up(f"the reward function failed to load: {scored}")
+                    if scored == FAILED:
+                        self.give_up(f"the reward function failed to load: {failures}")
                     worker.ready, worker.started = scored == READY, now
                     continue
                 worker.tasks = None
@@ -333,7 +338,6 @@ class _Dispatcher:
                         f"the reward function did not finish loading within rewards.load_timeout_s="
                         f"{self.load_timeout_s:g} s"
                     )
-                    worker.ready = True  # not waited on again (the run stops at its next wait)
                     continue
                 self.stats.timeouts += 1
                 self.replace(index, f"timed out after {self.timeout_s:g} s")

@@ -2,8 +2,8 @@
 
 An engine registers itself with `@register_engine(name, model_types=..., rank=...)`; `build_engine` is
 the one place that turns a config's `rollout.engine` into an engine (`auto`: the lowest-ranked engine
-that can run the model), and `check_engine` refuses a model the engine cannot run when the model is
-loaded, naming the setting and the engines that could run it.
+that can run the model), and `resolve_engine` refuses a model the engine cannot run when the model is
+loaded (`resolve_engine`), naming the setting and the engines that could run it.
 """
 
 from __future__ import annotations
@@ -205,11 +205,6 @@ def resolve_engine(name: str, model_config: Any, precision: str | None = None) -
             f"rollout.engine={name} cannot run this {model_type} model: {why}; {could}"
         )
     return name
-
-
-def check_engine(name: str, model_config: Any, precision: str | None = None) -> str:
-    """The engine that will run the model (see `resolve_engine`); raises before any training if none."""
-    return resolve_engine(name, model_config, precision)
 
 
 def build_engine(config, model, tokenizer) -> RolloutEngine:

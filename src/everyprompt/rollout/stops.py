@@ -37,6 +37,7 @@ class StopStrings:
         self.tail = max((len(s.encode()) for s in self.strings), default=0) + 1
 
     def hit(self, token_ids: Sequence[int]) -> bool:
+        """`token_ids`: the completion so far, or at least its last `self.tail` tokens."""
         if not self.strings:
             return False
         tail = list(token_ids[-self.tail :])

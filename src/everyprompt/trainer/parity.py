@@ -19,6 +19,7 @@ from everyprompt.rollout import (
     resolve_engine,
 )
 from everyprompt.rollout.sampling import derive_seed
+from everyprompt.trainer.logprobs import token_logprobs
 
 
 class ParityError(UnsupportedModelError):
@@ -26,9 +27,9 @@ class ParityError(UnsupportedModelError):
 
 
 def _trainer_logprobs(model, prompt_ids: list[int], token_ids: list[int], temperature: float) -> torch.Tensor:
-    ids = torch.tensor([prompt_ids + token_ids])
-    logits = model(input_ids=ids, use_cache=False).logits[0, len(prompt_ids) - 1 : -1].float() / temperature
-    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(token_ids)[:, None]).squeeze(-1)
+    """The completion's log-probs as the learner computes them (`trainer.logprobs.token_logprobs`)."""
+    logprobs, _ = token_logprobs(model, torch.tensor([prompt_ids + token_ids]), temperature)
+    return logprobs[0, len(prompt_ids) - 1 :]
 
 
 @torch.no_grad()

@@ -408,8 +408,12 @@ class NativeEngine:
             clock["tokens"] += len(active)
             finished = torch.isin(sampled, self.stop_ids) | (state.step[active] >= state.limit[active])
             if stops.strings:
+                steps = state.step[active].tolist()
                 finished |= torch.tensor(
-                    [stops.hit(state.tokens[slot, : state.step[slot]].tolist()) for slot in active.tolist()]
+                    [
+                        stops.hit(state.tokens[slot, max(0, step - stops.tail) : step].tolist())
+                        for slot, step in zip(active.tolist(), steps)
+                    ]
                 )
             for slot in active[finished].tolist():
                 yield self._completion(requests[int(state.request[slot])], state, slot, record, began, stops)
