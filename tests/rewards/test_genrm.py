@@ -130,24 +130,24 @@ CHAT_TEMPLATE = (
 
 
 @pytest.fixture(scope="module")
-def deepseek_judge(tmp_path_factory):
-    """A DeepSeek-V3 judge (no native path: it runs on the hf engine) whose tokenizer has a chat template."""
+def foreign_judge(tmp_path_factory):
+    """A GPT-OSS judge (no native path: it runs on the hf engine) whose tokenizer has a chat template."""
     from tests.families import family_model
 
-    model, tokenizer = family_model("deepseek_v3", seed=2)
+    model, tokenizer = family_model("gpt_oss", seed=2)
     tokenizer.chat_template = CHAT_TEMPLATE
-    path = tmp_path_factory.mktemp("judge") / "deepseek"
+    path = tmp_path_factory.mktemp("judge") / "gpt_oss"
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
 
 
-def test_a_judge_of_any_family_renders_its_chat_template_and_judges_in_batches(deepseek_judge):
+def test_a_judge_of_any_family_renders_its_chat_template_and_judges_in_batches(foreign_judge):
     from everyprompt.rewards import GenRMJudge
     from everyprompt.rewards.pool import RewardPool
 
     template = "Q {question} R {reference} A {response}"
-    judge = GenRMJudge(str(deepseek_judge), template, max_new_tokens=6, batch_size=4)
+    judge = GenRMJudge(str(foreign_judge), template, max_new_tokens=6, batch_size=4)
     judge.prepare()
     assert type(judge._engine).__name__ == "HFEngine"
     expected = judge._tokenizer("<|user|>Q 6*7= R 42 A 41<|assistant|>", add_special_tokens=False).input_ids
@@ -155,14 +155,14 @@ def test_a_judge_of_any_family_renders_its_chat_template_and_judges_in_batches(d
     completions = [str(40 + i) for i in range(6)]
     rows = {"prompt": ["6*7="] * 6, "answer": ["42"] * 6}
     one_at_a_time = [
-        GenRMJudge(str(deepseek_judge), template, max_new_tokens=6, batch_size=1)(
+        GenRMJudge(str(foreign_judge), template, max_new_tokens=6, batch_size=1)(
             [c], prompt=["6*7="], answer=["42"]
         )[0]
         for c in completions
     ]
     assert judge(completions, **rows) == one_at_a_time  # greedy: the batch changes nothing
     with RewardPool(
-        GenRMJudge(str(deepseek_judge), template, max_new_tokens=6, batch_size=4), workers=1
+        GenRMJudge(str(foreign_judge), template, max_new_tokens=6, batch_size=4), workers=1
     ) as pool:
         for key, completion in enumerate(completions):
             pool.submit(key, completion, {"prompt": "6*7=", "answer": "42"})

@@ -180,15 +180,15 @@ def test_fp8_weights_are_requantised_at_every_weight_sync(tiny_model):
     model, tokenizer = tiny_model
     engine = NativeEngine.from_model(model, tokenizer, precision="fp8")
     query = slice(0, model.config.num_attention_heads * model.config.head_dim)  # q_proj's rows of qkv
-    before = engine.layers[0].qkv.data.float().clone()
+    before = engine.layers[0].attention.qkv.data.float().clone()
     state = {k: v.clone() for k, v in model.state_dict().items()}
     state["model.layers.0.self_attn.q_proj.weight"] *= 2.0
     engine.load_weights(state)
-    scale_ratio = engine.layers[0].qkv.scale[query] / FP8Weight_scale(model)
+    scale_ratio = engine.layers[0].attention.qkv.scale[query] / FP8Weight_scale(model)
     torch.testing.assert_close(scale_ratio, torch.full_like(scale_ratio, 2.0))
     # x2 moves the query rows' scales, not the fp8 codes; the key / value rows keep their own scales
-    assert torch.equal(engine.layers[0].qkv.data.float(), before)
-    assert torch.equal(engine.layers[0].qkv.scale[query.stop :], FP8Weight_scale(model, "k", "v"))
+    assert torch.equal(engine.layers[0].attention.qkv.data.float(), before)
+    assert torch.equal(engine.layers[0].attention.qkv.scale[query.stop :], FP8Weight_scale(model, "k", "v"))
 
 
 def FP8Weight_scale(model, *projections: str):
@@ -262,10 +262,33 @@ def test_batched_experts_equal_a_per_token_reference():
             e = int(experts[t, k])
             gate, up = (flat[t] @ gate_up[e]).chunk(2)
             expected[t] += weights[t, k] * ((F.silu(gate) * up) @ down[e])
-    for path in (NativeEngine._experts_batched, NativeEngine._experts_grouped):
+    from everyprompt.rollout.native.moe import experts_batched, experts_grouped
+
+    for path in (experts_batched, experts_grouped):
         torch.testing.assert_close(
             path(gate_up, down, flat, weights, experts), expected, atol=1e-5, rtol=1e-5
         )
+
+
+def test_grouped_sigmoid_routing_by_hand():
+    """DeepSeek-V3's router on 4 experts in 2 groups ({0, 1}, {2, 3}), one group eligible, top 2.
+    logits [2, 1, 0, -1] -> sigmoid scores [0.8808, 0.7311, 0.5, 0.2689]. The bias [0, 0, 1.2, 0] moves
+    the choice only: biased scores [0.8808, 0.7311, 1.7, 0.2689], group sums of the two best 1.6119 vs
+    1.9689, so group {2, 3} is chosen although expert 0 scores highest. Weights are the unbiased scores
+    [0.5, 0.2689], renormalised [0.6502, 0.3498], times routed_scaling_factor 2.5: [1.6256, 0.8744]."""
+    from everyprompt.rollout.native.moe import Routing, grouped_sigmoid_top_k
+
+    routing = Routing(top_k=2, renormalise=True, groups=2, top_groups=1, scaling=2.5)
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    weights, experts = grouped_sigmoid_top_k(logits, torch.tensor([0.0, 0.0, 1.2, 0.0]), routing)
+    order = experts[0].argsort()
+    assert experts[0, order].tolist() == [2, 3]
+    torch.testing.assert_close(weights[0, order], torch.tensor([1.6256, 0.8744]), atol=1e-4, rtol=0)
+    weights, experts = grouped_sigmoid_top_k(logits, None, routing)  # no bias: group {0, 1}
+    order = experts[0].argsort()
+    assert experts[0, order].tolist() == [0, 1]
+    # 0.8808 / (0.8808 + 0.7311) * 2.5 = 1.3661, 0.7311 / 1.6119 * 2.5 = 1.1339
+    torch.testing.assert_close(weights[0, order], torch.tensor([1.3661, 1.1339]), atol=1e-4, rtol=0)
 
 
 def test_recorded_routes_and_router_logits_are_the_hf_routers(tiny_model):
@@ -312,7 +335,7 @@ def test_batched_and_grouped_expert_paths_agree(tiny_model):
     params = SamplingParams(12, record_routes=True)
     dense = NativeEngine.from_model(model, tokenizer)
     grouped = NativeEngine.from_model(model, tokenizer)
-    grouped.batched_moe_tokens = 0  # never batched
+    grouped.moe.batched_tokens = 0  # never batched
     by_id = {c.request_id: c for c in grouped.generate(requests, params)}
     for completion in dense.generate(requests, params):
         reference = by_id[completion.request_id]

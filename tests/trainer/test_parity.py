@@ -6,7 +6,7 @@ import json
 
 from everyprompt.cli import main
 from everyprompt.pipeline import train
-from everyprompt.rollout.native import engine as native_engine
+from everyprompt.rollout.native import attention as native_attention
 from tests.conftest import TINY_OVERRIDES, tiny_config
 
 
@@ -18,13 +18,13 @@ def test_the_gap_is_logged_with_the_first_step(tmp_path):
 
 
 def test_a_wrong_fast_path_stops_the_run_naming_the_gap_and_the_engine(tmp_path, capsys, monkeypatch):
-    tables = native_engine.rope_tables
+    tables = native_attention.rope_tables
 
     def wrong_rope(config, head_dim):  # a fast path that gets the rotary frequencies slightly wrong
         inv_freq, scale = tables(config, head_dim)
         return inv_freq * 1.5, scale
 
-    monkeypatch.setattr(native_engine, "rope_tables", wrong_rope)
+    monkeypatch.setattr(native_attention, "rope_tables", wrong_rope)
     code = main(["train", *TINY_OVERRIDES, "rollout.engine=native", "--run-dir", str(tmp_path)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and "Traceback" not in err[-1]

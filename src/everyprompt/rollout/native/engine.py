@@ -2,7 +2,8 @@
 
 It is a second implementation of the model's forward pass, written for decoding rather than gradients
 (as vLLM is beside Megatron in production): no autograd, no module tree, one preallocated cache.
-Families: `families.FAMILIES` (Llama, Qwen2, Qwen3, Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE); a config
+Families: `families.FAMILIES` (Llama, Qwen2, Qwen3, Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE, DeepSeek-V3;
+attention variants in attention.py, the MoE layer in moe.py); a config
 setting it does not compute is refused when the model loads (`check_config`). The trainer's HF forward is
 the reference it is tested against (log-probs equal within 1e-4 in fp32).
 
@@ -21,7 +22,6 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 
 import torch
-import torch.nn.functional as F
 
 from everyprompt.rollout.base import (
     Completion,
@@ -31,19 +31,12 @@ from everyprompt.rollout.base import (
     call_stats,
     register_engine,
 )
-from everyprompt.rollout.native.families import FAMILIES, rope_tables, unsupported_settings
+from everyprompt.rollout.native.attention import ATTENTIONS, rms_norm
+from everyprompt.rollout.native.families import FAMILIES, unsupported_settings
+from everyprompt.rollout.native.moe import MixtureOfExperts, swiglu
 from everyprompt.rollout.native.weights import Layer, StateDict, read_layer
 from everyprompt.rollout.sampling import sample_tokens
 from everyprompt.rollout.stops import StopStrings, stop_token_ids
-
-
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """RMSNorm as these families compute it (statistics in float32, scaled in the input's dtype); one fused op in float32."""
-    if x.dtype == torch.float32:
-        return F.rms_norm(x, x.shape[-1:], weight, eps)
-    normed = F.rms_norm(x.float(), x.shape[-1:], eps=eps).to(x.dtype)
-    return normed if weight is None else weight * normed
-
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8": torch.float32}
 
@@ -79,17 +72,10 @@ class NativeEngine:
         self.stop_ids = torch.tensor(sorted(stops), dtype=torch.long)
         self.pad_token_id, self.tokenizer = pad_token_id, tokenizer
         self.batch_size, self.dtype = batch_size, dtype
-        self.batched_moe_tokens = 512  # MoE layers over at most this many tokens: all experts in one bmm
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         self.eps = config.rms_norm_eps
-        self.top_k = getattr(config, "num_experts_per_tok", 0)
-        renormalise = self.family.renormalise
-        self.norm_topk_prob = getattr(config, "norm_topk_prob", False) if renormalise is None else renormalise
-        self.clip_qkv = getattr(config, "clip_qkv", None)
-        self.inv_freq, self.rope_scale = rope_tables(config, self.head_dim)
-        self._cache_storage: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.attention = ATTENTIONS[self.family.attention](config, self.family, dtype)
+        self.moe = MixtureOfExperts(config, self.family)
+        self._cache_storage: list[tuple[torch.Tensor, ...]] = []
         self._open_calls = 0  # generate() iterators not yet finished (the shared cache serves one)
         self.stats: dict[str, float] = {}  # the last generate call's throughput figures
         self.load_weights(state_dict)
@@ -132,203 +118,52 @@ class NativeEngine:
         head = "lm_head.weight" if "lm_head.weight" in weights else "model.embed_tokens.weight"
         self.lm_head = weights.operand(head)
         self.layers = [
-            read_layer(weights, self.family, i, self.num_heads, self.num_kv_heads)
-            for i in range(self.config.num_hidden_layers)
+            read_layer(weights, self.family, self.attention, i) for i in range(self.config.num_hidden_layers)
         ]
 
-    # ---------------------------------------------------------------- forward pieces
-    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sign-folded sin [B, T, 1, D]: rotary embedding is `x * cos + x.roll(D/2) * sin`
-        (rotate_half(x) = [-x2, x1] = roll(x) * [-1, 1])."""
-        freqs = positions[..., None].float() * self.inv_freq  # [B, T, D/2]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        sin = emb.sin() * self.rope_scale
-        sin[..., : self.head_dim // 2].neg_()
-        return (emb.cos() * self.rope_scale).to(self.dtype)[:, :, None], sin.to(self.dtype)[:, :, None]
-
-    def _attention(self, layer: Layer, x: torch.Tensor, rope, cache, rows, positions, bias):
-        """Self-attention of x [B, T, H] against the cache rows `rows`.
-
-        Prefill (`bias` None): right-padded prompts attend causally among themselves (a real token never
-        sees the padding after it); their keys/values go to cache slots [0, T) of rows `rows`.
-        Decode (T == 1): row b's key/value goes to slot positions[b] of cache row rows[b], and it attends
-        to the cache's first S slots with the additive mask `bias` [B * kv_heads, group, S] (0 where
-        visible, -inf elsewhere; see `_decode_bias`).
-        """
-        batch, length, _ = x.shape
-        heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = x @ layer.qkv
-        if layer.qkv_bias is not None:
-            qkv = qkv + layer.qkv_bias
-        qkv = qkv.view(batch, length, heads + 2 * kv_heads, dim)
-        qk, v = self._qk_norm(layer, qkv[:, :, : heads + kv_heads]), qkv[:, :, heads + kv_heads :]
-        if self.clip_qkv is not None:  # OLMoE: query, key and value clamped after the norms
-            qk, v = qk.clamp(-self.clip_qkv, self.clip_qkv), v.clamp(-self.clip_qkv, self.clip_qkv)
-        cos, sin = rope
-        qk = qk * cos + qk.roll(dim // 2, dims=-1) * sin
-        q, k = qk[:, :, :heads], qk[:, :, heads:]
-        k_cache, v_cache = cache
-        if bias is None:
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, T, D]
-            k_cache[rows, :, :length] = k
-            v_cache[rows, :, :length] = v
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-            out = out.transpose(1, 2).reshape(batch, length, -1)
-        else:
-            k_cache[rows, :, positions] = k[:, 0]
-            v_cache[rows, :, positions] = v[:, 0]
-            width, group = bias.shape[-1], heads // kv_heads
-            if self.dtype != torch.float32:  # the fused kernel keeps scores and softmax in float32
-                out = F.scaled_dot_product_attention(
-                    q.transpose(1, 2),
-                    k_cache[:, :, :width],
-                    v_cache[:, :, :width],
-                    attn_mask=bias.view(batch, heads, 1, width),
-                    enable_gqa=True,
-                )
-                return self._output(layer, out.transpose(1, 2).reshape(batch, 1, heads * dim))
-            # one query per row, grouped heads as [B * kv_heads, group, D] against that row's cache: three
-            # small kernels, faster than the fused one at this size
-            keys = k_cache[:, :, :width].reshape(batch * kv_heads, width, dim)
-            values = v_cache[:, :, :width].reshape(batch * kv_heads, width, dim)
-            scores = torch.baddbmm(
-                bias, q.reshape(batch * kv_heads, group, dim), keys.transpose(1, 2), alpha=dim**-0.5
-            )
-            out = torch.bmm(torch.softmax(scores, dim=-1), values).view(batch, 1, heads * dim)
-        return self._output(layer, out)
-
-    def _qk_norm(self, layer: Layer, qk: torch.Tensor) -> torch.Tensor:
-        """The query and key heads qk [B, T, heads + kv_heads, D] normalised as the family does: per
-        head (one RMSNorm call over all heads), over all query heads and all key heads, or not at all."""
-        mode = self.family.qk_norm
-        if mode == "none":
-            return qk
-        if mode == "head":
-            return _rms_norm(qk, None, self.eps) * layer.qk_norm
-        batch, length, heads = qk.shape[:3]
-        width = self.num_heads * self.head_dim
-        q = _rms_norm(qk[:, :, : self.num_heads].reshape(batch, length, -1), layer.qk_norm[:width], self.eps)
-        k = _rms_norm(qk[:, :, self.num_heads :].reshape(batch, length, -1), layer.qk_norm[width:], self.eps)
-        return torch.cat([q, k], dim=-1).view(batch, length, heads, self.head_dim)
-
-    @staticmethod
-    def _output(layer: Layer, attended: torch.Tensor) -> torch.Tensor:
-        out = attended @ layer.o
-        return out if layer.o_bias is None else out + layer.o_bias
-
+    # ---------------------------------------------------------------- forward
     def _decode_bias(self, positions: torch.Tensor) -> torch.Tensor:
-        """The decode step's attention mask as an additive bias [B * kv_heads, group, S] (S = the
-        furthest position + 1): row b sees its slots <= positions[b]. Built once per step for all layers."""
+        """The decode step's attention mask as an additive bias [B * mask_heads, group, S] (S = the
+        furthest position + 1; the attention's `mask_layout`): row b sees its slots <= positions[b].
+        Built once per step for all layers."""
         width = int(positions.max()) + 1
         visible = torch.arange(width)[None, :] <= positions[:, None]
         bias = torch.zeros(visible.shape, dtype=self.dtype).masked_fill_(~visible, float("-inf"))
-        group = self.num_heads // self.num_kv_heads
-        return bias[:, None, None].expand(-1, self.num_kv_heads, group, -1).reshape(-1, group, width)
-
-    def _moe(self, layer: Layer, x: torch.Tensor, routes: list | None = None) -> torch.Tensor:
-        """Top-k routed experts. With `routes` (a list), appends this layer's (expert indices [B, T, k],
-        router logits [B, T, E])."""
-        flat = x.reshape(-1, x.shape[-1])  # [N, H]
-        logits = (flat @ layer.router).float()  # [N, E]
-        probs = torch.softmax(logits, dim=-1)
-        weights, experts = torch.topk(probs, self.top_k, dim=-1)  # [N, k]
-        if routes is not None:
-            routes.append((experts.view(*x.shape[:2], -1), logits.view(*x.shape[:2], -1)))
-        if self.norm_topk_prob:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        weights = weights.to(flat.dtype)
-        gate_up, down = layer.experts
-        batched = flat.shape[0] <= self.batched_moe_tokens
-        experts_path = self._experts_batched if batched else self._experts_grouped
-        out = experts_path(gate_up, down, flat, weights, experts)
-        if layer.shared is not None:
-            out = out + torch.sigmoid(flat @ layer.shared_gate) * self._swiglu(layer.shared, flat)
-        return out.view_as(x)
-
-    @staticmethod
-    def _swiglu(pair, x: torch.Tensor) -> torch.Tensor:
-        gate_up, down = pair
-        gate, up = (x @ gate_up).chunk(2, dim=-1)
-        return (F.silu(gate) * up) @ down
-
-    @staticmethod
-    def _experts_batched(gate_up, down, flat, weights, experts) -> torch.Tensor:
-        """All experts in two batched matmuls: each expert's tokens gathered into a row block [E, C, H]
-        (C = the busiest expert's token count; shorter blocks padded with a zero row), so the arithmetic
-        is top-k's plus the padding and the kernel count does not grow with E. gate_up [E, H, 2I],
-        down [E, I, H]."""
-        tokens, top_k = experts.shape
-        num_experts, inner = down.shape[0], down.shape[1]
-        flat_experts = experts.reshape(-1)
-        order = torch.argsort(flat_experts, stable=True)  # (token, k) pairs grouped by expert
-        counts = torch.bincount(flat_experts, minlength=num_experts)
-        sorted_experts = flat_experts[order]
-        column = torch.arange(len(order)) - (torch.cumsum(counts, 0) - counts)[sorted_experts]
-        index = torch.full((num_experts, int(counts.max())), tokens, dtype=torch.long)  # row `tokens`: zeros
-        index[sorted_experts, column] = order // top_k
-        gates = torch.zeros(index.shape, dtype=flat.dtype)
-        gates[sorted_experts, column] = weights.reshape(-1)[order]
-        rows = torch.cat([flat, flat.new_zeros(1, flat.shape[1])])[index]  # [E, C, H]
-        hidden = torch.bmm(rows, gate_up)  # [E, C, 2I]
-        act = F.silu(hidden[..., :inner]) * hidden[..., inner:] * gates[..., None]
-        out = torch.zeros(tokens + 1, flat.shape[1], dtype=flat.dtype)
-        out.index_add_(0, index.view(-1), torch.bmm(act, down).view(-1, flat.shape[1]))
-        return out[:tokens]
-
-    @staticmethod
-    def _experts_grouped(gate_up, down, flat, weights, experts) -> torch.Tensor:
-        """Experts one at a time over the tokens routed to each (no padding: for long prefills, where
-        one expert's share can be far above the mean)."""
-        top_k = experts.shape[1]
-        out = torch.zeros_like(flat)
-        token_of_pair = torch.arange(flat.shape[0]).repeat_interleave(top_k)  # [N*k]
-        flat_experts = experts.reshape(-1)
-        order = torch.argsort(flat_experts, stable=True)
-        counts = torch.bincount(flat_experts, minlength=down.shape[0]).tolist()
-        start = 0
-        for expert, count in enumerate(counts):
-            if count == 0:
-                continue
-            pairs = order[start : start + count]
-            start += count
-            tokens = token_of_pair[pairs]
-            gate, up = (flat[tokens] @ gate_up[expert]).chunk(2, dim=-1)
-            hidden = (F.silu(gate) * up) @ down[expert]
-            out.index_add_(0, tokens, hidden * weights.reshape(-1)[pairs, None])
-        return out
+        heads, group = self.attention.mask_layout
+        return bias[:, None, None].expand(-1, heads, group, -1).reshape(-1, group, width)
 
     def _mlp(self, layer: Layer, x: torch.Tensor, routes: list | None = None) -> torch.Tensor:
         if layer.router is not None:
-            return self._moe(layer, x, routes)
-        return self._swiglu(layer.mlp, x)
+            return self.moe(layer, x, routes)
+        return swiglu(layer.mlp, x)
 
     def _forward(
         self, layers, tokens, positions, caches, rows, bias, last, routes: list | None = None
     ) -> torch.Tensor:
-        """Logits [B, V] at position `last` [B] of each row, the last position if None (see `_attention`
-        for prefill vs decode), through `layers` (the call's dequantised `self.layers`).
+        """Logits [B, V] at position `last` [B] of each row, the last position if None (attention.py: prefill
+        vs decode), through `layers` (the call's dequantised `self.layers`).
 
         With `routes` (a list), appends each MoE layer's (expert indices [B, T, k], router logits [B, T, E]).
         """
         x = self.embed[tokens]
-        rope = self._rope(positions)
+        rope = self.attention.rotary(positions)
         for layer, cache in zip(layers, caches):
-            x = x + self._attention(
-                layer, _rms_norm(x, layer.input_norm, self.eps), rope, cache, rows, positions[:, -1], bias
-            )
-            x = x + self._mlp(layer, _rms_norm(x, layer.post_norm, self.eps), routes)
+            normed = rms_norm(x, layer.input_norm, self.eps)
+            x = x + self.attention(layer.attention, normed, rope, cache, rows, positions[:, -1], bias)
+            x = x + self._mlp(layer, rms_norm(x, layer.post_norm, self.eps), routes)
         x = x[:, -1] if last is None else x[torch.arange(x.shape[0]), last]
-        return (_rms_norm(x, self.final_norm, self.eps) @ self.lm_head).float()
+        return (rms_norm(x, self.final_norm, self.eps) @ self.lm_head).float()
 
-    def _cache(self, slots: int, width: int, shared: bool = True) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per-layer key/value caches [slots, kv_heads, width, head_dim]: views of storage kept between
-        calls and grown as calls need (`shared=False`: storage of its own, for a call made while another
-        call's iterator is still open)."""
+    def _cache(self, slots: int, width: int, shared: bool = True) -> list[tuple[torch.Tensor, ...]]:
+        """Per-layer caches, one tensor [slots, heads, width, dim] per entry of the attention's
+        `cache_layout` (keys and values; latent attention: one latent vector): views of storage kept
+        between calls and grown as calls need (`shared=False`: storage of its own, for a call made while
+        another call's iterator is still open)."""
 
-        def allocate(rows: int, columns: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-            shape = (rows, self.num_kv_heads, columns, self.head_dim)
+        def allocate(rows: int, columns: int) -> list[tuple[torch.Tensor, ...]]:
+            layout = self.attention.cache_layout
             return [
-                (torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype))
+                tuple(torch.zeros(rows, heads, columns, dim, dtype=self.dtype) for heads, dim in layout)
                 for _ in self.layers
             ]
 
@@ -340,7 +175,7 @@ class NativeEngine:
                 (slots, width) if have is None else (max(slots, have.shape[0]), max(width, have.shape[2]))
             )
             self._cache_storage = allocate(rows, columns)
-        return [(k[:slots, :, :width], v[:slots, :, :width]) for k, v in self._cache_storage]
+        return [tuple(t[:slots, :, :width] for t in entry) for entry in self._cache_storage]
 
     # ---------------------------------------------------------------- decoding
     def generate(self, requests: Iterable[GenerationRequest], params: SamplingParams) -> Iterator[Completion]:
@@ -476,10 +311,10 @@ class NativeEngine:
         """Move the running rows to cache rows [0, n) and shrink the pool to n rows."""
         n = len(running)
         compacted = []
-        for k, v in caches:
-            k[:n] = k[running]
-            v[:n] = v[running]
-            compacted.append((k[:n], v[:n]))
+        for entry in caches:
+            for tensor in entry:
+                tensor[:n] = tensor[running]
+            compacted.append(tuple(tensor[:n] for tensor in entry))
         state.select(running)
         if record is not None:
             record.select(running)
@@ -526,7 +361,7 @@ class _Record:
             raise UnsupportedModelError(f"{wanted} needs a mixture-of-experts model; this one has no router")
         experts = routers[0].shape[1]
         return cls(
-            torch.zeros(slots, width, layers, engine.top_k, dtype=torch.int16)
+            torch.zeros(slots, width, layers, engine.moe.routing.top_k, dtype=torch.int16)
             if params.record_routes
             else None,
             torch.zeros(slots, width, layers, experts) if params.record_router_logits else None,

@@ -1,8 +1,10 @@
 """The model families the native engine implements, and the settings of each it does not.
 
-A family is a transformers `model_type` and the few ways its layers differ from the others: biases on
-the attention projections, how query and key are normalised, whether an MoE layer adds a gated shared
-expert, whether the router's top-k weights are renormalised. Any config setting outside what the engine
+A family is a transformers `model_type` and the few ways its layers differ from the others: the
+attention variant (grouped-query, or DeepSeek's multi-head latent attention), how query and key are
+normalised, how the router picks and weighs experts, whether an MoE layer adds a shared expert (gated or
+not), whether the router's top-k weights are renormalised. Biases are read wherever the checkpoint has
+them. Any config setting outside what the engine
 computes is refused by name when the model loads (`unsupported_settings`), never ignored: a model with it
 runs on `rollout.engine=hf`.
 """
@@ -17,8 +19,12 @@ import torch
 
 @dataclass(frozen=True)
 class Family:
+    attention: Literal["grouped", "latent"] = "grouped"  # a key of attention.ATTENTIONS
     qk_norm: Literal["head", "full", "none"] = "none"  # per head (Qwen3), over all heads (OLMoE), none
-    shared_expert: bool = False  # Qwen2-MoE: sigmoid(x @ gate) * SwiGLU(x) added to the routed experts
+    router: Literal["softmax", "grouped_sigmoid"] = "softmax"  # a key of moe.ROUTERS
+    # "gated": sigmoid(x @ gate) * SwiGLU(x) added to the routed experts (Qwen2-MoE); "plain": SwiGLU(x)
+    # added (DeepSeek-V3's shared_experts); None: no shared expert
+    shared_expert: Literal["gated", "plain"] | None = None
     renormalise: bool | None = None  # router top-k weights renormalised; None: the config's norm_topk_prob
 
 
@@ -27,9 +33,10 @@ FAMILIES: dict[str, Family] = {
     "qwen2": Family(),
     "qwen3": Family(qk_norm="head"),
     "qwen3_moe": Family(qk_norm="head"),
-    "qwen2_moe": Family(shared_expert=True),
+    "qwen2_moe": Family(shared_expert="gated"),
     "mixtral": Family(renormalise=True),
     "olmoe": Family(qk_norm="full"),
+    "deepseek_v3": Family(attention="latent", router="grouped_sigmoid", shared_expert="plain"),
 }
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # position-independent frequency tables
@@ -56,6 +63,11 @@ def unsupported_settings(config) -> list[str]:
         config.model_type == "mixtral" and getattr(config, "sliding_window", None) is not None
     ):
         found.append(f"sliding_window={getattr(config, 'sliding_window', None)}")
+    if config.model_type == "deepseek_v3" and config.num_key_value_heads != config.num_attention_heads:
+        found.append(
+            f"num_key_value_heads={config.num_key_value_heads} != num_attention_heads"
+            f"={config.num_attention_heads} (latent attention has one key per query head)"
+        )
     if config.model_type == "olmoe":
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         if head_dim * config.num_attention_heads != config.hidden_size:

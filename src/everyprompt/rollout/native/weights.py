@@ -4,7 +4,7 @@ scales, dequantised once per generate call)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields, is_dataclass, replace
 
 import torch
 
@@ -49,35 +49,38 @@ Projection = torch.Tensor | FP8Weight
 
 @dataclass
 class Layer:
-    """One decoder layer's weights."""
+    """One decoder layer's weights; `attention` is the attention variant's own (see attention.py)."""
 
-    qkv: Projection  # [H, (heads + 2 kv_heads) * D]: query, key and value projections in one matmul
-    o: Projection  # [heads * D, H]
+    attention: object  # GroupedWeights | LatentWeights
     input_norm: torch.Tensor
     post_norm: torch.Tensor
-    # qk_norm "head": [heads + kv_heads, D] (q_norm on every query head, k_norm on every key head);
-    # "full": [(heads + kv_heads) * D] (q_norm over all query heads, then k_norm over all key heads)
-    qk_norm: torch.Tensor | None = None
-    qkv_bias: torch.Tensor | None = None  # [(heads + 2 kv_heads) * D]
-    o_bias: torch.Tensor | None = None  # [H]
     router: torch.Tensor | None = None  # [H, E]
+    router_bias: torch.Tensor | None = None  # [E] float32: DeepSeek-V3's score-correction bias (choice only)
     experts: tuple[Projection, Projection] | None = None  # gate_up [E, H, 2I], down [E, I, H]
     mlp: tuple[Projection, Projection] | None = None  # dense layers: gate_up [H, 2I], down [I, H]
-    shared: tuple[Projection, Projection] | None = None  # Qwen2-MoE shared expert, as `mlp`
-    shared_gate: torch.Tensor | None = None  # [H, 1]
+    shared: tuple[Projection, Projection] | None = None  # shared expert (Qwen2-MoE, DeepSeek-V3), as `mlp`
+    shared_gate: torch.Tensor | None = None  # [H, 1]: Qwen2-MoE's sigmoid gate on the shared expert
 
     def dequantized(self) -> Layer:
         """This layer with every FP8Weight replaced by its dequantised operand (itself when none is):
         a generate call takes it once, so decode steps multiply plain tensors."""
-
-        def plain(value):
-            if isinstance(value, tuple):
-                return tuple(map(plain, value))
-            return value.operand() if isinstance(value, FP8Weight) else value
-
-        if not isinstance(self.qkv, FP8Weight):
+        if not self.quantized:
             return self
-        return replace(self, **{f.name: plain(getattr(self, f.name)) for f in fields(self)})
+        return _dequantized(self)
+
+    @property
+    def quantized(self) -> bool:
+        return any(isinstance(value, FP8Weight) for value in vars(self.attention).values())
+
+
+def _dequantized(value):
+    if isinstance(value, FP8Weight):
+        return value.operand()
+    if isinstance(value, tuple):
+        return tuple(map(_dequantized, value))
+    if is_dataclass(value):
+        return replace(value, **{f.name: _dequantized(getattr(value, f.name)) for f in fields(value)})
+    return value
 
 
 class StateDict:
@@ -101,10 +104,13 @@ class StateDict:
         """A weight kept in full precision (embeddings' transposes, routers, the LM head) as `x @ w`."""
         return self.get(name).to(self.dtype).T.contiguous()
 
-    def projection(self, *names: str) -> Projection:
+    def projection(self, *names: str, rows: torch.Tensor | None = None) -> Projection:
         """Linear weights [out, in] stacked along `out` (fp8: quantised per output channel, so a fused
-        projection has the scales its parts would have alone), as a right operand."""
+        projection has the scales its parts would have alone), as a right operand; `rows` reorders the
+        output channels."""
         weight = torch.cat([self.get(n) for n in names]) if len(names) > 1 else self.get(names[0])
+        if rows is not None:
+            weight = weight[rows]
         if self.fp8:
             return FP8Weight.quantize(weight, self.dtype)
         return weight.to(self.dtype).T.contiguous()
@@ -117,13 +123,14 @@ class StateDict:
             return FP8Weight.quantize(weight, self.dtype)
         return weight.to(self.dtype).transpose(1, 2).contiguous()
 
-    def bias(self, *names: str) -> torch.Tensor | None:
+    def bias(self, *names: str, rows: torch.Tensor | None = None) -> torch.Tensor | None:
         present = [n in self.state for n in names]
         if not any(present):
             return None
         if not all(present):
             raise KeyError(f"biases {', '.join(n for n, p in zip(names, present) if not p)} missing")
-        return torch.cat([self.plain(n) for n in names])
+        bias = torch.cat([self.plain(n) for n in names])
+        return bias if rows is None else bias[rows]
 
     def swiglu(self, prefix: str) -> tuple[Projection, Projection]:
         return (
@@ -132,35 +139,28 @@ class StateDict:
         )
 
 
-def read_layer(weights: StateDict, family: Family, index: int, heads: int, kv_heads: int) -> Layer:
-    """Decoder layer `index` of a checkpoint of `family`."""
+def read_layer(weights: StateDict, family: Family, attention, index: int) -> Layer:
+    """Decoder layer `index` of a checkpoint of `family`, its attention read by `attention` (an
+    attention variant of attention.py)."""
     p = f"model.layers.{index}."
-    attn = p + "self_attn."
-    qkv = [attn + f"{name}_proj.weight" for name in "qkv"]
     layer = Layer(
-        qkv=weights.projection(*qkv),
-        o=weights.projection(attn + "o_proj.weight"),
+        attention=attention.read(weights, p + "self_attn."),
         input_norm=weights.plain(p + "input_layernorm.weight"),
         post_norm=weights.plain(p + "post_attention_layernorm.weight"),
-        qkv_bias=weights.bias(*(name.replace("weight", "bias") for name in qkv)),
-        o_bias=weights.bias(attn + "o_proj.bias"),
     )
-    if family.qk_norm == "head":
-        q_norm, k_norm = weights.plain(attn + "q_norm.weight"), weights.plain(attn + "k_norm.weight")
-        layer.qk_norm = torch.cat([q_norm.expand(heads, -1), k_norm.expand(kv_heads, -1)])
-    elif family.qk_norm == "full":
-        layer.qk_norm = torch.cat(
-            [weights.plain(attn + "q_norm.weight"), weights.plain(attn + "k_norm.weight")]
-        )
-    if p + "mlp.gate.weight" in weights:
-        layer.router = weights.operand(p + "mlp.gate.weight")
-        layer.experts = (
-            weights.stacked(p + "mlp.experts.gate_up_proj"),
-            weights.stacked(p + "mlp.experts.down_proj"),
-        )
-        if family.shared_expert:
-            layer.shared = weights.swiglu(p + "mlp.shared_expert.")
-            layer.shared_gate = weights.operand(p + "mlp.shared_expert_gate.weight")
-    else:
+    if p + "mlp.gate.weight" not in weights:
         layer.mlp = weights.swiglu(p + "mlp.")
+        return layer
+    layer.router = weights.operand(p + "mlp.gate.weight")
+    if p + "mlp.gate.e_score_correction_bias" in weights:
+        layer.router_bias = weights.get(p + "mlp.gate.e_score_correction_bias").float().clone()
+    layer.experts = (
+        weights.stacked(p + "mlp.experts.gate_up_proj"),
+        weights.stacked(p + "mlp.experts.down_proj"),
+    )
+    if family.shared_expert == "gated":
+        layer.shared = weights.swiglu(p + "mlp.shared_expert.")
+        layer.shared_gate = weights.operand(p + "mlp.shared_expert_gate.weight")
+    elif family.shared_expert == "plain":
+        layer.shared = weights.swiglu(p + "mlp.shared_experts.")
     return layer

@@ -1,0 +1,162 @@
+"""The native engine's mixture-of-experts layer: a router picks top-k experts per token and weighs them
+(`ROUTERS`: softmax top-k, or DeepSeek-V3's grouped sigmoid top-k with a score-correction bias), the
+chosen experts' SwiGLU outputs are summed with those weights, and a shared expert is added where the
+family has one. The experts run batched (all in two bmm calls over padded row blocks) for decode steps and
+short prefills, one at a time over their own tokens for long prefills; both give the same result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from everyprompt.rollout.native.families import Family
+from everyprompt.rollout.native.weights import Layer
+
+
+@dataclass(frozen=True)
+class Routing:
+    """A config's routing settings."""
+
+    top_k: int
+    renormalise: bool  # top-k weights divided by their sum
+    groups: int = 1  # grouped routing: experts split into `groups` groups ...
+    top_groups: int = 1  # ... of which the `top_groups` best (by their two best scores) are eligible
+    scaling: float = 1.0  # the chosen weights' final factor (DeepSeek-V3's routed_scaling_factor)
+
+    @classmethod
+    def of(cls, config, family: Family) -> Routing:
+        renormalise = family.renormalise
+        if renormalise is None:
+            renormalise = bool(getattr(config, "norm_topk_prob", False))
+        return cls(
+            top_k=getattr(config, "num_experts_per_tok", 0),
+            renormalise=renormalise,
+            groups=getattr(config, "n_group", None) or 1,
+            top_groups=getattr(config, "topk_group", None) or 1,
+            scaling=getattr(config, "routed_scaling_factor", None) or 1.0,
+        )
+
+
+Router = Callable[[torch.Tensor, "torch.Tensor | None", Routing], "tuple[torch.Tensor, torch.Tensor]"]
+ROUTERS: dict[str, Router] = {}
+
+
+def register_router(name: str):
+    def add(function: Router) -> Router:
+        ROUTERS[name] = function
+        return function
+
+    return add
+
+
+@register_router("softmax")
+def softmax_top_k(logits: torch.Tensor, bias: torch.Tensor | None, routing: Routing):
+    """Weights [N, k] and experts [N, k] of the softmax's top k (Qwen, Mixtral, OLMoE)."""
+    weights, experts = torch.topk(torch.softmax(logits, dim=-1), routing.top_k, dim=-1)
+    if routing.renormalise:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, experts
+
+
+@register_router("grouped_sigmoid")
+def grouped_sigmoid_top_k(logits: torch.Tensor, bias: torch.Tensor | None, routing: Routing):
+    """DeepSeek-V3's routing: scores sigmoid(logits); experts chosen by score + bias, only within the
+    `top_groups` groups whose two best biased scores sum highest; weights are the chosen experts' unbiased
+    scores (renormalised), times `scaling`."""
+    scores = torch.sigmoid(logits)  # [N, E]
+    choice = scores if bias is None else scores + bias
+    tokens, num_experts = choice.shape
+    per_group = num_experts // routing.groups
+    group_scores = choice.view(tokens, routing.groups, per_group).topk(2, dim=-1).values.sum(-1)
+    best = torch.topk(group_scores, routing.top_groups, dim=-1, sorted=False).indices
+    eligible = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
+    choice = choice.masked_fill(~eligible.repeat_interleave(per_group, dim=1), float("-inf"))
+    experts = torch.topk(choice, routing.top_k, dim=-1, sorted=False).indices
+    weights = scores.gather(1, experts)
+    if routing.renormalise:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * routing.scaling, experts
+
+
+class MixtureOfExperts:
+    """The MoE layer of a config: `self(layer, x, routes)`."""
+
+    def __init__(self, config, family: Family):
+        self.routing = Routing.of(config, family)
+        self.route = ROUTERS[family.router]
+        self.batched_tokens = 512  # at most this many tokens: all experts in one bmm
+
+    def __call__(self, layer: Layer, x: torch.Tensor, routes: list | None = None) -> torch.Tensor:
+        """Top-k routed experts of x [B, T, H]. With `routes` (a list), appends this layer's (expert
+        indices [B, T, k], router logits [B, T, E])."""
+        flat = x.reshape(-1, x.shape[-1])  # [N, H]
+        logits = (flat @ layer.router).float()  # [N, E]
+        weights, experts = self.route(logits, layer.router_bias, self.routing)  # [N, k]
+        if routes is not None:
+            routes.append((experts.view(*x.shape[:2], -1), logits.view(*x.shape[:2], -1)))
+        weights = weights.to(flat.dtype)
+        gate_up, down = layer.experts
+        path = experts_batched if flat.shape[0] <= self.batched_tokens else experts_grouped
+        out = path(gate_up, down, flat, weights, experts)
+        if layer.shared is not None:
+            shared = swiglu(layer.shared, flat)
+            if layer.shared_gate is not None:
+                shared = torch.sigmoid(flat @ layer.shared_gate) * shared
+            out = out + shared
+        return out.view_as(x)
+
+
+def swiglu(pair, x: torch.Tensor) -> torch.Tensor:
+    gate_up, down = pair
+    gate, up = (x @ gate_up).chunk(2, dim=-1)
+    return (F.silu(gate) * up) @ down
+
+
+def experts_batched(gate_up, down, flat, weights, experts) -> torch.Tensor:
+    """All experts in two batched matmuls: each expert's tokens gathered into a row block [E, C, H]
+    (C = the busiest expert's token count; shorter blocks padded with a zero row), so the arithmetic
+    is top-k's plus the padding and the kernel count does not grow with E. gate_up [E, H, 2I],
+    down [E, I, H]."""
+    tokens, top_k = experts.shape
+    num_experts, inner = down.shape[0], down.shape[1]
+    flat_experts = experts.reshape(-1)
+    order = torch.argsort(flat_experts, stable=True)  # (token, k) pairs grouped by expert
+    counts = torch.bincount(flat_experts, minlength=num_experts)
+    sorted_experts = flat_experts[order]
+    column = torch.arange(len(order)) - (torch.cumsum(counts, 0) - counts)[sorted_experts]
+    index = torch.full((num_experts, int(counts.max())), tokens, dtype=torch.long)  # row `tokens`: zeros
+    index[sorted_experts, column] = order // top_k
+    gates = torch.zeros(index.shape, dtype=flat.dtype)
+    gates[sorted_experts, column] = weights.reshape(-1)[order]
+    rows = torch.cat([flat, flat.new_zeros(1, flat.shape[1])])[index]  # [E, C, H]
+    hidden = torch.bmm(rows, gate_up)  # [E, C, 2I]
+    act = F.silu(hidden[..., :inner]) * hidden[..., inner:] * gates[..., None]
+    out = torch.zeros(tokens + 1, flat.shape[1], dtype=flat.dtype)
+    out.index_add_(0, index.view(-1), torch.bmm(act, down).view(-1, flat.shape[1]))
+    return out[:tokens]
+
+
+def experts_grouped(gate_up, down, flat, weights, experts) -> torch.Tensor:
+    """Experts one at a time over the tokens routed to each (no padding: for long prefills, where
+    one expert's share can be far above the mean)."""
+    top_k = experts.shape[1]
+    out = torch.zeros_like(flat)
+    token_of_pair = torch.arange(flat.shape[0]).repeat_interleave(top_k)  # [N*k]
+    flat_experts = experts.reshape(-1)
+    order = torch.argsort(flat_experts, stable=True)
+    counts = torch.bincount(flat_experts, minlength=down.shape[0]).tolist()
+    start = 0
+    for expert, count in enumerate(counts):
+        if count == 0:
+            continue
+        pairs = order[start : start + count]
+        start += count
+        tokens = token_of_pair[pairs]
+        gate, up = (flat[tokens] @ gate_up[expert]).chunk(2, dim=-1)
+        hidden = (F.silu(gate) * up) @ down[expert]
+        out.index_add_(0, tokens, hidden * weights.reshape(-1)[pairs, None])
+    return out
