@@ -101,3 +101,25 @@ def save_family_checkpoint(model_type: str, directory, seed: int = 0, **override
     model.save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+def save_chat_checkpoint(directory, corpus: list[str], model_type: str = "qwen3_moe", seed: int = 0):
+    """A tiny random checkpoint of `model_type` with a byte-level BPE tokenizer trained on `corpus`, whose
+    chat template has a system turn and an `enable_thinking` switch (models/tokenizer.py)."""
+    from everyprompt.models.tokenizer import build_chat_tokenizer
+
+    tokenizer = build_chat_tokenizer(corpus, vocab_size=400)
+    ids = dict(
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    config = AutoConfig.for_model(model_type, **{**_LAYERS, **FAMILY_CONFIGS[model_type], **ids})
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(directory, safe_serialization=True)
+    tokenizer.save_pretrained(directory)
+    return directory

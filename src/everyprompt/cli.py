@@ -79,7 +79,9 @@ def cmd_eval(args) -> int:
     checkpoint = resolve_checkpoint(args.checkpoint)
     run = Run(config, run_dir=args.run_dir or checkpoint / "eval")  # also quiets library progress bars
     model, tokenizer = load_pretrained(checkpoint)
-    rows = load_prompt_file(args.data, args.prompt_field, args.answer_field) if args.data else None
+    given = {"prompt": args.prompt_field, "answer": args.answer_field}
+    columns = {**config.data.columns, **{field: name for field, name in given.items() if name}}
+    rows = load_prompt_file(args.data, columns) if args.data else None
     engine = build_engine(config.rollout, model, tokenizer)
     results = run.evaluate(engine, tokenizer, rows)
     (run.run_dir / "eval.json").write_text(json.dumps(results, indent=2))
@@ -155,7 +157,7 @@ def cmd_filter(args) -> int:
         args.out or (f"{Path(args.data).stem}-filtered" if args.data != "builtin" else "builtin-filtered")
     )
     # a bad data file fails before anything is written
-    rows = None if args.data == "builtin" else load_prompt_file(args.data)
+    rows = None if args.data == "builtin" else load_prompt_file(args.data, config.data.columns)
     run = Run(config, run_dir=out)
     rows = run.rl_rows() if rows is None else rows
     model, tokenizer = load_pretrained(checkpoint)
@@ -279,9 +281,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="greedy pass@1 and sampled pass@k of a checkpoint")
     p.add_argument("checkpoint", help="checkpoint directory or run directory")
     p.add_argument("config", nargs="*")
-    p.add_argument("--data", default=None, help="JSONL/Parquet with prompt and answer fields")
-    p.add_argument("--prompt-field", default="prompt")
-    p.add_argument("--answer-field", default="answer")
+    p.add_argument(
+        "--data", default=None, help="a data file with prompt and answer columns (as data.train_file)"
+    )
+    p.add_argument("--prompt-field", default=None, help="the prompt's column (default: data.columns.prompt)")
+    p.add_argument("--answer-field", default=None, help="the answer's column (default: data.columns.answer)")
     p.add_argument("--run-dir", default=None, help="where eval.json goes (default: CHECKPOINT/eval)")
     p.set_defaults(func=cmd_eval)
 

@@ -59,15 +59,47 @@ class DataConfig(Section):
         "arithmetic", description="Built-in verifiable task used when no files are given."
     )
     train_file: str | None = Field(
-        None, description="JSONL/Parquet prompts for RL (fields `prompt`, `answer`, optional `level`)."
+        None,
+        description="Prompts for RL and SFT: .jsonl/.json/.parquet/.arrow or a `datasets` save_to_disk "
+        "directory (fields `prompt` or `messages`, `answer`, optional `level`, `solution` for SFT).",
     )
-    eval_file: str | None = Field(None, description="JSONL/Parquet held-out prompts for evaluation.")
+    eval_file: str | None = Field(None, description="Held-out prompts for evaluation (as train_file).")
+    columns: dict[str, str] = Field(
+        {},
+        description="The files' column for each field, e.g. {prompt: question} (fields: prompt, answer, "
+        "solution, level, messages).",
+    )
+    format: Literal["auto", "plain", "chat"] = Field(
+        "auto",
+        description="Prompt rendering: raw text (plain) or the tokenizer's chat template (chat); auto: chat "
+        "when the tokenizer has a template and the model is not the preset.",
+    )
+    system_prompt: str | None = Field(None, description="Chat format: a system message before each prompt.")
+    template_kwargs: dict[str, Any] = Field(
+        {}, description="Chat format: switches passed to the chat template, e.g. {enable_thinking: false}."
+    )
     levels: list[int] = Field(
         [1, 2, 3, 4, 5], description="Difficulty levels (1..5) of the built-in task to use."
     )
     num_train: int = Field(20000, gt=0, description="Built-in task: problems in the train split.")
     num_eval: int = Field(500, gt=0, description="Built-in task: problems in the held-out split.")
     split_seed: int = Field(1234, description="Seed of the built-in task's train/held-out split.")
+
+    @field_validator("columns")
+    @classmethod
+    def _known_fields(cls, columns: dict[str, str]) -> dict[str, str]:
+        from everyprompt.data.datasets import FIELDS
+
+        unknown = sorted(set(columns) - set(FIELDS))
+        if unknown:
+            raise ValueError(f"maps {unknown}; the fields are {', '.join(FIELDS)}")
+        return columns
+
+    @model_validator(mode="after")
+    def _chat_only_settings(self) -> DataConfig:
+        if self.format == "plain" and (self.system_prompt is not None or self.template_kwargs):
+            raise ValueError("system_prompt and template_kwargs need format chat (or auto), not plain")
+        return self
 
 
 class SFTConfig(Section):

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import defaultdict
 from math import comb
 
+from everyprompt.data.formatting import PlainFormat
 from everyprompt.generation import sample_and_score
 from everyprompt.rewards.pool import RewardPool
 from everyprompt.rollout import GenerationRequest, SamplingParams, derive_seed
@@ -21,11 +22,12 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def _passes(
-    engine, tokenizer, rows, reward_fn, params: SamplingParams, samples: int, seed: int
+    engine, tokenizer, rows, reward_fn, params: SamplingParams, samples: int, seed: int, prompt_format
 ) -> list[list[bool]]:
+    prompts = [prompt_format.prompt_ids(row) for row in rows]
     requests = [
-        GenerationRequest(i * samples + j, tokenizer(row["prompt"]).input_ids, derive_seed(seed, i, j))
-        for i, row in enumerate(rows)
+        GenerationRequest(i * samples + j, prompts[i], derive_seed(seed, i, j))
+        for i in range(len(rows))
         for j in range(samples)
     ]
     expanded = [rows[i] for i in range(len(rows)) for _ in range(samples)]
@@ -58,17 +60,20 @@ def evaluate(
     temperature: float = 1.0,
     seed: int = 0,
     stop: tuple[str, ...] = (),
+    prompt_format=None,
 ) -> dict[str, float]:
-    """Greedy accuracy (and pass@k when `num_samples` > 0) of `engine` on `rows`."""
+    """Greedy accuracy (and pass@k when `num_samples` > 0) of `engine` on `rows`, prompts rendered by
+    `prompt_format` (data.formatting; default: plain text)."""
+    prompt_format = prompt_format or PlainFormat(tokenizer)
     greedy = SamplingParams(max_new_tokens, greedy=True, stop=stop)
     results = _summarise(
         rows,
-        [float(p[0]) for p in _passes(engine, tokenizer, rows, reward_fn, greedy, 1, seed)],
+        [float(p[0]) for p in _passes(engine, tokenizer, rows, reward_fn, greedy, 1, seed, prompt_format)],
         "greedy_accuracy",
     )
     if num_samples:
         sampled = SamplingParams(max_new_tokens, temperature=temperature, stop=stop)
-        flags = _passes(engine, tokenizer, rows, reward_fn, sampled, num_samples, seed)
+        flags = _passes(engine, tokenizer, rows, reward_fn, sampled, num_samples, seed, prompt_format)
         results.update(
             _summarise(rows, [pass_at_k(num_samples, sum(f), pass_k) for f in flags], f"pass@{pass_k}")
         )

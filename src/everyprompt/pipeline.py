@@ -17,6 +17,7 @@ from rich.table import Table
 
 from everyprompt.config import Config, ConfigError, save_config
 from everyprompt.data import DataError, load_prompt_file, make_splits
+from everyprompt.data.formatting import prompt_format_of
 from everyprompt.data.passrate import PassRateStore
 from everyprompt.evaluate import evaluate
 from everyprompt.models.experts import select_moe_kernel
@@ -24,6 +25,7 @@ from everyprompt.models.io import load_model_and_tokenizer, load_pretrained
 from everyprompt.rewards import build_reward
 from everyprompt.rewards.pool import RewardPool
 from everyprompt.rollout import SamplingParams, build_engine, resolve_engine
+from everyprompt.rollout.stops import stop_token_ids
 from everyprompt.trainer import RLTrainer, run_sft, save_checkpoint
 from everyprompt.trainer.checkpoint import (
     CheckpointError,
@@ -72,6 +74,7 @@ class Run:
         random.seed(config.seed)
         torch.manual_seed(config.seed)
         self._splits = None
+        self._shown: set[str] = set()  # stages whose first rendered prompt was printed
 
     # ------------------------------------------------------------ data
     def _builtin(self):
@@ -81,20 +84,33 @@ class Run:
         return self._splits
 
     def rl_rows(self) -> list[dict]:
-        if self.config.data.train_file:
-            return load_prompt_file(self.config.data.train_file)
-        levels = set(self.config.rl.levels or self.config.data.levels)
+        data = self.config.data
+        if data.train_file:
+            return load_prompt_file(data.train_file, data.columns)
+        levels = set(self.config.rl.levels or data.levels)
         return [p.as_row() for p in self._builtin()[0] if p.level in levels]
 
     def sft_rows(self) -> list[dict]:
-        if self.config.data.train_file:
-            return load_prompt_file(self.config.data.train_file)
-        levels = set(self.config.sft.levels)
-        return [p.as_row() for p in self._builtin()[0] if p.level in levels]
+        """The worked solutions SFT trains on; a train file without them is a config error (sft.steps)."""
+        data = self.config.data
+        if not data.train_file:
+            levels = set(self.config.sft.levels)
+            return [p.as_row() for p in self._builtin()[0] if p.level in levels]
+        rows = load_prompt_file(data.train_file, data.columns, require=())
+        lacking = [i for i, row in enumerate(rows) if not row.get("solution")]
+        if lacking:
+            column = data.columns.get("solution", "solution")
+            raise ConfigError(
+                f"config key 'sft.steps': SFT ({self.config.sft.steps} steps) needs a worked solution per "
+                f"row, and row {lacking[0] + 1} of {data.train_file} has no {column!r} (map the column "
+                "with data.columns.solution=COLUMN, or set sft.steps=0)"
+            )
+        return rows
 
     def eval_rows(self) -> list[dict]:
-        if self.config.data.eval_file:
-            return load_prompt_file(self.config.data.eval_file)
+        data = self.config.data
+        if data.eval_file:
+            return load_prompt_file(data.eval_file, data.columns)
         return [p.as_row() for p in self._builtin()[1]]
 
     # ------------------------------------------------------------ model
@@ -113,6 +129,7 @@ class Run:
                 return select_moe_kernel(model, kernel), tokenizer
             except CheckpointError as err:
                 log.warning("the SFT checkpoint is damaged (%s); SFT runs again", err)
+        sft_rows = self.sft_rows() if self.config.sft.steps else []  # bad SFT data fails before any loading
         partial = newest_complete(root, "sft_step_") if self.config.sft.steps else None
         if partial is not None:
             model, tokenizer = load_pretrained(partial)
@@ -124,16 +141,18 @@ class Run:
         self.announce_engine(model.config)  # before any training: a model no engine runs stops here
         select_moe_kernel(model, kernel)
         if self.config.sft.steps:
+            prompt_format = prompt_format_of(self.config, tokenizer, stop_token_ids(model, tokenizer))
             run_sft(
                 model,
                 tokenizer,
-                self.sft_rows(),
+                sft_rows,
                 self.config.sft,
                 self.config.seed,
                 self.run_dir,
                 self.config.logging,
                 pack_sequences=self.config.model.pack_sequences,
                 resume=resume,
+                prompt_format=self.show_format(prompt_format, "SFT", sft_rows[0]),
             )
             save_checkpoint(self.run_dir, "sft", model, tokenizer, state=None)
             for stale in step_checkpoints(root, "sft_step_"):
@@ -173,8 +192,8 @@ class Run:
             trainer.load_state_dict(load_trainer_state(latest))
             self.console.print(f"resumed from {latest} at step {trainer.step}")
             return trainer
+        rows, filter_rollouts = self.rl_rows(), 0  # bad RL data fails before SFT, not after it
         model, tokenizer = self.warm_started_model()
-        rows, filter_rollouts = self.rl_rows(), 0
         if self.config.zve.enabled and self.config.zve.filter.enabled:
             if (self.run_dir / "filter.json").is_file():  # it finished before the run was cut short
                 rows, filter_rollouts = self.filtered_rl_rows(store), self._filter_report()["rollouts"]
@@ -182,7 +201,16 @@ class Run:
                 rows, filter_rollouts = self.offline_filter(model, tokenizer, rows, store)
         trainer = RLTrainer.build(self.config, model, tokenizer, rows, self.run_dir, store=store)
         trainer.rollouts_total = filter_rollouts  # the filter's samples count against rl.max_rollouts
+        self.show_format(trainer.rollout.prompt_format, "RL", rows[0])
         return trainer
+
+    def show_format(self, prompt_format, stage: str, row: dict):
+        """Print once per stage how the first prompt is rendered (what the model sees); returns the format."""
+        if stage not in self._shown:
+            self._shown.add(stage)
+            self.console.print(f"{stage} prompt 1 as the model sees it (data.format={prompt_format.name}):")
+            self.console.print(repr(prompt_format.text(row)), markup=False, highlight=False)
+        return prompt_format
 
     # ------------------------------------------------------------ zero-variance elimination
     def pass_rate_store(self) -> PassRateStore:
@@ -268,6 +296,7 @@ class Run:
             temperature=config.eval.temperature,
             seed=config.seed,
             stop=tuple(config.rollout.stop),
+            prompt_format=prompt_format_of(config, tokenizer),
         )
 
 
@@ -362,6 +391,7 @@ def run_offline_filter(model, tokenizer, rows: list[dict], config, store=None):
             config.seed,
             config.zve.correct_reward,
             progress=advance,
+            prompt_format=prompt_format_of(config, tokenizer),
         )
     if store is not None:
         store.record(estimate.records(rows), step=-1)

@@ -91,3 +91,21 @@ def test_registry_and_import_paths():
         get_reward("everyprompt.rewards.math:missing")
     with pytest.raises(RewardError, match="already registered"):
         register_reward("math")(math_reward)
+
+
+def test_references_are_extracted_like_completions():
+    """GSM8K's raw `answer` (steps, then `#### N`) and a MATH solution with \\boxed{} score as they come;
+    a bare reference is kept whole (the last-number fallback would turn \\frac{1}{2} into 2)."""
+    from everyprompt.rewards.math import math_reward, reference_answer
+
+    gsm8k = "She sold 48/2 = <<48/2=24>>24 clips in May.\nAltogether 48+24 = <<48+24=72>>72 clips.\n#### 72"
+    math = "The sum is $\\frac{2}{4} = \\boxed{\\frac{1}{2}}$."
+    assert reference_answer(gsm8k) == "72"
+    assert reference_answer(math) == "\\frac{1}{2}"
+    assert reference_answer("\\frac{1}{2}") == "\\frac{1}{2}"
+    assert reference_answer(" 1,234 ") == "1,234"
+    rewards = math_reward(
+        ["so the answer is 72", "#### 71", "\\boxed{0.5}", "it is 1234"],
+        answer=[gsm8k, gsm8k, math, "#### 1,234"],
+    )
+    assert rewards == [1.0, 0.0, 1.0, 1.0]

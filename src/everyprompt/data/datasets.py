@@ -1,4 +1,5 @@
-"""Prompt files (JSONL / Parquet) and the resumable prompt cursor."""
+"""Prompt files (JSONL, JSON, Parquet, Arrow: the formats `datasets` reads and writes locally), their
+column mapping onto everyprompt's fields, and the resumable prompt cursor."""
 
 from __future__ import annotations
 
@@ -22,7 +23,11 @@ def _check_row(row: object, where: str, required: tuple[str, ...]) -> dict:
 
 def read_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> list[dict]:
     """Rows of a JSONL file; a malformed line raises DataError naming the file and the line number."""
-    path = Path(path)
+    return [row for _, row in _jsonl_rows(Path(path), required)]
+
+
+def _jsonl_rows(path: Path, required: tuple[str, ...] = ()) -> list[tuple[str, dict]]:
+    """(`file:line`, row) for each non-blank line of a JSONL file."""
     rows = []
     try:
         raw = path.read_bytes()
@@ -44,7 +49,7 @@ def read_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> list[dict]:
                 else "nested too deep"
             )
             raise DataError(f"{path}:{number}: not valid JSON ({why})") from None
-        rows.append(_check_row(row, f"{path}:{number}", required))
+        rows.append((f"{path}:{number}", _check_row(row, f"{path}:{number}", required)))
     return rows
 
 
@@ -62,30 +67,143 @@ def read_parquet(path: str | Path, required: tuple[str, ...] = ()) -> list[dict]
     return table.to_pylist()
 
 
-def load_prompt_file(
-    path: str | Path, prompt_field: str = "prompt", answer_field: str = "answer"
-) -> list[dict]:
-    """Prompt rows from JSONL or Parquet, normalised to `prompt` (str), `answer` (str), `level` (int or None)."""
+FIELDS = ("prompt", "answer", "solution", "level", "messages")  # what `data.columns` may map onto
+
+
+def _json_rows(path: Path) -> list[tuple[str, dict]]:
+    """A .json file: a JSON array of objects (as `datasets` writes with `lines=False`), else JSON Lines."""
+    with path.open("rb") as handle:
+        if not handle.read(4096).lstrip().startswith(b"["):
+            return _jsonl_rows(path)
+    try:
+        rows = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: not UTF-8 text (byte {err.start + 1})") from None
+    except json.JSONDecodeError as err:
+        raise DataError(f"{path}:{err.lineno}: not valid JSON ({err.msg} at column {err.colno})") from None
+    if not isinstance(rows, list):
+        raise DataError(
+            f"{path}: expected a JSON array of objects or JSON Lines, got a {type(rows).__name__}"
+        )
+    return [
+        (f"{path}: item {number}", _check_row(row, f"{path}: item {number}", ()))
+        for number, row in enumerate(rows, start=1)
+    ]
+
+
+def _parquet_rows(path: Path) -> list[tuple[str, dict]]:
+    return [(f"{path}: row {n}", row) for n, row in enumerate(read_parquet(path), start=1)]
+
+
+def _arrow_rows(path: Path) -> list[tuple[str, dict]]:
+    """An Arrow file (IPC stream, as `datasets` caches and `save_to_disk` writes, or IPC file), or a
+    `save_to_disk` directory of them."""
+    import pyarrow as pa
+
+    files = sorted(path.glob("*.arrow")) if path.is_dir() else [path]
+    if not files:
+        raise DataError(f"{path}: a directory with no .arrow files (expected a `save_to_disk` split)")
+    tables = []
+    for file in files:
+        try:
+            with pa.memory_map(str(file)) as source:
+                try:
+                    tables.append(pa.ipc.open_stream(source).read_all())
+                except pa.ArrowInvalid:
+                    tables.append(pa.ipc.open_file(source).read_all())
+        except (pa.ArrowException, OSError) as err:
+            raise DataError(f"{file}: not a readable Arrow file ({err})") from None
+    rows = [row for table in tables for row in table.to_pylist()]
+    return [(f"{path}: row {n}", row) for n, row in enumerate(rows, start=1)]
+
+
+READERS = {".jsonl": _jsonl_rows, ".json": _json_rows, ".parquet": _parquet_rows, ".arrow": _arrow_rows}
+
+
+def read_rows(path: str | Path) -> list[tuple[str, dict]]:
+    """(where, row) for each row of a data file by its suffix (.jsonl, .json, .parquet, .arrow) or of a
+    `save_to_disk` directory; `where` names the file and the line (JSONL) or row."""
     path = Path(path)
+    if path.is_dir():
+        return _arrow_rows(path)
     if not path.is_file():
         raise DataError(f"data file not found: {path}")
-    required = (prompt_field, answer_field)
-    if path.suffix == ".parquet":
-        rows = read_parquet(path, required)
-    elif path.suffix in (".jsonl", ".json"):
-        rows = read_jsonl(path, required)
-    else:
-        raise DataError(f"{path}: unsupported data format {path.suffix!r}; expected .jsonl or .parquet")
-    out = []
-    for index, row in enumerate(rows):
-        prompt = row[prompt_field]
-        if not isinstance(prompt, str) or not prompt:
-            raise DataError(f"{path}: row {index + 1}: field {prompt_field!r} must be a non-empty string")
-        level = row.get("level")
-        out.append({**row, "prompt": prompt, "answer": str(row[answer_field]), "level": level})
-    if not out:
+    reader = READERS.get(path.suffix)
+    if reader is None:
+        raise DataError(
+            f"{path}: unsupported data format {path.suffix!r}; expected {', '.join(READERS)} "
+            "or a `datasets` save_to_disk directory"
+        )
+    return reader(path)
+
+
+def load_prompt_file(
+    path: str | Path, columns: dict[str, str] | None = None, require: tuple[str, ...] = ("answer",)
+) -> list[dict]:
+    """Prompt rows of a data file, with `prompt` (str), `answer` (str), `level` and, where present,
+    `solution` and `messages` set from the file's columns by `columns` (field -> the file's column
+    name; e.g. {"prompt": "question"}). Every row needs a prompt (or `messages`) and the fields of
+    `require`; a missing column is a DataError naming the file and the columns it has."""
+    path = Path(path)
+    columns = dict(columns or {})
+    unknown = sorted(set(columns) - set(FIELDS))
+    if unknown:
+        raise DataError(f"data.columns maps {unknown}; it maps onto {', '.join(FIELDS)}")
+    rows = read_rows(path)
+    if not rows:
         raise DataError(f"{path}: no rows")
+    have = sorted({key for _, row in rows for key in row})
+
+    def source(field: str) -> str:
+        return columns.get(field, field)
+
+    def missing(field: str) -> DataError:
+        mapped = f" (data.columns.{field})" if field in columns else ""
+        return DataError(
+            f"{path}: no column {source(field)!r} for `{field}`{mapped}; the file has columns {have}"
+        )
+
+    if source("prompt") not in have and source("messages") not in have:
+        raise missing("prompt")
+    for field in require:
+        if source(field) not in have:
+            raise missing(field)
+    return [_normalise(row, where, source, require) for where, row in rows]
+
+
+def _normalise(row: dict, where: str, source, require) -> dict:
+    needed = [source(f) for f in require if source(f) not in row]
+    if source("prompt") not in row and source("messages") not in row:
+        needed.insert(0, source("prompt"))
+    if needed:
+        raise DataError(f"{where}: missing field(s) {needed}; the row has {sorted(row)}")
+    out = dict(row)
+    for field in ("answer", "solution", "level", "messages"):
+        if source(field) in row:
+            out[field] = row[source(field)]
+    messages = out.get("messages")
+    if messages is not None:
+        _check_messages(messages, where)
+    prompt = row.get(source("prompt"))
+    if prompt is None and messages is not None:
+        prompt = next((m["content"] for m in reversed(messages) if m["role"] == "user"), None)
+    if not isinstance(prompt, str) or not prompt:
+        raise DataError(f"{where}: field {source('prompt')!r} must be a non-empty string")
+    out["prompt"] = prompt
+    if "answer" in out:
+        out["answer"] = str(out["answer"])
+    out["level"] = out.get("level")
     return out
+
+
+def _check_messages(messages: object, where: str) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise DataError(f"{where}: `messages` must be a non-empty list of {{role, content}} objects")
+    for number, message in enumerate(messages, start=1):
+        if not (isinstance(message, dict) and isinstance(message.get("role"), str)):
+            raise DataError(f"{where}: message {number} has no string `role`")
+        if not isinstance(message.get("content"), str):
+            raise DataError(f"{where}: message {number} has no string `content`")
 
 
 class PromptCursor:

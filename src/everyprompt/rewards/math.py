@@ -50,6 +50,22 @@ def extract_answer(completion: str) -> str | None:
     return numbers[-1].replace(",", "") if numbers else None
 
 
+def reference_answer(reference: str) -> str:
+    """The final answer of a reference as datasets give it: a GSM8K `answer` (worked steps, then
+    `#### 72`) or a MATH solution (`... \\boxed{\\frac{1}{2}}`) gives the part the extractor finds; a bare
+    answer (`72`, `\\frac{1}{2}`) is kept whole.
+
+    >>> reference_answer("Natalia sold 48/2 = <<48/2=24>>24 clips in May.\\n#### 72")
+    '72'
+    """
+    text = str(reference)
+    if "####" in text or "\\boxed{" in text:
+        found = extract_answer(text)
+        if found:
+            return found
+    return text.strip()
+
+
 def _math_verify_equal(gold: str, predicted: str) -> bool:
     from math_verify import parse, verify
 
@@ -59,10 +75,15 @@ def _math_verify_equal(gold: str, predicted: str) -> bool:
     return bool(verify(gold_parsed, parse(f"${predicted}$")))
 
 
+def _plain_number(text: str) -> str:
+    """`1,234` -> `1234` (thousands separators, as GSM8K writes large answers); anything else unchanged."""
+    return text.replace(",", "") if _NUMBER.fullmatch(text) else text
+
+
 def answers_match(gold: str, predicted: str | None) -> bool:
     if predicted is None:
         return False
-    gold, predicted = gold.strip(), predicted.strip()
+    gold, predicted = _plain_number(gold.strip()), _plain_number(predicted.strip())
     if _INTEGER.fullmatch(gold) and _INTEGER.fullmatch(predicted):
         return int(gold) == int(predicted)
     return _math_verify_equal(gold, predicted)
@@ -70,9 +91,13 @@ def answers_match(gold: str, predicted: str | None) -> bool:
 
 @register_reward("math")
 def math_reward(completions: list[str], answer: list[str], **_: object) -> list[float | None]:
-    """1.0 when the completion's final answer equals `answer` mathematically, else 0.0.
+    """1.0 when the completion's final answer equals the reference's (`reference_answer`: GSM8K's
+    `#### 72` and MATH's `\\boxed{}` work as they come) mathematically, else 0.0.
 
     >>> math_reward(["7+8+0=15;3+4+1=8|85", "so the answer is 84"], answer=["85", "85"])
     [1.0, 0.0]
     """
-    return [float(answers_match(str(gold), extract_answer(text))) for text, gold in zip(completions, answer)]
+    return [
+        float(answers_match(reference_answer(gold), extract_answer(text)))
+        for text, gold in zip(completions, answer)
+    ]

@@ -19,6 +19,7 @@ import torch
 
 from everyprompt.config import Config
 from everyprompt.data.curriculum import Curriculum
+from everyprompt.data.formatting import prompt_format_of
 from everyprompt.data.passrate import PassRateStore
 from everyprompt.data.source import ALL, PromptSource, buckets_by_field, buckets_by_pass_rate
 from everyprompt.generation import sample_and_score
@@ -129,7 +130,8 @@ class RolloutSide:
         self.lengths = LengthPredictor(store, default=config.rollout.max_new_tokens)
         self.retired_total = 0
         self.health = RewardHealth(config.rewards.max_error_fraction, config.rewards.error_window)
-        self.prompt_ids = [tokenizer(p["prompt"]).input_ids for p in prompts]
+        self.prompt_format = prompt_format_of(config, tokenizer)
+        self.prompt_ids = [self.prompt_format.prompt_ids(p) for p in prompts]
         keys = sorted({key for row in prompts for key in row})
         self._reward_rows = [{key: row.get(key) for key in keys} for row in prompts]
         self._calls = 0  # generate calls so far: keeps each call's reward keys apart

@@ -10,6 +10,8 @@ from pathlib import Path
 import torch
 
 from everyprompt.config import LoggingConfig, SFTConfig
+from everyprompt.data.datasets import DataError
+from everyprompt.data.formatting import PlainFormat
 from everyprompt.processes import GracefulStop, StopRequested
 from everyprompt.trainer.checkpoint import save_checkpoint
 from everyprompt.trainer.logprobs import check_packing, token_logprobs
@@ -17,20 +19,17 @@ from everyprompt.trainer.metrics import MetricsLogger
 from everyprompt.trainer.optim import build_optimizer, build_scheduler
 
 
-def sft_batch_ids(tokenizer, row: dict, prompt: list[int] | None = None) -> list[int]:
-    """Token ids of one SFT example: prompt (BOS included) + solution + EOS."""
-    if prompt is None:
-        prompt = tokenizer(row["prompt"]).input_ids
-    return prompt + tokenizer(row["solution"], add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
-
-
-def sft_batch(tokenizer, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """input_ids [B, L] (prompt + solution + EOS, right-padded), the target mask [B, L - 1], lengths."""
+def sft_batch(
+    tokenizer, rows: list[dict], prompt_format=None
+) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """input_ids [B, L] (prompt + solution + turn end, right-padded; `prompt_format.sft_example`), the
+    target mask [B, L - 1] (1 on the predictions of the solution and turn-end tokens only), lengths."""
+    prompt_format = prompt_format or PlainFormat(tokenizer)
     sequences, starts = [], []
     for row in rows:
-        prompt = tokenizer(row["prompt"]).input_ids
-        sequences.append(sft_batch_ids(tokenizer, row, prompt))
-        starts.append(len(prompt) - 1)
+        ids, start = prompt_format.sft_example(row)
+        sequences.append(ids)
+        starts.append(start - 1)
     width = max(len(s) for s in sequences)
     input_ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
     mask = torch.zeros(len(rows), width - 1)
@@ -50,19 +49,23 @@ def run_sft(
     logging: LoggingConfig,
     pack_sequences: bool = True,
     resume: dict | None = None,
+    prompt_format=None,
 ) -> list[dict[str, float]]:
     """Train `sft.steps` steps on random batches of `rows` (each needs `prompt` and `solution`).
 
     With `pack_sequences` the forward pass packs each batch (see `token_logprobs`), after checking on
     two rows that packing leaves this model's log-probs unchanged. Every `sft.checkpoint_every` steps
     the model, optimizer, schedule and data order are saved as `checkpoints/sft_step_N`; `resume` (the
-    state of such a checkpoint, with `model` loaded from it) continues from there.
+    state of such a checkpoint, with `model` loaded from it) continues from there. `prompt_format`
+    (data.formatting) renders the examples (default: plain text).
     """
     missing = [i for i, row in enumerate(rows) if not row.get("solution")]
     if missing:
-        raise ValueError(f"SFT needs a `solution` field on every row; row {missing[0] + 1} has none")
+        raise DataError(f"SFT needs a `solution` on every row; row {missing[0] + 1} has none")
+    prompt_format = prompt_format or PlainFormat(tokenizer)
     if pack_sequences:
-        check_packing(model, [sft_batch_ids(tokenizer, row) for row in rows[:2]], tokenizer.pad_token_id)
+        examples = [prompt_format.sft_example(row)[0] for row in rows[:2]]
+        check_packing(model, examples, tokenizer.pad_token_id)
     rng = random.Random(seed)
     optimizer = build_optimizer(model, sft.lr, sft.weight_decay)
     scheduler = build_scheduler(optimizer, sft.warmup_steps, sft.steps, "cosine")
@@ -87,7 +90,9 @@ def run_sft(
             for step in range(start + 1, sft.steps + 1):
                 started = time.perf_counter()
                 batch = rng.sample(rows, min(sft.batch_size, len(rows)))
-                metrics = _sft_step(model, tokenizer, batch, optimizer, scheduler, pack_sequences)
+                metrics = _sft_step(
+                    model, tokenizer, batch, optimizer, scheduler, pack_sequences, prompt_format
+                )
                 metrics["time/step_s"] = time.perf_counter() - started
                 logger.log(step, metrics)
                 history.append(metrics)
@@ -115,9 +120,9 @@ def run_sft(
     return history
 
 
-def _sft_step(model, tokenizer, rows, optimizer, scheduler, pack_sequences: bool) -> dict[str, float]:
+def _sft_step(model, tokenizer, rows, optimizer, scheduler, pack_sequences: bool, prompt_format):
     """One next-token step on the worked solutions of `rows`."""
-    input_ids, mask, lengths = sft_batch(tokenizer, rows)
+    input_ids, mask, lengths = sft_batch(tokenizer, rows, prompt_format)
     logp, _ = token_logprobs(
         model, input_ids, lengths=lengths if pack_sequences else None, pad_id=tokenizer.pad_token_id
     )

@@ -10,6 +10,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from everyprompt.data.formatting import PlainFormat
 from everyprompt.generation import sample_and_score
 from everyprompt.rewards.pool import RewardPool
 from everyprompt.rollout import GenerationRequest, derive_seed
@@ -52,13 +53,16 @@ def estimate_pass_rates(
     correct_reward: float = 1.0,
     chunk: int = 1024,
     progress: Callable[[int], None] | None = None,
+    prompt_format=None,
 ) -> PassRateEstimate:
     """ZVE stage 0: `samples` completions per prompt from `engine`, scored by `rewards`; per-prompt
     pass counts.
 
     Completions are generated `chunk` requests at a time; `progress(n)` is called after each chunk with
-    the number of prompts it finished.
+    the number of prompts it finished. `prompt_format` (data.formatting) renders the prompts (default:
+    plain text).
     """
+    prompt_format = prompt_format or PlainFormat(tokenizer)
     attempts = [0] * len(rows)
     successes = [0] * len(rows)
     lengths = [0.0] * len(rows)
@@ -66,7 +70,7 @@ def estimate_pass_rates(
     per_chunk = max(1, chunk // samples)
     for start in range(0, len(rows), per_chunk):
         block = list(range(start, min(start + per_chunk, len(rows))))
-        prompt_ids = {i: tokenizer(rows[i]["prompt"]).input_ids for i in block}
+        prompt_ids = {i: prompt_format.prompt_ids(rows[i]) for i in block}
         owners = [i for i in block for _ in range(samples)]
         requests = [
             GenerationRequest(n, prompt_ids[i], derive_seed(seed, 0x51F7, i, s))
