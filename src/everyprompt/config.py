@@ -52,6 +52,14 @@ class ModelConfig(Section):
         "and gradients, faster backward on CPU) or transformers' own; models whose experts the kernel does "
         "not fit keep transformers'.",
     )
+    dtype: Literal["fp32", "bf16"] = Field(
+        "fp32",
+        description="Training precision: bf16 runs the trainer's forwards under autocast, weights, gradients "
+        "and optimizer state staying fp32 (docs/training.md).",
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute decoder layers' activations in the backward pass (less memory, slower)."
+    )
 
 
 class DataConfig(Section):

@@ -22,6 +22,7 @@ from everyprompt.data.passrate import PassRateStore
 from everyprompt.evaluate import evaluate
 from everyprompt.models.experts import select_moe_kernel
 from everyprompt.models.io import load_model_and_tokenizer, load_pretrained
+from everyprompt.models.precision import enable_gradient_checkpointing
 from everyprompt.rewards import build_reward
 from everyprompt.rewards.pool import RewardPool
 from everyprompt.rollout import SamplingParams, build_engine, resolve_engine
@@ -121,12 +122,11 @@ class Run:
         from its newest complete `sft_step_N` checkpoint.
         """
         root = checkpoint_root(self.run_dir)
-        kernel = self.config.model.moe_kernel
         if self.config.sft.steps and (root / "sft").is_dir():
             try:
                 verify_checkpoint(root / "sft")
                 model, tokenizer = load_pretrained(root / "sft")
-                return select_moe_kernel(model, kernel), tokenizer
+                return self.prepare_for_training(model), tokenizer
             except CheckpointError as err:
                 log.warning("the SFT checkpoint is damaged (%s); SFT runs again", err)
         sft_rows = self.sft_rows() if self.config.sft.steps else []  # bad SFT data fails before any loading
@@ -139,7 +139,7 @@ class Run:
             model, tokenizer = load_model_and_tokenizer(self.config.model, self.config.seed)
             resume = None
         self.announce_engine(model.config)  # before any training: a model no engine runs stops here
-        select_moe_kernel(model, kernel)
+        self.prepare_for_training(model)
         if self.config.sft.steps:
             prompt_format = prompt_format_of(self.config, tokenizer, stop_token_ids(model, tokenizer))
             run_sft(
@@ -151,6 +151,7 @@ class Run:
                 self.run_dir,
                 self.config.logging,
                 pack_sequences=self.config.model.pack_sequences,
+                dtype=self.config.model.dtype,
                 resume=resume,
                 prompt_format=self.show_format(prompt_format, "SFT", sft_rows[0]),
             )
@@ -158,6 +159,13 @@ class Run:
             for stale in step_checkpoints(root, "sft_step_"):
                 shutil.rmtree(stale)
         return model, tokenizer
+
+    def prepare_for_training(self, model):
+        """The policy with the configured training MoE kernel and gradient checkpointing."""
+        select_moe_kernel(model, self.config.model.moe_kernel)
+        if self.config.model.gradient_checkpointing:
+            enable_gradient_checkpointing(model)
+        return model
 
     def announce_engine(self, model_config) -> str:
         """The engine that will decode this model (UnsupportedModelError if the configured one cannot),
@@ -184,7 +192,7 @@ class Run:
         if resume:
             latest = latest_complete_checkpoint(self.run_dir)
             model, tokenizer = load_pretrained(latest)
-            select_moe_kernel(model, self.config.model.moe_kernel)
+            self.prepare_for_training(model)
             reference = self.warm_started_model()[0] if self.config.rl.kl.estimator else None
             trainer = RLTrainer.build(
                 self.config, model, tokenizer, self.filtered_rl_rows(), self.run_dir, reference, store

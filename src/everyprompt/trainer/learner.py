@@ -23,6 +23,7 @@ import torch
 
 from everyprompt.algorithms import compute_advantages, policy_loss, policy_loss_spec, zvp_token_advantages
 from everyprompt.config import Config, ConfigError
+from everyprompt.models.precision import autocast
 from everyprompt.models.replay import ReplayError, RouterReplay
 from everyprompt.rollout import derive_seed
 from everyprompt.trainer.batch import RolloutBatch
@@ -213,22 +214,27 @@ class Learner:
         check_packing(self.model, (sequences * 2)[:2], self.pad_id)
         self._packing_checked = True
 
-    def _logprobs(self, model, data: dict, rows: slice, with_entropy=False, recorded=None, routes_key=None):
-        """`token_logprobs` of rows `rows` of a `RolloutBatch.padded` dict, packed when configured;
-        the policy's forwards replay `data[routes_key]` when given and record the routes they used into
-        `recorded` (a list) when given."""
+    def _logprobs(
+        self, model, data: dict, rows: slice, with_entropy=False, recorded=None, routes_key=None, hold=None
+    ):
+        """`token_logprobs` of rows `rows` of a `RolloutBatch.padded` dict, packed when configured, under
+        the training precision (`model.dtype`); the policy's forwards replay `data[routes_key]` when given
+        (kept in force until the callables put in `hold` run, when given: see token_logprobs) and record
+        the routes they used into `recorded` (a list) when given."""
         policy = model is self.model
-        return token_logprobs(
-            model,
-            data["input_ids"][rows],
-            self.config.rollout.temperature,
-            with_entropy=with_entropy,
-            lengths=data["lengths"][rows].tolist() if self.config.model.pack_sequences else None,
-            pad_id=self.pad_id,
-            router=self.router if policy else None,
-            routes=data[routes_key][rows] if policy and routes_key in data else None,
-            recorded=recorded if policy and self.router is not None else None,
-        )
+        with autocast(model, self.config.model.dtype):
+            return token_logprobs(
+                model,
+                data["input_ids"][rows],
+                self.config.rollout.temperature,
+                with_entropy=with_entropy,
+                lengths=data["lengths"][rows].tolist() if self.config.model.pack_sequences else None,
+                pad_id=self.pad_id,
+                router=self.router if policy else None,
+                routes=data[routes_key][rows] if policy and routes_key in data else None,
+                recorded=recorded if policy and self.router is not None else None,
+                hold=hold if policy else None,
+            )
 
     def _rollout_as_old(self, batch: RolloutBatch) -> None:
         """`rl.old_logprobs=rollout`: the engine's log-probs (and entropies) stand for the old policy's."""
@@ -282,13 +288,23 @@ class Learner:
         advantages = batch.advantages[rows]
         num_tokens = float(data["mask"].sum().clamp(min=1))
         routes_key = REPLAYED_ROUTES[self.rl.router_replay]
+        self.optimizer.zero_grad(set_to_none=True)
+        # gradient checkpointing re-runs the routers in the backward pass: replay must still be in force
+        held: list | None = [] if self.config.model.gradient_checkpointing else None
+        try:
+            return self._accumulate(batch, rows, data, advantages, num_tokens, routes_key, measure, held)
+        finally:
+            for release in held or []:
+                release()
+
+    def _accumulate(self, batch, rows, data, advantages, num_tokens, routes_key, measure, held):
+        """The micro-batches' forward and backward passes of a mini-batch step, then the optimizer step."""
         total_loss, entropy_sum, stats = 0.0, 0.0, {}
         measured, used_routes = [], [] if measure else None
-        self.optimizer.zero_grad(set_to_none=True)
         for start in range(0, len(rows), self.rl.micro_batch_size):
             part = slice(start, start + self.rl.micro_batch_size)
             mask = data["mask"][part]
-            logp, entropy = self._logprobs(self.model, data, part, True, used_routes, routes_key)
+            logp, entropy = self._logprobs(self.model, data, part, True, used_routes, routes_key, held)
             if measure:
                 measured.extend(batch.completion_values(rows[part], logp))
             part_advantages = advantages[part]
@@ -329,6 +345,8 @@ class Learner:
             if not torch.isfinite(loss):
                 return self._skip("loss", float(loss))
             loss.backward()
+            while held:  # this micro-batch's replay, kept through its backward's recomputation
+                held.pop()()
             total_loss += float(loss.detach())
             entropy_sum += float((entropy * mask).sum())
             weight = float(mask.sum()) / num_tokens

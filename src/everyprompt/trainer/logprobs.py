@@ -78,6 +78,7 @@ def token_logprobs(
     router=None,
     routes: list[torch.Tensor] | None = None,
     recorded: list[torch.Tensor] | None = None,
+    hold: list | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log softmax(logits / T) of each next token: [B, L - 1]; and its entropy [B, L - 1] (detached).
 
@@ -88,7 +89,9 @@ def token_logprobs(
 
     Router replay (`router`: a models.replay.RouterReplay): with `routes` (per row, [length - 1, L_moe, k]
     expert ids) the routers use them; with `recorded` (an empty list) it is filled with each row's own
-    routes, the same shape.
+    routes, the same shape. With `hold` (a list), the replay stays in force after the forward and a
+    callable that ends it is appended to `hold`: a backward that recomputes the forward (gradient
+    checkpointing) must replay the same routes, so the caller ends it after its backward.
     """
     lengths_ = lengths if lengths is not None else [input_ids.shape[1]] * input_ids.shape[0]
     if lengths is None:
@@ -97,7 +100,7 @@ def token_logprobs(
     else:
         forward_ids, positions, layout = pack(input_ids, lengths, pad_id)
         rows, offsets = layout.row, layout.offset
-    with _routing(router, routes, recorded, forward_ids.shape, rows, offsets, lengths_):
+    with _routing(router, routes, recorded, forward_ids.shape, rows, offsets, lengths_, hold):
         logits = model(input_ids=forward_ids, position_ids=positions, use_cache=False).logits[:, :-1]
     logp, entropy = _logprobs_and_entropy(logits, forward_ids[:, 1:], temperature, with_entropy)
     if lengths is None:
@@ -114,8 +117,9 @@ def token_logprobs(
 
 
 @contextmanager
-def _routing(router, routes, recorded, shape, rows, offsets, lengths):
-    """Replay `routes` / record into `recorded` for a forward over `shape` = [R, W] token rows."""
+def _routing(router, routes, recorded, shape, rows, offsets, lengths, hold=None):
+    """Replay `routes` / record into `recorded` for a forward over `shape` = [R, W] token rows (the
+    replay ended by the callable put in `hold` instead, when given)."""
     if router is None or (routes is None and recorded is None):
         yield
         return
@@ -128,7 +132,12 @@ def _routing(router, routes, recorded, shape, rows, offsets, lengths):
                 count = min(len(route), lengths[i])
                 r, o = int(rows[i]), int(offsets[i])
                 given[r, o : o + count] = route[:count].long()
-            stack.enter_context(router.replay(given.reshape(num_rows * width, layers, top_k)))
+            replaying = ExitStack()
+            replaying.enter_context(router.replay(given.reshape(num_rows * width, layers, top_k)))
+            if hold is None:
+                stack.push(replaying)
+            else:
+                hold.append(replaying.close)
         seen = stack.enter_context(router.record()) if recorded is not None else None
         yield
     if seen is not None:

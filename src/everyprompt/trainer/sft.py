@@ -12,6 +12,7 @@ import torch
 from everyprompt.config import LoggingConfig, SFTConfig
 from everyprompt.data.datasets import DataError
 from everyprompt.data.formatting import PlainFormat
+from everyprompt.models.precision import autocast
 from everyprompt.processes import GracefulStop, StopRequested
 from everyprompt.trainer.checkpoint import save_checkpoint
 from everyprompt.trainer.logprobs import check_packing, token_logprobs
@@ -50,6 +51,7 @@ def run_sft(
     pack_sequences: bool = True,
     resume: dict | None = None,
     prompt_format=None,
+    dtype: str = "fp32",
 ) -> list[dict[str, float]]:
     """Train `sft.steps` steps on random batches of `rows` (each needs `prompt` and `solution`).
 
@@ -57,7 +59,8 @@ def run_sft(
     two rows that packing leaves this model's log-probs unchanged. Every `sft.checkpoint_every` steps
     the model, optimizer, schedule and data order are saved as `checkpoints/sft_step_N`; `resume` (the
     state of such a checkpoint, with `model` loaded from it) continues from there. `prompt_format`
-    (data.formatting) renders the examples (default: plain text).
+    (data.formatting) renders the examples (default: plain text); `dtype` is `model.dtype`
+    (models/precision.py).
     """
     missing = [i for i, row in enumerate(rows) if not row.get("solution")]
     if missing:
@@ -90,9 +93,9 @@ def run_sft(
             for step in range(start + 1, sft.steps + 1):
                 started = time.perf_counter()
                 batch = rng.sample(rows, min(sft.batch_size, len(rows)))
-                metrics = _sft_step(
-                    model, tokenizer, batch, optimizer, scheduler, pack_sequences, prompt_format
-                )
+                with autocast(model, dtype):  # the backward runs outside: autocast records the casts it needs
+                    loss = _sft_loss(model, tokenizer, batch, pack_sequences, prompt_format)
+                metrics = _sft_step(model, loss, optimizer, scheduler)
                 metrics["time/step_s"] = time.perf_counter() - started
                 logger.log(step, metrics)
                 history.append(metrics)
@@ -120,13 +123,17 @@ def run_sft(
     return history
 
 
-def _sft_step(model, tokenizer, rows, optimizer, scheduler, pack_sequences: bool, prompt_format):
-    """One next-token step on the worked solutions of `rows`."""
+def _sft_loss(model, tokenizer, rows, pack_sequences: bool, prompt_format) -> torch.Tensor:
+    """The next-token loss on the worked solutions of `rows` (token mean)."""
     input_ids, mask, lengths = sft_batch(tokenizer, rows, prompt_format)
     logp, _ = token_logprobs(
         model, input_ids, lengths=lengths if pack_sequences else None, pad_id=tokenizer.pad_token_id
     )
-    loss = -(logp * mask).sum() / mask.sum()
+    return -(logp * mask).sum() / mask.sum()
+
+
+def _sft_step(model, loss: torch.Tensor, optimizer, scheduler) -> dict[str, float]:
+    """One optimizer step on `loss`."""
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
