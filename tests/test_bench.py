@@ -251,3 +251,14 @@ def test_genrm_bench_smoke(tmp_path, capsys):
     assert payload["batch_1"]["completions"] == payload["batch_16"]["completions"] == 16
     assert payload["same_verdicts"] and payload["speedup"] > 0
     assert "GenRM judge" in capsys.readouterr().out
+
+
+def test_training_bench_smoke(tmp_path, capsys):
+    bench = _load("training")
+    assert bench.main(["--tiny", "--setups", "fp32", "LoRA", "--out", str(tmp_path)]) == 0
+    setups = json.loads((tmp_path / "training.json").read_text())["setups"]
+    assert list(setups) == ["fp32", "LoRA"]
+    assert setups["LoRA"]["trainable_parameters"] < setups["fp32"]["trainable_parameters"]
+    assert all(s["step_memory_mib"] > 0 and s["step_s"] > 0 for s in setups.values())
+    assert setups["fp32"]["step_time_vs_fp32"] == 1.0
+    assert "LoRA" in capsys.readouterr().out

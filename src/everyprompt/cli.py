@@ -318,6 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from everyprompt.data import DataError
     from everyprompt.models.io import ModelError
+    from everyprompt.models.lora import LoRAError
+    from everyprompt.models.precision import PrecisionError
     from everyprompt.processes import StopRequested
     from everyprompt.report import ReportError
     from everyprompt.rewards import RewardError
@@ -337,7 +339,16 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except ConfigError as err:
         print(f"everyprompt: config error: {err}", file=sys.stderr)
-    except (DataError, ModelError, RewardError, CheckpointError, ReportError, UnsupportedModelError) as err:
+    except (
+        DataError,
+        ModelError,
+        LoRAError,
+        PrecisionError,
+        RewardError,
+        CheckpointError,
+        ReportError,
+        UnsupportedModelError,
+    ) as err:
         print(f"everyprompt: {err}", file=sys.stderr)
     except NumericsError as err:  # not the user's input: the run itself went wrong
         print(f"everyprompt: {err}", file=sys.stderr)

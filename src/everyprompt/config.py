@@ -27,9 +27,33 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+class LoRAConfig(Section):
+    enabled: bool = Field(False, description="Train LoRA adapters on the RL policy (peft; docs/training.md).")
+    r: int = Field(8, gt=0, description="Adapter rank.")
+    alpha: float = Field(16.0, gt=0, description="Scale numerator: the update is alpha / r * B A.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapters' input.")
+    target_modules: list[str] = Field(
+        ["q_proj", "k_proj", "v_proj", "o_proj"], description="Linear layers adapted, by name."
+    )
+    target_parameters: list[str] = Field(
+        [],
+        description="Non-linear-layer weights adapted, by name: MoE experts (mlp.experts.gate_up_proj, "
+        "mlp.experts.down_proj), routers (mlp.gate.weight).",
+    )
+    save_merged: bool = Field(False, description="Checkpoints also hold the merged model under merged/.")
+
+    @model_validator(mode="after")
+    def _some_target(self) -> LoRAConfig:
+        if self.enabled and not (self.target_modules or self.target_parameters):
+            raise ValueError("enabled with neither target_modules nor target_parameters")
+        return self
+
+
 class ModelConfig(Section):
-    preset: Literal["tiny-moe"] = Field(
-        "tiny-moe", description="Built-in random-init model used when `path` is unset."
+    preset: Literal["tiny-moe", "tiny-chat-moe"] = Field(
+        "tiny-moe",
+        description="Built-in random-init Qwen3-MoE used when `path` is unset: with the character tokenizer "
+        "(tiny-moe) or a locally trained BPE with a chat template (tiny-chat-moe).",
     )
     path: str | None = Field(
         None, description="Local Hugging Face causal-LM checkpoint directory (overrides `preset`)."
@@ -60,6 +84,7 @@ class ModelConfig(Section):
     gradient_checkpointing: bool = Field(
         False, description="Recompute decoder layers' activations in the backward pass (less memory, slower)."
     )
+    lora: LoRAConfig = Field(default_factory=LoRAConfig, description="LoRA adapters for RL (off by default).")
 
 
 class DataConfig(Section):

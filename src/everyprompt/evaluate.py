@@ -22,7 +22,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def _passes(
-    engine, tokenizer, rows, reward_fn, params: SamplingParams, samples: int, seed: int, prompt_format
+    engine, tokenizer, rows, reward_fn, params: SamplingParams, samples: int, seed: int, prompt_format, pool
 ) -> list[list[bool]]:
     prompts = [prompt_format.prompt_ids(row) for row in rows]
     requests = [
@@ -31,8 +31,8 @@ def _passes(
         for j in range(samples)
     ]
     expanded = [rows[i] for i in range(len(rows)) for _ in range(samples)]
-    with RewardPool(reward_fn, workers=0) as pool:  # inline: the whole call scored in one reward call
-        scored = sample_and_score(engine, tokenizer, requests, params, expanded, pool)
+    with RewardPool(reward_fn, **pool) as rewards:
+        scored = sample_and_score(engine, tokenizer, requests, params, expanded, rewards)
     flags = [r is not None and r >= 1.0 for r in scored.rewards]
     return [flags[i * samples : (i + 1) * samples] for i in range(len(rows))]
 
@@ -61,19 +61,27 @@ def evaluate(
     seed: int = 0,
     stop: tuple[str, ...] = (),
     prompt_format=None,
+    workers: int = 0,
+    timeout_s: float = 30.0,
 ) -> dict[str, float]:
     """Greedy accuracy (and pass@k when `num_samples` > 0) of `engine` on `rows`, prompts rendered by
-    `prompt_format` (data.formatting; default: plain text)."""
+    `prompt_format` (data.formatting; default: plain text). Rewards are scored as in training: in
+    `workers` processes with a `timeout_s` per call (a reward that hangs or fails scores the completion
+    as not passing), or inline with `workers` 0 (the whole call in one reward call, no timeout)."""
     prompt_format = prompt_format or PlainFormat(tokenizer)
+    pool = {"workers": workers, "timeout_s": timeout_s}
     greedy = SamplingParams(max_new_tokens, greedy=True, stop=stop)
     results = _summarise(
         rows,
-        [float(p[0]) for p in _passes(engine, tokenizer, rows, reward_fn, greedy, 1, seed, prompt_format)],
+        [
+            float(p[0])
+            for p in _passes(engine, tokenizer, rows, reward_fn, greedy, 1, seed, prompt_format, pool)
+        ],
         "greedy_accuracy",
     )
     if num_samples:
         sampled = SamplingParams(max_new_tokens, temperature=temperature, stop=stop)
-        flags = _passes(engine, tokenizer, rows, reward_fn, sampled, num_samples, seed, prompt_format)
+        flags = _passes(engine, tokenizer, rows, reward_fn, sampled, num_samples, seed, prompt_format, pool)
         results.update(
             _summarise(rows, [pass_at_k(num_samples, sum(f), pass_k) for f in flags], f"pass@{pass_k}")
         )

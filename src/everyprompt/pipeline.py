@@ -22,6 +22,7 @@ from everyprompt.data.passrate import PassRateStore
 from everyprompt.evaluate import evaluate
 from everyprompt.models.experts import select_moe_kernel
 from everyprompt.models.io import load_model_and_tokenizer, load_pretrained
+from everyprompt.models.lora import load_adapter
 from everyprompt.models.precision import enable_gradient_checkpointing
 from everyprompt.rewards import build_reward
 from everyprompt.rewards.pool import RewardPool
@@ -191,9 +192,13 @@ class Run:
         store = self.pass_rate_store()
         if resume:
             latest = latest_complete_checkpoint(self.run_dir)
-            model, tokenizer = load_pretrained(latest)
-            self.prepare_for_training(model)
-            reference = self.warm_started_model()[0] if self.config.rl.kl.estimator else None
+            if self.config.model.lora.enabled:  # the adapter on the run's own base (SFT or model.path)
+                base, tokenizer = self.warm_started_model()
+                model, reference = load_adapter(base, latest), None
+            else:
+                model, tokenizer = load_pretrained(latest)
+                self.prepare_for_training(model)
+                reference = self.warm_started_model()[0] if self.config.rl.kl.estimator else None
             trainer = RLTrainer.build(
                 self.config, model, tokenizer, self.filtered_rl_rows(), self.run_dir, reference, store
             )
@@ -297,7 +302,7 @@ class Run:
             engine,
             tokenizer,
             rows if rows is not None else self.eval_rows(),
-            build_reward(config.rewards, self.run_dir),
+            build_reward(config.rewards),  # no run_dir: judge samples are logged for training only
             max_new_tokens=config.rollout.max_new_tokens,
             num_samples=config.eval.num_samples,
             pass_k=config.eval.pass_k,
@@ -305,14 +310,24 @@ class Run:
             seed=config.seed,
             stop=tuple(config.rollout.stop),
             prompt_format=prompt_format_of(config, tokenizer),
+            workers=config.rewards.workers,
+            timeout_s=config.rewards.timeout_s,
         )
 
 
 def train(config: Config, run_dir: str | Path | None = None, resume: bool = False) -> RLTrainer:
-    """SFT warm start (if configured), then RL; returns the trainer after its last step."""
+    """SFT warm start (if configured), then RL, then the held-out evaluation (`eval.json`); returns the
+    trainer after its last step."""
     run = Run(config, run_dir)
     trainer = run.trainer(resume=resume)
     trainer.train(evaluate_fn=lambda engine: run.evaluate(engine, trainer.tokenizer))
+    results = run.evaluate(trainer.engine, trainer.tokenizer)  # held-out, after the last step
+    write_json_atomic(run.run_dir / "eval.json", {"step": trainer.step, **results})
+    pass_key = f"pass@{config.eval.pass_k}"
+    run.console.print(
+        f"held-out after RL step {trainer.step}: greedy accuracy {results['greedy_accuracy']:.1%}, "
+        f"{pass_key} {results.get(pass_key, float('nan')):.1%} ({int(results['num_prompts'])} prompts; eval.json)"
+    )
     run.console.print(f"run directory: {run.run_dir}")
     return trainer
 

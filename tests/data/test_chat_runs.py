@@ -92,3 +92,20 @@ def test_a_missing_column_exits_2_naming_the_file_and_its_columns(chat_setup, tm
     assert len(err) == 1 and "Traceback" not in err[0], err
     assert "train.jsonl: no column 'problem' for `prompt` (data.columns.prompt)" in err[0]
     assert "['answer', 'question']" in err[0]
+
+
+def test_the_cpu_twin_config_runs_end_to_end(tmp_path, monkeypatch, capsys):
+    """configs/gsm8k-qwen3-moe-cpu.yaml as shipped (its data paths are relative to the repository root),
+    shortened: SFT on chat data, RL with LoRA on attention, experts and routers, then the evaluation."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)
+    run = tmp_path / "twin"
+    shorter = ["sft.steps=4", "rl.steps=2", "checkpoint.every=1", "eval.num_samples=1", "eval.pass_k=1"]
+    argv = ["train", "configs/gsm8k-qwen3-moe-cpu.yaml", *shorter, "logging.progress=false"]
+    assert main([*argv, "--run-dir", str(run)]) == 0, capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "RL prompt 1 as the model sees it (data.format=chat)" in err and "held-out after RL step 2" in err
+    assert (run / "checkpoints" / "step_2" / "adapter_model.safetensors").is_file()
+    assert json.loads((run / "eval.json").read_text())["num_prompts"] == 60

@@ -114,8 +114,8 @@ def test_an_unwritable_checkpoint_directory_fails_at_once_and_keeps_the_previous
     trainer = train(tiny_config("rl.steps=1"), run_dir=tmp_path)
     real_save = checkpoint_module.save_pretrained
 
-    def full_disk(model, tokenizer, path):
-        real_save(model, tokenizer, path)
+    def full_disk(model, tokenizer, path, merged=False):
+        real_save(model, tokenizer, path, merged)
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(checkpoint_module, "save_pretrained", full_disk)

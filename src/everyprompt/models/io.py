@@ -8,8 +8,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from everyprompt.config import ModelConfig
+from everyprompt.models.lora import adapter_base_path, is_lora, load_adapter, merged_state_dict
 from everyprompt.models.presets import tiny_moe_config
-from everyprompt.models.tokenizer import build_char_tokenizer
+from everyprompt.models.tokenizer import build_char_tokenizer, build_chat_tokenizer
 
 
 class ModelError(ValueError):
@@ -22,25 +23,42 @@ def load_pretrained(
     """A local checkpoint (fp32) and its tokenizer (pad = eos when it has no pad token); `model_class`
     picks the head (AutoModelForSequenceClassification for scalar reward models)."""
     path = Path(path)
+    base = adapter_base_path(path)
+    if base is not None:  # a LoRA checkpoint: its base with the adapter merged in
+        if not base or not (Path(base) / "config.json").is_file():
+            raise ModelError(
+                f"{path}: a LoRA adapter whose base model {base!r} is not a checkpoint on this machine "
+                "(the preset has none: train with model.lora.save_merged=true and use merged/)"
+            )
+        model, _ = load_pretrained(base, model_class)
+        return load_adapter(model, path).merge_and_unload(), _load_tokenizer(path)
     if not (path / "config.json").is_file():
         raise ModelError(f"{path}: not a Hugging Face checkpoint directory (no config.json)")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         model = model_class.from_pretrained(path, local_files_only=True, dtype=torch.float32)
     except (OSError, ValueError) as err:
         raise ModelError(f"{path}: cannot load the checkpoint ({err})") from None
+    return model, _load_tokenizer(path)
+
+
+def _load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as err:
+        raise ModelError(f"{path}: cannot load the tokenizer ({err})") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return model, tokenizer
+    return tokenizer
 
 
 def load_model_and_tokenizer(
     model: ModelConfig, seed: int
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The checkpoint at `model.path` if set, else a random-init preset (seeded) with the char tokenizer."""
+    """The checkpoint at `model.path` if set, else a random-init preset (seeded) with its tokenizer
+    (`PRESET_TOKENIZERS`)."""
     if model.path:
         return load_pretrained(model.path)
-    tokenizer = build_char_tokenizer()
+    tokenizer = PRESET_TOKENIZERS[model.preset]()
     config = tiny_moe_config(
         model, len(tokenizer), tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id
     )
@@ -48,11 +66,29 @@ def load_model_and_tokenizer(
         torch.manual_seed(seed)
         network = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     network.generation_config.pad_token_id = tokenizer.pad_token_id
+    network.generation_config.eos_token_id = tokenizer.eos_token_id
     return network, tokenizer
 
 
+def _chat_tokenizer() -> PreTrainedTokenizerBase:
+    from everyprompt.data.wordproblems import tokenizer_corpus
+
+    return build_chat_tokenizer(tokenizer_corpus(), vocab_size=512)
+
+
+# preset -> its tokenizer: the character tokenizer (the demo's), or a byte-level BPE with a chat
+# template trained on generated word problems (the CPU twins of chat recipes)
+PRESET_TOKENIZERS = {"tiny-moe": build_char_tokenizer, "tiny-chat-moe": _chat_tokenizer}
+
+
 def save_pretrained(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: str | Path
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: str | Path, merged: bool = False
 ) -> None:
+    """The model (a LoRA policy: its adapter, and with `merged` the merged model under `merged/`) and the
+    tokenizer, in Hugging Face format."""
     model.save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)
+    if merged and is_lora(model):
+        whole = Path(directory) / "merged"
+        model.get_base_model().save_pretrained(whole, state_dict=merged_state_dict(model))
+        tokenizer.save_pretrained(whole)

@@ -67,9 +67,15 @@ def same_expert_sets(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a.long().sort(-1).values == b.long().sort(-1).values).all(-1)
 
 
+def gate_function(module: nn.Module):
+    """The gate function of a router module's class or of a class it derives from (a router with a
+    LoRA adapter on its weight is a parametrized subclass of its own class), else None."""
+    return next((GATES[c.__name__] for c in type(module).__mro__ if c.__name__ in GATES), None)
+
+
 def find_routers(model: nn.Module) -> list[nn.Module]:
     """The model's known MoE routers in layer order (empty for a dense model)."""
-    return [m for m in model.modules() if type(m).__name__ in GATES]
+    return [m for m in model.modules() if gate_function(m) is not None]
 
 
 def moe_routers(model: nn.Module) -> list[nn.Module]:
@@ -139,7 +145,7 @@ class RouterReplay:
                 )
             keep_own = (given[:, :1] < 0).expand_as(own)
             chosen = torch.where(keep_own, own, given)
-            weights = GATES[type(module).__name__](module, logits, chosen)
+            weights = gate_function(module)(module, logits, chosen)
             return logits, weights.to(scores.dtype), chosen
 
         return hook

@@ -77,9 +77,11 @@ def save_checkpoint(
     state: dict | None,
     keep_last: int = 0,
     latest: bool = True,
+    merged: bool = False,
 ) -> Path:
     """Write checkpoint `name`, with the trainer `state` when given. An RL checkpoint (`latest`, with a
-    state) becomes `latest`; `keep_last` prunes the older checkpoints of the same `<prefix>_N` series."""
+    state) becomes `latest`; `keep_last` prunes the older checkpoints of the same `<prefix>_N` series.
+    A LoRA policy saves its adapter, and with `merged` also the merged model under `merged/`."""
     root = checkpoint_root(run_dir)
     final = root / name
     temporary = root / f".tmp-{name}-{os.getpid()}"
@@ -87,7 +89,7 @@ def save_checkpoint(
         root.mkdir(parents=True, exist_ok=True)
         if temporary.exists():
             shutil.rmtree(temporary)
-        save_pretrained(model, tokenizer, temporary)
+        save_pretrained(model, tokenizer, temporary, merged=merged)
         if state is not None:
             torch.save(state, temporary / STATE_FILE)
         _write_manifest(temporary)

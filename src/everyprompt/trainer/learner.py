@@ -23,6 +23,7 @@ import torch
 
 from everyprompt.algorithms import compute_advantages, policy_loss, policy_loss_spec, zvp_token_advantages
 from everyprompt.config import Config, ConfigError
+from everyprompt.models.lora import is_lora, merged_state_dict, reference_forward
 from everyprompt.models.precision import autocast
 from everyprompt.models.replay import ReplayError, RouterReplay
 from everyprompt.rollout import derive_seed
@@ -75,9 +76,11 @@ class Learner:
         self.router = _router(model, self.rl.router_replay)
         self.loss_spec = policy_loss_spec(self.rl.loss)
         self.loss_options = self.rl.loss_kwargs()
-        # the KL term's reference: the starting policy, frozen (a copy of `model` unless given)
+        # the KL term's reference: the starting policy, frozen (a copy of `model` unless given); a LoRA
+        # policy's is its own base, adapters disabled (no second copy)
         self.reference = None
-        if self.rl.kl.estimator is not None:
+        self.base_as_reference = self.rl.kl.estimator is not None and is_lora(model)
+        if self.rl.kl.estimator is not None and not self.base_as_reference:
             self.reference = (reference or copy.deepcopy(model)).eval().requires_grad_(False)
         self.version = 0  # updates taken: the policy version of the weights handed to the rollout side
         self.consecutive_skips = 0  # mini-batch updates skipped in a row for non-finite numbers
@@ -85,8 +88,8 @@ class Learner:
 
     # ------------------------------------------------------------ hand-off and state
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The policy's weights, for the rollout side's `load_weights`."""
-        return self.model.state_dict()
+        """The policy's weights, for the rollout side's `load_weights` (a LoRA policy's merged)."""
+        return merged_state_dict(self.model)
 
     def training_state(self) -> dict:
         return {
@@ -215,13 +218,22 @@ class Learner:
         self._packing_checked = True
 
     def _logprobs(
-        self, model, data: dict, rows: slice, with_entropy=False, recorded=None, routes_key=None, hold=None
+        self,
+        model,
+        data: dict,
+        rows: slice,
+        with_entropy=False,
+        recorded=None,
+        routes_key=None,
+        hold=None,
+        reference=False,
     ):
         """`token_logprobs` of rows `rows` of a `RolloutBatch.padded` dict, packed when configured, under
         the training precision (`model.dtype`); the policy's forwards replay `data[routes_key]` when given
         (kept in force until the callables put in `hold` run, when given: see token_logprobs) and record
-        the routes they used into `recorded` (a list) when given."""
-        policy = model is self.model
+        the routes they used into `recorded` (a list) when given. `reference`: the KL reference's forward
+        (own routing, no recording)."""
+        policy = model is self.model and not reference
         with autocast(model, self.config.model.dtype):
             return token_logprobs(
                 model,
@@ -235,6 +247,16 @@ class Learner:
                 recorded=recorded if policy and self.router is not None else None,
                 hold=hold if policy else None,
             )
+
+    @torch.no_grad()
+    def _reference_logprobs(self, data: dict, part: slice) -> dict[str, torch.Tensor]:
+        """The KL reference's log-probs of rows `part` as the loss's `ref_logp` (none without KL)."""
+        if self.reference is not None:
+            return {"ref_logp": self._logprobs(self.reference, data, part)[0]}
+        if self.base_as_reference:
+            with reference_forward(self.model):
+                return {"ref_logp": self._logprobs(self.model, data, part, reference=True)[0]}
+        return {}
 
     def _rollout_as_old(self, batch: RolloutBatch) -> None:
         """`rl.old_logprobs=rollout`: the engine's log-probs (and entropies) stand for the old policy's."""
@@ -304,6 +326,7 @@ class Learner:
         for start in range(0, len(rows), self.rl.micro_batch_size):
             part = slice(start, start + self.rl.micro_batch_size)
             mask = data["mask"][part]
+            extra = self._reference_logprobs(data, part)  # first: no replay of the policy's is in force
             logp, entropy = self._logprobs(self.model, data, part, True, used_routes, routes_key, held)
             if measure:
                 measured.extend(batch.completion_values(rows[part], logp))
@@ -317,10 +340,6 @@ class Learner:
             # without old-policy values (recompute, one mini-batch) this forward *is* the old policy
             old_logp = data["old_logp"][part] if "old_logp" in data else logp.detach()
             old_entropy = data["old_entropy"][part] if "old_entropy" in data else entropy
-            extra = {}
-            if self.reference is not None:
-                with torch.no_grad():
-                    extra["ref_logp"], _ = self._logprobs(self.reference, data, part)
             loss, metrics = policy_loss(
                 self.rl.loss,
                 logp,

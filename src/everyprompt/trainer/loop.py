@@ -23,6 +23,7 @@ import torch
 
 from everyprompt.config import Config
 from everyprompt.data.passrate import PassRateStore
+from everyprompt.models.lora import apply_lora, is_lora
 from everyprompt.processes import GracefulStop, StopRequested
 from everyprompt.trainer.checkpoint import save_checkpoint
 from everyprompt.trainer.learner import Learner, NumericsError
@@ -57,8 +58,11 @@ class RLTrainer:
         reference=None,
         store: PassRateStore | None = None,
     ) -> RLTrainer:
-        """Both sides over `model`: the engine gets its weights, the learner trains it in place."""
+        """Both sides over `model`: the engine gets its weights, the learner trains it in place (with
+        `model.lora.enabled`, fresh adapters on it unless it carries them already: a resumed run)."""
         store = store if store is not None else PassRateStore(ema_decay=config.zve.retirement.ema_decay)
+        if config.model.lora.enabled and not is_lora(model):
+            model = apply_lora(model, config.model.lora)
         learner = Learner(config, model, tokenizer.pad_token_id, reference)
         rollout = RolloutSide.build(config, model, tokenizer, prompts, run_dir, store)
         return cls(config, rollout, learner, model, tokenizer, run_dir)
@@ -120,6 +124,7 @@ class RLTrainer:
             self.tokenizer,
             self.state_dict(),
             keep_last=self.config.checkpoint.keep_last,
+            merged=self.config.model.lora.save_merged,
         )
 
     def _last_checkpoint(self) -> str:

@@ -1,0 +1,117 @@
+"""LoRA adapters through peft (the `lora` extra): `model.lora` trains low-rank adapters on the RL policy
+instead of its weights.
+
+- Targets: `target_modules` (linear layers by name: attention and dense MLP projections) and
+  `target_parameters` (parameters by name, for what is not an nn.Linear: MoE expert stacks such as
+  `mlp.experts.gate_up_proj`, routers such as `mlp.gate.weight`).
+- The engine receives merged weights at every sync (`merged_state_dict`): W + scale * B A computed
+  out of place for each adapted weight, named as the base model's, so the engine never knows about the
+  adapters and the base weights are never modified (merging in place and unmerging again would leave
+  rounding drift in the base after every sync).
+- The KL reference is the base model with the adapters disabled (`reference_forward`): no second copy.
+- Checkpoints hold the adapter (`adapter_model.safetensors`, `adapter_config.json`) and, when
+  `model.lora.save_merged`, a full merged model under `merged/`. A run resumes by loading its base (the
+  SFT checkpoint or `model.path`) and the adapter on top (`load_adapter`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+class LoRAError(ValueError):
+    """A LoRA set-up that cannot run: peft missing, or a target that matches nothing."""
+
+
+def _peft():
+    try:
+        import peft
+    except ImportError:
+        raise LoRAError(
+            "model.lora.enabled needs peft: pip install 'everyprompt[lora]' (or pip install peft)"
+        ) from None
+    return peft
+
+
+def is_lora(model: nn.Module) -> bool:
+    """Whether `model` is a peft model carrying adapters."""
+    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+
+
+def apply_lora(model: nn.Module, lora) -> nn.Module:
+    """`model` wrapped with fresh adapters of a `model.lora` config section (config.LoRAConfig); the
+    base weights are frozen, only the adapters train."""
+    peft = _peft()
+    settings = peft.LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules) or None,
+        target_parameters=list(lora.target_parameters) or None,
+        bias="none",
+    )
+    try:
+        with warnings.catch_warnings():  # peft reads transformers' deprecated is_gradient_checkpointing
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            return peft.get_peft_model(model, settings)
+    except ValueError as err:
+        raise LoRAError(f"config key 'model.lora': {err}") from None
+
+
+def load_adapter(base: nn.Module, directory: str | Path) -> nn.Module:
+    """The adapter saved in `directory` on top of `base`, trainable (a resumed run)."""
+    peft = _peft()
+    return peft.PeftModel.from_pretrained(base, str(directory), is_trainable=True)
+
+
+def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The weights of `model` with every active adapter folded in, named as the base model's (what an
+    engine loads); a plain model's own state dict."""
+    if not is_lora(model):
+        return model.state_dict()
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    base = model.get_base_model()
+    state = {
+        key.replace(".base_layer", ""): value
+        for key, value in base.state_dict().items()
+        if ".lora_" not in key
+    }
+    with torch.no_grad():
+        for name, module in base.named_modules():
+            if not isinstance(module, BaseTunerLayer) or module.merged:
+                continue
+            key = f"{name.replace('.base_layer', '')}.{getattr(module, 'parameter_name', None) or 'weight'}"
+            for adapter in module.active_adapters:
+                if adapter in getattr(module, "lora_A", {}):
+                    state[key] = state[key] + module.get_delta_weight(adapter).to(state[key].dtype)
+    return state
+
+
+def merged_model(model: nn.Module) -> nn.Module:
+    """A plain transformers model with `model`'s adapters merged (a copy); `model` itself if plain."""
+    if not is_lora(model):
+        return model
+    return copy.deepcopy(model).merge_and_unload()
+
+
+def reference_forward(model: nn.Module):
+    """The context in which `model`'s forward is the base model's (adapters off): the KL reference."""
+    return model.disable_adapter()
+
+
+def adapter_base_path(directory: str | Path) -> str | None:
+    """The base checkpoint an adapter directory was trained on ("" when it names none, e.g. the preset's;
+    None: not an adapter directory)."""
+    path = Path(directory) / ADAPTER_CONFIG
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text()).get("base_model_name_or_path") or ""

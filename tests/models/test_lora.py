@@ -1,0 +1,161 @@
+"""LoRA through peft: only adapters train, the engine runs the merged weights, the KL reference is the
+base with adapters off, checkpoints hold the adapter (and the merged model on request), resume is exact."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from everyprompt.models.io import ModelError, load_pretrained
+from everyprompt.models.lora import apply_lora, merged_model, merged_state_dict, reference_forward
+from everyprompt.pipeline import train
+from everyprompt.rollout import GenerationRequest, SamplingParams
+from everyprompt.trainer.logprobs import token_logprobs
+from tests.conftest import tiny_config
+from tests.families import family_model, save_family_checkpoint
+
+MOE_TARGETS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj", "mlp.gate.weight"]
+LORA = [
+    "model.lora.enabled=true",
+    "model.lora.r=4",
+    f"model.lora.target_parameters={json.dumps(MOE_TARGETS)}",
+    "rl.lr=1e-2",
+    "rewards.function=tests.models.test_lora:shorter_is_better",
+]
+
+
+def shorter_is_better(completions: list[str], **_) -> list[float]:
+    """A reward every group of a random-init model has variance in (its completions differ in length)."""
+    return [1.0 / (1 + len(text)) for text in completions]
+
+
+def test_merged_weights_equal_peft_merge_and_the_adapted_forward():
+    model, tokenizer = family_model("qwen3_moe")
+    settings = SimpleNamespace(r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "o_proj"])
+    policy = apply_lora(model, SimpleNamespace(**vars(settings), target_parameters=MOE_TARGETS))
+    with torch.no_grad():
+        for name, parameter in policy.named_parameters():
+            if "lora_B" in name:  # zero at init: give the adapters something to merge
+                parameter.normal_(0, 0.1)
+    merged = merged_state_dict(policy)
+    reference = merged_model(policy).state_dict()
+    assert merged.keys() == reference.keys()
+    assert all(torch.equal(merged[key], reference[key]) for key in reference)
+    ids = torch.tensor([tokenizer("12+34=").input_ids])
+    with torch.no_grad():
+        torch.testing.assert_close(policy(ids).logits, merged_model(policy)(ids).logits, atol=1e-5, rtol=0)
+
+
+def _adapter(run_dir, step):
+    return load_file(run_dir / "checkpoints" / f"step_{step}" / "adapter_model.safetensors")
+
+
+def test_only_adapters_train_and_the_engine_runs_the_merged_policy(tmp_path):
+    trainer = train(
+        tiny_config(
+            *LORA,
+            "sft.steps=0",
+            "rl.steps=2",
+            "rl.kl.estimator=k3",
+            "model.lora.save_merged=true",
+            "rl.router_replay=r3",
+            "rl.old_logprobs=recompute",
+            "model.gradient_checkpointing=true",
+        ),
+        run_dir=tmp_path,
+    )
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert all(line["mismatch/routing_agreement"] == 1.0 for line in lines)  # r3 through the adapters
+    policy = trainer.model
+    base = load_pretrained(tmp_path / "checkpoints" / "step_2" / "merged")[0]  # saved merged model
+    with pytest.raises(ModelError, match="save_merged"):  # the preset's adapter names no base on disk
+        load_pretrained(tmp_path / "checkpoints" / "step_2")
+    trained = {n: p for n, p in policy.named_parameters() if p.requires_grad}
+    assert trained and all("lora_" in name for name in trained)
+    assert any(float(p.detach().abs().max()) > 0 for n, p in trained.items() if "lora_B" in n)  # they moved
+    # the base weights are the starting policy's, bit for bit (frozen, never merged in place)
+    from everyprompt.models.io import load_model_and_tokenizer
+
+    fresh, _ = load_model_and_tokenizer(trainer.config.model, trainer.config.seed)
+    base_state = {k.replace(".base_layer", ""): v for k, v in policy.get_base_model().state_dict().items()}
+    assert all(torch.equal(base_state[k], v) for k, v in fresh.state_dict().items())
+    assert trainer.learner.reference is None and trainer.learner.base_as_reference  # no second copy
+    # the engine decodes with the merged weights: its log-probs are the adapted policy's
+    tokenizer = trainer.tokenizer
+    requests = [GenerationRequest(i, tokenizer(p).input_ids, seed=i) for i, p in enumerate(["1+2=", "34+5="])]
+    for completion in trainer.engine.generate(requests, SamplingParams(8)):
+        ids = torch.tensor([completion.prompt_ids + completion.token_ids])
+        with torch.no_grad():
+            logp, _ = token_logprobs(policy, ids)
+        start_at = len(completion.prompt_ids) - 1
+        torch.testing.assert_close(completion.logprobs, logp[0, start_at:], atol=1e-4, rtol=0)
+        with torch.no_grad():
+            merged_logp, _ = token_logprobs(base, ids)
+            with reference_forward(policy):
+                reference_logp, _ = token_logprobs(policy, ids)
+            fresh_logp, _ = token_logprobs(fresh, ids)
+        torch.testing.assert_close(merged_logp, logp, atol=1e-5, rtol=0)  # merged/ is the trained policy
+        torch.testing.assert_close(reference_logp, fresh_logp, atol=1e-6, rtol=0)  # adapters off: the base
+        assert float((reference_logp - logp).abs().max()) > 1e-4  # and the adapters did change it
+
+
+def test_resume_with_lora_is_exact(tmp_path):
+    settings = [*LORA, "sft.steps=0", "rl.steps=4"]
+    train(tiny_config(*settings), run_dir=tmp_path / "straight")
+    train(tiny_config(*LORA, "sft.steps=0", "rl.steps=2"), run_dir=tmp_path / "cut")
+    train(tiny_config(*settings), run_dir=tmp_path / "cut", resume=True)
+    straight, resumed = _adapter(tmp_path / "straight", 4), _adapter(tmp_path / "cut", 4)
+    assert straight.keys() == resumed.keys()
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+    lines = [json.loads(x) for x in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
+    again = [json.loads(x) for x in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["loss/policy"] for x in lines] == [x["loss/policy"] for x in again]
+
+
+def test_an_adapter_checkpoint_loads_merged_for_evaluation(tmp_path):
+    checkpoint = save_family_checkpoint("qwen3_moe", tmp_path / "base")
+    trainer = train(
+        tiny_config(
+            *LORA, f"model.path={checkpoint}", "sft.steps=0", "rl.steps=1", "model.lora.save_merged=true"
+        ),
+        run_dir=tmp_path / "run",
+    )
+    step = tmp_path / "run" / "checkpoints" / "step_1"
+    assert (step / "adapter_config.json").is_file() and not (step / "config.json").exists()
+    from_adapter, _ = load_pretrained(step)  # base named in the adapter config + the adapter, merged
+    from_merged, _ = load_pretrained(step / "merged")
+    ids = torch.tensor([trainer.tokenizer("7+8=").input_ids])
+    with torch.no_grad():
+        torch.testing.assert_close(from_adapter(ids).logits, from_merged(ids).logits, atol=1e-5, rtol=0)
+
+
+def test_a_target_that_matches_nothing_is_a_clear_error(tmp_path, capsys):
+    from everyprompt.cli import main
+    from tests.conftest import TINY_OVERRIDES
+
+    code = main(
+        [
+            "train",
+            *TINY_OVERRIDES,
+            "sft.steps=0",
+            "model.lora.enabled=true",
+            'model.lora.target_modules=["no_such_proj"]',
+            "--run-dir",
+            str(tmp_path),
+        ]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and "Traceback" not in err[-1]
+    assert "model.lora" in err[-1] and "no_such_proj" in err[-1]
+
+
+@pytest.mark.parametrize("bad", ["model.lora.r=0", "model.lora.dropout=1.5"])
+def test_bad_lora_settings_name_the_key(bad):
+    from everyprompt.config import ConfigError
+
+    with pytest.raises(ConfigError, match=bad.split("=")[0].rsplit(".", 1)[1]):
+        tiny_config(bad)
