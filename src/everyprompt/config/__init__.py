@@ -1,0 +1,228 @@
+"""The one typed configuration tree of everyprompt.
+
+Every setting lives here, with its type, its default and a one-line description; nothing else in the
+package holds a default of its own. A run's config is a YAML file plus dotted command-line overrides
+(``rl.lr=1e-4``); an unknown key or a bad value raises :class:`ConfigError`, whose message names the key,
+the value and what was expected. The resolved config is written into the run directory.
+
+The sections live by concern in this package (base, model, rollout, rl, zve); this module holds the
+run-level sections, the root `Config`, and loading and saving.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+from everyprompt.config.base import ConfigError, Section
+from everyprompt.config.model import DataConfig, LoRAConfig, ModelConfig, SFTConfig
+from everyprompt.config.rl import KLConfig, RLConfig, RolloutCorrectionConfig
+from everyprompt.config.rollout import (
+    DEFAULT_JUDGE_TEMPLATE,
+    GenRMConfig,
+    RewardComponentConfig,
+    RewardsConfig,
+    RolloutConfig,
+    ScalarRMConfig,
+)
+from everyprompt.config.zve import (
+    STAGE_OVERRIDES,
+    CurriculumConfig,
+    CurriculumStage,
+    ExpansionConfig,
+    OfflineFilterConfig,
+    ReshapeConfig,
+    RetirementConfig,
+    ZVEConfig,
+    ZVPConfig,
+)
+
+
+class EvalConfig(Section):
+    every: int = Field(0, ge=0, description="Evaluate every N RL steps (0: only at the end).")
+    num_samples: int = Field(4, ge=1, description="Samples per prompt for pass@k.")
+    pass_k: int = Field(4, ge=1, description="k of the sampled pass@k.")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature for pass@k.")
+
+    @model_validator(mode="after")
+    def _k_within_samples(self) -> EvalConfig:
+        if self.pass_k > self.num_samples:
+            raise ValueError(f"pass_k ({self.pass_k}) must not exceed num_samples ({self.num_samples})")
+        return self
+
+
+class CheckpointConfig(Section):
+    every: int = Field(50, ge=0, description="Save every N RL steps (0: only at the end).")
+    keep_last: int = Field(2, ge=1, description="Step checkpoints kept on disk.")
+
+
+class LoggingConfig(Section):
+    progress: bool = Field(True, description="Show a progress bar.")
+    tensorboard: bool = Field(True, description="Write TensorBoard event files.")
+
+
+class Config(Section):
+    seed: int = Field(0, description="Seed of model init, sampling and prompt order.")
+    run_dir: str | None = Field(None, description="Run directory (default: runs/<name>-<time>).")
+    name: str = Field("demo", description="Run name used in the default run directory.")
+    threads: int = Field(0, ge=0, description="torch CPU threads (0: torch's default).")
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    rewards: RewardsConfig = Field(default_factory=RewardsConfig)
+    rl: RLConfig = Field(default_factory=RLConfig)
+    zve: ZVEConfig = Field(default_factory=ZVEConfig)
+    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    @model_validator(mode="after")
+    def _rollout_logprobs_need_fp32(self) -> Config:
+        if self.rl.old_logprobs == "rollout" and self.rollout.precision != "fp32":
+            raise ValueError(
+                f"rl.old_logprobs=rollout uses the engine's log-probs as the old policy's, which is exact only "
+                f"in fp32; with rollout.precision={self.rollout.precision} set rl.old_logprobs=recompute"
+            )
+        return self
+
+
+DEMO_CONFIG = "demo.yaml"
+
+
+def demo_config_path() -> Path:
+    """The embedded default config (`configs/demo.yaml`, shipped inside the package)."""
+    return Path(str(resources.files("everyprompt") / "configs" / DEMO_CONFIG))
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Split ``a.b.c=value`` into its key path and its YAML-parsed value."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {text!r}: expected KEY=VALUE with a dotted key, e.g. rl.lr=1e-4")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as err:
+        raise ConfigError(f"override {text!r}: value is not valid YAML ({err.__class__.__name__})") from None
+    return key.strip().split("."), value
+
+
+def apply_override(tree: dict, path: list[str], value: Any) -> None:
+    node: Any = tree
+    model: type[BaseModel] | None = Config
+    for depth, part in enumerate(path):
+        dotted = ".".join(path[: depth + 1])
+        if model is not None and part not in model.model_fields:
+            valid = ", ".join(sorted(model.model_fields))
+            raise ConfigError(f"unknown config key '{dotted}' (valid keys here: {valid})")
+        annotation = model.model_fields[part].annotation if model is not None else None
+        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+        if depth == len(path) - 1:
+            node[part] = value
+        else:
+            child = node.get(part)
+            if child is not None and not isinstance(child, dict):
+                raise ConfigError(f"config key '{dotted}' is a value, not a section")
+            node = node.setdefault(part, {})
+
+
+def _describe_error(err: dict, source: str) -> str:
+    key = ".".join(str(p) for p in err["loc"])
+    if err["type"] == "extra_forbidden":
+        parent = _section_for(err["loc"][:-1])
+        valid = ", ".join(sorted(parent.model_fields)) if parent else ""
+        return f"{source}unknown config key '{key}' (valid keys here: {valid})"
+    given = err.get("input")
+    message = err["msg"].removeprefix("Value error, ")
+    if isinstance(given, dict):  # a rule across a section's keys: the message names them
+        where = f"config section '{key}'" if key else "config"  # '' is the top level: rules across sections
+        return f"{source}{where}: {message}"
+    return f"{source}config key '{key}': {message}, got {given!r}"
+
+
+def _section_for(loc: tuple) -> type[BaseModel] | None:
+    model: Any = Config
+    for part in loc:
+        field = model.model_fields.get(part) if model else None
+        model = field.annotation if field is not None else None
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+    return model
+
+
+def build_config(tree: dict, source: str = "") -> Config:
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as err:
+        prefix = f"{source}: " if source else ""
+        raise ConfigError(_describe_error(err.errors()[0], prefix)) from None
+
+
+def read_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}{where}: not valid YAML ({getattr(err, 'problem', err)})") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: expected a mapping of config keys at the top level")
+    return tree
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read a YAML config (the embedded demo default when `path` is None) and apply dotted overrides."""
+    path = Path(path) if path is not None else demo_config_path()
+    tree = read_yaml(path)
+    for text in overrides:
+        keys, value = parse_override(text)
+        apply_override(tree, keys, value)
+    return build_config(tree, source=str(path))
+
+
+def save_config(config: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+
+
+__all__ = [
+    "DEFAULT_JUDGE_TEMPLATE",
+    "STAGE_OVERRIDES",
+    "CheckpointConfig",
+    "Config",
+    "ConfigError",
+    "CurriculumConfig",
+    "CurriculumStage",
+    "DataConfig",
+    "EvalConfig",
+    "ExpansionConfig",
+    "GenRMConfig",
+    "KLConfig",
+    "LoRAConfig",
+    "LoggingConfig",
+    "ModelConfig",
+    "OfflineFilterConfig",
+    "RLConfig",
+    "ReshapeConfig",
+    "RetirementConfig",
+    "RewardComponentConfig",
+    "RewardsConfig",
+    "RolloutConfig",
+    "RolloutCorrectionConfig",
+    "SFTConfig",
+    "ScalarRMConfig",
+    "Section",
+    "ZVEConfig",
+    "ZVPConfig",
+    "build_config",
+    "demo_config_path",
+    "load_config",
+    "save_config",
+]

@@ -1,0 +1,129 @@
+"""Config sections of the model, its data and the SFT warm start."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from everyprompt.config.base import Section
+
+
+class LoRAConfig(Section):
+    enabled: bool = Field(False, description="Train LoRA adapters on the RL policy (peft; docs/training.md).")
+    r: int = Field(8, gt=0, description="Adapter rank.")
+    alpha: float = Field(16.0, gt=0, description="Scale numerator: the update is alpha / r * B A.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapters' input.")
+    target_modules: list[str] = Field(
+        ["q_proj", "k_proj", "v_proj", "o_proj"], description="Linear layers adapted, by name."
+    )
+    target_parameters: list[str] = Field(
+        [],
+        description="Non-linear-layer weights adapted, by name: MoE experts (mlp.experts.gate_up_proj, "
+        "mlp.experts.down_proj), routers (mlp.gate.weight).",
+    )
+    save_merged: bool = Field(False, description="Checkpoints also hold the merged model under merged/.")
+
+    @model_validator(mode="after")
+    def _some_target(self) -> LoRAConfig:
+        if self.enabled and not (self.target_modules or self.target_parameters):
+            raise ValueError("enabled with neither target_modules nor target_parameters")
+        return self
+
+
+class ModelConfig(Section):
+    preset: Literal["tiny-moe", "tiny-chat-moe"] = Field(
+        "tiny-moe",
+        description="Built-in random-init Qwen3-MoE used when `path` is unset: with the character tokenizer "
+        "(tiny-moe) or a locally trained BPE with a chat template (tiny-chat-moe).",
+    )
+    path: str | None = Field(
+        None, description="Local Hugging Face causal-LM checkpoint directory (overrides `preset`)."
+    )
+    hidden_size: int = Field(128, gt=0, description="Preset only: hidden width.")
+    num_layers: int = Field(4, gt=0, description="Preset only: decoder layers (all MoE).")
+    num_experts: int = Field(8, gt=0, description="Preset only: routed experts per MoE layer.")
+    top_k: int = Field(2, gt=0, description="Preset only: experts per token.")
+    moe_intermediate_size: int = Field(128, gt=0, description="Preset only: hidden width of one expert.")
+    num_heads: int = Field(4, gt=0, description="Preset only: attention heads.")
+    num_kv_heads: int = Field(2, gt=0, description="Preset only: key/value heads (GQA).")
+    pack_sequences: bool = Field(
+        True,
+        description="Training forwards pack sequences into shared rows (position_ids restart per sequence) "
+        "instead of padding each; checked against unpacked log-probs when training starts.",
+    )
+    moe_kernel: Literal["everyprompt", "transformers"] = Field(
+        "everyprompt",
+        description="Training forwards' MoE experts: everyprompt's sorted grouped-matmul kernel (same outputs "
+        "and gradients, faster backward on CPU) or transformers' own; models whose experts the kernel does "
+        "not fit keep transformers'.",
+    )
+    dtype: Literal["fp32", "bf16"] = Field(
+        "fp32",
+        description="Training precision: bf16 runs the trainer's forwards under autocast, weights, gradients "
+        "and optimizer state staying fp32 (docs/training.md).",
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute decoder layers' activations in the backward pass (less memory, slower)."
+    )
+    lora: LoRAConfig = Field(default_factory=LoRAConfig, description="LoRA adapters for RL (off by default).")
+
+
+class DataConfig(Section):
+    task: Literal["arithmetic"] = Field(
+        "arithmetic", description="Built-in verifiable task used when no files are given."
+    )
+    train_file: str | None = Field(
+        None,
+        description="Prompts for RL and SFT: .jsonl/.json/.parquet/.arrow or a `datasets` save_to_disk "
+        "directory (fields `prompt` or `messages`, `answer`, optional `level`, `solution` for SFT).",
+    )
+    eval_file: str | None = Field(None, description="Held-out prompts for evaluation (as train_file).")
+    columns: dict[str, str] = Field(
+        {},
+        description="The files' column for each field, e.g. {prompt: question} (fields: prompt, answer, "
+        "solution, level, messages).",
+    )
+    format: Literal["auto", "plain", "chat"] = Field(
+        "auto",
+        description="Prompt rendering: raw text (plain) or the tokenizer's chat template (chat); auto: chat "
+        "when the tokenizer has a template and the model is not the preset.",
+    )
+    system_prompt: str | None = Field(None, description="Chat format: a system message before each prompt.")
+    template_kwargs: dict[str, Any] = Field(
+        {}, description="Chat format: switches passed to the chat template, e.g. {enable_thinking: false}."
+    )
+    levels: list[int] = Field(
+        [1, 2, 3, 4, 5], description="Difficulty levels (1..5) of the built-in task to use."
+    )
+    num_train: int = Field(20000, gt=0, description="Built-in task: problems in the train split.")
+    num_eval: int = Field(500, gt=0, description="Built-in task: problems in the held-out split.")
+    split_seed: int = Field(1234, description="Seed of the built-in task's train/held-out split.")
+
+    @field_validator("columns")
+    @classmethod
+    def _known_fields(cls, columns: dict[str, str]) -> dict[str, str]:
+        from everyprompt.data.datasets import FIELDS
+
+        unknown = sorted(set(columns) - set(FIELDS))
+        if unknown:
+            raise ValueError(f"maps {unknown}; the fields are {', '.join(FIELDS)}")
+        return columns
+
+    @model_validator(mode="after")
+    def _chat_only_settings(self) -> DataConfig:
+        if self.format == "plain" and (self.system_prompt is not None or self.template_kwargs):
+            raise ValueError("system_prompt and template_kwargs need format chat (or auto), not plain")
+        return self
+
+
+class SFTConfig(Section):
+    steps: int = Field(600, ge=0, description="SFT optimizer steps (0 skips SFT).")
+    batch_size: int = Field(64, gt=0, description="Worked solutions per SFT step.")
+    lr: float = Field(3e-3, gt=0, description="Peak AdamW learning rate.")
+    warmup_steps: int = Field(20, ge=0, description="Linear warm-up steps.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    levels: list[int] = Field([1, 2, 3, 4, 5], description="Difficulty levels of the worked solutions.")
+    checkpoint_every: int = Field(
+        100, ge=0, description="Save a resumable SFT checkpoint every N steps (0: only the finished model)."
+    )

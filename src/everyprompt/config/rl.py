@@ -1,0 +1,161 @@
+"""Config sections of the RL update: loss, advantages, KL, corrections, replay."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from everyprompt.algorithms import policy_loss_spec, registered_advantages, registered_policy_losses
+from everyprompt.algorithms.losses import CISPOOptions, ESPOOptions, GSPOOptions, PPOClipOptions
+from everyprompt.config.base import Section
+
+
+class KLConfig(Section):
+    estimator: Literal["k1", "k2", "k3"] | None = Field(
+        None, description="KL estimator against the frozen starting policy (None: no KL term)."
+    )
+    coef: float = Field(1e-3, ge=0, description="Weight of the KL term in the loss.")
+
+
+class RolloutCorrectionConfig(Section):
+    mode: Literal["tis", "mis"] | None = Field(
+        None, description="tis: truncated IS weight; mis: mask tokens outside [1/C, C]; None: off."
+    )
+    level: Literal["token", "sequence"] = Field("token", description="Ratio per token or per sequence.")
+    cap: float = Field(2.0, gt=1, description="The cap C.")
+
+
+class RLConfig(Section):
+    steps: int = Field(80, ge=0, description="RL steps (one rollout batch and its updates each).")
+    max_rollouts: int | None = Field(
+        None, gt=0, description="Stop once this many rollouts were generated (None: rl.steps only)."
+    )
+    prompts_per_step: int = Field(16, gt=0, description="Prompts sampled per step.")
+    group_size: int = Field(8, ge=2, description="Completions per prompt (the GRPO group).")
+    lr: float = Field(1e-5, gt=0, description="Peak AdamW learning rate.")
+    warmup_steps: int = Field(5, ge=0, description="Linear warm-up steps.")
+    lr_schedule: Literal["constant", "cosine"] = Field("constant", description="Schedule after warm-up.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
+    max_skipped_updates: int = Field(
+        3,
+        ge=1,
+        description="Consecutive mini-batch updates skipped for a non-finite loss or gradient norm after which "
+        "the run stops (its last checkpoint is the last good state).",
+    )
+    mini_batches: int = Field(2, gt=0, description="Optimizer steps per rollout batch (PPO mini-batches).")
+    micro_batch_size: int = Field(
+        64, gt=0, description="Sequences per forward/backward (gradient accumulation)."
+    )
+    advantage: str = Field("grpo", description="Advantage estimator (algorithms registry name).")
+    dead_zone: float = Field(
+        0.0,
+        ge=0,
+        description="grpo / dr_grpo: |R - group mean| below this gives advantage 0 (for noisy scalar "
+        "reward models; 0 = off).",
+    )
+    loss: str = Field(
+        "ppo_clip",
+        description="Policy loss (algorithms registry name: ppo_clip, gspo, gspo_token, espo, cispo).",
+    )
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] | None = Field(
+        None, description="How per-token losses are reduced (None: the loss's own default)."
+    )
+    loss_options: dict[str, Any] = Field(
+        default_factory=dict, description="Extra keyword options for a user-registered loss."
+    )
+    ppo: PPOClipOptions = Field(default_factory=PPOClipOptions, description="ppo_clip options.")
+    gspo: GSPOOptions = Field(default_factory=GSPOOptions, description="gspo / gspo_token options.")
+    cispo: CISPOOptions = Field(default_factory=CISPOOptions, description="cispo options.")
+    espo: ESPOOptions = Field(default_factory=ESPOOptions, description="espo options.")
+    kl: KLConfig = Field(default_factory=lambda: KLConfig(), description="KL penalty to the starting policy.")
+    rollout_correction: RolloutCorrectionConfig = Field(
+        default_factory=lambda: RolloutCorrectionConfig(),
+        description="Train/rollout mismatch correction with the engine's log-probs.",
+    )
+    levels: list[int] | None = Field(
+        None, description="Built-in task levels for RL prompts (None: data.levels)."
+    )
+    router_replay: Literal["off", "r2", "r3"] = Field(
+        "off",
+        description="MoE router replay in the trainer's forwards: off; r2: the routes of the trainer's own "
+        "old-policy pass; r3: the rollout engine's routes.",
+    )
+    old_logprobs: Literal["recompute", "rollout"] = Field(
+        "recompute",
+        description="Old-policy log-probs (and entropies) of the PPO ratio: a trainer forward pass before "
+        "the update ('recompute'), or the rollout engine's own ('rollout': one forward pass fewer per step; "
+        "exact only while engine and trainer compute alike, e.g. both fp32).",
+    )
+
+    @field_validator("advantage")
+    @classmethod
+    def _known_advantage(cls, name: str) -> str:
+        if name not in registered_advantages():
+            raise ValueError(f"expected one of {', '.join(registered_advantages())}")
+        return name
+
+    @field_validator("loss")
+    @classmethod
+    def _known_loss(cls, name: str) -> str:
+        if name not in registered_policy_losses():
+            raise ValueError(f"expected one of {', '.join(registered_policy_losses())}")
+        return name
+
+    @field_validator("router_replay", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        return "off" if value is False else value  # YAML reads a bare `off` as false
+
+    @model_validator(mode="after")
+    def _r2_needs_recompute(self) -> RLConfig:
+        if self.router_replay == "r2" and self.old_logprobs == "rollout":
+            raise ValueError(
+                "router_replay='r2' replays the routes of the trainer's own old-policy pass, which "
+                "old_logprobs='rollout' skips; set rl.old_logprobs=recompute or use r3"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _dead_zone_estimators(self) -> RLConfig:
+        if self.dead_zone > 0 and self.advantage not in ("grpo", "dr_grpo"):
+            raise ValueError(
+                f"dead_zone applies to the grpo and dr_grpo estimators, not advantage={self.advantage!r}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _correction_needs_recompute(self) -> RLConfig:
+        if self.old_logprobs == "rollout" and self.rollout_correction.mode is not None:
+            raise ValueError(
+                "rollout_correction compares the engine's log-probs with the trainer's old ones; with "
+                "old_logprobs='rollout' they are the same, so set rl.old_logprobs=recompute"
+            )
+        return self
+
+    def _loss_section(self) -> str | None:
+        """The section of this config (rl.ppo, rl.gspo, ...) typed with the loss's option schema."""
+        schema = policy_loss_spec(self.loss).options
+        fields = type(self).model_fields
+        return next((name for name, field in fields.items() if schema and field.annotation is schema), None)
+
+    @model_validator(mode="after")
+    def _loss_options_where_they_belong(self) -> RLConfig:
+        section = self._loss_section()
+        if section is not None and self.loss_options:
+            raise ValueError(
+                f"loss {self.loss!r} takes its options from rl.{section}.*, not rl.loss_options "
+                f"(got {sorted(self.loss_options)})"
+            )
+        if section is None:
+            policy_loss_spec(self.loss).resolve_options(self.loss_options)  # unknown or bad options
+        return self
+
+    def loss_kwargs(self) -> dict[str, Any]:
+        """The options of `loss`: its section of this config when it has one, else `loss_options` checked
+        against the loss's registered schema."""
+        section = self._loss_section()
+        if section is not None:
+            return getattr(self, section).model_dump()
+        return policy_loss_spec(self.loss).resolve_options(self.loss_options)

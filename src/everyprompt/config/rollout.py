@@ -1,0 +1,168 @@
+"""Config sections of the rollout engine and the rewards."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from everyprompt.config.base import Section
+
+
+class RolloutConfig(Section):
+    engine: str = Field(
+        "auto",
+        description="Rollout engine: `native` (own decode path, the fast one; families in docs/models.md), "
+        "`hf` (any transformers causal LM through its own forward), or `auto` (native where it runs the "
+        "model, else hf; the choice is logged).",
+    )
+    precision: Literal["fp32", "bf16", "fp8"] = Field(
+        "fp32",
+        description="Rollout engine arithmetic: fp32, bf16, or fp8 (native engine only: e4m3 projection "
+        "weights with per-output-channel scales, re-quantised at every weight sync).",
+    )
+    max_new_tokens: int = Field(64, gt=0, description="Completion length cap (tokens).")
+    temperature: float = Field(
+        1.0, gt=0, description="Sampling temperature; the trainer's log-probs use the same."
+    )
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    parity_threshold: float = Field(
+        1e-3,
+        ge=0,
+        description="Startup parity check: the largest mean |log-prob difference| (fp32) allowed between the "
+        "engine and the trainer on a few completions before the first RL step; 0 turns the check off.",
+    )
+    parity_prompts: int = Field(4, gt=0, description="Training prompts the startup parity check samples.")
+    stop: list[str] = Field(
+        default_factory=list,
+        description="Strings that end a completion (finish reason `stop`), besides every end-of-sequence id "
+        "of the model's tokenizer and generation config (finish reason `eos`).",
+    )
+    batch_size: int = Field(256, gt=0, description="Sequences decoded together (continuous-batching slots).")
+    schedule: Literal["fifo", "longest_first"] = Field(
+        "longest_first",
+        description="Admission order into the engine: as sampled, or longest predicted completion first "
+        "(prediction: the prompt's mean length in the pass-rate store, else its bucket's, else the cap).",
+    )
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, name: str) -> str:
+        return _known_engine(name)
+
+
+def _known_engine(name: str) -> str:
+    from everyprompt.rollout import engine_choices
+
+    if name not in engine_choices():
+        raise ValueError(f"expected one of {', '.join(engine_choices())}")
+    return name
+
+
+DEFAULT_JUDGE_TEMPLATE = (
+    "You are grading a response against a reference answer.\n"
+    "Question: {question}\nReference answer: {reference}\nResponse: {response}\n"
+    "Think step by step, then end with one line: Verdict: correct, Verdict: partial or Verdict: incorrect.\n"
+)
+
+
+class GenRMConfig(Section):
+    model: str | None = Field(None, description="Judge: a local Hugging Face causal-LM checkpoint directory.")
+    template: str = Field(
+        DEFAULT_JUDGE_TEMPLATE,
+        description="Judge prompt; {question}, {reference} and {response} are filled from the prompt row's "
+        "`prompt` and `answer` and the completion.",
+    )
+    values: dict[str, float] = Field(
+        default_factory=dict,
+        description="Reward per verdict (correct/partial/incorrect/better/tie/worse); unset ones keep "
+        "+1 / 0 / -1.",
+    )
+    max_new_tokens: int = Field(256, gt=0, description="Judge output cap (reasoning + verdict).")
+    greedy: bool = Field(True, description="Greedy judging (else sampled at `temperature`).")
+    temperature: float = Field(1.0, gt=0, description="Judge sampling temperature when not greedy.")
+    batch_size: int = Field(64, gt=0, description="Judge engine slots.")
+    engine: str = Field("auto", description="Rollout engine that decodes the judge (as `rollout.engine`).")
+    log_every: int = Field(
+        16,
+        ge=0,
+        description="Write every n-th judged row (prompt, output, verdict) to genrm_samples.jsonl (0: off).",
+    )
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, name: str) -> str:
+        return _known_engine(name)
+
+
+class ScalarRMConfig(Section):
+    model: str | None = Field(
+        None, description="A local sequence-classification checkpoint with one output (the score)."
+    )
+    template: str = Field("{question}\n{response}", description="Text scored; {question} and {response}.")
+    batch_size: int = Field(32, gt=0, description="Responses scored per forward pass.")
+
+
+class RewardComponentConfig(Section):
+    name: str = Field(..., description="Component name: logged as reward/<name>.")
+    function: str = Field(..., description="Registered reward name, `package.module:function`, or `genrm`.")
+    weight: float = Field(1.0, description="Weight of this component in the total.")
+
+
+class RewardsConfig(Section):
+    function: str = Field(
+        "math",
+        description="Registered reward name, `package.module:function`, `genrm` (a judge model) or "
+        "`scalar_rm` (a sequence-classification reward model).",
+    )
+    genrm: GenRMConfig = Field(default_factory=GenRMConfig, description="The judge of `function: genrm`.")
+    scalar_rm: ScalarRMConfig = Field(
+        default_factory=ScalarRMConfig, description="The model of `function: scalar_rm`."
+    )
+    components: list[RewardComponentConfig] = Field(
+        default_factory=list,
+        description="Several weighted rewards summed (replaces `function` when given), each logged as "
+        "reward/<name>.",
+    )
+    missing: Literal["skip", "zero"] = Field(
+        "skip",
+        description="A component that is None for a row: `skip` makes the row's total None, `zero` counts it 0.",
+    )
+    workers: int = Field(
+        1,
+        ge=0,
+        description="Reward worker processes, fed completions as they finish (0: score inline, "
+        "no overlap with generation and no time limit).",
+    )
+    timeout_s: float = Field(
+        30.0, gt=0, description="Time limit of one reward call; past it the reward is None (an error)."
+    )
+    load_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="Limit on a reward worker's one-time set-up (a judge loading its model), apart from the "
+        "per-call timeout_s; a reward that fails to load stops the run.",
+    )
+    max_error_fraction: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="Stop the run when more than this share of the rewards of the last `error_window` steps "
+        "failed (a step whose rewards all failed stops it at once).",
+    )
+    error_window: int = Field(10, ge=1, description="Steps over which `max_error_fraction` is judged.")
+
+    @model_validator(mode="after")
+    def _check_functions(self) -> RewardsConfig:
+        names = [c.name for c in self.components]
+        if len(set(names)) != len(names):
+            raise ValueError(f"components: names must be unique, got {names}")
+        taken = sorted(set(names) & {"mean", "accuracy", "errors", "errors_total", "none_fraction"})
+        if taken:
+            raise ValueError(f"components: {taken} would clash with the reward/* metrics of the same name")
+        functions = [c.function for c in self.components] or [self.function]
+        if "genrm" in functions and not self.genrm.model:
+            raise ValueError("function 'genrm' needs rewards.genrm.model (a judge checkpoint directory)")
+        if "scalar_rm" in functions and not self.scalar_rm.model:
+            raise ValueError("function 'scalar_rm' needs rewards.scalar_rm.model (a checkpoint directory)")
+        return self
