@@ -109,13 +109,13 @@ def save_chat_checkpoint(directory, corpus: list[str], model_type: str = "qwen3_
     from everyprompt.models.tokenizer import build_chat_tokenizer
 
     tokenizer = build_chat_tokenizer(corpus, vocab_size=400)
-    ids = dict(
+    config = family_config(
+        model_type,
         vocab_size=len(tokenizer),
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,
     )
-    config = AutoConfig.for_model(model_type, **{**_LAYERS, **FAMILY_CONFIGS[model_type], **ids})
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.generation_config.pad_token_id = tokenizer.pad_token_id

@@ -34,7 +34,7 @@ def register_format(name: str) -> Callable[[type], type]:
 class PlainFormat:
     """The prompt text, tokenised as it is."""
 
-    def __init__(self, tokenizer, stop_ids: Iterable[int] = ()):
+    def __init__(self, tokenizer):
         self.tokenizer = tokenizer
 
     def text(self, row: dict) -> str:
@@ -124,7 +124,7 @@ def build_format(data, tokenizer, preset: bool, stop_ids: Iterable[int] = ()) ->
                 "data.system_prompt / data.template_kwargs need the chat format, and data.format=auto "
                 "resolved to plain (the tokenizer has no chat template, or the model is the preset)"
             )
-        return PlainFormat(tokenizer, stop_ids)
+        return PlainFormat(tokenizer)
     return ChatFormat(tokenizer, stop_ids, data.system_prompt, data.template_kwargs)
 
 

@@ -96,11 +96,10 @@ def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
-def merged_model(model: nn.Module) -> nn.Module:
-    """A plain transformers model with `model`'s adapters merged (a copy); `model` itself if plain."""
-    if not is_lora(model):
-        return model
-    return copy.deepcopy(model).merge_and_unload()
+def plain_copy(model: nn.Module) -> nn.Module:
+    """A copy of `model` as a plain transformers model (a LoRA policy's adapters merged into the copy)."""
+    copied = copy.deepcopy(model)
+    return copied.merge_and_unload() if is_lora(copied) else copied
 
 
 def reference_forward(model: nn.Module):

@@ -15,8 +15,6 @@ from typing import Any, Literal, Protocol
 
 import torch
 
-from everyprompt.models.lora import merged_model
-
 log = logging.getLogger(__name__)
 
 
@@ -220,5 +218,4 @@ def make_engine(name: str, model, tokenizer, batch_size: int, precision: str = "
     chosen = resolve_engine(name, model.config, precision)
     if name == AUTO:
         log.info("rollout.engine=auto runs %s with the %s engine", model.config.model_type, chosen)
-    model = merged_model(model)  # a LoRA policy: the engine runs the merged weights, adapters unknown to it
     return _spec(chosen).cls.from_model(model, tokenizer, batch_size=batch_size, precision=precision)

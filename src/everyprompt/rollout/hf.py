@@ -17,7 +17,6 @@ attention) is refilled only when its batch has drained.
 
 from __future__ import annotations
 
-import copy
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -28,6 +27,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from everyprompt.models.lora import plain_copy
 from everyprompt.models.replay import find_routers
 from everyprompt.rollout.base import (
     Completion,
@@ -122,7 +122,7 @@ class HFEngine:
     def from_model(cls, model, tokenizer, batch_size: int = 64, precision: str = "fp32") -> HFEngine:
         """An engine over a copy of `model` (the trainer's module is never touched by decoding)."""
         return cls(
-            copy.deepcopy(model),
+            plain_copy(model),  # a LoRA policy's copy has its adapters merged in
             stop_token_ids(model, tokenizer),
             tokenizer.pad_token_id,
             batch_size,

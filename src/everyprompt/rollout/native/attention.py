@@ -169,6 +169,10 @@ class LatentWeights:
     q_a_bias: torch.Tensor | None = None
     kv_a_bias: torch.Tensor | None = None
     o_bias: torch.Tensor | None = None
+    # decode's absorbed forms of kv_b, laid out for batched matmuls over heads: W_k^T [heads, nope, rank]
+    # and W_v^T [heads, rank, v]; made from the plain kv_b at the first decode step, not at every step
+    k_absorbed: torch.Tensor | None = None
+    v_absorbed: torch.Tensor | None = None
 
 
 class LatentAttention:
@@ -253,7 +257,6 @@ class LatentAttention:
             dim=-1,
         )
         (cache,) = cache
-        kv_b = w.kv_b.reshape(rank, heads, nope + self.v_dim)  # c @ kv_b[:, h] = [k_nope_h, v_h]
         if bias is None:
             cache[rows, 0, :length] = latent
             k_nope, v = (
@@ -267,12 +270,16 @@ class LatentAttention:
         cache[rows, 0, positions] = latent[:, 0]
         width = bias.shape[-1]
         keys = cache[:, 0, :width]  # [B, S, rank + rope]
-        q_latent = torch.einsum("bhn,rhn->bhr", q_nope[:, 0], kv_b[..., :nope])  # W_k^T q_nope
+        if w.k_absorbed is None:  # once per weights (a load, or an fp8 call's dequantised copy)
+            kv_b = w.kv_b.reshape(rank, heads, nope + self.v_dim)  # c @ kv_b[:, h] = [k_nope_h, v_h]
+            w.k_absorbed = kv_b[..., :nope].permute(1, 2, 0).contiguous()
+            w.v_absorbed = kv_b[..., nope:].permute(1, 0, 2).contiguous()
+        q_latent = torch.bmm(q_nope[:, 0].transpose(0, 1), w.k_absorbed).transpose(0, 1)  # W_k^T q_nope
         query = torch.cat([q_latent, q_rot[:, 0]], dim=-1)  # [B, heads, rank + rope]
         scores = torch.baddbmm(bias, query, keys.transpose(1, 2), alpha=self.scale)  # [B, heads, S]
         probs = torch.softmax(scores.float(), dim=-1).to(keys.dtype)
         read = torch.bmm(probs, keys[..., :rank])  # [B, heads, rank]
-        out = torch.einsum("bhr,rhv->bhv", read, kv_b[..., nope:])  # W_v (probs . c)
+        out = torch.bmm(read.transpose(0, 1), w.v_absorbed).transpose(0, 1)  # W_v (probs . c): [B, heads, v]
         return _output(w, out.reshape(batch, 1, heads * self.v_dim))
 
 

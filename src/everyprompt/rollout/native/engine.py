@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
+from everyprompt.models.lora import merged_state_dict
 from everyprompt.rollout.base import (
     Completion,
     GenerationRequest,
@@ -102,7 +103,7 @@ class NativeEngine:
     def from_model(cls, model, tokenizer, batch_size: int = 256, precision: str = "fp32") -> NativeEngine:
         return cls(
             model.config,
-            model.state_dict(),
+            merged_state_dict(model),  # a LoRA policy's adapters folded in: the engine knows none
             stop_token_ids(model, tokenizer),
             tokenizer.pad_token_id,
             batch_size,
