@@ -5,7 +5,7 @@ package holds a default of its own. A run's config is a YAML file plus dotted co
 (``rl.lr=1e-4``); an unknown key or a bad value raises :class:`ConfigError`, whose message names the key,
 the value and what was expected. The resolved config is written into the run directory.
 
-The sections live by concern in this package (base, model, rollout, rl, zve); this module holds the
+The sections live by concern in this package (base, model, rollout, rl, zve, cluster); this module holds the
 run-level sections, the root `Config`, and loading and saving.
 """
 
@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from everyprompt.config.base import ConfigError, Section
+from everyprompt.config.cluster import ClusterConfig
 from everyprompt.config.model import DataConfig, LoRAConfig, ModelConfig, SFTConfig
 from everyprompt.config.rl import KLConfig, RLConfig, RolloutCorrectionConfig
 from everyprompt.config.rollout import (
@@ -81,6 +82,7 @@ class Config(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
 
     @model_validator(mode="after")
     def _rollout_logprobs_need_fp32(self) -> Config:
@@ -196,6 +198,7 @@ __all__ = [
     "DEFAULT_JUDGE_TEMPLATE",
     "STAGE_OVERRIDES",
     "CheckpointConfig",
+    "ClusterConfig",
     "Config",
     "ConfigError",
     "CurriculumConfig",

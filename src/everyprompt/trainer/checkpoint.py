@@ -211,3 +211,33 @@ def load_trainer_state(checkpoint: str | Path) -> dict:
         raise CheckpointError(
             f"{file}: cannot be read ({type(err).__name__}: {err}); the file is damaged"
         ) from None
+
+
+# ------------------------------------------------------------ state that resumes on any number of ranks
+def full_weights(model) -> dict[str, torch.Tensor]:
+    """A sharded (`fully_shard`) model's whole weights on CPU, on rank 0 (the other ranks get an empty
+    dict). Collective: every rank calls."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def portable_optimizer_state(model, optimizer, sharded: bool = False) -> dict:
+    """The optimizer's state keyed by parameter name, whole: loads into a learner of any rank count and
+    sharding. Sharded: collective, and only rank 0 gets it (the others an empty dict)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=sharded)
+    return get_optimizer_state_dict(model, optimizer, options=options)
+
+
+def load_optimizer_state(model, optimizer, state: dict) -> None:
+    """Load a `portable_optimizer_state` (or, from older checkpoints, a plain `optimizer.state_dict()`,
+    keyed by parameter position)."""
+    params = [key for group in state.get("param_groups", []) for key in group.get("params", [])]
+    if all(isinstance(key, int) for key in params):
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))

@@ -10,12 +10,16 @@
   4. the train-inference mismatch of the old policy against the engine (`mismatch/*`): from the
      separate pass when one runs, else from the first mini-batch's forward, at no extra cost.
 `state_dict()` is the weights hand-off to the rollout side. Nothing here reads the rollout side.
+
+In a data-parallel group (`trainer/data_parallel.py`) every rank runs `update` on the same batch, each
+its share of every pass's micro-batches; the update equals the single process's.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import math
 import time
 import warnings
 
@@ -28,6 +32,8 @@ from everyprompt.models.precision import autocast
 from everyprompt.models.replay import ReplayError, RouterReplay
 from everyprompt.rollout import derive_seed
 from everyprompt.trainer.batch import RolloutBatch
+from everyprompt.trainer.checkpoint import full_weights, load_optimizer_state, portable_optimizer_state
+from everyprompt.trainer.data_parallel import DataParallel
 from everyprompt.trainer.logprobs import check_packing, token_logprobs
 from everyprompt.trainer.mismatch import mismatch_metrics
 from everyprompt.trainer.optim import build_optimizer, build_scheduler
@@ -66,43 +72,52 @@ class NumericsError(RuntimeError):
 class Learner:
     """Owns the policy's optimizer, schedule, router replay and KL reference."""
 
-    def __init__(self, config: Config, model, pad_token_id: int, reference=None):
+    def __init__(
+        self, config: Config, model, pad_token_id: int, reference=None, parallel: DataParallel | None = None
+    ):
         self.config, self.rl, self.zve = config, config.rl, config.zve
-        self.model, self.pad_id = model, pad_token_id
-        self.optimizer = build_optimizer(model, self.rl.lr, self.rl.weight_decay)
-        self.scheduler = build_scheduler(
-            self.optimizer, self.rl.warmup_steps, self.rl.steps, self.rl.lr_schedule
-        )
-        self.router = _router(model, self.rl.router_replay)
-        self.loss_spec = policy_loss_spec(self.rl.loss)
-        self.loss_options = self.rl.loss_kwargs()
+        self.pad_id = pad_token_id
+        self.parallel = parallel or DataParallel()
         # the KL term's reference: the starting policy, frozen (a copy of `model` unless given); a LoRA
         # policy's is its own base, adapters disabled (no second copy)
         self.reference = None
         self.base_as_reference = self.rl.kl.estimator is not None and is_lora(model)
         if self.rl.kl.estimator is not None and not self.base_as_reference:
             self.reference = (reference or copy.deepcopy(model)).eval().requires_grad_(False)
+        self.model = self.parallel.shard(model)  # fsdp2: sharded in place, before the optimizer sees it
+        self.optimizer = build_optimizer(self.model, self.rl.lr, self.rl.weight_decay)
+        self.scheduler = build_scheduler(
+            self.optimizer, self.rl.warmup_steps, self.rl.steps, self.rl.lr_schedule
+        )
+        self.router = _router(self.model, self.rl.router_replay)
+        self.loss_spec = policy_loss_spec(self.rl.loss)
+        self.loss_options = self.rl.loss_kwargs()
         self.version = 0  # updates taken: the policy version of the weights handed to the rollout side
         self.consecutive_skips = 0  # mini-batch updates skipped in a row for non-finite numbers
         self._packing_checked = not config.model.pack_sequences
 
     # ------------------------------------------------------------ hand-off and state
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The policy's weights, for the rollout side's `load_weights` (a LoRA policy's merged)."""
+        """The policy's weights, for the rollout side's `load_weights` (a LoRA policy's merged). Under
+        `fsdp2` every rank must call; rank 0 gets the whole weights, the others an empty dict."""
+        if self.parallel.sharded:
+            return full_weights(self.model)
         return merged_state_dict(self.model)
 
     def training_state(self) -> dict:
+        """Counters, schedule and optimizer state; the optimizer's keyed by parameter name and whole (not
+        sharded), so a checkpoint resumes on any number of ranks. Under `fsdp2` every rank must call."""
         return {
             "version": self.version,
             "consecutive_skips": self.consecutive_skips,
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": portable_optimizer_state(self.model, self.optimizer, self.parallel.sharded),
             "scheduler": self.scheduler.state_dict(),
         }
 
     def load_training_state(self, state: dict) -> None:
         self.version = state["version"]
         self.consecutive_skips = state["consecutive_skips"]
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.model, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
 
     # ------------------------------------------------------------ the update
@@ -275,24 +290,27 @@ class Learner:
         stored on it; returns their mismatch metrics. Only r3 replays here: r2 records the trainer's own
         routes, which the update passes then replay."""
         rows = list(range(len(batch)))
-        logprobs: list[torch.Tensor] = []
-        entropies: list[torch.Tensor] = []
-        routes: list[torch.Tensor] = []
+        logprobs: list[tuple[int, list[torch.Tensor]]] = []
+        entropies: list[tuple[int, list[torch.Tensor]]] = []
+        routes: list[tuple[int, list[torch.Tensor]]] = []
         routes_key = "routes" if self.rl.router_replay == "r3" else None
-        for start in range(0, len(rows), self.rl.micro_batch_size):
-            chunk = rows[start : start + self.rl.micro_batch_size]
+        for index, chunk in self.parallel.micro_batches(rows, self.rl.micro_batch_size):
+            chunk = chunk if chunk is not None else rows[: self.rl.micro_batch_size]  # fsdp2's padding pass
             data = batch.padded(chunk, self.pad_id)
             needs_entropy = self.loss_spec.needs_entropy
             recorded = [] if self.router is not None else None
             logp, entropy = self._logprobs(self.model, data, slice(None), needs_entropy, recorded, routes_key)
-            routes.extend(_fed_tokens(batch, chunk, recorded or []))
-            logprobs.extend(batch.completion_values(chunk, logp))
+            if index < 0:
+                continue
+            routes.append((index, _fed_tokens(batch, chunk, recorded or [])))
+            logprobs.append((index, batch.completion_values(chunk, logp)))
             if entropy is not None:
-                entropies.extend(batch.completion_values(chunk, entropy))
-        batch.old_logprobs = logprobs
-        batch.old_entropies = entropies or None
-        batch.old_routes = routes or None
-        return self._mismatch(batch, rows, logprobs, batch.old_routes)
+                entropies.append((index, batch.completion_values(chunk, entropy)))
+        order = self.parallel.in_order
+        batch.old_logprobs = order(logprobs)
+        batch.old_entropies = order(entropies) or None
+        batch.old_routes = order(routes) or None
+        return self._mismatch(batch, rows, batch.old_logprobs, batch.old_routes)
 
     def _mismatch(self, batch: RolloutBatch, rows: list[int], trainer_logprobs, trainer_routes) -> dict:
         engine_routes = batch.routed_experts
@@ -320,69 +338,97 @@ class Learner:
                 release()
 
     def _accumulate(self, batch, rows, data, advantages, num_tokens, routes_key, measure, held):
-        """The micro-batches' forward and backward passes of a mini-batch step, then the optimizer step."""
-        total_loss, entropy_sum, stats = 0.0, 0.0, {}
-        measured, used_routes = [], [] if measure else None
-        for start in range(0, len(rows), self.rl.micro_batch_size):
-            part = slice(start, start + self.rl.micro_batch_size)
-            mask = data["mask"][part]
-            extra = self._reference_logprobs(data, part)  # first: no replay of the policy's is in force
-            logp, entropy = self._logprobs(self.model, data, part, True, used_routes, routes_key, held)
-            if measure:
-                measured.extend(batch.completion_values(rows[part], logp))
-            part_advantages = advantages[part]
-            if batch.zvp_sign is not None:  # RL-ZVP: token advantages from the current policy's entropies
-                sign = batch.zvp_sign[rows][part]
-                token_advantages = zvp_token_advantages(entropy, mask, sign, self.zve.zvp.alpha)
-                part_advantages = torch.where(
-                    (sign != 0)[:, None], token_advantages, part_advantages[:, None].expand_as(logp)
-                )
-            # without old-policy values (recompute, one mini-batch) this forward *is* the old policy
-            old_logp = data["old_logp"][part] if "old_logp" in data else logp.detach()
-            old_entropy = data["old_entropy"][part] if "old_entropy" in data else entropy
-            loss, metrics = policy_loss(
-                self.rl.loss,
-                logp,
-                old_logp,
-                part_advantages,
-                mask,
-                entropy=old_entropy,
-                agg=self.rl.loss_agg,
-                max_length=self.config.rollout.max_new_tokens,
-                num_tokens=num_tokens,
-                num_sequences=len(rows),
-                kl=self.rl.kl.estimator,
-                kl_coef=self.rl.kl.coef,
-                rollout_logp=data["rollout_logp"][part],
-                correction=self.rl.rollout_correction.mode,
-                correction_level=self.rl.rollout_correction.level,
-                correction_cap=self.rl.rollout_correction.cap,
-                vocab_size=self.model.config.vocab_size,
-                **extra,
-                **self.loss_options,
+        """The micro-batches' forward and backward passes of a mini-batch step (this rank's share of
+        them), the gradients' reduction across ranks, then the optimizer step."""
+        sums = {"loss/policy": 0.0, "entropy_sum": 0.0}
+        measured: list[tuple[int, list]] = []
+        used: list[tuple[int, list]] = []
+        finite, bad = True, math.nan
+        size = self.rl.micro_batch_size
+        for index, chunk in self.parallel.micro_batches(range(len(rows)), size):
+            start = chunk[0] if chunk is not None else 0  # fsdp2's padding pass: zero-weighted
+            part = slice(start, start + size)
+            used_routes = [] if measure else None
+            loss, logp, entropy, metrics = self._micro_batch(
+                batch, rows, data, part, advantages, num_tokens, routes_key, used_routes, held
             )
-            if not torch.isfinite(loss):
-                return self._skip("loss", float(loss))
+            if index < 0:
+                loss = loss * 0.0
+            elif not torch.isfinite(loss):
+                finite, bad = False, float(loss)
+                if not self.parallel.sharded:
+                    break  # no collective runs in a backward here: the rest can be skipped
             loss.backward()
             while held:  # this micro-batch's replay, kept through its backward's recomputation
                 held.pop()()
-            total_loss += float(loss.detach())
-            entropy_sum += float((entropy * mask).sum())
+            if index < 0 or not finite:
+                continue
+            mask = data["mask"][part]
+            if measure:
+                measured.append((index, batch.completion_values(rows[part], logp)))
+                used.append((index, _fed_tokens(batch, rows[part], used_routes)))
+            sums["loss/policy"] += float(loss.detach())
+            sums["entropy_sum"] += float((entropy * mask).sum())
             weight = float(mask.sum()) / num_tokens
             for key, value in metrics.items():
-                stats[key] = stats.get(key, 0.0) + value * weight
+                sums[key] = sums.get(key, 0.0) + value * weight
+        if self.parallel.any(not finite):
+            return self._skip("loss" if not finite else "another rank's loss", bad)
+        self.parallel.reduce_gradients(self.model)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.rl.max_grad_norm)
-        if not torch.isfinite(grad_norm):
-            return self._skip("gradient norm", float(grad_norm))
+        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        if not math.isfinite(grad_norm):
+            return self._skip("gradient norm", grad_norm)
         self.optimizer.step()
         self.consecutive_skips = 0
+        stats = self.parallel.sum(sums)
         if measure:
-            stats.update(self._mismatch(batch, rows, measured, _fed_tokens(batch, rows, used_routes) or None))
+            order = self.parallel.in_order
+            logps, routes = order(measured), order(used)
+            stats.update(self._mismatch(batch, rows, logps, routes or None))
         return {
             **stats,
-            "loss/policy": total_loss,
-            "actor/entropy": entropy_sum / num_tokens,
-            "actor/grad_norm": float(grad_norm),
+            "actor/entropy": stats.pop("entropy_sum") / num_tokens,
+            "actor/grad_norm": grad_norm,
             "actor/lr": self.scheduler.get_last_lr()[0],
             "actor/skipped_updates": 0.0,
         }
+
+    def _micro_batch(self, batch, rows, data, part, advantages, num_tokens, routes_key, used_routes, held):
+        """One micro-batch's loss (divided by the whole mini-batch's counts), log-probs, entropies and
+        the loss's metrics."""
+        mask = data["mask"][part]
+        extra = self._reference_logprobs(data, part)  # first: no replay of the policy's is in force
+        logp, entropy = self._logprobs(self.model, data, part, True, used_routes, routes_key, held)
+        part_advantages = advantages[part]
+        if batch.zvp_sign is not None:  # RL-ZVP: token advantages from the current policy's entropies
+            sign = batch.zvp_sign[rows][part]
+            token_advantages = zvp_token_advantages(entropy, mask, sign, self.zve.zvp.alpha)
+            part_advantages = torch.where(
+                (sign != 0)[:, None], token_advantages, part_advantages[:, None].expand_as(logp)
+            )
+        # without old-policy values (recompute, one mini-batch) this forward *is* the old policy
+        old_logp = data["old_logp"][part] if "old_logp" in data else logp.detach()
+        old_entropy = data["old_entropy"][part] if "old_entropy" in data else entropy
+        loss, metrics = policy_loss(
+            self.rl.loss,
+            logp,
+            old_logp,
+            part_advantages,
+            mask,
+            entropy=old_entropy,
+            agg=self.rl.loss_agg,
+            max_length=self.config.rollout.max_new_tokens,
+            num_tokens=num_tokens,
+            num_sequences=len(rows),
+            kl=self.rl.kl.estimator,
+            kl_coef=self.rl.kl.coef,
+            rollout_logp=data["rollout_logp"][part],
+            correction=self.rl.rollout_correction.mode,
+            correction_level=self.rl.rollout_correction.level,
+            correction_cap=self.rl.rollout_correction.cap,
+            vocab_size=self.model.config.vocab_size,
+            **extra,
+            **self.loss_options,
+        )
+        return loss, logp, entropy, metrics

@@ -1,0 +1,42 @@
+"""Where a run's two sides run: one process (`local`) or Ray actors with a torch.distributed learner."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from everyprompt.config.base import Section
+
+
+class ClusterConfig(Section):
+    backend: Literal["local", "ray"] = Field(
+        "local",
+        description="local: both sides in this process; ray: rollout workers and learner ranks as Ray actors.",
+    )
+    address: str | None = Field(
+        None, description="A running Ray cluster to join ('auto' or host:port); none starts a local one."
+    )
+    rollout_workers: int = Field(1, ge=1, description="Rollout worker actors, each holding an engine.")
+    trainer_ranks: int = Field(
+        1, ge=1, description="Learner ranks: one torch.distributed data-parallel group."
+    )
+    num_cpus: float = Field(1.0, gt=0, description="CPUs each actor asks Ray for (also its torch threads).")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs each actor asks Ray for (0 on a CPU machine).")
+    trainer_sharding: Literal["ddp", "fsdp2"] = Field(
+        "ddp",
+        description="ddp: every rank holds the whole model, gradients all-reduced; fsdp2: parameters and "
+        "optimizer state sharded with torch's fully_shard.",
+    )
+    start_timeout_s: float = Field(
+        300.0, gt=0, description="Seconds to wait for the actors to be placed and to load the model."
+    )
+
+    @model_validator(mode="after")
+    def _one_process_is_local(self) -> ClusterConfig:
+        if self.backend == "local" and (self.rollout_workers > 1 or self.trainer_ranks > 1):
+            raise ValueError(
+                f"rollout_workers={self.rollout_workers} and trainer_ranks={self.trainer_ranks} need "
+                "cluster.backend=ray (the local backend is one process)"
+            )
+        return self

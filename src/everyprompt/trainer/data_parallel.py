@@ -1,0 +1,127 @@
+"""The learner's data-parallel group: which micro-batches this rank runs, and what the ranks reduce.
+
+Every rank holds the same `RolloutBatch` and computes the same advantages and the same mini-batch order;
+each mini-batch is cut into the micro-batches a single process would run, and rank r runs micro-batches
+r, r + W, r + 2W, ... of a group of W ranks. Each micro-batch's loss is already divided by the whole
+mini-batch's token (or sequence) count, so the sum of the ranks' gradients is the single-process gradient:
+
+- `ddp`: every rank holds the whole model; after its micro-batches the gradients are summed across ranks
+  in one flat all-reduce (a gradient no rank produced stays None, as in one process, so AdamW skips it
+  exactly as it would there).
+- `fsdp2`: parameters, gradients and optimizer state are sharded with torch's `fully_shard`; each backward
+  reduce-scatters (summing: the divide factor is 1). Its forwards are collective, so every rank runs the
+  same number of passes: a rank with fewer micro-batches runs a zero-weighted one.
+
+One process is rank 0 of a group of 1, and every method is then the identity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+SHARDINGS = ("ddp", "fsdp2")
+
+
+class DataParallel:
+    """This process's place in the learner's group (the default process group when one is initialised)."""
+
+    def __init__(self, sharding: str = "ddp"):
+        if sharding not in SHARDINGS:
+            raise ValueError(f"sharding must be one of {', '.join(SHARDINGS)}, got {sharding!r}")
+        self.sharding = sharding
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self.distributed else 0
+        self.world = dist.get_world_size() if self.distributed else 1
+
+    @property
+    def sharded(self) -> bool:
+        return self.distributed and self.sharding == "fsdp2"
+
+    # ------------------------------------------------------------ the model
+    def shard(self, model: torch.nn.Module) -> torch.nn.Module:
+        """`fsdp2`: `fully_shard` each decoder layer (transformers' `_no_split_modules`), then the root, in
+        place. Call before the optimizer is built. `ddp` and one process: `model` as it is."""
+        if not self.sharded:
+            return model
+        from torch.distributed.fsdp import fully_shard
+
+        layers = set(getattr(model, "_no_split_modules", None) or ())
+        for module in list(model.modules()):
+            if module is not model and type(module).__name__ in layers:
+                fully_shard(module)
+        fully_shard(model)
+        for module in model.modules():  # each micro-batch's loss is already a share of the whole: sum
+            if hasattr(module, "set_gradient_divide_factor"):
+                module.set_gradient_divide_factor(1.0)
+                module.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)
+        return model
+
+    # ------------------------------------------------------------ the work
+    def micro_batches(self, rows: Sequence[int], size: int) -> list[tuple[int, list[int] | None]]:
+        """This rank's `(index, rows)` micro-batches of `rows`: those a single process would run, dealt
+        round-robin. Under `fsdp2`, padded with `(-1, None)` to the same count on every rank (a rank runs
+        those on its first micro-batch's rows with zero weight, or on the first of `rows` if it has none)."""
+        chunks = [list(rows[start : start + size]) for start in range(0, len(rows), size)]
+        mine: list[tuple[int, list[int] | None]] = [
+            (index, chunks[index]) for index in range(self.rank, len(chunks), self.world)
+        ]
+        if self.sharded:
+            rounds = -(-len(chunks) // self.world)
+            mine += [(-1, None)] * (rounds - len(mine))
+        return mine
+
+    # ------------------------------------------------------------ reductions
+    def reduce_gradients(self, model: torch.nn.Module) -> None:
+        """`ddp`: sum every trainable parameter's gradient across ranks (one flat all-reduce, with a flag
+        per parameter of whether any rank produced one). `fsdp2` reduced them in its backward."""
+        if not self.distributed or self.sharded:
+            return
+        params = [p for p in model.parameters() if p.requires_grad]
+        present = torch.tensor([float(p.grad is not None) for p in params], dtype=torch.float64)
+        dist.all_reduce(present)
+        flat = torch.cat(
+            [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in params]
+        )
+        dist.all_reduce(flat)
+        offset = 0
+        for param, had in zip(params, present.tolist()):
+            size = param.numel()
+            if had:
+                param.grad = flat[offset : offset + size].view_as(param).to(param.dtype)
+            else:
+                param.grad = None
+            offset += size
+
+    def any(self, flag: bool) -> bool:
+        """Whether `flag` holds on any rank (every rank must call)."""
+        if not self.distributed:
+            return flag
+        value = torch.tensor([float(flag)])
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return bool(value.item() > 0)
+
+    def sum(self, values: dict[str, float]) -> dict[str, float]:
+        """Each key's sum over the ranks (keys missing on a rank count as 0)."""
+        if not self.distributed:
+            return values
+        every = self.gather(values)
+        keys = sorted({key for part in every for key in part})
+        return {key: sum(part.get(key, 0.0) for part in every) for key in keys}
+
+    def gather(self, item: Any) -> list[Any]:
+        """Every rank's `item`, in rank order (every rank must call)."""
+        if not self.distributed:
+            return [item]
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, item)
+        return out
+
+    def in_order(self, pieces: list[tuple[int, list]]) -> list:
+        """The ranks' `(micro-batch index, values)` pieces, gathered and concatenated in micro-batch order:
+        the lists a single process would have built."""
+        every = sorted((piece for part in self.gather(pieces) for piece in part), key=lambda p: p[0])
+        return [value for _, values in every for value in values]

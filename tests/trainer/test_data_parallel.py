@@ -1,0 +1,83 @@
+"""A data-parallel learner (2 gloo processes) takes the single process's updates: ddp and fsdp2."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from everyprompt.trainer import Learner
+from everyprompt.trainer.data_parallel import DataParallel
+from tests.conftest import tiny_config
+from tests.trainer.test_sides import _model, hand_batch
+
+# three steps with different rewards; 6 rows in micro-batches of 2, two mini-batches of 3 rows: ranks get
+# unequal shares (2 + 1 micro-batches), r2 replays the old pass's routes, k3 KL against a frozen copy
+SETTINGS = (
+    "rl.old_logprobs=recompute",
+    "rl.mini_batches=2",
+    "rl.micro_batch_size=2",
+    "rl.router_replay=r2",
+    "rl.kl.estimator=k3",
+    "rl.kl.coef=0.1",
+    "rl.lr=1e-2",
+)
+REWARDS = ([1.0, 0.0, 1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 1.0, 1.0, 0.0])
+
+
+def _train(sharding: str) -> tuple[dict[str, torch.Tensor], list[dict], dict]:
+    """Three updates; the final weights (whole), each update's metrics, and the training state."""
+    config = tiny_config(*SETTINGS)
+    model, tokenizer = _model(config)
+    learner = Learner(config, model, tokenizer.pad_token_id, parallel=DataParallel(sharding))
+    history = []
+    for rewards in REWARDS:
+        reference, _ = _model(config)  # the batch's "engine" log-probs: the same each rank
+        history.append(learner.update(hand_batch(reference, tokenizer, rewards)))
+    return learner.state_dict(), history, learner.training_state()
+
+
+def _rank(rank: int, world: int, port: int, sharding: str, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        weights, history, state = _train(sharding)
+        if rank == 0:
+            torch.save({"weights": weights, "history": history, "state": state}, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("sharding", ["ddp", "fsdp2"])
+def test_two_ranks_update_as_one_process(tmp_path, sharding):
+    torch.set_num_threads(1)
+    weights, history, state = _train(sharding)  # no process group here: one process
+    out = str(tmp_path / "rank0.pt")
+    mp.spawn(_rank, args=(2, _free_port(), sharding, out), nprocs=2, join=True)
+    ranks = torch.load(out, weights_only=False)
+    assert ranks["weights"].keys() == weights.keys()
+    changed = 0
+    for key, value in weights.items():
+        torch.testing.assert_close(ranks["weights"][key], value, rtol=0, atol=1e-5, msg=key)
+        changed += not torch.equal(value, _model(tiny_config(*SETTINGS))[0].state_dict()[key])
+    assert changed > len(weights) // 2  # the updates moved most tensors: the comparison is not vacuous
+    for mine, theirs in zip(history, ranks["history"]):
+        for key in ("loss/policy", "actor/grad_norm", "actor/entropy", "mismatch/logp_abs_diff"):
+            assert theirs[key] == pytest.approx(mine[key], rel=1e-4, abs=1e-6), key
+    # the optimizer state is keyed by name and whole either way: it resumes on any rank count
+    assert ranks["state"]["optimizer"]["state"].keys() == state["optimizer"]["state"].keys()
+    for name, moments in state["optimizer"]["state"].items():
+        torch.testing.assert_close(
+            ranks["state"]["optimizer"]["state"][name]["exp_avg"], moments["exp_avg"], rtol=0, atol=1e-5
+        )
