@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         UnsupportedModelError,
     ) as err:
         print(f"everyprompt: {err}", file=sys.stderr)
-    except NumericsError as err:  # not the user's input: the run itself went wrong
+    except (NumericsError, ClusterError) as err:  # not the user's input: the run itself went wrong
         print(f"everyprompt: {err}", file=sys.stderr)
         return EXIT_FAILURE
     except StopRequested as err:  # SIGINT / SIGTERM: stopped cleanly after a checkpoint

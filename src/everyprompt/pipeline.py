@@ -317,11 +317,14 @@ class Run:
 
 def train(config: Config, run_dir: str | Path | None = None, resume: bool = False) -> RLTrainer:
     """SFT warm start (if configured), then RL, then the held-out evaluation (`eval.json`); returns the
-    trainer after its last step."""
+    trainer after its last step, closed (its workers have ended)."""
     run = Run(config, run_dir)
     trainer = run.trainer(resume=resume)
-    trainer.train(evaluate_fn=lambda engine: run.evaluate(engine, trainer.tokenizer))
-    results = run.evaluate(trainer.engine, trainer.tokenizer)  # held-out, after the last step
+    try:
+        trainer.train(evaluate_fn=lambda engine: run.evaluate(engine, trainer.tokenizer))
+        results = run.evaluate(trainer.engine, trainer.tokenizer)  # held-out, after the last step
+    finally:
+        trainer.close()  # reward workers, and with cluster.backend=ray the actors and the Ray session
     write_json_atomic(run.run_dir / "eval.json", {"step": trainer.step, **results})
     pass_key = f"pass@{config.eval.pass_k}"
     run.console.print(

@@ -56,15 +56,21 @@ def _fits(module: nn.Module) -> bool:
 def use_sorted_experts(model: nn.Module) -> bool:
     """Select the kernel for `model`'s experts if every experts module fits its layout; returns whether
     it did (a model without such modules, e.g. a dense one, keeps what it had)."""
-    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
-
     experts = [m for m in model.modules() if hasattr(m, "gate_up_proj") and hasattr(m, "has_gate")]
     if not experts or not all(_fits(m) for m in experts):
         return False
-    if KERNEL_NAME not in ALL_EXPERTS_FUNCTIONS:
-        ALL_EXPERTS_FUNCTIONS.register(KERNEL_NAME, sorted_experts_forward)
+    register_sorted_experts()
     model.set_experts_implementation(KERNEL_NAME)
     return True
+
+
+def register_sorted_experts() -> None:
+    """Make the kernel known to transformers in this process (a config that names it, sent to another
+    process, needs it there too before a model is built from it)."""
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    if KERNEL_NAME not in ALL_EXPERTS_FUNCTIONS:
+        ALL_EXPERTS_FUNCTIONS.register(KERNEL_NAME, sorted_experts_forward)
 
 
 def select_moe_kernel(model: nn.Module, kernel: str) -> nn.Module:

@@ -50,6 +50,9 @@ class GenerationRequest:
     prompt_ids: list[int]
     seed: int = 0  # sampling noise depends only on (seed, position), never on the batch around it
     max_new_tokens: int | None = None  # this request's own cap (at most SamplingParams.max_new_tokens)
+    # the length scheduler's guess of this completion's length (tokens): several rollout workers are dealt
+    # requests by it (longest first, to the least-loaded worker); one engine may ignore it
+    predicted_length: float | None = None
 
 
 @dataclass

@@ -92,6 +92,7 @@ class Learner:
         self.router = _router(self.model, self.rl.router_replay)
         self.loss_spec = policy_loss_spec(self.rl.loss)
         self.loss_options = self.rl.loss_kwargs()
+        self.last_sync_bytes = 0  # the size of the weights `state_dict` last handed over
         self.version = 0  # updates taken: the policy version of the weights handed to the rollout side
         self.consecutive_skips = 0  # mini-batch updates skipped in a row for non-finite numbers
         self._packing_checked = not config.model.pack_sequences
@@ -100,9 +101,15 @@ class Learner:
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The policy's weights, for the rollout side's `load_weights` (a LoRA policy's merged). Under
         `fsdp2` every rank must call; rank 0 gets the whole weights, the others an empty dict."""
-        if self.parallel.sharded:
-            return full_weights(self.model)
-        return merged_state_dict(self.model)
+        weights = full_weights(self.model) if self.parallel.sharded else merged_state_dict(self.model)
+        self.last_sync_bytes = sum(t.numel() * t.element_size() for t in weights.values())
+        return weights
+
+    def sync_model(self, model) -> None:
+        """Bring `model` (what a checkpoint is written from) to the learner's weights: one process trains
+        it in place, so only a different copy needs loading."""
+        if model is not self.model:
+            model.load_state_dict(self.model.state_dict())
 
     def training_state(self) -> dict:
         """Counters, schedule and optimizer state; the optimizer's keyed by parameter name and whole (not

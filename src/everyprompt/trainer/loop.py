@@ -9,10 +9,14 @@ One step is the rollout side's batch, the learner's update on it, and the weight
 The two sides share nothing but the `RolloutBatch` and the weights (DESIGN: the two sides of the loop),
 so either can move to another process. The loop also owns the run's counters, the metrics log and the
 checkpoints (both sides' state, the RNG streams and the model, written atomically).
+
+`cluster.backend` picks who builds the two sides (`BACKENDS`): `local`, both in this process; `ray`, the
+rollout workers and the learner ranks as Ray actors (everyprompt.distributed), driven the same way.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import random
 import signal
@@ -23,6 +27,7 @@ import torch
 
 from everyprompt.config import Config
 from everyprompt.data.passrate import PassRateStore
+from everyprompt.distributed.runtime import ClusterError
 from everyprompt.models.lora import apply_lora, is_lora
 from everyprompt.processes import GracefulStop, StopRequested
 from everyprompt.trainer.checkpoint import save_checkpoint
@@ -34,12 +39,34 @@ from everyprompt.trainer.rollout_side import RolloutSide
 log = logging.getLogger(__name__)
 
 
+def local_sides(config: Config, model, tokenizer, prompts, run_dir, store, reference):
+    """Both sides in this process, over `model` (the learner trains it in place); nothing more to close."""
+    learner = Learner(config, model, tokenizer.pad_token_id, reference)
+    return RolloutSide.build(config, model, tokenizer, prompts, run_dir, store), learner, []
+
+
+# cluster.backend -> "module:function" building (rollout side, learner, [what to close after the side's
+# own close]); a backend's module is imported only when it is chosen (Ray is an optional extra)
+BACKENDS = {
+    "local": "everyprompt.trainer.loop:local_sides",
+    "ray": "everyprompt.distributed.backend:ray_sides",
+}
+
+
+def build_sides(config: Config, *args):
+    module, _, name = BACKENDS[config.cluster.backend].partition(":")
+    return getattr(importlib.import_module(module), name)(config, *args)
+
+
 class RLTrainer:
     """Runs `rl.steps` steps of a `RolloutSide` and a `Learner`; logs, evaluates and checkpoints."""
 
-    def __init__(self, config: Config, rollout: RolloutSide, learner: Learner, model, tokenizer, run_dir):
+    def __init__(
+        self, config: Config, rollout: RolloutSide, learner: Learner, model, tokenizer, run_dir, closers=()
+    ):
         self.config, self.rl = config, config.rl
         self.rollout, self.learner = rollout, learner
+        self.closers = list(closers)  # the backend's own resources (actors, a Ray session), closed last
         self.model, self.tokenizer = model, tokenizer  # what a checkpoint saves
         self.run_dir = Path(run_dir)
         self.step = 0
@@ -58,14 +85,13 @@ class RLTrainer:
         reference=None,
         store: PassRateStore | None = None,
     ) -> RLTrainer:
-        """Both sides over `model`: the engine gets its weights, the learner trains it in place (with
-        `model.lora.enabled`, fresh adapters on it unless it carries them already: a resumed run)."""
+        """Both sides over `model`, by `cluster.backend`: the engines get its weights, the learner trains it
+        (with `model.lora.enabled`, fresh adapters on it unless it carries them already: a resumed run)."""
         store = store if store is not None else PassRateStore(ema_decay=config.zve.retirement.ema_decay)
         if config.model.lora.enabled and not is_lora(model):
             model = apply_lora(model, config.model.lora)
-        learner = Learner(config, model, tokenizer.pad_token_id, reference)
-        rollout = RolloutSide.build(config, model, tokenizer, prompts, run_dir, store)
-        return cls(config, rollout, learner, model, tokenizer, run_dir)
+        rollout, learner, closers = build_sides(config, model, tokenizer, prompts, run_dir, store, reference)
+        return cls(config, rollout, learner, model, tokenizer, run_dir, closers)
 
     @property
     def engine(self):
@@ -73,16 +99,23 @@ class RLTrainer:
         return self.rollout.engine
 
     def close(self) -> None:
-        """Stop the rollout side's reward workers (the trainer is not used after this)."""
-        self.rollout.close()
+        """Stop the rollout side's reward workers and the backend's actors (the trainer is not used after
+        this). Safe to call twice."""
+        try:
+            self.rollout.close()
+        finally:
+            while self.closers:
+                self.closers.pop()()
 
     # ------------------------------------------------------------ one step
     def train_step(self) -> dict[str, float]:
         batch = self.rollout.next_batch(self.step)
         metrics = self.learner.update(batch)
         synced = time.perf_counter()
-        self.rollout.load_weights(self.learner.state_dict())
+        weights = self.learner.state_dict()
+        self.rollout.load_weights(weights)
         metrics["time/weight_sync_s"] = time.perf_counter() - synced
+        metrics["sync/bytes"] = float(self.learner.last_sync_bytes)
         self.step += 1
         return {**batch.stats, **self._count(batch), **metrics}
 
@@ -117,12 +150,14 @@ class RLTrainer:
         self.rollout.load_weights(self.learner.state_dict())
 
     def save(self) -> Path:
+        state = self.state_dict()
+        self.learner.sync_model(self.model)  # the checkpoint's copy of the weights: the learner's
         return save_checkpoint(
             self.run_dir,
             f"step_{self.step}",
             self.model,
             self.tokenizer,
-            self.state_dict(),
+            state,
             keep_last=self.config.checkpoint.keep_last,
             merged=self.config.model.lora.save_merged,
         )
@@ -180,6 +215,10 @@ class RLTrainer:
             metrics = self.train_step()
         except NumericsError as err:
             raise NumericsError(f"{err}. The last good state is {self._last_checkpoint()}") from None
+        except ClusterError as err:  # a learner rank lost: the others were stopped, nothing waits on them
+            raise type(err)(
+                f"{err}; the run stopped. The last good state is {self._last_checkpoint()}"
+            ) from None
         every = self.config.eval.every
         if evaluate_fn is not None and every and self.step % every == 0 and not self.finished:
             metrics.update({f"eval/{k}": v for k, v in evaluate_fn(self.engine).items()})

@@ -53,7 +53,8 @@ class _Tally:
                 self.components.setdefault(name, []).append(value)
 
     def metrics(self) -> dict[str, float]:
-        """rollout/* throughput over the calls and each reward component's mean (reward/<name>)."""
+        """rollout/* throughput over the calls, each reward component's mean (reward/<name>), and the sum of
+        any namespaced figure the engine reports (such as cluster/actor_restarts)."""
         out = {
             f"reward/{name}": statistics.fmean(v for v in values if v is not None)
             if any(v is not None for v in values)
@@ -61,6 +62,10 @@ class _Tally:
             for name, values in self.components.items()
         }
         calls = self.engine_calls
+        for call in calls:  # namespaced figures an engine adds (cluster/*): summed over the step's calls
+            for key, value in call.items():
+                if "/" in key:
+                    out[key] = out.get(key, 0.0) + value
         if calls:
             steps = max(sum(c["decode_steps"] for c in calls), 1)
             wall = sum(c["wall_s"] for c in calls)
@@ -247,11 +252,13 @@ class RolloutSide:
     def _sample(self, step: int, specs: list[tuple[int, int, int]], params, tally: _Tally) -> list:
         """One completion per (prompt index, group slot, sample number) spec: [((Completion, text), reward)]."""
         seed = self.config.seed
+        predicted = [self.lengths.predict(self.prompts[i]["prompt"], self._bucket(i)) for i, _, _ in specs]
         requests = [
-            GenerationRequest(i, self.prompt_ids[index], derive_seed(seed, step, slot, s))
+            GenerationRequest(
+                i, self.prompt_ids[index], derive_seed(seed, step, slot, s), predicted_length=predicted[i]
+            )
             for i, (index, slot, s) in enumerate(specs)
         ]
-        predicted = [self.lengths.predict(self.prompts[i]["prompt"], self._bucket(i)) for i, _, _ in specs]
         order = admission_order(predicted, self.config.rollout.schedule)
         rows = [self._reward_rows[index] for index, _, _ in specs]
         scored = sample_and_score(

@@ -1,0 +1,182 @@
+"""Learner ranks as Ray actors: one torch.distributed group (gloo on CPU, NCCL on GPU), driven as one
+learner.
+
+Each rank rebuilds the policy from its recipe and runs `Learner.update` on the same batch, taking its
+share of the micro-batches (`trainer/data_parallel.py`); the update equals one process's. Rank 0's
+figures are the step's. Weights for the rollout workers are put in Ray's object store by rank 0 and
+reach the workers without passing through the driver. A checkpoint is gathered from rank 0 (whole
+weights, optimizer state keyed by parameter name) and written by the driver in the local backend's format,
+so a run resumes on any number of ranks.
+
+A rank that dies ends the run: the driver does not wait on the others (they would wait in a collective
+forever); every rank is killed and the caller is told how to resume.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+
+import torch
+
+from everyprompt.distributed.recipes import ModelRecipe
+from everyprompt.distributed.runtime import ClusterError, actor_options, require_ray
+
+
+class LearnerRankLost(ClusterError):
+    """A learner rank died; the run cannot go on (the caller adds how to resume)."""
+
+
+class LearnerRank:
+    """One rank: a policy rebuilt from its recipe, in the group's `Learner`."""
+
+    def __init__(self, rank: int, world: int, threads: int):
+        from everyprompt.pipeline import quiet_libraries
+
+        quiet_libraries()
+        torch.set_num_threads(max(1, threads))
+        self.rank, self.world = rank, world
+        self.learner = None
+
+    def address(self) -> tuple[str, int]:
+        """Where rank 0 listens for the group: this node's address and a free port."""
+        host = require_ray().util.get_node_ip_address()
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            return host, probe.getsockname()[1]
+
+    def start(self, host: str, port: int, config, recipe: ModelRecipe, pad_id: int, reference) -> bool:
+        import torch.distributed as dist
+
+        from everyprompt.models.experts import select_moe_kernel
+        from everyprompt.models.precision import enable_gradient_checkpointing
+        from everyprompt.trainer.data_parallel import DataParallel
+        from everyprompt.trainer.learner import Learner
+
+        os.environ.update(MASTER_ADDR=host, MASTER_PORT=str(port))
+        backend = "nccl" if torch.cuda.is_available() and config.cluster.num_gpus > 0 else "gloo"
+        dist.init_process_group(
+            backend, rank=self.rank, world_size=self.world, timeout=datetime.timedelta(minutes=30)
+        )
+        ray = require_ray()
+        model = recipe.build(ray.get(recipe.weights) if not isinstance(recipe.weights, dict) else None)
+        select_moe_kernel(model, config.model.moe_kernel)
+        if config.model.gradient_checkpointing:
+            enable_gradient_checkpointing(model)
+        if reference is not None:
+            reference = reference.build(
+                ray.get(reference.weights) if not isinstance(reference.weights, dict) else None
+            )
+        self.learner = Learner(
+            config, model, pad_id, reference, DataParallel(config.cluster.trainer_sharding)
+        )
+        return True
+
+    def update(self, batch) -> dict[str, float]:
+        return self.learner.update(batch)
+
+    def engine_weights(self):
+        """Rank 0: (a reference to the policy's weights for the engines, their size in bytes)."""
+        weights = self.learner.state_dict()
+        if self.rank != 0:
+            return None, 0
+        size = sum(t.numel() * t.element_size() for t in weights.values())
+        return require_ray().put(weights), size
+
+    def model_weights(self) -> dict[str, torch.Tensor]:
+        """The policy's own state dict (a LoRA policy's adapters unmerged), whole, on rank 0."""
+        if self.learner.parallel.sharded:
+            from everyprompt.trainer.checkpoint import full_weights
+
+            return full_weights(self.learner.model)
+        return self.learner.model.state_dict() if self.rank == 0 else {}
+
+    def training_state(self) -> dict:
+        return self.learner.training_state()
+
+    def load_training_state(self, state: dict) -> None:
+        self.learner.load_training_state(state)
+
+    def version(self) -> int:
+        return self.learner.version
+
+
+class RankedLearner:
+    """The learner of the Ray backend: `cluster.trainer_ranks` ranks, used as the loop uses a `Learner`."""
+
+    def __init__(self, config, model, pad_token_id: int, reference=None):
+        self.ray = require_ray()
+        self.config = config
+        cluster = config.cluster
+        world = cluster.trainer_ranks
+        actor = self.ray.remote(LearnerRank).options(**actor_options(cluster))
+        self.ranks = [actor.remote(rank, world, max(1, int(cluster.num_cpus))) for rank in range(world)]
+        host, port = self._all([self.ranks[0].address.remote()], "start", cluster.start_timeout_s)[0]
+        recipe = ModelRecipe.of(model, config.model.lora if config.model.lora.enabled else None)
+        recipe.weights = self.ray.put(recipe.weights)
+        if reference is not None:
+            reference = ModelRecipe.plain(reference)
+            reference.weights = self.ray.put(reference.weights)
+        started = [r.start.remote(host, port, config, recipe, pad_token_id, reference) for r in self.ranks]
+        self._all(started, "start", cluster.start_timeout_s)
+        self.version = 0
+        self.last_sync_bytes = 0
+
+    # ------------------------------------------------------------ the loop's learner
+    def update(self, batch) -> dict[str, float]:
+        metrics = self._all([r.update.remote(batch) for r in self.ranks], "update")[0]
+        self.version += 1
+        return metrics
+
+    def state_dict(self):
+        """A reference to the policy's weights in Ray's object store (the rollout workers read it)."""
+        ref, self.last_sync_bytes = self._all([r.engine_weights.remote() for r in self.ranks], "weight sync")[
+            0
+        ]
+        return ref
+
+    def training_state(self) -> dict:
+        return self._all([r.training_state.remote() for r in self.ranks], "checkpoint")[0]
+
+    def load_training_state(self, state: dict) -> None:
+        ref = self.ray.put(state)
+        self._all([r.load_training_state.remote(ref) for r in self.ranks], "resume")
+        self.version = state["version"]
+
+    def sync_model(self, model) -> None:
+        """Bring `model` (the driver's copy, which checkpoints are written from) to the ranks' weights."""
+        weights = self._all([r.model_weights.remote() for r in self.ranks], "checkpoint")[0]
+        model.load_state_dict(weights)
+
+    def close(self) -> None:
+        for rank in self.ranks:
+            self.ray.kill(rank)
+        self.ranks = []
+
+    # ------------------------------------------------------------ every rank, or none
+    def _all(self, refs: list, what: str, timeout: float | None = None) -> list:
+        """Every rank's result of one call, in rank order; the first failure kills every rank and raises
+        (a rank left waiting in a collective would never return)."""
+        pending = list(refs)
+        while pending:
+            ready, pending = self.ray.wait(pending, num_returns=1, timeout=timeout)
+            if not ready:
+                self.close()
+                raise ClusterError(
+                    f"the learner ranks did not {what} within cluster.start_timeout_s={timeout:g} s (not enough "
+                    "free resources for cluster.num_cpus / cluster.num_gpus per actor?)"
+                )
+            try:
+                self.ray.get(ready[0])
+            except self.ray.exceptions.RayActorError as err:
+                rank = refs.index(ready[0])
+                self.close()
+                why = str(err).strip().splitlines()[-1]  # Ray's last line says how it died
+                raise LearnerRankLost(
+                    f"learner rank {rank} of {len(refs)} died during {what} ({why})"
+                ) from None
+            except self.ray.exceptions.RayTaskError as err:
+                self.close()
+                raise err.as_instanceof_cause() from None
+        return self.ray.get(refs)

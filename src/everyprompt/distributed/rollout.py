@@ -1,0 +1,176 @@
+"""Rollout workers as Ray actors, driven as one `RolloutEngine`.
+
+`RayEngine.generate` deals the requests to the workers by predicted length, longest first, each to the
+least-loaded worker (`rollout.scheduler.assign_lpt`), and yields their completions as they stream back, so
+the rollout side scores each one while the others decode, exactly as with one engine. The rollout side
+assembles its batch by request id, and every request samples from its own seed, so the batch does not
+depend on how many workers ran it or which ran what.
+
+A worker that dies mid-call is replaced by a new one (built from the latest weights) and its requests
+that had not come back are sent to it again; `cluster/actor_restarts` counts the replacements.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from everyprompt.distributed.recipes import ModelRecipe
+from everyprompt.distributed.runtime import ClusterError, actor_options, require_ray
+from everyprompt.rollout import GenerationRequest, SamplingParams, build_engine
+from everyprompt.rollout.scheduler import assign_lpt
+
+log = logging.getLogger(__name__)
+
+MAX_RESTARTS_PER_CALL = 3  # replacements of one worker within one generate call before the run stops
+
+
+@dataclass
+class _CallDone:
+    """A worker's last item of a generate call: its engine's figures."""
+
+    stats: dict[str, float]
+
+
+class RolloutWorker:
+    """One engine (built by the engine factory) over a model rebuilt from a recipe."""
+
+    def __init__(self, recipe: ModelRecipe, tokenizer, rollout_config, threads: int):
+        from everyprompt.pipeline import quiet_libraries
+
+        quiet_libraries()
+        torch.set_num_threads(max(1, threads))
+        weights = recipe.weights
+        if not isinstance(weights, dict):  # a reference inside the recipe: Ray does not resolve it
+            weights = require_ray().get(weights)
+        self.engine = build_engine(rollout_config, recipe.build(weights), tokenizer)
+
+    def ready(self) -> bool:
+        return bool(self.engine.can_record_routes)
+
+    def generate(self, requests: list[GenerationRequest], params: SamplingParams):
+        yield from self.engine.generate(requests, params)
+        yield _CallDone(dict(self.engine.stats))
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        self.engine.load_weights(state_dict)
+
+
+class RayEngine:
+    """`cluster.rollout_workers` rollout workers behind the `RolloutEngine` protocol."""
+
+    def __init__(self, config, model, tokenizer):
+        self.ray = require_ray()
+        self.config, self.tokenizer = config, tokenizer
+        recipe = ModelRecipe.plain(model)
+        recipe.weights = self.ray.put(recipe.weights)
+        self.recipe = recipe
+        self.stats: dict[str, float] = {}
+        self.restarts = 0  # workers replaced so far in this run
+        self.workers = [self._spawn() for _ in range(config.cluster.rollout_workers)]
+        self.can_record_routes = self._await_ready(self.workers)
+
+    def _spawn(self):
+        cluster = self.config.cluster
+        actor = self.ray.remote(RolloutWorker).options(**actor_options(cluster, max_concurrency=2))
+        return actor.remote(self.recipe, self.tokenizer, self.config.rollout, max(1, int(cluster.num_cpus)))
+
+    def _await_ready(self, workers) -> bool:
+        refs = [worker.ready.remote() for worker in workers]
+        ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=self.config.cluster.start_timeout_s)
+        if len(ready) < len(refs):
+            raise ClusterError(
+                f"{len(refs) - len(ready)} of {len(refs)} rollout workers did not start within "
+                f"cluster.start_timeout_s={self.config.cluster.start_timeout_s:g} s (not enough free "
+                "resources for cluster.num_cpus / cluster.num_gpus per actor?)"
+            )
+        return all(self.ray.get(refs))
+
+    def load_weights(self, weights) -> None:
+        """Every worker takes the learner's weights: a state dict, or a reference to one in Ray's object
+        store (put once, read by each worker without passing through this process)."""
+        ref = weights if isinstance(weights, self.ray.ObjectRef) else self.ray.put(weights)
+        self.recipe.weights = ref  # what a replacement worker starts from
+        self.ray.get([worker.load_weights.remote(ref) for worker in self.workers])
+
+    def close(self) -> None:
+        for worker in self.workers:
+            self.ray.kill(worker)
+        self.workers = []
+
+    # ------------------------------------------------------------ one call
+    def generate(self, requests, params: SamplingParams):
+        requests = list(requests)
+        began = time.perf_counter()
+        guesses = [
+            r.predicted_length if r.predicted_length is not None else params.max_new_tokens for r in requests
+        ]
+        plan = assign_lpt(guesses, len(self.workers))
+        owed = {w: [requests[i] for i in jobs] for w, jobs in enumerate(plan) if jobs}  # in assigned order
+        streams = {self._submit(w, owed[w], params): w for w in owed}
+        calls: list[dict[str, float]] = []
+        replaced = {w: 0 for w in owed}
+        while streams:
+            ready, _ = self.ray.wait(list(streams), num_returns=1)
+            stream = ready[0]
+            worker = streams[stream]
+            try:
+                item = self.ray.get(next(stream))
+            except StopIteration:
+                del streams[stream]
+                continue
+            except (self.ray.exceptions.RayActorError, self.ray.exceptions.ObjectLostError) as err:
+                del streams[stream]
+                replaced[worker] += 1
+                streams[self._replace(worker, owed[worker], params, replaced[worker], err)] = worker
+                continue
+            if isinstance(item, _CallDone):
+                calls.append(item.stats)
+                continue
+            owed[worker] = [r for r in owed[worker] if r.request_id != item.request_id]
+            yield item
+        self.stats = self._merge(calls, time.perf_counter() - began, sum(replaced.values()))
+
+    def _submit(self, worker: int, requests: list[GenerationRequest], params: SamplingParams):
+        return self.workers[worker].generate.options(num_returns="streaming").remote(requests, params)
+
+    def _replace(self, worker: int, unfinished, params, times: int, err: Exception):
+        """A new worker in place of dead worker `worker`, given the requests it had not returned."""
+        if times > MAX_RESTARTS_PER_CALL:
+            raise ClusterError(
+                f"rollout worker {worker} died {times} times in one generate call; last: {err}"
+            ) from None
+        log.warning(
+            "rollout worker %d died (%s); replacing it and re-queueing its %d unfinished requests",
+            worker,
+            type(err).__name__,
+            len(unfinished),
+        )
+        self.ray.kill(self.workers[worker])
+        self.workers[worker] = self._spawn()
+        self._await_ready([self.workers[worker]])
+        self.restarts += 1
+        return self._submit(worker, unfinished, params)
+
+    @staticmethod
+    def _merge(calls: list[dict[str, float]], wall: float, restarts: int) -> dict[str, float]:
+        """One call's figures over the workers: tokens summed, per-step figures weighted by decode steps,
+        throughput over this process's wall time."""
+        tokens = sum(c.get("tokens", 0.0) for c in calls)
+        steps = sum(c.get("decode_steps", 0.0) for c in calls)
+        weighted = lambda key: (
+            sum(c.get(key, 0.0) * c.get("decode_steps", 0.0) for c in calls) / max(steps, 1.0)
+        )  # noqa: E731
+        return {
+            "tokens": tokens,
+            "tokens_per_s": tokens / wall if wall > 0 else 0.0,
+            "slot_occupancy": weighted("slot_occupancy"),
+            "decode_step_ms": weighted("decode_step_ms"),
+            "decode_steps": steps,
+            "wall_s": wall,
+            "workers": float(len(calls)),
+            "cluster/actor_restarts": float(restarts),
+        }

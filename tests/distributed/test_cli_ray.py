@@ -1,0 +1,93 @@
+"""`everyprompt train ... cluster.backend=ray` from the command line: it runs, and a run killed with SIGKILL
+leaves no process behind (its local Ray instance included); without Ray installed, a clear error."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from everyprompt.cli import main
+from everyprompt.distributed.runtime import require_ray
+from tests.conftest import TINY_OVERRIDES
+
+RAY_RUN = (
+    *TINY_OVERRIDES,
+    "sft.steps=0",
+    "cluster.backend=ray",
+    "cluster.rollout_workers=2",
+    "cluster.trainer_ranks=2",
+)
+
+
+def _ray_processes() -> set[int]:
+    """Processes of any Ray node (marked in their environment) and Ray's own servers."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            comm = (entry / "comm").read_text().strip()
+        except OSError:
+            continue
+        if b"RAY_NODE_ID=" in environ or comm in ("raylet", "gcs_server"):
+            found.add(int(entry.name))
+    return found
+
+
+def _alive(pids: set[int]) -> set[int]:
+    out = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            out.add(pid)
+    return out
+
+
+def test_a_killed_ray_run_leaves_nothing_running(tmp_path):
+    before = _ray_processes()  # another test's Ray instance may be up: only new processes count
+    run = tmp_path / "run"
+    command = [
+        sys.executable,
+        "-m",
+        "everyprompt.cli",
+        "train",
+        *RAY_RUN,
+        "rl.steps=200",
+        "--run-dir",
+        str(run),
+    ]
+    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 180
+        while not ((run / "metrics.jsonl").is_file() and (run / "metrics.jsonl").read_text().strip()):
+            assert child.poll() is None, child.stderr.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "the Ray run logged no step in 180 s"
+            time.sleep(0.5)
+        started = _ray_processes() - before
+        assert started, "the run started no Ray process"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    deadline = time.monotonic() + 30
+    while _alive(started) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _alive(started) == set(), f"left running after SIGKILL: {sorted(_alive(started))}"
+
+
+def test_backend_ray_without_ray_installed_is_a_config_error(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails as if it were not installed
+    with pytest.raises(Exception, match=r"cluster.backend.*pip install 'everyprompt\[ray\]'"):
+        require_ray()
+    assert main(["train", *RAY_RUN, "--run-dir", str(tmp_path)]) == 2
+    assert "pip install 'everyprompt[ray]'" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "checkpoints")

@@ -1,0 +1,98 @@
+"""The Ray backend trains as the local one: 2 learner ranks (gloo) equal one process, a 2-rank checkpoint
+resumes on 1 rank exactly, a lost rank stops the run with the resume command, nothing is left running."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+
+from everyprompt.distributed.runtime import ClusterError
+from everyprompt.models.io import load_pretrained
+from everyprompt.pipeline import Run, train
+from tests.conftest import tiny_config
+from tests.distributed.conftest import actor_processes
+
+# rewards that vary within groups, so that every step moves the weights; SFT off (RL from the preset)
+SETTINGS = (
+    "sft.steps=0",
+    "rl.steps=3",
+    "rl.prompts_per_step=4",
+    "rl.group_size=4",
+    "rl.micro_batch_size=3",
+    "rl.lr=1e-2",
+    "rewards.function=tests.trainer.flaky_reward:parity",
+    "rewards.workers=0",
+    "eval.num_samples=1",
+    "eval.pass_k=1",
+    "cluster.num_cpus=0.5",
+)
+RAY = ("cluster.backend=ray", "cluster.trainer_ranks=2")
+
+
+def _weights(run_dir) -> dict[str, torch.Tensor]:
+    """The run's last checkpoint's weights, as loaded for training."""
+    return load_pretrained(run_dir / "checkpoints" / "latest")[0].state_dict()
+
+
+def _assert_close(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=0, atol=1e-5, msg=key)
+
+
+def _losses(run_dir) -> list[float]:
+    return [json.loads(line)["loss/policy"] for line in (run_dir / "metrics.jsonl").open()]
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("local")
+    train(tiny_config(*SETTINGS), run_dir=run_dir)
+    return run_dir
+
+
+@pytest.mark.parametrize("sharding", ["ddp", pytest.param("fsdp2", marks=pytest.mark.slow)])
+def test_two_learner_ranks_train_as_one_process(ray_instance, local_run, tmp_path, sharding):
+    train(tiny_config(*SETTINGS, *RAY, f"cluster.trainer_sharding={sharding}"), run_dir=tmp_path)
+    start = Run(tiny_config(*SETTINGS), tmp_path / "start").warm_started_model()[0].state_dict()
+    final = _weights(local_run)
+    assert sum(not torch.equal(final[k], start[k]) for k in final) > len(final) // 2  # the runs learned
+    _assert_close(final, _weights(tmp_path))
+    assert _losses(tmp_path) == pytest.approx(_losses(local_run), rel=1e-4, abs=1e-6)
+    metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
+    assert all(m["sync/bytes"] > 0 and m["time/weight_sync_s"] > 0 for m in metrics)
+    assert all(m["cluster/actor_restarts"] == 0 for m in metrics)
+
+
+def test_a_two_rank_checkpoint_resumes_on_one_process_exactly(ray_instance, local_run, tmp_path):
+    train(tiny_config(*SETTINGS, *RAY, "rl.steps=2"), run_dir=tmp_path)
+    train(tiny_config(*SETTINGS), run_dir=tmp_path, resume=True)  # local backend, one rank, step 3
+    _assert_close(_weights(local_run), _weights(tmp_path))
+    assert _losses(tmp_path) == pytest.approx(_losses(local_run), rel=1e-4, abs=1e-6)
+
+
+def test_a_lost_learner_rank_stops_the_run_with_the_resume_command(ray_instance, tmp_path):
+    run = Run(tiny_config(*SETTINGS, *RAY), tmp_path)
+    trainer = run.trainer()
+    try:
+        trainer.train_step()
+        trainer.save()
+        ray_instance.kill(trainer.learner.ranks[1])
+        started = time.monotonic()
+        with pytest.raises(
+            ClusterError, match=r"(?s)learner rank 1 of 2 died during update.*everyprompt train --resume"
+        ):
+            trainer.train()
+        assert time.monotonic() - started < 60  # stopped, not left waiting in a collective
+        assert trainer.learner.ranks == []  # the surviving rank was stopped too
+    finally:
+        trainer.close()
+    deadline = time.monotonic() + 10
+    while (
+        actor_processes("LearnerRank") or actor_processes("RolloutWorker")
+    ) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert actor_processes("LearnerRank") == [] and actor_processes("RolloutWorker") == []
