@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from everyprompt.config import Config, ConfigError, load_config
+from everyprompt.distributed.runtime import ClusterError
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1

@@ -161,9 +161,10 @@ class RayEngine:
         throughput over this process's wall time."""
         tokens = sum(c.get("tokens", 0.0) for c in calls)
         steps = sum(c.get("decode_steps", 0.0) for c in calls)
-        weighted = lambda key: (
-            sum(c.get(key, 0.0) * c.get("decode_steps", 0.0) for c in calls) / max(steps, 1.0)
-        )  # noqa: E731
+
+        def weighted(key: str) -> float:
+            return sum(c.get(key, 0.0) * c.get("decode_steps", 0.0) for c in calls) / max(steps, 1.0)
+
         return {
             "tokens": tokens,
             "tokens_per_s": tokens / wall if wall > 0 else 0.0,
