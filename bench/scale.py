@@ -90,7 +90,9 @@ def project(base: dict, ray_one: dict, workers: int, ranks: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--sft-steps", type=int, default=240)
@@ -144,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{f['weight_sync_s']:7.3f} {f['sync_bytes'] / 1e6:8.2f}"
         )
     if "ray_overhead_s" in payload:
-        print(f"Ray's overhead per step (1 worker + 1 rank vs one process, 1 thread): {payload['ray_overhead_s']:.2f} s")
+        print(
+            f"Ray's overhead per step (1 worker + 1 rank vs one process, 1 thread): {payload['ray_overhead_s']:.2f} s"
+        )
         for name, value in payload["projection_step_s"].items():
             print(f"projected step, {name}: {value:.2f} s")
     return 0

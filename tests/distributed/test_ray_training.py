@@ -32,9 +32,9 @@ SETTINGS = (
 RAY = ("cluster.backend=ray", "cluster.trainer_ranks=2")
 
 
-def _weights(run_dir) -> dict[str, torch.Tensor]:
-    """The run's last checkpoint's weights, as loaded for training."""
-    return load_pretrained(run_dir / "checkpoints" / "latest")[0].state_dict()
+def _weights(run_dir, part: str = "") -> dict[str, torch.Tensor]:
+    """The run's last checkpoint's weights (`part`: a folder of it, such as a LoRA run's merged/)."""
+    return load_pretrained(run_dir / "checkpoints" / "latest" / part)[0].state_dict()
 
 
 def _assert_close(a: dict, b: dict) -> None:
@@ -67,9 +67,16 @@ def test_two_learner_ranks_train_as_one_process(ray_instance, local_run, tmp_pat
     assert all(m["cluster/actor_restarts"] == 0 for m in metrics)
 
 
-def test_a_two_rank_checkpoint_resumes_on_one_process_exactly(ray_instance, local_run, tmp_path):
-    train(tiny_config(*SETTINGS, *RAY, "rl.steps=2"), run_dir=tmp_path)
-    train(tiny_config(*SETTINGS), run_dir=tmp_path, resume=True)  # local backend, one rank, step 3
+@pytest.mark.parametrize(
+    "resumed_on",
+    [
+        pytest.param((), id="one-process"),
+        pytest.param((*RAY, "cluster.trainer_sharding=fsdp2"), id="two-fsdp2-ranks", marks=pytest.mark.slow),
+    ],
+)
+def test_a_two_rank_checkpoint_resumes_exactly(ray_instance, local_run, tmp_path, resumed_on):
+    train(tiny_config(*SETTINGS, *RAY, "rl.steps=2"), run_dir=tmp_path)  # ddp, 2 ranks, steps 1-2
+    train(tiny_config(*SETTINGS, *resumed_on), run_dir=tmp_path, resume=True)  # step 3
     _assert_close(_weights(local_run), _weights(tmp_path))
     assert _losses(tmp_path) == pytest.approx(_losses(local_run), rel=1e-4, abs=1e-6)
 
@@ -96,3 +103,21 @@ def test_a_lost_learner_rank_stops_the_run_with_the_resume_command(ray_instance,
     ) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert actor_processes("LearnerRank") == [] and actor_processes("RolloutWorker") == []
+
+
+LORA = (
+    "model.lora.enabled=true",
+    "model.lora.r=4",
+    'model.lora.target_modules=["q_proj","o_proj"]',
+    "model.lora.save_merged=true",
+)
+
+
+@pytest.mark.parametrize("sharding", ["ddp", pytest.param("fsdp2", marks=pytest.mark.slow)])
+def test_a_lora_policy_trains_on_two_ranks_as_in_one_process(ray_instance, tmp_path, sharding):
+    """The ranks rebuild the adapters from the recipe, the engines get merged weights from rank 0."""
+    train(tiny_config(*SETTINGS, *LORA, "rl.steps=2"), run_dir=tmp_path / "local")
+    ray = (*RAY, f"cluster.trainer_sharding={sharding}")
+    train(tiny_config(*SETTINGS, *LORA, *ray, "rl.steps=2"), run_dir=tmp_path / "ray")
+    _assert_close(_weights(tmp_path / "local", "merged"), _weights(tmp_path / "ray", "merged"))
+    assert _losses(tmp_path / "ray") == pytest.approx(_losses(tmp_path / "local"), rel=1e-4, abs=1e-6)

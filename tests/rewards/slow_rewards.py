@@ -22,6 +22,14 @@ def crash_on_x(completions, **_):
     return [float(len(c)) for c in completions]
 
 
+def die_once(completions, marker, **_):
+    """Kills its own process the first time it runs (marker file absent), as the OOM killer would."""
+    if not os.path.exists(marker[0]):
+        open(marker[0], "w").close()
+        os._exit(9)
+    return [float(len(c)) for c in completions]
+
+
 def raise_on_x(completions, **_):
     if any("x" in c for c in completions):
         raise ValueError("cannot score this")

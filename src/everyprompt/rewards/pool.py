@@ -5,7 +5,9 @@ A worker is sent up to `batch_size` waiting completions per call (the reward fun
 `batch_size` attribute by default, 1 without one: a judge model decodes a batch at once). Each call has a
 time limit: a worker that hangs past `timeout_s` or dies (a crash, a segfault in a native verifier) is
 killed and replaced, and its completions get reward None and a counted error; the run never waits on it.
-A reward with a `prepare()` method (a judge loading its model) runs it once per worker before its first
+A worker that crashes (dies, not a timeout) may have died of something else than its completions (killed
+by the kernel's OOM killer, a lost machine): its completions are sent once more, to the new worker, and
+score None only if they crash that one too. A reward with a `prepare()` method (a judge loading its model) runs it once per worker before its first
 call, under its own limit `load_timeout_s`, not the per-call one; a reward that cannot load stops the run
 (`wait` raises RewardError) rather than being retried forever. A row that cannot be scored (the function raises, returns a non-number or the wrong number of
 values) gets None and a `RewardFailure`; `take_failures()` hands them to the caller, which reports each
@@ -204,6 +206,8 @@ class _Dispatcher:
         self.failures: list[RewardFailure] = []  # since the pool's last take_failures()
         self.done = threading.Condition()
         self.tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self.backlog: deque = deque()  # tasks waiting for a free worker (the dispatcher thread's)
+        self.retried: set = set()  # keys sent again after their worker crashed (not sent a third time)
         # a byte per submitted task wakes the dispatcher, which otherwise sleeps until a worker answers
         # or the earliest call's deadline (no polling: on a small machine it would slow the engine)
         self.wake_read, self.wake_write = os.pipe() if workers else (-1, -1)
@@ -247,7 +251,9 @@ class _Dispatcher:
             self.stats.errors += len(failures)
             self.failures.extend(failures)
 
-    def replace(self, index: int, why: str) -> None:
+    def replace(self, index: int, why: str, retry: bool = False) -> None:
+        """A new worker in place of worker `index`. Its unfinished tasks score None with a failure, or, with
+        `retry` (it crashed), go back to the head of the queue once."""
         worker = self.workers[index]
         worker.process.kill()
         worker.process.join()
@@ -255,8 +261,14 @@ class _Dispatcher:
         self.stats.restarts += 1
         self.workers[index] = self.start()
         failure = RewardFailure(f"reward call {why}; the worker was replaced")
-        for key, _, _ in worker.tasks or []:
-            self.finish(key, (None, None), [failure])
+        tasks = worker.tasks or []
+        again = [task for task in tasks if retry and task[0] not in self.retried]
+        for task in reversed(again):
+            self.retried.add(task[0])
+            self.backlog.appendleft(task)
+        for task in tasks:
+            if not (retry and task in again):
+                self.finish(task[0], (None, None), [failure])
 
     def give_up(self, why: str) -> None:
         """The reward cannot run: every waiter is woken to raise RewardError(why)."""
@@ -274,7 +286,7 @@ class _Dispatcher:
             os.write(self.wake_write, b"x")
 
     def run(self) -> None:
-        backlog: deque = deque()
+        backlog = self.backlog
         try:
             while True:
                 try:
@@ -318,7 +330,7 @@ class _Dispatcher:
                     scored, failures = worker.conn.recv()
                 except (EOFError, OSError):
                     self.stats.crashes += 1
-                    self.replace(index, f"crashed (exit code {worker.process.exitcode})")
+                    self.replace(index, f"crashed (exit code {worker.process.exitcode})", retry=True)
                     continue
                 if not worker.ready:  # its first message: loaded, or why it could not
                     if scored == FAILED:
@@ -331,7 +343,7 @@ class _Dispatcher:
                 self.record_failures(failures)
             elif not worker.process.is_alive():
                 self.stats.crashes += 1
-                self.replace(index, f"crashed (exit code {worker.process.exitcode})")
+                self.replace(index, f"crashed (exit code {worker.process.exitcode})", retry=True)
             elif now > self.deadline(worker):
                 if not worker.ready:
                     self.give_up(

@@ -1,16 +1,17 @@
 """The learner's data-parallel group: which micro-batches this rank runs, and what the ranks reduce.
 
 Every rank holds the same `RolloutBatch` and computes the same advantages and the same mini-batch order;
-each mini-batch is cut into the micro-batches a single process would run, and rank r runs micro-batches
-r, r + W, r + 2W, ... of a group of W ranks. Each micro-batch's loss is already divided by the whole
-mini-batch's token (or sequence) count, so the sum of the ranks' gradients is the single-process gradient:
+rank r of W takes the r-th of W contiguous shares of each mini-batch's rows and cuts it into micro-batches.
+Each micro-batch's loss is already divided by the whole mini-batch's token (or sequence) count, and every
+loss is a sum over rows, so the sum of the ranks' gradients is the single-process gradient (up to the
+order of floating-point sums):
 
 - `ddp`: every rank holds the whole model; after its micro-batches the gradients are summed across ranks
   in one flat all-reduce (a gradient no rank produced stays None, as in one process, so AdamW skips it
   exactly as it would there).
 - `fsdp2`: parameters, gradients and optimizer state are sharded with torch's `fully_shard`; each backward
   reduce-scatters (summing: the divide factor is 1). Its forwards are collective, so every rank runs the
-  same number of passes: a rank with fewer micro-batches runs a zero-weighted one.
+  same number of passes: a rank with fewer micro-batches runs zero-weighted ones.
 
 One process is rank 0 of a group of 1, and every method is then the identity.
 """
@@ -61,18 +62,22 @@ class DataParallel:
         return model
 
     # ------------------------------------------------------------ the work
-    def micro_batches(self, rows: Sequence[int], size: int) -> list[tuple[int, list[int] | None]]:
-        """This rank's `(index, rows)` micro-batches of `rows`: those a single process would run, dealt
-        round-robin. Under `fsdp2`, padded with `(-1, None)` to the same count on every rank (a rank runs
-        those on its first micro-batch's rows with zero weight, or on the first of `rows` if it has none)."""
-        chunks = [list(rows[start : start + size]) for start in range(0, len(rows), size)]
-        mine: list[tuple[int, list[int] | None]] = [
-            (index, chunks[index]) for index in range(self.rank, len(chunks), self.world)
+    def micro_batches(self, rows: Sequence[int], size: int) -> list[tuple[tuple[int, int], list[int] | None]]:
+        """This rank's micro-batches of `rows`: its contiguous share of them (ranks' shares differ by at most
+        one row) cut into micro-batches of `size`, each with its place `(rank, number)` in the whole
+        (`in_order` puts the ranks' pieces back in `rows` order). Under `fsdp2`, padded with `(key, None)`
+        to the same count on every rank: run those on any rows with zero weight."""
+        share, extra = divmod(len(rows), self.world)
+        begin = self.rank * share + min(self.rank, extra)
+        mine = list(rows[begin : begin + share + (self.rank < extra)])
+        chunks: list[tuple[tuple[int, int], list[int] | None]] = [
+            ((self.rank, number), mine[start : start + size])
+            for number, start in enumerate(range(0, len(mine), size))
         ]
         if self.sharded:
-            rounds = -(-len(chunks) // self.world)
-            mine += [(-1, None)] * (rounds - len(mine))
-        return mine
+            rounds = -(-(share + (extra > 0)) // size)  # the largest share's micro-batches
+            chunks += [((self.rank, len(chunks) + n), None) for n in range(rounds - len(chunks))]
+        return chunks
 
     # ------------------------------------------------------------ reductions
     def reduce_gradients(self, model: torch.nn.Module) -> None:
@@ -120,8 +125,8 @@ class DataParallel:
         dist.all_gather_object(out, item)
         return out
 
-    def in_order(self, pieces: list[tuple[int, list]]) -> list:
-        """The ranks' `(micro-batch index, values)` pieces, gathered and concatenated in micro-batch order:
-        the lists a single process would have built."""
+    def in_order(self, pieces: list[tuple[tuple[int, int], list]]) -> list:
+        """The ranks' `(micro-batch key, values)` pieces, gathered and concatenated in the keys' order: the
+        lists a single process would have built."""
         every = sorted((piece for part in self.gather(pieces) for piece in part), key=lambda p: p[0])
         return [value for _, values in every for value in values]

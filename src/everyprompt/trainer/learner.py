@@ -84,6 +84,11 @@ class Learner:
         self.base_as_reference = self.rl.kl.estimator is not None and is_lora(model)
         if self.rl.kl.estimator is not None and not self.base_as_reference:
             self.reference = (reference or copy.deepcopy(model)).eval().requires_grad_(False)
+        # fsdp2 with LoRA: rank 0 keeps an unsharded copy, into which the gathered weights are loaded to
+        # merge the adapters for the engines (peft merges modules, not a state dict)
+        self._merge_copy = None
+        if self.parallel.sharded and is_lora(model) and self.parallel.rank == 0:
+            self._merge_copy = copy.deepcopy(model).requires_grad_(False)
         self.model = self.parallel.shard(model)  # fsdp2: sharded in place, before the optimizer sees it
         self.optimizer = build_optimizer(self.model, self.rl.lr, self.rl.weight_decay)
         self.scheduler = build_scheduler(
@@ -101,7 +106,13 @@ class Learner:
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The policy's weights, for the rollout side's `load_weights` (a LoRA policy's merged). Under
         `fsdp2` every rank must call; rank 0 gets the whole weights, the others an empty dict."""
-        weights = full_weights(self.model) if self.parallel.sharded else merged_state_dict(self.model)
+        if not self.parallel.sharded:
+            weights = merged_state_dict(self.model)
+        else:
+            weights = full_weights(self.model)
+            if self._merge_copy is not None:
+                self._merge_copy.load_state_dict(weights)
+                weights = merged_state_dict(self._merge_copy)
         self.last_sync_bytes = sum(t.numel() * t.element_size() for t in weights.values())
         return weights
 
@@ -301,18 +312,19 @@ class Learner:
         entropies: list[tuple[int, list[torch.Tensor]]] = []
         routes: list[tuple[int, list[torch.Tensor]]] = []
         routes_key = "routes" if self.rl.router_replay == "r3" else None
-        for index, chunk in self.parallel.micro_batches(rows, self.rl.micro_batch_size):
-            chunk = chunk if chunk is not None else rows[: self.rl.micro_batch_size]  # fsdp2's padding pass
+        for key, chunk in self.parallel.micro_batches(rows, self.rl.micro_batch_size):
+            padding = chunk is None  # fsdp2: a pass that keeps the ranks' collectives in step
+            chunk = rows[: self.rl.micro_batch_size] if padding else chunk
             data = batch.padded(chunk, self.pad_id)
             needs_entropy = self.loss_spec.needs_entropy
             recorded = [] if self.router is not None else None
             logp, entropy = self._logprobs(self.model, data, slice(None), needs_entropy, recorded, routes_key)
-            if index < 0:
+            if padding:
                 continue
-            routes.append((index, _fed_tokens(batch, chunk, recorded or [])))
-            logprobs.append((index, batch.completion_values(chunk, logp)))
+            routes.append((key, _fed_tokens(batch, chunk, recorded or [])))
+            logprobs.append((key, batch.completion_values(chunk, logp)))
             if entropy is not None:
-                entropies.append((index, batch.completion_values(chunk, entropy)))
+                entropies.append((key, batch.completion_values(chunk, entropy)))
         order = self.parallel.in_order
         batch.old_logprobs = order(logprobs)
         batch.old_entropies = order(entropies) or None
@@ -352,14 +364,14 @@ class Learner:
         used: list[tuple[int, list]] = []
         finite, bad = True, math.nan
         size = self.rl.micro_batch_size
-        for index, chunk in self.parallel.micro_batches(range(len(rows)), size):
-            start = chunk[0] if chunk is not None else 0  # fsdp2's padding pass: zero-weighted
-            part = slice(start, start + size)
+        for key, chunk in self.parallel.micro_batches(range(len(rows)), size):
+            padding = chunk is None  # fsdp2: a zero-weighted pass that keeps the collectives in step
+            part = slice(0, size) if padding else slice(chunk[0], chunk[-1] + 1)
             used_routes = [] if measure else None
             loss, logp, entropy, metrics = self._micro_batch(
                 batch, rows, data, part, advantages, num_tokens, routes_key, used_routes, held
             )
-            if index < 0:
+            if padding:
                 loss = loss * 0.0
             elif not torch.isfinite(loss):
                 finite, bad = False, float(loss)
@@ -368,12 +380,12 @@ class Learner:
             loss.backward()
             while held:  # this micro-batch's replay, kept through its backward's recomputation
                 held.pop()()
-            if index < 0 or not finite:
+            if padding or not finite:
                 continue
             mask = data["mask"][part]
             if measure:
-                measured.append((index, batch.completion_values(rows[part], logp)))
-                used.append((index, _fed_tokens(batch, rows[part], used_routes)))
+                measured.append((key, batch.completion_values(rows[part], logp)))
+                used.append((key, _fed_tokens(batch, rows[part], used_routes)))
             sums["loss/policy"] += float(loss.detach())
             sums["entropy_sum"] += float((entropy * mask).sum())
             weight = float(mask.sum()) / num_tokens
