@@ -56,16 +56,9 @@ def _alive(pids: set[int]) -> set[int]:
 def test_a_killed_ray_run_leaves_nothing_running(tmp_path):
     before = _ray_processes()  # another test's Ray instance may be up: only new processes count
     run = tmp_path / "run"
-    command = [
-        sys.executable,
-        "-m",
-        "everyprompt.cli",
-        "train",
-        *RAY_RUN,
-        "rl.steps=200",
-        "--run-dir",
-        str(run),
-    ]
+    # one worker and one rank: the processes that must end are of the same kinds, fewer to start
+    one_each = [*TINY_OVERRIDES, "sft.steps=0", "cluster.backend=ray", "rl.steps=200"]
+    command = [sys.executable, "-m", "everyprompt.cli", "train", *one_each, "--run-dir", str(run)]
     child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 180
@@ -91,3 +84,18 @@ def test_backend_ray_without_ray_installed_is_a_config_error(monkeypatch, tmp_pa
     assert main(["train", *RAY_RUN, "--run-dir", str(tmp_path)]) == 2
     assert "pip install 'everyprompt[ray]'" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "checkpoints")
+
+
+@pytest.mark.parametrize(
+    "bad, says",
+    [
+        ("cluster.rollout_workers=2", "need cluster.backend=ray"),
+        ("cluster.num_gpus=1", "do not place the model on a GPU yet"),
+        ("cluster.trainer_sharding=zero3", "'ddp' or 'fsdp2'"),
+        ("cluster.backend=slurm", "'local' or 'ray'"),
+    ],
+)
+def test_bad_cluster_settings_are_config_errors(bad, says, tmp_path, capsys):
+    assert main(["train", *TINY_OVERRIDES, bad, "--run-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "cluster" in err and says in err and "Traceback" not in err

@@ -113,7 +113,8 @@ LORA = (
 )
 
 
-@pytest.mark.parametrize("sharding", ["ddp", pytest.param("fsdp2", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("sharding", ["ddp", "fsdp2"])
 def test_a_lora_policy_trains_on_two_ranks_as_in_one_process(ray_instance, tmp_path, sharding):
     """The ranks rebuild the adapters from the recipe, the engines get merged weights from rank 0."""
     train(tiny_config(*SETTINGS, *LORA, "rl.steps=2"), run_dir=tmp_path / "local")

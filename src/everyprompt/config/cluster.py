@@ -22,7 +22,11 @@ class ClusterConfig(Section):
         1, ge=1, description="Learner ranks: one torch.distributed data-parallel group."
     )
     num_cpus: float = Field(1.0, gt=0, description="CPUs each actor asks Ray for (also its torch threads).")
-    num_gpus: float = Field(0.0, ge=0, description="GPUs each actor asks Ray for (0 on a CPU machine).")
+    num_gpus: float = Field(
+        0.0,
+        ge=0,
+        description="GPUs each actor asks Ray for; 0 until GPU placement is built (docs/cluster.md).",
+    )
     trainer_sharding: Literal["ddp", "fsdp2"] = Field(
         "ddp",
         description="ddp: every rank holds the whole model, gradients all-reduced; fsdp2: parameters and "
@@ -38,5 +42,15 @@ class ClusterConfig(Section):
             raise ValueError(
                 f"rollout_workers={self.rollout_workers} and trainer_ranks={self.trainer_ranks} need "
                 "cluster.backend=ray (the local backend is one process)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _no_gpu_placement_yet(self) -> ClusterConfig:
+        if self.num_gpus > 0:
+            raise ValueError(
+                f"num_gpus={self.num_gpus:g}: the learner and the engines do not place the model on a GPU yet "
+                "(they would compute on the CPU with the GPUs reserved and idle); set cluster.num_gpus=0 "
+                "(docs/cluster.md)"
             )
         return self

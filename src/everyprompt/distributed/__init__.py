@@ -5,8 +5,8 @@
 - `rollout`: rollout workers (each an engine) behind one `RolloutEngine` the rollout side drives
   unchanged: requests dealt longest-predicted-first to the least-loaded worker, completions streamed back,
   a dead worker replaced and its unfinished requests re-queued.
-- `learner`: learner ranks forming one torch.distributed group (gloo on CPU, NCCL on GPU; ddp or fsdp2),
-  driven as one learner.
+- `learner`: learner ranks forming one torch.distributed group (gloo; ddp or fsdp2), driven as one
+  learner.
 - `backend`: the two sides built for the trainer loop.
 
 Ray is the optional extra `ray` (`pip install everyprompt[ray]`); nothing here is imported by the local

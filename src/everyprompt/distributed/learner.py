@@ -1,5 +1,5 @@
-"""Learner ranks as Ray actors: one torch.distributed group (gloo on CPU, NCCL on GPU), driven as one
-learner.
+"""Learner ranks as Ray actors: one torch.distributed group (gloo: the policy lives on the CPU), driven as
+one learner.
 
 Each rank rebuilds the policy from its recipe and runs `Learner.update` on the same batch, taking its
 share of the micro-batches (`trainer/data_parallel.py`); the update equals one process's. Rank 0's
@@ -55,9 +55,9 @@ class LearnerRank:
         from everyprompt.trainer.learner import Learner
 
         os.environ.update(MASTER_ADDR=host, MASTER_PORT=str(port))
-        backend = "nccl" if torch.cuda.is_available() and config.cluster.num_gpus > 0 else "gloo"
+        # gloo: the policy lives on the CPU (NCCL comes with GPU placement, docs/cluster.md)
         dist.init_process_group(
-            backend, rank=self.rank, world_size=self.world, timeout=datetime.timedelta(minutes=30)
+            "gloo", rank=self.rank, world_size=self.world, timeout=datetime.timedelta(minutes=30)
         )
         ray = require_ray()
         model = recipe.build(ray.get(recipe.weights) if not isinstance(recipe.weights, dict) else None)

@@ -62,7 +62,6 @@ class RaySession:
         began = time.perf_counter()
         ray.init(
             num_cpus=cpus,
-            num_gpus=_local_gpus() if cluster.num_gpus else None,
             include_dashboard=False,
             configure_logging=False,
             log_to_driver=True,
@@ -95,12 +94,6 @@ class RaySession:
                 self.reaper.kill()
             self.reaper = None
         self.started = False
-
-
-def _local_gpus() -> int:
-    import torch
-
-    return torch.cuda.device_count()
 
 
 def _start_reaper(node_id: str) -> subprocess.Popen:
