@@ -12,17 +12,23 @@ import pytest
 @pytest.fixture(scope="package")
 def ray_instance():
     ray = pytest.importorskip("ray", reason="the ray extra is not installed (it is part of dev)")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
-    node = ray.get_runtime_context().get_node_id()
-    yield ray
-    ray.shutdown()
-    from everyprompt.distributed.reaper import node_processes
+    from everyprompt.distributed.reaper import tracked
+    from everyprompt.processes import descendants
 
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    before = descendants(os.getpid())
+    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
+    roots = sorted(descendants(os.getpid()) - before)  # Ray's servers, started by ray.init
+    yield ray
+    started = tracked(roots)  # the servers and what they started: agents, workers
+    ray.shutdown()
     deadline = time.monotonic() + 15
-    while node_processes(node) and time.monotonic() < deadline:
+    while tracked(list(started)) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert node_processes(node) == [], "processes of the test's Ray instance outlived ray.shutdown()"
+    left = tracked(list(started))
+    assert {p: t for p, t in left.items() if started.get(p) == t} == {}, (
+        "Ray processes outlived ray.shutdown()"
+    )
 
 
 def actor_processes(name: str) -> list[int]:

@@ -25,32 +25,30 @@ RAY_RUN = (
 )
 
 
-def _ray_processes() -> set[int]:
-    """Processes of any Ray node (marked in their environment) and Ray's own servers."""
-    found = set()
+def _ray_processes() -> dict[int, int]:
+    """Ray's processes on this machine (servers, agents, workers): pid -> start time."""
+    from everyprompt.distributed.reaper import _start_time
+
+    found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            environ = (entry / "environ").read_bytes()
-            comm = (entry / "comm").read_text().strip()
+            command = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        if b"RAY_NODE_ID=" in environ or comm in ("raylet", "gcs_server"):
-            found.add(int(entry.name))
+        if command.startswith(b"ray::") or b"/site-packages/ray/" in command:
+            started = _start_time(int(entry.name))
+            if started is not None:
+                found[int(entry.name)] = started
     return found
 
 
-def _alive(pids: set[int]) -> set[int]:
-    out = set()
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state != "Z":
-            out.add(pid)
-    return out
+def _alive(processes: dict[int, int]) -> set[int]:
+    """Those of `processes` still running as themselves (same start time: not a reused pid)."""
+    from everyprompt.distributed.reaper import _start_time
+
+    return {pid for pid, started in processes.items() if _start_time(pid) == started}
 
 
 def test_a_killed_ray_run_leaves_nothing_running(tmp_path):
@@ -66,8 +64,11 @@ def test_a_killed_ray_run_leaves_nothing_running(tmp_path):
             assert child.poll() is None, child.stderr.read().decode()[-3000:]
             assert time.monotonic() < deadline, "the Ray run logged no step in 180 s"
             time.sleep(0.5)
-        started = _ray_processes() - before
-        assert started, "the run started no Ray process"
+        started = {pid: t for pid, t in _ray_processes().items() if before.get(pid) != t}
+        kinds = {(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]) for pid in _alive(started)}
+        assert {b"ray::RolloutWorker", b"ray::LearnerRank"} <= {k.split(b".")[0].strip() for k in kinds}, (
+            kinds
+        )
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait()

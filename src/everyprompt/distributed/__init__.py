@@ -8,11 +8,8 @@
 - `learner`: learner ranks forming one torch.distributed group (gloo; ddp or fsdp2), driven as one
   learner.
 - `backend`: the two sides built for the trainer loop.
+- `reaper`: the process that ends a local Ray instance's leftovers when the driver dies.
 
 Ray is the optional extra `ray` (`pip install everyprompt[ray]`); nothing here is imported by the local
 backend. docs/cluster.md tells how to launch on a cluster.
 """
-
-from everyprompt.distributed.runtime import ClusterError
-
-__all__ = ["ClusterError"]

@@ -2,8 +2,9 @@
 
 A local instance started by `ray.init()` shares the fate of its driver only in part: killed with SIGKILL,
 the driver takes the GCS and the raylet with it but leaves the raylet's agents running (seen with Ray
-2.60). So a local session starts a reaper (`everyprompt.distributed.reaper`) in its own session, which
-waits for the driver to end, however it ends, and then kills every process of that Ray node.
+2.60). So a local session starts a reaper (`everyprompt.distributed.reaper`) in its own session, given
+the processes `ray.init` started; it follows their descendants, waits for the driver to end, however it
+ends, and then kills what is left of them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 import time
 
 from everyprompt.config import ConfigError
+from everyprompt.processes import descendants
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,7 @@ class RaySession:
             return
         cpus = max(os.cpu_count() or 1, int(round(actors * cluster.num_cpus + 0.4999)))
         began = time.perf_counter()
+        before = set(descendants(os.getpid()))
         ray.init(
             num_cpus=cpus,
             include_dashboard=False,
@@ -67,7 +70,7 @@ class RaySession:
             log_to_driver=True,
         )
         self.started = True
-        self.reaper = _start_reaper(ray.get_runtime_context().get_node_id())
+        self.reaper = _start_reaper(sorted(set(descendants(os.getpid())) - before))
         log.info("started a local Ray instance (%d CPUs) in %.1f s", cpus, time.perf_counter() - began)
 
     def _check_resources(self, cluster, actors: int, where: str) -> None:
@@ -96,9 +99,9 @@ class RaySession:
         self.started = False
 
 
-def _start_reaper(node_id: str) -> subprocess.Popen:
+def _start_reaper(roots: list[int]) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "everyprompt.distributed.reaper", str(os.getpid()), node_id],
+        [sys.executable, "-m", "everyprompt.distributed.reaper", str(os.getpid()), *map(str, roots)],
         start_new_session=True,  # not in the driver's process group: a Ctrl-C must not end it first
         stdin=subprocess.DEVNULL,
     )
