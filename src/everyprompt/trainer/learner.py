@@ -1,8 +1,9 @@
 """The learner side of the RL loop: a scored `RolloutBatch` in, one policy update out.
 
 `update(batch)`:
-  1. advantages through the registry, then ZVE stage 2 (reshaping) and stage 3 (RL-ZVP signs); groups
-     still zero-variance after every enabled stage leave the update (`zve.drop_zero_variance`);
+  1. advantages through the registry, then ZVE stage 2 (reshaping) and stage 3 (RL-ZVP signs), in
+     `trainer/signal.py`; groups still zero-variance after every enabled stage leave the update
+     (`zve.drop_zero_variance`);
   2. the old policy's log-probs: the engine's (`rl.old_logprobs=rollout`), a separate trainer pass
      (`recompute` with several mini-batches), or the first mini-batch's own forward (one mini-batch);
   3. `rl.mini_batches` AdamW steps, each accumulated over micro-batches with the whole mini-batch's loss
@@ -25,7 +26,7 @@ import warnings
 
 import torch
 
-from everyprompt.algorithms import compute_advantages, policy_loss, policy_loss_spec, zvp_token_advantages
+from everyprompt.algorithms import policy_loss, policy_loss_spec, zvp_token_advantages
 from everyprompt.config import Config, ConfigError
 from everyprompt.models.lora import is_lora, merged_state_dict, reference_forward
 from everyprompt.models.precision import autocast
@@ -37,7 +38,7 @@ from everyprompt.trainer.data_parallel import DataParallel
 from everyprompt.trainer.logprobs import check_packing, token_logprobs
 from everyprompt.trainer.mismatch import mismatch_metrics
 from everyprompt.trainer.optim import build_optimizer, build_scheduler
-from everyprompt.zve import group_zero_variance, reshape_zero_variance, zvp_signs
+from everyprompt.trainer.signal import batch_advantages, drop_zero_variance
 
 log = logging.getLogger(__name__)
 
@@ -142,8 +143,8 @@ class Learner:
     def update(self, batch: RolloutBatch) -> dict[str, float]:
         """One policy update from `batch` (which gains advantages and old-policy values); its metrics."""
         started = time.perf_counter()
-        metrics, still_zero_variance = self.advantages(batch)
-        batch = self._drop_zero_variance(batch, still_zero_variance, metrics)
+        metrics, still_zero_variance = batch_advantages(batch, self.rl, self.zve)
+        batch = drop_zero_variance(batch, still_zero_variance, self.zve, metrics)
         if len(batch):
             metrics.update(self._optimize(batch))
         else:  # every group was zero-variance and dropped: nothing to learn from this step
@@ -152,57 +153,6 @@ class Learner:
         self.version += 1
         metrics["time/train_s"] = time.perf_counter() - started
         return metrics
-
-    def advantages(self, batch: RolloutBatch) -> tuple[dict[str, float], torch.Tensor]:
-        """Group-relative advantages, then ZVE stages 2 (reshaping) and 3 (RL-ZVP signs) when enabled;
-        their metrics and the [G] groups still zero-variance after every enabled stage."""
-        options = {"dead_zone": self.rl.dead_zone} if self.rl.dead_zone > 0 else {}
-        batch.advantages = compute_advantages(self.rl.advantage, batch.rewards, batch.group_index, **options)
-        zero = group_zero_variance(batch.rewards, batch.group_index)
-        stats = {"zve/zero_variance_rate_batch": float(zero.double().mean())}
-        still = zero.clone()
-        if self.zve.enabled and self.zve.reshape.enabled and bool(zero.any()):
-            shape = self.zve.reshape
-            shaped, informative = reshape_zero_variance(
-                batch.rewards,
-                batch.completion_ids,
-                batch.group_index,
-                shape.length_coef,
-                shape.repetition_coef,
-                batch.max_new_tokens,
-                shape.reward_gap,
-            )
-            batch.advantages = torch.where(zero[batch.group_index], shaped, batch.advantages)
-            still &= ~informative
-            stats["zve/reshaped_groups"] = float(informative.sum())
-        if self.zve.enabled:
-            stats["zve/zero_variance_rate_reshaped"] = float(still.double().mean())
-        if self.zve.enabled and self.zve.zvp.enabled and bool(still.any()):
-            batch.zvp_sign = zvp_signs(batch.rewards, batch.group_index, still, self.zve.correct_reward)
-            zvp_groups = torch.zeros_like(still).index_put_(
-                (batch.group_index,), batch.zvp_sign != 0, accumulate=True
-            )
-            still &= ~zvp_groups
-            stats["zve/zvp_groups"] = float(zvp_groups.sum())
-        if self.zve.enabled:
-            stats["zve/zero_variance_rate_final"] = float(still.double().mean())
-        carries = batch.advantages != 0
-        if batch.zvp_sign is not None:
-            carries |= batch.zvp_sign != 0
-        # of all rollouts generated this step: those whose update carries a non-zero advantage
-        generated = batch.stats.get("zve/generated_rollouts", float(len(batch)))
-        stats["zve/informative_rollout_fraction"] = float(carries.sum()) / max(generated, 1.0)
-        return stats, still
-
-    def _drop_zero_variance(self, batch: RolloutBatch, still: torch.Tensor, metrics: dict) -> RolloutBatch:
-        """`zve.drop_zero_variance`: the batch without the groups `still` zero-variance after every stage."""
-        if not (self.zve.enabled and self.zve.drop_zero_variance):
-            return batch
-        metrics["zve/dropped_zero_variance_groups"] = float(still.sum())
-        if not bool(still.any()):
-            return batch
-        kept = ~still[batch.group_index]
-        return batch.select(kept.nonzero().flatten().tolist())
 
     def _optimize(self, batch: RolloutBatch) -> dict[str, float]:
         self.model.train()

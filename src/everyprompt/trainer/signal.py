@@ -1,0 +1,65 @@
+"""The learning signal of a batch, before any forward pass: group-relative advantages, then zero-variance
+elimination's stages 2 (reshaping) and 3 (RL-ZVP signs), and the groups left without any signal, which
+`zve.drop_zero_variance` takes out of the update (docs/zve.md). Pure functions of the batch and the
+config sections: every learner rank computes the same from the same batch."""
+
+from __future__ import annotations
+
+import torch
+
+from everyprompt.algorithms import compute_advantages
+from everyprompt.trainer.batch import RolloutBatch
+from everyprompt.zve import group_zero_variance, reshape_zero_variance, zvp_signs
+
+
+def batch_advantages(batch: RolloutBatch, rl, zve) -> tuple[dict[str, float], torch.Tensor]:
+    """Group-relative advantages, then ZVE stages 2 (reshaping) and 3 (RL-ZVP signs) when enabled;
+    their metrics and the [G] groups still zero-variance after every enabled stage."""
+    options = {"dead_zone": rl.dead_zone} if rl.dead_zone > 0 else {}
+    batch.advantages = compute_advantages(rl.advantage, batch.rewards, batch.group_index, **options)
+    zero = group_zero_variance(batch.rewards, batch.group_index)
+    stats = {"zve/zero_variance_rate_batch": float(zero.double().mean())}
+    still = zero.clone()
+    if zve.enabled and zve.reshape.enabled and bool(zero.any()):
+        shape = zve.reshape
+        shaped, informative = reshape_zero_variance(
+            batch.rewards,
+            batch.completion_ids,
+            batch.group_index,
+            shape.length_coef,
+            shape.repetition_coef,
+            batch.max_new_tokens,
+            shape.reward_gap,
+        )
+        batch.advantages = torch.where(zero[batch.group_index], shaped, batch.advantages)
+        still &= ~informative
+        stats["zve/reshaped_groups"] = float(informative.sum())
+    if zve.enabled:
+        stats["zve/zero_variance_rate_reshaped"] = float(still.double().mean())
+    if zve.enabled and zve.zvp.enabled and bool(still.any()):
+        batch.zvp_sign = zvp_signs(batch.rewards, batch.group_index, still, zve.correct_reward)
+        zvp_groups = torch.zeros_like(still).index_put_(
+            (batch.group_index,), batch.zvp_sign != 0, accumulate=True
+        )
+        still &= ~zvp_groups
+        stats["zve/zvp_groups"] = float(zvp_groups.sum())
+    if zve.enabled:
+        stats["zve/zero_variance_rate_final"] = float(still.double().mean())
+    carries = batch.advantages != 0
+    if batch.zvp_sign is not None:
+        carries |= batch.zvp_sign != 0
+    # of all rollouts generated this step: those whose update carries a non-zero advantage
+    generated = batch.stats.get("zve/generated_rollouts", float(len(batch)))
+    stats["zve/informative_rollout_fraction"] = float(carries.sum()) / max(generated, 1.0)
+    return stats, still
+
+
+def drop_zero_variance(batch: RolloutBatch, still: torch.Tensor, zve, metrics: dict) -> RolloutBatch:
+    """`zve.drop_zero_variance`: the batch without the groups `still` zero-variance after every stage."""
+    if not (zve.enabled and zve.drop_zero_variance):
+        return batch
+    metrics["zve/dropped_zero_variance_groups"] = float(still.sum())
+    if not bool(still.any()):
+        return batch
+    kept = ~still[batch.group_index]
+    return batch.select(kept.nonzero().flatten().tolist())
