@@ -51,19 +51,40 @@ def _alive(processes: dict[int, int]) -> set[int]:
     return {pid for pid, started in processes.items() if _start_time(pid) == started}
 
 
-def test_a_killed_ray_run_leaves_nothing_running(tmp_path):
+def _wait_for_steps(child, metrics: Path, count: int) -> None:
+    deadline = time.monotonic() + 180
+    while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= count):
+        assert child.poll() is None, child.stderr.read().decode()[-3000:]
+        assert time.monotonic() < deadline, f"the Ray run logged fewer than {count} steps in 180 s"
+        time.sleep(0.3)
+
+
+def test_a_ray_run_stops_on_ctrl_c_resumes_and_leaves_nothing_when_killed(tmp_path):
+    """Ctrl-C (SIGINT to the run's process group) ends the step and checkpoints, as in one process; the
+    run resumes from it on the Ray backend; a SIGKILL then leaves no Ray process behind."""
     before = _ray_processes()  # another test's Ray instance may be up: only new processes count
     run = tmp_path / "run"
     # one worker and one rank: the processes that must end are of the same kinds, fewer to start
-    one_each = [*TINY_OVERRIDES, "sft.steps=0", "cluster.backend=ray", "rl.steps=200"]
+    one_each = [*TINY_OVERRIDES, "sft.steps=0", "cluster.backend=ray", "rl.steps=200", "checkpoint.every=0"]
     command = [sys.executable, "-m", "everyprompt.cli", "train", *one_each, "--run-dir", str(run)]
-    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    child = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
     try:
-        deadline = time.monotonic() + 180
-        while not ((run / "metrics.jsonl").is_file() and (run / "metrics.jsonl").read_text().strip()):
-            assert child.poll() is None, child.stderr.read().decode()[-3000:]
-            assert time.monotonic() < deadline, "the Ray run logged no step in 180 s"
-            time.sleep(0.5)
+        _wait_for_steps(child, run / "metrics.jsonl", 1)
+        os.killpg(child.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole job's group
+        assert child.wait(timeout=120) == 130
+        said = child.stderr.read().decode()
+        assert f"everyprompt train --resume {run}" in said, said[-2000:]
+    finally:
+        child.kill()
+        child.wait()
+    stopped_at = len((run / "metrics.jsonl").read_text().splitlines())
+    assert (run / "checkpoints" / f"step_{stopped_at}").is_dir()
+    resume = [sys.executable, "-m", "everyprompt.cli", "train", "--resume", str(run)]
+    child = subprocess.Popen(resume, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _wait_for_steps(child, run / "metrics.jsonl", stopped_at + 1)
         started = {pid: t for pid, t in _ray_processes().items() if before.get(pid) != t}
         kinds = {(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]) for pid in _alive(started)}
         assert {b"ray::RolloutWorker", b"ray::LearnerRank"} <= {k.split(b".")[0].strip() for k in kinds}, (

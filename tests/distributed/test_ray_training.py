@@ -49,36 +49,44 @@ def _losses(run_dir) -> list[float]:
 
 @pytest.fixture(scope="module")
 def local_run(tmp_path_factory):
+    """One process, 4 steps: checkpoints step_3 and step_4 are kept."""
     run_dir = tmp_path_factory.mktemp("local")
-    train(tiny_config(*SETTINGS), run_dir=run_dir)
+    train(tiny_config(*SETTINGS, "rl.steps=4"), run_dir=run_dir)
     return run_dir
 
 
+def _step_weights(run_dir, step: int) -> dict[str, torch.Tensor]:
+    return load_pretrained(run_dir / "checkpoints" / f"step_{step}")[0].state_dict()
+
+
 @pytest.mark.parametrize("sharding", ["ddp", pytest.param("fsdp2", marks=pytest.mark.slow)])
-def test_two_learner_ranks_train_as_one_process(ray_instance, local_run, tmp_path, sharding):
+def test_two_learner_ranks_train_as_one_process_and_resume_on_one(
+    ray_instance, local_run, tmp_path, sharding
+):
+    """3 RL steps on 2 ranks give one process's parameters; the 2-rank run's checkpoint then continues on
+    one process (the local backend) to step 4 exactly as the uninterrupted one-process run."""
     train(tiny_config(*SETTINGS, *RAY, f"cluster.trainer_sharding={sharding}"), run_dir=tmp_path)
     start = Run(tiny_config(*SETTINGS), tmp_path / "start").warm_started_model()[0].state_dict()
-    final = _weights(local_run)
-    assert sum(not torch.equal(final[k], start[k]) for k in final) > len(final) // 2  # the runs learned
-    _assert_close(final, _weights(tmp_path))
-    assert _losses(tmp_path) == pytest.approx(_losses(local_run), rel=1e-4, abs=1e-6)
+    third = _step_weights(local_run, 3)
+    assert sum(not torch.equal(third[k], start[k]) for k in third) > len(third) // 2  # the runs learned
+    _assert_close(third, _weights(tmp_path))
+    local_losses = _losses(local_run)
+    assert _losses(tmp_path) == pytest.approx(local_losses[:3], rel=1e-4, abs=1e-6)
     metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
     assert all(m["sync/bytes"] > 0 and m["time/weight_sync_s"] > 0 for m in metrics)
     assert all(m["cluster/actor_restarts"] == 0 for m in metrics)
+    train(tiny_config(*SETTINGS, "rl.steps=4"), run_dir=tmp_path, resume=True)  # one process, step 4
+    _assert_close(_step_weights(local_run, 4), _weights(tmp_path))
+    assert _losses(tmp_path) == pytest.approx(local_losses, rel=1e-4, abs=1e-6)
 
 
-@pytest.mark.parametrize(
-    "resumed_on",
-    [
-        pytest.param((), id="one-process"),
-        pytest.param((*RAY, "cluster.trainer_sharding=fsdp2"), id="two-fsdp2-ranks", marks=pytest.mark.slow),
-    ],
-)
-def test_a_two_rank_checkpoint_resumes_exactly(ray_instance, local_run, tmp_path, resumed_on):
+@pytest.mark.slow
+def test_a_two_rank_ddp_checkpoint_resumes_on_two_fsdp2_ranks(ray_instance, local_run, tmp_path):
     train(tiny_config(*SETTINGS, *RAY, "rl.steps=2"), run_dir=tmp_path)  # ddp, 2 ranks, steps 1-2
-    train(tiny_config(*SETTINGS, *resumed_on), run_dir=tmp_path, resume=True)  # step 3
-    _assert_close(_weights(local_run), _weights(tmp_path))
-    assert _losses(tmp_path) == pytest.approx(_losses(local_run), rel=1e-4, abs=1e-6)
+    fsdp2 = (*RAY, "cluster.trainer_sharding=fsdp2")
+    train(tiny_config(*SETTINGS, *fsdp2), run_dir=tmp_path, resume=True)  # step 3, sharded
+    _assert_close(_step_weights(local_run, 3), _weights(tmp_path))
+    assert _losses(tmp_path) == pytest.approx(_losses(local_run)[:3], rel=1e-4, abs=1e-6)
 
 
 def test_a_lost_learner_rank_stops_the_run_with_the_resume_command(ray_instance, tmp_path):

@@ -11,8 +11,6 @@ from __future__ import annotations
 from everyprompt.distributed.learner import RankedLearner
 from everyprompt.distributed.rollout import RayEngine
 from everyprompt.distributed.runtime import RaySession
-from everyprompt.rewards import build_reward
-from everyprompt.rewards.pool import RewardPool
 from everyprompt.trainer.rollout_side import RolloutSide
 
 
@@ -25,15 +23,9 @@ def ray_sides(config, model, tokenizer, prompts, run_dir, store, reference):
         closers.append(engine.close)
         learner = RankedLearner(config, model, tokenizer.pad_token_id, reference)
         closers.append(learner.close)
-        rewards = config.rewards
-        pool = RewardPool(
-            build_reward(rewards, run_dir),
-            rewards.workers,
-            rewards.timeout_s,
-            load_timeout_s=rewards.load_timeout_s,
-        )
+        rollout = RolloutSide.build(config, model, tokenizer, prompts, run_dir, store, engine=engine)
     except BaseException:
         while closers:
             closers.pop()()
         raise
-    return RolloutSide(config, engine, tokenizer, prompts, pool, store), learner, closers
+    return rollout, learner, closers

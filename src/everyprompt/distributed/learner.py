@@ -125,7 +125,8 @@ class RankedLearner:
 
     # ------------------------------------------------------------ the loop's learner
     def update(self, batch) -> dict[str, float]:
-        metrics = self._all([r.update.remote(batch) for r in self.ranks], "update")[0]
+        shared = self.ray.put(batch)  # sent once; each rank reads it from the object store
+        metrics = self._all([r.update.remote(shared) for r in self.ranks], "update")[0]
         self.version += 1
         return metrics
 

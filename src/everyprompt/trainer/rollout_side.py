@@ -142,8 +142,11 @@ class RolloutSide:
         self._calls = 0  # generate calls so far: keeps each call's reward keys apart
 
     @classmethod
-    def build(cls, config: Config, model, tokenizer, prompts, run_dir, store: PassRateStore) -> RolloutSide:
-        """The configured engine over `model`'s weights and the configured reward in its worker pool."""
+    def build(
+        cls, config: Config, model, tokenizer, prompts, run_dir, store: PassRateStore, engine=None
+    ) -> RolloutSide:
+        """The configured reward in its worker pool, and `engine` or else the configured engine over
+        `model`'s weights."""
         rewards = config.rewards
         pool = RewardPool(
             build_reward(rewards, run_dir),
@@ -151,7 +154,8 @@ class RolloutSide:
             rewards.timeout_s,
             load_timeout_s=rewards.load_timeout_s,
         )
-        return cls(config, build_engine(config.rollout, model, tokenizer), tokenizer, prompts, pool, store)
+        engine = engine if engine is not None else build_engine(config.rollout, model, tokenizer)
+        return cls(config, engine, tokenizer, prompts, pool, store)
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """The learner's new weights (weight sync)."""
