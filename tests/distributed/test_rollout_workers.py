@@ -43,8 +43,16 @@ def _assert_same_batch(mine, theirs) -> None:
         assert torch.equal(a, b)
 
 
-def test_two_rollout_workers_make_the_local_batch(ray_instance):
-    config = tiny_config(*SETTINGS, "cluster.backend=ray", "cluster.rollout_workers=2")
+@pytest.mark.parametrize("precision", ["fp32", pytest.param("fp8", marks=pytest.mark.slow)])
+def test_two_rollout_workers_make_the_local_batch(ray_instance, precision):
+    """fp8: each worker quantises the weights it is sent, as the local engine does."""
+    config = tiny_config(
+        *SETTINGS,
+        "cluster.backend=ray",
+        "cluster.rollout_workers=2",
+        f"rollout.precision={precision}",
+        "rl.old_logprobs=recompute",  # the engine's fp8 log-probs cannot stand for the old policy's
+    )
     model, tokenizer = _model(config)
     local = _side(config, build_engine(config.rollout, model, tokenizer), model, tokenizer)
     engine = RayEngine(config, model, tokenizer)
