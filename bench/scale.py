@@ -21,10 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from setups import measure_each  # bench/setups.py
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -105,17 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.one is not None:
         print(json.dumps(measure(SETUPS[args.one], args.checkpoint, steps)))
         return 0
-    results = {}
     with tempfile.TemporaryDirectory() as scratch:
         checkpoint = make_sft(Path(scratch) / "sft", sft_steps)
-        for name in args.setups:
-            command = [sys.executable, __file__, "--one", name, "--checkpoint", str(checkpoint)]
-            command += ["--steps", str(steps)]
-            done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
-            if done.returncode != 0:
-                raise RuntimeError(f"set-up {name!r} failed:\n{done.stderr[-4000:]}")
-            results[name] = json.loads(done.stdout.strip().splitlines()[-1])
-            print(f"{name}: {results[name]}", file=sys.stderr)
+        extra = ["--checkpoint", str(checkpoint), "--steps", str(steps)]
+        results = measure_each(__file__, args.setups, extra)
     reference = results.get(REFERENCE) or results[args.setups[0]]
     for figures in results.values():
         figures["step_vs_reference"] = figures["step_s"] / reference["step_s"]

@@ -19,10 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from setups import measure_each  # bench/setups.py
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -112,15 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.one is not None:
         print(json.dumps(measure(SETUPS[args.one], batch_size, steps)))
         return 0
-    results = {}
-    for name in args.setups:
-        command = [sys.executable, __file__, "--one", name, "--batch-size", str(batch_size)]
-        command += ["--steps", str(steps)]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"set-up {name!r} failed:\n{done.stderr}")
-        results[name] = json.loads(done.stdout.strip().splitlines()[-1])
-        print(f"{name}: {results[name]}", file=sys.stderr)
+    extra = ["--batch-size", str(batch_size), "--steps", str(steps)]
+    results = measure_each(__file__, args.setups, extra, timeout_s=600)
     reference = results[args.setups[0]]
     for figures in results.values():
         figures["step_memory_vs_fp32"] = figures["step_memory_mib"] / reference["step_memory_mib"]

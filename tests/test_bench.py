@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _load(name: str):
+    if str(ROOT / "bench") not in sys.path:  # the scripts import their shared helpers (bench/setups.py)
+        sys.path.insert(0, str(ROOT / "bench"))
     spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -262,3 +265,13 @@ def test_training_bench_smoke(tmp_path, capsys):
     assert all(s["step_memory_mib"] > 0 and s["step_s"] > 0 for s in setups.values())
     assert setups["fp32"]["step_time_vs_fp32"] == 1.0
     assert "LoRA" in capsys.readouterr().out
+
+
+def test_scale_projection_by_hand():
+    bench = _load("scale")
+    base = {"step_s": 1.45, "rollout_s": 0.6, "train_s": 0.8}
+    ray_one = {"step_s": 1.70, "weight_sync_s": 0.03}
+    # overhead 1.70 - 1.45 = 0.25; 2 workers, 2 ranks: 0.6/2 + 0.8/2 + 0.03 + 0.25 = 0.98
+    assert bench.project(base, ray_one, 2, 2) == pytest.approx(0.98)
+    # 4 workers, 1 rank: 0.15 + 0.8 + 0.03 + 0.25 = 1.23
+    assert bench.project(base, ray_one, 4, 1) == pytest.approx(1.23)
