@@ -109,8 +109,9 @@ class RayEngine:
             r.predicted_length if r.predicted_length is not None else params.max_new_tokens for r in requests
         ]
         plan = assign_lpt(guesses, len(self.workers))
-        owed = {w: [requests[i] for i in jobs] for w, jobs in enumerate(plan) if jobs}  # in assigned order
-        streams = {self._submit(w, owed[w], params): w for w in owed}
+        # each worker's requests not yet returned, by request id, in the order assigned (longest first)
+        owed = {w: {requests[i].request_id: requests[i] for i in jobs} for w, jobs in enumerate(plan) if jobs}
+        streams = {self._submit(w, list(owed[w].values()), params): w for w in owed}
         calls: list[dict[str, float]] = []
         replaced = {w: 0 for w in owed}
         while streams:
@@ -125,12 +126,13 @@ class RayEngine:
             except (self.ray.exceptions.RayActorError, self.ray.exceptions.ObjectLostError) as err:
                 del streams[stream]
                 replaced[worker] += 1
-                streams[self._replace(worker, owed[worker], params, replaced[worker], err)] = worker
+                unfinished = list(owed[worker].values())
+                streams[self._replace(worker, unfinished, params, replaced[worker], err)] = worker
                 continue
             if isinstance(item, _CallDone):
                 calls.append(item.stats)
                 continue
-            owed[worker] = [r for r in owed[worker] if r.request_id != item.request_id]
+            del owed[worker][item.request_id]
             yield item
         self.stats = self._merge(calls, time.perf_counter() - began, sum(replaced.values()))
 
