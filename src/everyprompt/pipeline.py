@@ -202,7 +202,11 @@ class Run:
             trainer = RLTrainer.build(
                 self.config, model, tokenizer, self.filtered_rl_rows(), self.run_dir, reference, store
             )
-            trainer.load_state_dict(load_trainer_state(latest))
+            try:
+                trainer.load_state_dict(load_trainer_state(latest))
+            except BaseException:
+                trainer.close()
+                raise
             self.console.print(f"resumed from {latest} at step {trainer.step}")
             return trainer
         rows, filter_rollouts = self.rl_rows(), 0  # bad RL data fails before SFT, not after it
@@ -362,10 +366,13 @@ def demo(config: Config, run_dir: str | Path | None = None, console: Console | N
     started = time.perf_counter()
     run = Run(config, run_dir, console)
     trainer = run.trainer()
-    before = run.evaluate(trainer.engine, trainer.tokenizer)
-    run.console.print(f"after SFT: greedy accuracy {before['greedy_accuracy']:.1%}")
-    trainer.train(evaluate_fn=lambda engine: run.evaluate(engine, trainer.tokenizer))
-    after = run.evaluate(trainer.engine, trainer.tokenizer)
+    try:
+        before = run.evaluate(trainer.engine, trainer.tokenizer)
+        run.console.print(f"after SFT: greedy accuracy {before['greedy_accuracy']:.1%}")
+        trainer.train(evaluate_fn=lambda engine: run.evaluate(engine, trainer.tokenizer))
+        after = run.evaluate(trainer.engine, trainer.tokenizer)
+    finally:
+        trainer.close()  # reward workers, and with cluster.backend=ray the actors and the Ray session
     pass_key = f"pass@{config.eval.pass_k}"
     summary = {
         "accuracy_before_rl": before["greedy_accuracy"],
