@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from everyprompt.cli import main
+from everyprompt.config import ConfigError
 from everyprompt.distributed.runtime import require_ray
 from tests.conftest import TINY_OVERRIDES
 
@@ -101,7 +102,7 @@ def test_a_ray_run_stops_on_ctrl_c_resumes_and_leaves_nothing_when_killed(tmp_pa
 
 def test_backend_ray_without_ray_installed_is_a_config_error(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails as if it were not installed
-    with pytest.raises(Exception, match=r"cluster.backend.*pip install 'everyprompt\[ray\]'"):
+    with pytest.raises(ConfigError, match=r"cluster.backend.*pip install 'everyprompt\[ray\]'"):
         require_ray()
     assert main(["train", *RAY_RUN, "--run-dir", str(tmp_path)]) == 2
     assert "pip install 'everyprompt[ray]'" in capsys.readouterr().err
