@@ -76,8 +76,15 @@ class LearnerRank:
     def update(self, batch) -> dict[str, float]:
         return self.learner.update(batch)
 
+    def _only_rank_0_works(self) -> bool:
+        """Whether this rank has nothing to do for a whole-model call: ddp's replicas are identical, so rank
+        0 answers alone; fsdp2's gathers need every rank."""
+        return self.rank != 0 and not self.learner.parallel.sharded
+
     def engine_weights(self):
         """Rank 0: (a reference to the policy's weights for the engines, their size in bytes)."""
+        if self._only_rank_0_works():
+            return None, 0
         weights = self.learner.state_dict()
         if self.rank != 0:
             return None, 0
@@ -86,14 +93,16 @@ class LearnerRank:
 
     def model_weights(self) -> dict[str, torch.Tensor]:
         """The policy's own state dict (a LoRA policy's adapters unmerged), whole, on rank 0."""
+        if self._only_rank_0_works():
+            return {}
         if self.learner.parallel.sharded:
             from everyprompt.trainer.checkpoint import full_weights
 
             return full_weights(self.learner.model)
-        return self.learner.model.state_dict() if self.rank == 0 else {}
+        return self.learner.model.state_dict()
 
     def training_state(self) -> dict:
-        return self.learner.training_state()
+        return {} if self._only_rank_0_works() else self.learner.training_state()
 
     def load_training_state(self, state: dict) -> None:
         self.learner.load_training_state(state)
