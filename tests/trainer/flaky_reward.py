@@ -31,3 +31,10 @@ def by_level(completions, level, **columns):
 def wrong_signature(completions):
     """Takes no columns: every call raises TypeError (a user's typo)."""
     return [1.0 for _ in completions]
+
+
+def hashed(completions, **columns):
+    """Reward 1 for completions whose CRC-32 is even: a signal no policy learns, so every step updates."""
+    import zlib
+
+    return [float(zlib.crc32(text.encode()) % 2 == 0) for text in completions]

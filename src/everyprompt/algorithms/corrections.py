@@ -7,8 +7,14 @@ Rollout corrections weight each token's loss by how far the trainer's old policy
 that sampled, rho = exp(old_logp - rollout_logp):
   tis: w = min(rho, C)                (truncated importance sampling)
   mis: w = 1 if 1/C <= rho <= C else 0 (masked importance sampling)
-at token level (rho per token) or sequence level (rho = exp(sum_t of the log-ratio), one per sequence).
+at token level (rho per token), sequence level (rho = exp(sum_t of the log-ratio), one per sequence) or
+geometric level (rho = exp(mean_t of the log-ratio): the geometric mean of the token ratios, one per
+sequence; the weight sequence-level losses such as GSPO and ESPO take).
 The weights are detached; masked tokens keep their place in the aggregation's denominators.
+
+With an asynchronous run (rl.max_staleness >= 1) the old policy is the learner's proximal policy and the
+engine's log-probs are the behaviour policy's, several updates older: `tis` then makes the loss the
+decoupled objective (docs/asynchrony.md).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import torch
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 CORRECTIONS = ("tis", "mis")
-CORRECTION_LEVELS = ("token", "sequence")
+CORRECTION_LEVELS = ("token", "sequence", "geometric")
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
@@ -54,6 +60,8 @@ def rollout_correction(
         log_rho = (old_logp - rollout_logp) * mask
         if level == "sequence":
             log_rho = log_rho.sum(-1, keepdim=True).expand_as(mask)
+        elif level == "geometric":
+            log_rho = (log_rho.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)).expand_as(mask)
         log_cap = math.log(cap)
         if mode == "tis":
             weight = log_rho.clamp(max=log_cap).exp()

@@ -22,7 +22,11 @@ class RolloutCorrectionConfig(Section):
     mode: Literal["tis", "mis"] | None = Field(
         None, description="tis: truncated IS weight; mis: mask tokens outside [1/C, C]; None: off."
     )
-    level: Literal["token", "sequence"] = Field("token", description="Ratio per token or per sequence.")
+    level: Literal["token", "sequence", "geometric"] = Field(
+        "token",
+        description="Ratio per token, per sequence (product over its tokens), or per sequence as the "
+        "geometric mean of its tokens' ratios (for sequence-level losses: GSPO, ESPO).",
+    )
     cap: float = Field(2.0, gt=1, description="The cap C.")
 
 
@@ -73,6 +77,13 @@ class RLConfig(Section):
     rollout_correction: RolloutCorrectionConfig = Field(
         default_factory=lambda: RolloutCorrectionConfig(),
         description="Train/rollout mismatch correction with the engine's log-probs.",
+    )
+    max_staleness: int = Field(
+        0,
+        ge=0,
+        description="Asynchronous training: the rollout side generates batch b with the policy of update "
+        "b - k, overlapping the learner's update (0: the synchronous loop). k >= 1 needs "
+        "rl.old_logprobs=recompute and rl.rollout_correction (the decoupled objective, docs/asynchrony.md).",
     )
     levels: list[int] | None = Field(
         None, description="Built-in task levels for RL prompts (None: data.levels)."
@@ -131,6 +142,23 @@ class RLConfig(Section):
             raise ValueError(
                 "rollout_correction compares the engine's log-probs with the trainer's old ones; with "
                 "old_logprobs='rollout' they are the same, so set rl.old_logprobs=recompute"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _asynchrony_is_decoupled(self) -> RLConfig:
+        if self.max_staleness == 0:
+            return self
+        if self.old_logprobs != "recompute":
+            raise ValueError(
+                f"max_staleness={self.max_staleness} clips around the learner's own old policy (proximal), "
+                "which old_logprobs='rollout' skips; set rl.old_logprobs=recompute"
+            )
+        if self.rollout_correction.mode is None:
+            raise ValueError(
+                f"max_staleness={self.max_staleness} samples with an older policy than the learner's: set "
+                "rl.rollout_correction.mode=tis (the decoupled objective's truncated importance weight) or "
+                "mis (docs/asynchrony.md)"
             )
         return self
 

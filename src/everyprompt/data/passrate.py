@@ -81,7 +81,8 @@ class PassRateStore:
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             try:
-                self._db = sqlite3.connect(self.path)
+                # an asynchronous run records from its rollout thread (never two threads at once)
+                self._db = sqlite3.connect(self.path, check_same_thread=False)
                 self._db.execute(_SCHEMA)
                 rows = self._db.execute(f"SELECT {_COLUMNS} FROM prompts").fetchall()
             except sqlite3.DatabaseError as err:

@@ -31,6 +31,7 @@ class RolloutBatch:
     routed_experts: list[torch.Tensor] | None = None  # N x [prompt + completion - 1, L_moe, k] int16 (replay)
     old_routes: list[torch.Tensor] | None = None  # the same, as the trainer's old-policy pass routed them
     timing: dict[str, float] = field(default_factory=dict)
+    versions: list[torch.Tensor] | None = None  # N x [len(completion)] int32: policy version per token
     max_new_tokens: int = 0  # the completion cap the batch was sampled with (the curriculum stage's)
 
     def __len__(self) -> int:

@@ -4,11 +4,15 @@ One step is the rollout side's batch, the learner's update on it, and the weight
 
     batch = self.rollout.next_batch(self.step)
     metrics = self.learner.update(batch)
-    self.rollout.load_weights(self.learner.state_dict())
+    self.rollout.load_weights(self.learner.state_dict(), self.step)
 
 The two sides share nothing but the `RolloutBatch` and the weights (DESIGN: the two sides of the loop),
 so either can move to another process. The loop also owns the run's counters, the metrics log and the
 checkpoints (both sides' state, the RNG streams and the model, written atomically).
+
+With `rl.max_staleness` = k >= 1 the rollout side runs in a producer thread, k policy versions ahead of
+the learner (`trainer/asynchrony.py`): the step takes a batch the producer made while the previous
+update ran, and hands its weights over after the step's evaluation and checkpoint.
 
 `cluster.backend` picks who builds the two sides (`BACKENDS`): `local`, both in this process; `ray`, the
 rollout workers and the learner ranks as Ray actors (everyprompt.distributed), driven the same way.
@@ -30,6 +34,13 @@ from everyprompt.data.passrate import PassRateStore
 from everyprompt.distributed.runtime import ClusterError
 from everyprompt.models.lora import apply_lora, is_lora
 from everyprompt.processes import GracefulStop, StopRequested
+from everyprompt.trainer.asynchrony import (
+    RolloutPipeline,
+    batch_to_state,
+    batches_from_state,
+    own_copy,
+    staleness_metrics,
+)
 from everyprompt.trainer.checkpoint import save_checkpoint
 from everyprompt.trainer.learner import Learner, NumericsError
 from everyprompt.trainer.metrics import MetricsLogger
@@ -73,6 +84,10 @@ class RLTrainer:
         self.rollouts_total = 0  # rollouts generated so far (the offline filter's count in when it ran)
         self.reward_errors = 0
         self.startup_metrics: dict[str, float] = {}  # parity check figures, logged with the next step
+        self.pipeline: RolloutPipeline | None = None  # rl.max_staleness >= 1: the producer thread
+        self.restored: dict = {}  # batches made ahead by an asynchronous run, from its checkpoint
+        self.weights = None  # async: the last update's weights (an own copy), handed over at its step's end
+        self.published = 0  # async: the version last handed to the producer
 
     @classmethod
     def build(
@@ -102,6 +117,8 @@ class RLTrainer:
         """Stop the rollout side's reward workers and the backend's actors (the trainer is not used after
         this). Safe to call twice."""
         try:
+            if self.pipeline is not None:
+                self.pipeline.close()
             self.rollout.close()
         finally:
             while self.closers:
@@ -109,15 +126,55 @@ class RLTrainer:
 
     # ------------------------------------------------------------ one step
     def train_step(self) -> dict[str, float]:
-        batch = self.rollout.next_batch(self.step)
+        batch, waits = self._next_batch()
         metrics = self.learner.update(batch)
         synced = time.perf_counter()
         weights = self.learner.state_dict()
-        self.rollout.load_weights(weights)
+        self.step += 1
+        if self.pipeline is None:
+            self.rollout.load_weights(weights, self.step)
+        else:  # handed to the producer once this step's evaluation and checkpoint are done
+            self.weights = own_copy(weights)
         metrics["time/weight_sync_s"] = time.perf_counter() - synced
         metrics["sync/bytes"] = float(self.learner.last_sync_bytes)
-        self.step += 1
-        return {**batch.stats, **self._count(batch), **metrics}
+        return {**batch.stats, **self._count(batch), **waits, **metrics}
+
+    def _next_batch(self):
+        """This step's batch (one restored from an asynchronous run's checkpoint comes first) and, when
+        asynchronous, how long each side waited and how stale its tokens are."""
+        if self.pipeline is None:
+            restored = self.restored.pop(self.step, None)
+            return (restored or self.rollout.next_batch(self.step)), {}
+        batch, waits = self.pipeline.take(self.step)
+        return batch, {**waits, **staleness_metrics(batch, self.step, self.rl.max_staleness)}
+
+    def _start_pipeline(self) -> None:
+        """rl.max_staleness >= 1: start the producer from the learner's current weights."""
+        if self.rl.max_staleness and self.pipeline is None and not self.finished:
+            self.pipeline = RolloutPipeline(
+                self.rollout,
+                self.rl.max_staleness,
+                stop_at=self.rl.steps,
+                version=self.step,
+                weights=self.learner.state_dict(),
+                pending=self.restored,
+            )
+            self.published = self.step
+            self.restored = {}
+
+    def _publish(self) -> None:
+        """Async: hand the last update's weights to the producer."""
+        if self.pipeline is not None and self.published < self.step:
+            self.pipeline.publish(self.step, self.weights)
+            self.published = self.step
+
+    def _engine_at_learner(self):
+        """The engine, free of the producer and holding the learner's latest weights (evaluation)."""
+        if self.pipeline is not None:
+            self.pipeline.idle()
+            if self.rollout.version != self.step:
+                self.rollout.load_weights(self.weights, self.step)
+        return self.engine
 
     def _count(self, batch) -> dict[str, float]:
         """The run's running totals after `batch`, and its timings."""
@@ -131,7 +188,15 @@ class RLTrainer:
 
     # ------------------------------------------------------------ state
     def state_dict(self) -> dict:
+        """Everything a resume needs; an asynchronous run's also holds the batches made ahead (taken once
+        its producer waits, so its rollout-side state matches them)."""
+        pending = {}
+        if self.pipeline is not None:
+            self.pipeline.idle()
+            pending = self.pipeline.pending()
+        pending.update({n: batch_to_state(b) for n, b in self.restored.items()})
         return {
+            "pending_batches": pending,
             "step": self.step,
             "rollouts_total": self.rollouts_total,
             "reward_errors": self.reward_errors,
@@ -147,7 +212,8 @@ class RLTrainer:
         self.learner.load_training_state(state["learner"])
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])
-        self.rollout.load_weights(self.learner.state_dict())
+        self.restored = batches_from_state(state.get("pending_batches", {}))
+        self.rollout.load_weights(self.learner.state_dict(), self.step)
 
     def save(self) -> Path:
         state = self.state_dict()
@@ -196,6 +262,7 @@ class RLTrainer:
         )
         history = []
         try:
+            self._start_pipeline()
             with GracefulStop() as stop:
                 while not self.finished:
                     history.append(self._step(logger, evaluate_fn))
@@ -203,11 +270,20 @@ class RLTrainer:
                         self.save()
                     if stop.signum is not None:
                         self._stop(stop.signum)
+                    self._publish()
                 if not (self.run_dir / "checkpoints" / f"step_{self.step}").is_dir():
                     self.save()
+                self._finish_pipeline()
         finally:
             logger.close()
         return history
+
+    def _finish_pipeline(self) -> None:
+        """Async, at the end: the producer makes nothing more, and the engine gets the final weights (what
+        the run's final evaluation decodes with, as in the synchronous loop)."""
+        if self.pipeline is not None:
+            self.pipeline.finish()
+            self._engine_at_learner()
 
     def _step(self, logger: MetricsLogger, evaluate_fn) -> dict[str, float]:
         started = time.perf_counter()
@@ -221,7 +297,7 @@ class RLTrainer:
             ) from None
         every = self.config.eval.every
         if evaluate_fn is not None and every and self.step % every == 0 and not self.finished:
-            metrics.update({f"eval/{k}": v for k, v in evaluate_fn(self.engine).items()})
+            metrics.update({f"eval/{k}": v for k, v in evaluate_fn(self._engine_at_learner()).items()})
         metrics["time/step_s"] = time.perf_counter() - started
         metrics.update(self.startup_metrics)  # the first logged step carries the startup figures
         self.startup_metrics = {}

@@ -140,6 +140,7 @@ class RolloutSide:
         keys = sorted({key for row in prompts for key in row})
         self._reward_rows = [{key: row.get(key) for key in keys} for row in prompts]
         self._calls = 0  # generate calls so far: keeps each call's reward keys apart
+        self.version = 0  # the policy version of the engine's weights (updates behind them)
 
     @classmethod
     def build(
@@ -157,9 +158,11 @@ class RolloutSide:
         engine = engine if engine is not None else build_engine(config.rollout, model, tokenizer)
         return cls(config, engine, tokenizer, prompts, pool, store)
 
-    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """The learner's new weights (weight sync)."""
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """The learner's weights after `version` updates (weight sync); the tokens sampled from now on
+        carry that version."""
         self.engine.load_weights(state_dict)
+        self.version = version
 
     def close(self) -> None:
         """Stop the reward workers (the side is not used after this)."""
@@ -230,7 +233,7 @@ class RolloutSide:
             max_rollouts=zve.expansion.max_rollouts_per_step,
         )
         self.health.check(step, self.rewards.take_failures(), collection.generated)
-        batch = self._assemble(collection.groups, settings["max_new_tokens"])
+        batch = self._assemble(collection.groups, settings["max_new_tokens"], self.version)
         batch.stats = {
             **self._record_pass_rates(collection, step),
             **self._collection_stats(collection),
@@ -345,7 +348,7 @@ class RolloutSide:
         }
 
     @staticmethod
-    def _assemble(groups: list[Group], max_new_tokens: int) -> RolloutBatch:
+    def _assemble(groups: list[Group], max_new_tokens: int, version: int) -> RolloutBatch:
         completions = [pair for g in groups for pair in g.completions]  # (Completion, text)
         rewards = [r for g in groups for r in g.rewards]
         every = [c for c, _ in completions]
@@ -367,4 +370,5 @@ class RolloutSide:
             completion_text=[t for _, t in completions],
             rewards=torch.tensor([math.nan if r is None else r for r in rewards], dtype=torch.float32),
             max_new_tokens=max_new_tokens,
+            versions=[torch.full((len(c.token_ids),), version, dtype=torch.int32) for c in every],
         )
