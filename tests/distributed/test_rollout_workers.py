@@ -67,8 +67,8 @@ def test_two_rollout_workers_make_the_local_batch(ray_instance, precision):
         with torch.no_grad():
             for param in model.parameters():
                 param.mul_(0.9)
-        local.load_weights(model.state_dict())
-        remote.load_weights(model.state_dict())
+        local.load_weights(model.state_dict(), 1)
+        remote.load_weights(model.state_dict(), 1)
         _assert_same_batch(local.next_batch(2), remote.next_batch(2))
     finally:
         engine.close()

@@ -114,8 +114,10 @@ def test_r2_replays_the_trainers_own_routes_and_r3_the_engines(monkeypatch, mode
 
     monkeypatch.setattr(learner.router, "replay", spy)
     metrics = learner.update(batch)
-    # old-policy pass (r3 only) + one replayed forward per mini-batch
-    assert len(replayed) == (3 if mode == "r3" else 2)
+    # r3: the old-policy pass (the second mini-batch's rows) and both mini-batches replay the engine's
+    # routes; r2: the first mini-batch's forward is the old policy and routes by itself, the second one
+    # replays the routes the old-policy pass recorded for its rows
+    assert len(replayed) == (3 if mode == "r3" else 1)
     given = [r[r[:, 0, 0] >= 0] for r in replayed]  # positions with a route (the rest is padding)
     forced = torch.tensor([0, 1])
     if mode == "r3":
@@ -123,7 +125,8 @@ def test_r2_replays_the_trainers_own_routes_and_r3_the_engines(monkeypatch, mode
         assert metrics["mismatch/routing_agreement"] == 1.0  # the trainer computed the engine's network
     else:
         assert not any(bool((g == forced).all()) for g in given)  # its own routes, not the engine's
-        own = torch.cat(batch.old_routes).long()
+        own = torch.cat([r for r in batch.old_routes if r is not None]).long()
+        assert sum(r is None for r in batch.old_routes) == 3  # the first mini-batch's rows
         assert sorted(torch.cat(given).flatten().tolist()) == sorted(own.flatten().tolist())
         assert metrics["mismatch/routing_agreement"] < 0.9
 
@@ -233,3 +236,36 @@ def test_a_good_update_resets_the_skip_count():
     learner.consecutive_skips = 1
     metrics = learner.update(hand_batch(model, tokenizer, [1.0, 0.0] * 3))
     assert metrics["actor/skipped_updates"] == 0 and learner.consecutive_skips == 0
+
+
+@pytest.mark.parametrize("replay", ["off", "r2", "r3"])
+def test_the_first_mini_batch_as_its_own_old_policy_equals_a_full_old_policy_pass(replay):
+    """The fast path (old values of the first mini-batch from its own forward) against the simple one: a
+    no-grad pass over every row, then every mini-batch reads its old values from it."""
+    from everyprompt.trainer.signal import batch_advantages
+
+    options = (f"rl.router_replay={replay}", "rl.old_logprobs=recompute", "rl.micro_batch_size=2", "rl.lr=1e-2")
+    fast, model, tokenizer = _learner(*options)
+    batch = hand_batch(model, tokenizer, [1.0, 0.0] * 3)
+    if replay == "r3":
+        batch.routed_experts = _forced_routes(batch, model.config.num_hidden_layers)
+    simple, reference_model, _ = _learner(*options)
+    simple_batch = hand_batch(reference_model, tokenizer, [1.0, 0.0] * 3)
+    simple_batch.routed_experts = batch.routed_experts
+    metrics = fast.update(batch)
+    # the simple path, by hand: the same mini-batch order, the old policy over all rows first
+    batch_advantages(simple_batch, simple.rl, simple.zve)
+    seed = learner_module.derive_seed(simple.config.seed, 0, 7)
+    order = torch.randperm(len(simple_batch), generator=torch.Generator().manual_seed(seed))
+    simple.old_logprobs(simple_batch)
+    steps = [simple._mini_batch_step(simple_batch, m.tolist(), own_old=False) for m in order.chunk(2)]
+    for key in ("loss/policy", "actor/grad_norm", "actor/ratio_mean", "actor/clip_fraction"):
+        assert metrics[key] == pytest.approx(sum(step[key] for step in steps) / 2, rel=1e-5, abs=1e-7), key
+    # the weights agree up to rounding that AdamW's first steps amplify (sign(g) where g ~ 0): a wrong old
+    # policy would move them by ~lr = 1e-2
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, reference_model.state_dict()[name], atol=1e-3, rtol=0)
+    assert any(  # the update moved the policy, so the comparison compares something
+        not torch.allclose(value, _model(tiny_config(*options))[0].state_dict()[name])
+        for name, value in model.state_dict().items()
+    )

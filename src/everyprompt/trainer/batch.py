@@ -24,8 +24,10 @@ class RolloutBatch:
     reward_components: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [N]
     advantages: torch.Tensor | None = None  # [N] float
     rollout_entropies: list[torch.Tensor] | None = None  # N x [len(completion)]: engine's token entropies
-    old_logprobs: list[torch.Tensor] | None = None  # N x [len(completion)]: trainer's pre-update log-probs
-    old_entropies: list[torch.Tensor] | None = None  # N x [len(completion)]: their token entropies
+    # N x [len(completion)]: the trainer's pre-update log-probs and their token entropies (None for the rows
+    # whose old values come from the first mini-batch's own forward)
+    old_logprobs: list[torch.Tensor | None] | None = None
+    old_entropies: list[torch.Tensor | None] | None = None
     zvp_sign: torch.Tensor | None = None  # [N] long: RL-ZVP +1 all-correct / -1 all-wrong group, 0 else
     stats: dict[str, float] = field(default_factory=dict)  # how the batch was collected (ZVE accounting)
     routed_experts: list[torch.Tensor] | None = None  # N x [prompt + completion - 1, L_moe, k] int16 (replay)
@@ -63,9 +65,9 @@ class RolloutBatch:
             start = len(prompt) - 1  # target index of the first completion token
             mask[out, start : start + len(completion)] = 1.0
             rollout_logp[out, start : start + len(completion)] = self.rollout_logprobs[r]
-            if old_logp is not None:
+            if old_logp is not None and self.old_logprobs[r] is not None:
                 old_logp[out, start : start + len(completion)] = self.old_logprobs[r]
-            if old_entropy is not None:
+            if old_entropy is not None and self.old_entropies[r] is not None:
                 old_entropy[out, start : start + len(completion)] = self.old_entropies[r]
         tensors = {
             "input_ids": input_ids,

@@ -4,12 +4,13 @@
   1. advantages through the registry, then ZVE stage 2 (reshaping) and stage 3 (RL-ZVP signs), in
      `trainer/signal.py`; groups still zero-variance after every enabled stage leave the update
      (`zve.drop_zero_variance`);
-  2. the old policy's log-probs: the engine's (`rl.old_logprobs=rollout`), a separate trainer pass
-     (`recompute` with several mini-batches), or the first mini-batch's own forward (one mini-batch);
+  2. the old policy's log-probs: the engine's (`rl.old_logprobs=rollout`), or the trainer's
+     (`recompute`): the first mini-batch's own forward for its rows, and for the other mini-batches' rows
+     a no-grad pass before the first update;
   3. `rl.mini_batches` AdamW steps, each accumulated over micro-batches with the whole mini-batch's loss
      denominators, so the gradient does not depend on the micro-batch size;
-  4. the train-inference mismatch of the old policy against the engine (`mismatch/*`): from the
-     separate pass when one runs, else from the first mini-batch's forward, at no extra cost.
+  4. the train-inference mismatch of the old policy against the engine (`mismatch/*`): from the first
+     mini-batch's forward, at no extra cost.
 `state_dict()` is the weights hand-off to the rollout side. Nothing here reads the rollout side.
 
 In a data-parallel group (`trainer/data_parallel.py`) every rank runs `update` on the same batch, each
@@ -159,16 +160,16 @@ class Learner:
         self._check_packing(batch)
         generator = torch.Generator().manual_seed(derive_seed(self.config.seed, self.version, 7))
         order = torch.randperm(len(batch), generator=generator)
-        separate_pass = self.rl.old_logprobs == "recompute" and self.rl.mini_batches > 1
-        stats: dict[str, list[float]] = {}
+        minis = [mini.tolist() for mini in order.chunk(self.rl.mini_batches)]
         if self.rl.old_logprobs == "rollout":
             self._rollout_as_old(batch)
-        elif separate_pass:
-            for key, value in self.old_logprobs(batch).items():
-                stats[key] = [value]
-        for number, mini in enumerate(order.chunk(self.rl.mini_batches)):
-            measure = number == 0 and not separate_pass  # this forward is the old policy: measure it
-            for key, value in self._mini_batch_step(batch, mini.tolist(), measure).items():
+        elif len(minis) > 1:  # the later mini-batches' rows, before the first update changes the policy
+            self.old_logprobs(batch, sorted(row for mini in minis[1:] for row in mini))
+        stats: dict[str, list[float]] = {}
+        for number, mini in enumerate(minis):
+            # the first mini-batch's forward is the old policy itself: its old values and its mismatch
+            # come from it (`own_old`), at no extra cost
+            for key, value in self._mini_batch_step(batch, mini, own_old=number == 0).items():
                 stats.setdefault(key, []).append(value)
         self._advance_schedule()
         return {key: sum(values) / len(values) for key, values in stats.items()}
@@ -253,11 +254,11 @@ class Learner:
             batch.old_entropies = batch.rollout_entropies
 
     @torch.no_grad()
-    def old_logprobs(self, batch: RolloutBatch) -> dict[str, float]:
-        """The trainer's pre-update log-probs, entropies (when the loss needs them) and routes of `batch`,
-        stored on it; returns their mismatch metrics. Only r3 replays here: r2 records the trainer's own
-        routes, which the update passes then replay."""
-        rows = list(range(len(batch)))
+    def old_logprobs(self, batch: RolloutBatch, rows: list[int] | None = None) -> dict[str, float]:
+        """The trainer's pre-update log-probs, entropies (when the loss needs them) and routes of `rows` of
+        `batch` (all by default), stored on it (None for the other rows); returns their mismatch metrics.
+        Only r3 replays here: r2 records the trainer's own routes, which the update passes then replay."""
+        rows = list(range(len(batch))) if rows is None else rows
         logprobs: list[tuple[int, list[torch.Tensor]]] = []
         entropies: list[tuple[int, list[torch.Tensor]]] = []
         routes: list[tuple[int, list[torch.Tensor]]] = []
@@ -276,10 +277,21 @@ class Learner:
             if entropy is not None:
                 entropies.append((key, batch.completion_values(chunk, entropy)))
         order = self.parallel.in_order
-        batch.old_logprobs = order(logprobs)
-        batch.old_entropies = order(entropies) or None
-        batch.old_routes = order(routes) or None
-        return self._mismatch(batch, rows, batch.old_logprobs, batch.old_routes)
+        every = len(batch)
+
+        def spread(values: list) -> list | None:  # per-row values of `rows` -> one entry per batch row
+            if not values:
+                return None
+            out: list = [None] * every
+            for row, value in zip(rows, values):
+                out[row] = value
+            return out
+
+        logprobs, routes = order(logprobs), order(routes)
+        batch.old_logprobs = spread(logprobs)
+        batch.old_entropies = spread(order(entropies))
+        batch.old_routes = spread(routes)
+        return self._mismatch(batch, rows, logprobs, routes or None)
 
     def _mismatch(self, batch: RolloutBatch, rows: list[int], trainer_logprobs, trainer_routes) -> dict:
         engine_routes = batch.routed_experts
@@ -291,9 +303,16 @@ class Learner:
             [engine_routes[r] for r in rows] if engine_routes is not None else None,
         )
 
-    def _mini_batch_step(self, batch: RolloutBatch, rows: list[int], measure: bool) -> dict[str, float]:
-        """One optimizer step over `rows`; with `measure`, also the old policy's mismatch on them."""
+    def _mini_batch_step(self, batch: RolloutBatch, rows: list[int], own_old: bool) -> dict[str, float]:
+        """One optimizer step over `rows`. `own_old`: the policy has not moved since the batch was handed
+        over, so this forward is the old policy: it stands for the old values (unless the engine's do:
+        `rl.old_logprobs=rollout`) and gives the old policy's mismatch on these rows."""
+        measure = own_old
         data = batch.padded(rows, self.pad_id)
+        if own_old:  # the old values of these rows are this forward's own (r2 then routes by itself)
+            for key in ("old_logp", "old_entropy", "old_routes"):
+                if self.rl.old_logprobs == "recompute":
+                    data.pop(key, None)
         advantages = batch.advantages[rows]
         num_tokens = float(data["mask"].sum().clamp(min=1))
         routes_key = REPLAYED_ROUTES[self.rl.router_replay]
