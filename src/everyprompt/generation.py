@@ -8,7 +8,7 @@ with worker processes scoring overlaps with generation (docs/rollout.md); an inl
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from everyprompt.rewards.pool import RewardPool
@@ -26,6 +26,7 @@ class ScoredSamples:
     generate_s: float = 0.0  # until the engine yielded its last completion
     reward_wait_s: float = 0.0  # then waiting for the last rewards
     engine_stats: dict[str, float] = field(default_factory=dict)  # the engine's figures of this call
+    scored: int = 0  # completions sent to the reward (all but unfinished partial rollouts)
 
 
 def sample_and_score(
@@ -36,26 +37,42 @@ def sample_and_score(
     rows: Sequence[dict],
     rewards: RewardPool,
     call: object = 0,
+    prefixes: Sequence[list[int]] | None = None,
+    finished: Callable[[Completion], bool] | None = None,
 ) -> ScoredSamples:
     """Generate `requests` (ids 0..n-1, admitted in the order given), score each completion against the
-    reward columns `rows[request_id]`. `call` keeps this call's keys apart in a pool shared by calls."""
+    reward columns `rows[request_id]`. `call` keeps this call's keys apart in a pool shared by calls.
+
+    Partial rollouts: `prefixes[request_id]`, the tokens a request's completion continues (decoded and
+    scored together with it); a completion for which `finished` is false is neither decoded nor scored
+    (its text is "" and its reward None)."""
     ids = sorted(r.request_id for r in requests)
     if ids != list(range(len(requests))):
         raise ValueError(f"request ids must be 0..{len(requests) - 1}, got {ids[:5]}...")
     done: dict[int, tuple[Completion, str]] = {}
+    scored: list[int] = []
     began = time.perf_counter()
     for completion in engine.generate(requests, params):
-        text = tokenizer.decode(completion.token_ids, skip_special_tokens=True)
-        done[completion.request_id] = (completion, text)
-        rewards.submit((call, completion.request_id), text, rows[completion.request_id])
+        number = completion.request_id
+        if finished is not None and not finished(completion):
+            done[number] = (completion, "")
+            continue
+        tokens = completion.token_ids if prefixes is None else [*prefixes[number], *completion.token_ids]
+        text = tokenizer.decode(tokens, skip_special_tokens=True)
+        done[number] = (completion, text)
+        rewards.submit((call, number), text, rows[number])
+        scored.append(number)
     generated = time.perf_counter()
-    values = rewards.wait([(call, i) for i in range(len(requests))])
+    scored.sort()
+    values = dict(zip(scored, rewards.wait([(call, i) for i in scored])))
+    components = dict(zip(scored, rewards.last_components))
     return ScoredSamples(
         completions=[done[i][0] for i in range(len(requests))],
         texts=[done[i][1] for i in range(len(requests))],
-        rewards=values,
-        components=list(rewards.last_components),
+        rewards=[values.get(i) for i in range(len(requests))],
+        components=[components.get(i) for i in range(len(requests))],
         generate_s=generated - began,
         reward_wait_s=time.perf_counter() - generated,
         engine_stats=dict(engine.stats),
+        scored=len(scored),
     )

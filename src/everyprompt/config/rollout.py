@@ -45,10 +45,29 @@ class RolloutConfig(Section):
         "(prediction: the prompt's mean length in the pass-rate store, else its bucket's, else the cap).",
     )
 
+    partial: bool = Field(
+        False,
+        description="Partial rollouts: a sequence generates at most `partial_tokens` tokens per step; an "
+        "unfinished one continues in the next step under the newer weights (docs/asynchrony.md).",
+    )
+    partial_tokens: int | None = Field(
+        None, gt=0, description="Tokens a sequence may generate per step with `partial` (None: half the cap)."
+    )
+    max_versions_per_sequence: int = Field(
+        2,
+        ge=2,
+        description="With `partial`: the most policy versions (steps) one sequence may span; in its last one "
+        "it runs to its end.",
+    )
+
     @field_validator("engine")
     @classmethod
     def _known_engine(cls, name: str) -> str:
         return _known_engine(name)
+
+    def segment_tokens(self) -> int:
+        """With `partial`: the tokens a sequence generates per step."""
+        return self.partial_tokens or max(self.max_new_tokens // 2, 1)
 
 
 def _known_engine(name: str) -> str:

@@ -65,8 +65,8 @@ class PromptSource:
             live = {k: w for k, w in weights.items() if k not in exhausted}
             if not live:
                 raise DataError(
-                    "every RL prompt of the mixture's buckets is retired or deferred; widen the mixture, "
-                    "lower zve.retirement, or add prompts"
+                    "every RL prompt of the mixture's buckets is retired, deferred or in flight (partial "
+                    "rollouts); widen the mixture, lower zve.retirement or rl.prompts_per_step, or add prompts"
                 )
             for key, share in split_counts(count - len(out), live).items():
                 got = self._take_from(key, share, available)

@@ -71,6 +71,9 @@ class Completion:
     # the router logits those same tokens were routed by, as the engine computed them
     router_logits: torch.Tensor | None = None
     entropies: torch.Tensor | None = None  # [len(token_ids)] entropy of softmax(logits / T); None if not kept
+    # [len(token_ids)] int32: the policy version that sampled each token; set by the rollout side (an engine
+    # leaves it None), for completions that span a weight update (partial rollouts)
+    versions: torch.Tensor | None = None
 
 
 def call_stats(clock: dict[str, float], wall: float, slots: int) -> dict[str, float]:

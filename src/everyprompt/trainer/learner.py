@@ -144,11 +144,13 @@ class Learner:
     def update(self, batch: RolloutBatch) -> dict[str, float]:
         """One policy update from `batch` (which gains advantages and old-policy values); its metrics."""
         started = time.perf_counter()
-        metrics, still_zero_variance = batch_advantages(batch, self.rl, self.zve)
-        batch = drop_zero_variance(batch, still_zero_variance, self.zve, metrics)
+        metrics: dict[str, float] = {}
+        if len(batch):  # (empty when every group is still in flight: partial rollouts)
+            metrics, still_zero_variance = batch_advantages(batch, self.rl, self.zve)
+            batch = drop_zero_variance(batch, still_zero_variance, self.zve, metrics)
         if len(batch):
             metrics.update(self._optimize(batch))
-        else:  # every group was zero-variance and dropped: nothing to learn from this step
+        else:  # every group was zero-variance and dropped (or none finished): nothing to learn this step
             self._advance_schedule()
             metrics["actor/skipped_updates"] = 1.0
         self.version += 1

@@ -143,10 +143,19 @@ class RLTrainer:
         """This step's batch (one restored from an asynchronous run's checkpoint comes first) and, when
         asynchronous, how long each side waited and how stale its tokens are."""
         if self.pipeline is None:
-            restored = self.restored.pop(self.step, None)
-            return (restored or self.rollout.next_batch(self.step)), {}
-        batch, waits = self.pipeline.take(self.step)
-        return batch, {**waits, **staleness_metrics(batch, self.step, self.rl.max_staleness)}
+            batch, waits = self.restored.pop(self.step, None) or self.rollout.next_batch(self.step), {}
+        else:
+            batch, waits = self.pipeline.take(self.step)
+        if self.pipeline is None and not self.config.rollout.partial:
+            return batch, waits
+        return batch, {**waits, **staleness_metrics(batch, self.step, self.staleness_bound)}
+
+    @property
+    def staleness_bound(self) -> int:
+        """The most updates a token may be behind the learner that trains on it: rl.max_staleness, and a
+        partial rollout's early tokens up to rollout.max_versions_per_sequence - 1 more."""
+        rollout = self.config.rollout
+        return self.rl.max_staleness + (rollout.max_versions_per_sequence - 1 if rollout.partial else 0)
 
     def _start_pipeline(self) -> None:
         """rl.max_staleness >= 1: start the producer from the learner's current weights."""

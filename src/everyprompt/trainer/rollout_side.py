@@ -13,7 +13,7 @@ import math
 import statistics
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -29,7 +29,9 @@ from everyprompt.rewards.pool import RewardPool
 from everyprompt.rollout import GenerationRequest, RolloutEngine, SamplingParams, build_engine, derive_seed
 from everyprompt.rollout.scheduler import LengthPredictor, admission_order
 from everyprompt.trainer.batch import RolloutBatch
+from everyprompt.trainer.partial import PartialRollouts, tag
 from everyprompt.zve import Collection, Group, collect_groups, group_zero_variance
+from everyprompt.zve.expansion import InFlight
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +42,13 @@ class _Tally:
 
     generate_s: float = 0.0
     reward_wait_s: float = 0.0
+    scored: int = 0  # completions sent to the reward (unfinished partial rollouts are not)
     engine_calls: list[dict[str, float]] = field(default_factory=list)
     components: dict[str, list[float | None]] = field(default_factory=dict)
 
     def add(self, scored) -> None:
         self.generate_s += scored.generate_s
+        self.scored += scored.scored
         self.reward_wait_s += scored.reward_wait_s
         if scored.engine_stats:
             self.engine_calls.append(scored.engine_stats)
@@ -141,6 +145,10 @@ class RolloutSide:
         self._reward_rows = [{key: row.get(key) for key in keys} for row in prompts]
         self._calls = 0  # generate calls so far: keeps each call's reward keys apart
         self.version = 0  # the policy version of the engine's weights (updates behind them)
+        rollout = config.rollout
+        self.partial = (
+            PartialRollouts(rollout.segment_tokens(), rollout.max_versions_per_sequence) if rollout.partial else None
+        )
 
     @classmethod
     def build(
@@ -177,6 +185,7 @@ class RolloutSide:
             "lengths": self.lengths.state_dict(),
             "retired_total": self.retired_total,
             "reward_health": list(self.health.recent),
+            "partial": self.partial.state_dict() if self.partial is not None else None,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -187,6 +196,8 @@ class RolloutSide:
         self.lengths.load_state_dict(state["lengths"])
         self.retired_total = state["retired_total"]
         self.health.recent.extend(tuple(pair) for pair in state["reward_health"])
+        if self.partial is not None and state.get("partial"):
+            self.partial.load_state_dict(state["partial"])
 
     # ------------------------------------------------------------ one batch
     def settings(self) -> dict:
@@ -221,7 +232,8 @@ class RolloutSide:
         zve = self.config.zve
         expand = zve.enabled and zve.expansion.enabled
         mixture = self.curriculum.stage.mixture if self.curriculum is not None else None
-        available = self._available(step) if zve.enabled and zve.retirement.enabled else None
+        finished = self._continue_carried(step, params, tally)  # partial rollouts: earlier steps' groups
+        available = self._available(step)  # (after: the groups that just finished are no longer in flight)
         collection = collect_groups(
             lambda count: self.source.take(count, mixture, available),
             lambda specs: self._sample(step, specs, params, tally),
@@ -232,10 +244,13 @@ class RolloutSide:
             dynamic_sampling=expand and zve.expansion.dynamic_sampling,
             max_rollouts=zve.expansion.max_rollouts_per_step,
         )
-        self.health.check(step, self.rewards.take_failures(), collection.generated)
-        batch = self._assemble(collection.groups, settings["max_new_tokens"], self.version)
+        if self.partial is not None:
+            self.partial.hold(collection.in_flight, step, self.config.seed, settings["max_new_tokens"])
+        self.health.check(step, self.rewards.take_failures(), tally.scored)
+        batch = self._assemble(finished + collection.groups, settings["max_new_tokens"], self.version)
         batch.stats = {
-            **self._record_pass_rates(collection, step),
+            **self._record_pass_rates(finished + collection.all_groups, step),
+            **self._partial_stats(batch),
             **self._collection_stats(collection),
             **self._reward_stats(batch, collection.generated),
             **tally.metrics(),
@@ -254,7 +269,57 @@ class RolloutSide:
         return batch
 
     def _available(self, step: int):
-        return lambda index: self.store.is_available(self.prompts[index]["prompt"], step)
+        """Which prompts may be drawn: not retired or deferred (ZVE retirement), not in flight (partial
+        rollouts); None when every prompt may."""
+        zve = self.config.zve
+        retiring = zve.enabled and zve.retirement.enabled
+        busy = self.partial.in_flight_prompts if self.partial is not None else set()
+        if not retiring and not busy:
+            return None
+        return lambda index: index not in busy and (
+            not retiring or self.store.is_available(self.prompts[index]["prompt"], step)
+        )
+
+    def _continue_carried(self, step: int, params: SamplingParams, tally: _Tally) -> list[Group]:
+        """Partial rollouts: continue the unfinished samples of earlier steps under this step's weights;
+        the groups this finishes."""
+        if self.partial is None or not self.partial.carried:
+            return []
+        carried = self.partial.carried
+        predicted = [
+            self.lengths.predict(self.prompts[c.group.prompt_index]["prompt"], self._bucket(c.group.prompt_index))
+            for c in carried
+        ]
+        requests = self.partial.requests(predicted)
+        order = admission_order([r.predicted_length for r in requests], self.config.rollout.schedule)
+        rows = [self._reward_rows[c.group.prompt_index] for c in carried]
+        scored = sample_and_score(
+            self.engine,
+            self.tokenizer,
+            [requests[i] for i in order],
+            params,
+            rows,
+            self.rewards,
+            self._calls,
+            prefixes=[c.completion.token_ids for c in carried],
+            finished=lambda more: self.partial.finished(
+                more, len(carried[more.request_id].completion.token_ids), carried[more.request_id].cap
+            ),
+        )
+        self._calls += 1
+        tally.add(scored)
+        groups = self.partial.advance(scored, self.version)
+        for group in groups:
+            for completion, _ in group.completions:
+                self.lengths.observe(self._bucket(group.prompt_index), [len(completion.token_ids)])
+        return groups
+
+    def _partial_stats(self, batch: RolloutBatch) -> dict[str, float]:
+        """async/partial_sequences: the batch's sequences that span more than one policy version."""
+        if self.partial is None:
+            return {}
+        spanning = sum(int(v.min() != v.max()) for v in batch.versions if len(v))
+        return {"async/partial_sequences": float(spanning), "rollout/in_flight": float(len(self.partial.carried))}
 
     def _sample(self, step: int, specs: list[tuple[int, int, int]], params, tally: _Tally) -> list:
         """One completion per (prompt index, group slot, sample number) spec: [((Completion, text), reward)]."""
@@ -268,14 +333,31 @@ class RolloutSide:
         ]
         order = admission_order(predicted, self.config.rollout.schedule)
         rows = [self._reward_rows[index] for index, _, _ in specs]
+        finished = None
+        if self.partial is not None:  # a first segment of at most `partial_tokens` tokens
+            cap = params.max_new_tokens
+            requests = [replace(r, max_new_tokens=self.partial.first_cap(cap)) for r in requests]
+            finished = lambda c: self.partial.finished(c, 0, cap)  # noqa: E731
         scored = sample_and_score(
-            self.engine, self.tokenizer, [requests[i] for i in order], params, rows, self.rewards, self._calls
+            self.engine,
+            self.tokenizer,
+            [requests[i] for i in order],
+            params,
+            rows,
+            self.rewards,
+            self._calls,
+            finished=finished,
         )
         self._calls += 1
         tally.add(scored)
-        for (index, _, _), completion in zip(specs, scored.completions):
+        out = []
+        for (index, _, _), completion, text, reward in zip(specs, scored.completions, scored.texts, scored.rewards):
+            if finished is not None and not finished(completion):  # carried on to the next step
+                out.append((InFlight(tag(completion, self.version)), None))
+                continue
             self.lengths.observe(self._bucket(index), [len(completion.token_ids)])
-        return [((c, t), r) for c, t, r in zip(scored.completions, scored.texts, scored.rewards)]
+            out.append(((completion, text), reward))
+        return out
 
     def _buckets(self) -> dict[str, list[int]]:
         """Prompt buckets of the current curriculum stage (one bucket without a curriculum)."""
@@ -292,11 +374,12 @@ class RolloutSide:
         value = self.prompts[index].get(self.config.curriculum.field)
         return None if value is None else str(value)
 
-    def _record_pass_rates(self, collection: Collection, step: int) -> dict[str, float]:
-        """ZVE stage 4: every group updates its prompt's pass rate; retire / defer by the streak rules."""
+    def _record_pass_rates(self, groups: list[Group], step: int) -> dict[str, float]:
+        """ZVE stage 4: every finished group updates its prompt's pass rate (once: an in-flight group when
+        its last sample finishes); retire / defer by the streak rules."""
         zve = self.config.zve
         visits = []
-        for group in collection.all_groups:
+        for group in groups:
             valid = group.valid_rewards()
             if valid:
                 lengths = [len(c.token_ids) for c, _ in group.completions]
@@ -328,23 +411,26 @@ class RolloutSide:
         }
 
     def _reward_stats(self, batch: RolloutBatch, generated: int) -> dict[str, float]:
-        """reward/* and rollout/* of the batch, and how many of the `generated` rollouts carry a signal."""
+        """reward/* and rollout/* of the batch, and how many of the `generated` rollouts carry a signal.
+        A batch can be empty with partial rollouts (every group still in flight): its figures are NaN."""
+        rows = len(batch)
         valid = batch.rewards[~torch.isnan(batch.rewards)]
         tokens = sum(len(c) for c in batch.completion_ids)
         zero = group_zero_variance(batch.rewards, batch.group_index)
         signal_groups = int((~zero).sum())
         correct = self.config.zve.correct_reward
+        nan = math.nan
         return {
-            "reward/mean": float(valid.mean()) if valid.numel() else math.nan,
-            "reward/accuracy": float((valid >= correct).float().mean()) if valid.numel() else math.nan,
-            "reward/none_fraction": 1.0 - valid.numel() / len(batch),
+            "reward/mean": float(valid.mean()) if valid.numel() else nan,
+            "reward/accuracy": float((valid >= correct).float().mean()) if valid.numel() else nan,
+            "reward/none_fraction": 1.0 - valid.numel() / rows if rows else nan,
             # of all rollouts generated this step, those in groups with a reward signal (before ZVE 2-3)
-            "zve/signal_rollout_fraction": float((~zero)[batch.group_index].sum()) / generated,
+            "zve/signal_rollout_fraction": float((~zero)[batch.group_index].sum()) / generated if generated else nan,
             "zve/signal_groups": float(signal_groups),
             "zve/rollouts_per_signal_group": generated / signal_groups if signal_groups else math.inf,
             "rollout/tokens": float(tokens),
-            "rollout/mean_length": tokens / len(batch),
-            "rollout/truncated_fraction": batch.finish_reason.count("length") / len(batch),
+            "rollout/mean_length": tokens / rows if rows else nan,
+            "rollout/truncated_fraction": batch.finish_reason.count("length") / rows if rows else nan,
         }
 
     @staticmethod
@@ -370,5 +456,8 @@ class RolloutSide:
             completion_text=[t for _, t in completions],
             rewards=torch.tensor([math.nan if r is None else r for r in rewards], dtype=torch.float32),
             max_new_tokens=max_new_tokens,
-            versions=[torch.full((len(c.token_ids),), version, dtype=torch.int32) for c in every],
+            versions=[
+                c.versions if c.versions is not None else torch.full((len(c.token_ids),), version, dtype=torch.int32)
+                for c in every
+            ],
         )

@@ -6,6 +6,9 @@ Decisions where the method's paper is silent:
   dynamic sampling the remaining zero-variance groups are only used when the budget ran out first.
 - Groups still zero-variance after every enabled stage are left out by the learner (stages 2 and 3
   run there), not here: this collector returns every chosen group.
+- With partial rollouts a sample can come back unfinished (`InFlight`): its group is in flight. It is
+  neither grown nor counted as informative or zero-variance, and is returned apart (`Collection.in_flight`)
+  for the rollout side to finish in a later step, when it joins that step's batch.
 """
 
 from __future__ import annotations
@@ -13,6 +16,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+
+@dataclass
+class InFlight:
+    """A sample that is not finished yet (partial rollouts): what it has generated so far."""
+
+    partial: object  # rollout.Completion
 
 
 @dataclass
@@ -28,6 +38,11 @@ class Group:
     @property
     def size(self) -> int:
         return len(self.completions)
+
+    @property
+    def in_flight(self) -> bool:
+        """Some of its samples are still being generated (partial rollouts)."""
+        return any(isinstance(c, InFlight) for c in self.completions)
 
     def valid_rewards(self) -> list[float]:
         return [r for r in self.rewards if r is not None and not math.isnan(r)]
@@ -47,13 +62,14 @@ class Collection:
     """The groups an update uses and the accounting of how they were obtained."""
 
     groups: list[Group]  # the update's groups, in batch order
-    all_groups: list[Group]  # every group sampled this step (the pass-rate store records them all)
+    all_groups: list[Group]  # every finished group sampled this step (the pass-rate store records them)
     generated: int  # rollouts sampled this step, used or not
     rounds: int  # expansion rounds run
     sampled_groups: int  # groups opened this step (dynamic sampling adds to the first draw)
     zv_sampled: float  # zero-variance rate of the first draw at N0 (what plain GRPO would see)
     zv_expanded: float  # zero-variance rate of all groups after expansion
     dropped_groups: int  # groups sampled but left out of the update
+    in_flight: list[Group] = field(default_factory=list)  # groups with unfinished samples (partial rollouts)
 
 
 Sampler = Callable[[list[tuple[int, int, int]]], list[tuple[object, float | None]]]
@@ -78,6 +94,8 @@ def collect_groups(
     groups are informative. Nothing is sampled past `max_rollouts`. Without expansion
     (`max_group_size` None or <= N0) this is plain GRPO sampling.
     """
+    if prompts_per_step == 0:  # every group of the step came from earlier ones (partial rollouts)
+        return Collection([], [], 0, 0, 0, math.nan, math.nan, 0)
     max_group_size = max(max_group_size or group_size, group_size)
     step = expansion_step or group_size
     budget = max_rollouts if max_rollouts is not None else 2 * prompts_per_step * group_size
@@ -104,7 +122,7 @@ def collect_groups(
     while True:
         # expansion rounds over every zero-variance group that can still grow
         while True:
-            growable = [g for g in groups if g.zero_variance and g.size < max_group_size]
+            growable = [g for g in groups if g.zero_variance and not g.in_flight and g.size < max_group_size]
             room = budget - generated
             if not growable or room <= 0:
                 break
@@ -116,22 +134,25 @@ def collect_groups(
                     break
             run(specs)
             rounds += 1
-        informative = sum(not g.zero_variance for g in groups)
+        informative = sum(not g.zero_variance and not g.in_flight for g in groups)
         need = prompts_per_step - informative
         if not dynamic_sampling or need <= 0 or budget - generated < group_size:
             break
         open_groups(min(need, (budget - generated) // group_size))
 
-    ordered = [g for g in groups if not g.zero_variance] + [g for g in groups if g.zero_variance]
+    finished = [g for g in groups if not g.in_flight]
+    ordered = [g for g in finished if not g.zero_variance] + [g for g in finished if g.zero_variance]
     chosen = ordered[:prompts_per_step]
     chosen.sort(key=lambda g: g.slot)
+    first = [g for g in groups[:first_draw] if not g.in_flight]
     return Collection(
         groups=chosen,
-        all_groups=groups,
+        all_groups=finished,
         generated=generated,
         rounds=rounds,
         sampled_groups=len(groups),
-        zv_sampled=sum(g.initially_zero_variance() for g in groups[:first_draw]) / max(first_draw, 1),
-        zv_expanded=sum(g.zero_variance for g in groups) / max(len(groups), 1),
-        dropped_groups=len(groups) - len(chosen),
+        zv_sampled=sum(g.initially_zero_variance() for g in first) / len(first) if first else math.nan,
+        zv_expanded=sum(g.zero_variance for g in finished) / len(finished) if finished else math.nan,
+        dropped_groups=len(finished) - len(chosen),
+        in_flight=[g for g in groups if g.in_flight],
     )

@@ -24,7 +24,7 @@ from everyprompt.rewards.shaping import repetition_rate, reshape_rewards
 
 def group_zero_variance(rewards: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
     """[G] bool: groups whose valid rewards are all equal (or that have none)."""
-    groups = int(group_index.max()) + 1
+    groups = int(group_index.max()) + 1 if group_index.numel() else 0
     valid = ~torch.isnan(rewards)
     values, index = rewards[valid].double(), group_index[valid]
     low = torch.full((groups,), math.inf, dtype=torch.float64).scatter_reduce(0, index, values, "amin")
