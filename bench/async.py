@@ -8,7 +8,9 @@ measured, as context: the synchronous loop with 2 threads, both cores on each ph
 
 Reported per set-up (medians over the steps after the first two, then over seeds): the RL step time and
 its ratio to the synchronous one-thread reference, the rollout and update times, the learner's and
-the rollout side's idle fractions (waiting for a batch / for weights, over the step), the staleness;
+the rollout side's idle fractions (waiting for a batch / for weights, over the step), the staleness,
+the sequences per step that spanned a weight update (partial rollouts, `rollout.partial_tokens` = half
+the cap) and the engine's prefill time (what re-prefilling continued sequences costs);
 and the held-out greedy accuracy and pass@k after the last step, per seed, with their mean and spread.
 
     python bench/async.py             # ~20 minutes on 2 CPU cores
@@ -39,6 +41,8 @@ SETUPS = {
     "sync + decoupled loss, 1 thread": ["threads=1", *DECOUPLED],
     "async k=1": ["threads=1", "rl.max_staleness=1", *DECOUPLED],
     "async k=2": ["threads=1", "rl.max_staleness=2", *DECOUPLED],
+    "async k=1 + partial": ["threads=1", "rl.max_staleness=1", *DECOUPLED, "rollout.partial=true"],
+    "async k=2 + partial": ["threads=1", "rl.max_staleness=2", *DECOUPLED, "rollout.partial=true"],
 }
 REFERENCE = "sync, 1 thread"
 RUN = ["sft.steps=0", "logging.progress=false", "checkpoint.every=0"]
@@ -71,7 +75,14 @@ def measure(overrides: list[str], checkpoint: str, steps: int, seed: int, num_ev
 
     config = load_config(
         DEMO,
-        [*RUN, f"model.path={checkpoint}", f"rl.steps={steps}", f"seed={seed}", f"data.num_eval={num_eval}", *overrides],
+        [
+            *RUN,
+            f"model.path={checkpoint}",
+            f"rl.steps={steps}",
+            f"seed={seed}",
+            f"data.num_eval={num_eval}",
+            *overrides,
+        ],
     )
     with tempfile.TemporaryDirectory() as run_dir:
         train(config, run_dir=run_dir)
@@ -88,6 +99,8 @@ def measure(overrides: list[str], checkpoint: str, steps: int, seed: int, num_ev
         "rollout_idle": statistics.median(r for _, r in idle),
         "staleness_mean": statistics.fmean(row.get("async/staleness_mean", 0.0) for row in rows),
         "staleness_max": max(row.get("async/staleness_max", 0.0) for row in rows),
+        "partial_sequences_per_step": statistics.fmean(row.get("async/partial_sequences", 0.0) for row in rows),
+        "prefill_s": median("rollout/prefill_s"),
         "reward_mean_last10": statistics.fmean(row["reward/mean"] for row in rows[-10:]),
         "greedy_accuracy": final["greedy_accuracy"],
         "pass_at_k": final[f"pass@{config.eval.pass_k}"],
@@ -97,7 +110,11 @@ def measure(overrides: list[str], checkpoint: str, steps: int, seed: int, num_ev
 def summarize(per_seed: dict[int, dict]) -> dict:
     """Medians of the timings over seeds; the accuracy per seed with its mean and spread (max - min)."""
     runs = list(per_seed.values())
-    out = {key: statistics.median(r[key] for r in runs) for key in runs[0] if key not in ("greedy_accuracy", "pass_at_k")}
+    out = {
+        key: statistics.median(r[key] for r in runs)
+        for key in runs[0]
+        if key not in ("greedy_accuracy", "pass_at_k")
+    }
     for key in ("greedy_accuracy", "pass_at_k"):
         values = [r[key] for r in runs]
         out[key] = {"per_seed": values, "mean": statistics.fmean(values), "spread": max(values) - min(values)}
@@ -105,7 +122,9 @@ def summarize(per_seed: dict[int, dict]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--sft-steps", type=int, default=480)

@@ -16,7 +16,11 @@ from everyprompt.trainer.rollout_side import RolloutSide
 from tests.conftest import tiny_config
 
 ASYNC = ["rl.old_logprobs=recompute", "rl.rollout_correction.mode=tis"]
-SIGNAL = ["rewards.function=tests.trainer.flaky_reward:hashed", "rl.lr=1e-2", "rl.group_size=6"]  # every step updates
+SIGNAL = [
+    "rewards.function=tests.trainer.flaky_reward:hashed",
+    "rl.lr=1e-2",
+    "rl.group_size=6",
+]  # every step updates
 
 
 def _parameters(model) -> dict[str, torch.Tensor]:

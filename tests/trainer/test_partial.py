@@ -45,8 +45,13 @@ def test_routes_are_replayed_token_by_token_across_a_version_boundary():
     new, _ = _random_model(config, 2)  # policy version 1
     params = SamplingParams(12, record_routes=True)
     prompt = tokenizer("12+34=").input_ids
-    first = next(iter(NativeEngine.from_model(old, tokenizer).generate(
-        [GenerationRequest(0, prompt, seed=5, max_new_tokens=4)], params)))
+    first = next(
+        iter(
+            NativeEngine.from_model(old, tokenizer).generate(
+                [GenerationRequest(0, prompt, seed=5, max_new_tokens=4)], params
+            )
+        )
+    )
     assert first.finish_reason == "length" and len(first.token_ids) == 4
     engine = NativeEngine.from_model(new, tokenizer)
     more = next(iter(engine.generate([GenerationRequest(0, prompt + first.token_ids, seed=6)], params)))

@@ -408,7 +408,7 @@ def test_a_reward_that_always_fails_stops_the_run_with_its_traceback(tmp_path, c
 def test_reward_health_judges_the_window_hand_computed():
     from everyprompt.rewards import RewardError
     from everyprompt.rewards.base import RewardFailure
-    from everyprompt.trainer.rollout_side import RewardHealth
+    from everyprompt.rewards.health import RewardHealth
 
     health = RewardHealth(max_error_fraction=0.5, window=3)
     bad = RewardFailure("ValueError: bad", "Traceback ...")

@@ -244,7 +244,12 @@ def test_the_first_mini_batch_as_its_own_old_policy_equals_a_full_old_policy_pas
     no-grad pass over every row, then every mini-batch reads its old values from it."""
     from everyprompt.trainer.signal import batch_advantages
 
-    options = (f"rl.router_replay={replay}", "rl.old_logprobs=recompute", "rl.micro_batch_size=2", "rl.lr=1e-2")
+    options = (
+        f"rl.router_replay={replay}",
+        "rl.old_logprobs=recompute",
+        "rl.micro_batch_size=2",
+        "rl.lr=1e-2",
+    )
     fast, model, tokenizer = _learner(*options)
     batch = hand_batch(model, tokenizer, [1.0, 0.0] * 3)
     if replay == "r3":

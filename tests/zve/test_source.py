@@ -30,7 +30,9 @@ def test_an_exhausted_bucket_passes_its_share_on_and_total_exhaustion_is_an_erro
     source = PromptSource({"a": [0, 1], "b": [2, 3, 4]}, seed=1)
     drawn = source.take(4, {"a": 1, "b": 1}, available=lambda i: i >= 2)
     assert sorted(set(drawn)) <= [2, 3, 4] and len(drawn) == 4
-    with pytest.raises(DataError, match="every RL prompt of the mixture's buckets is retired, deferred or in flight"):
+    with pytest.raises(
+        DataError, match="every RL prompt of the mixture's buckets is retired, deferred or in flight"
+    ):
         source.take(2, None, available=lambda i: False)
 
 

@@ -61,7 +61,9 @@ def rollout_correction(
         if level == "sequence":
             log_rho = log_rho.sum(-1, keepdim=True).expand_as(mask)
         elif level == "geometric":
-            log_rho = (log_rho.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)).expand_as(mask)
+            log_rho = (log_rho.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)).expand_as(
+                mask
+            )
         log_cap = math.log(cap)
         if mode == "tis":
             weight = log_rho.clamp(max=log_cap).exp()

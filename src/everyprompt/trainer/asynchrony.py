@@ -147,12 +147,17 @@ class RolloutPipeline:
         with self.cond:
             while number not in self.ready and self.error is None:
                 if number >= self.stop_at or (self.next > number and not self.busy):
-                    raise RuntimeError(f"batch {number} is not scheduled (next {self.next}, end {self.stop_at})")
+                    raise RuntimeError(
+                        f"batch {number} is not scheduled (next {self.next}, end {self.stop_at})"
+                    )
                 self.cond.wait()
             self._raise_error()
             batch = self.ready.pop(number)
             rollout_wait, self.rollout_wait_s = self.rollout_wait_s, 0.0
-        return batch, {"async/learner_wait_s": time.perf_counter() - started, "async/rollout_wait_s": rollout_wait}
+        return batch, {
+            "async/learner_wait_s": time.perf_counter() - started,
+            "async/rollout_wait_s": rollout_wait,
+        }
 
     def publish(self, version: int, weights) -> None:
         """The learner's weights after `version` updates (an `own_copy`: the producer keeps them)."""

@@ -147,15 +147,25 @@ class PartialRollouts:
                 item = carried.get((key, position))
                 if item is not None:
                     members.append(
-                        {"carried": _completion_state(item.completion), "seed": item.seed,
-                         "segments": item.segments, "cap": item.cap, "origin": item.origin}
+                        {
+                            "carried": _completion_state(item.completion),
+                            "seed": item.seed,
+                            "segments": item.segments,
+                            "cap": item.cap,
+                            "origin": item.origin,
+                        }
                     )
                 else:
                     completion, text = entry
                     members.append({"done": _completion_state(completion), "text": text})
             out.append(
-                {"prompt_index": group.prompt_index, "slot": group.slot, "initial_size": group.initial_size,
-                 "rewards": list(group.rewards), "members": members}
+                {
+                    "prompt_index": group.prompt_index,
+                    "slot": group.slot,
+                    "initial_size": group.initial_size,
+                    "rewards": list(group.rewards),
+                    "members": members,
+                }
             )
         return {"groups": out}
 
@@ -171,8 +181,15 @@ class PartialRollouts:
                 completion = Completion(**member["carried"])
                 group.completions.append(InFlight(completion))
                 self.carried.append(
-                    Carried(group, position, completion, member["seed"], member["segments"], member["cap"],
-                            member["origin"])
+                    Carried(
+                        group,
+                        position,
+                        completion,
+                        member["seed"],
+                        member["segments"],
+                        member["cap"],
+                        member["origin"],
+                    )
                 )
 
 

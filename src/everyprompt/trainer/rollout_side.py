@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import logging
 import math
-import statistics
 import time
-from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import torch
 
@@ -23,100 +21,18 @@ from everyprompt.data.formatting import prompt_format_of
 from everyprompt.data.passrate import PassRateStore
 from everyprompt.data.source import ALL, PromptSource, buckets_by_field, buckets_by_pass_rate
 from everyprompt.generation import sample_and_score
-from everyprompt.rewards import RewardError, build_reward
-from everyprompt.rewards.base import RewardFailure, summarize_failures
+from everyprompt.rewards import build_reward
+from everyprompt.rewards.health import RewardHealth
 from everyprompt.rewards.pool import RewardPool
 from everyprompt.rollout import GenerationRequest, RolloutEngine, SamplingParams, build_engine, derive_seed
 from everyprompt.rollout.scheduler import LengthPredictor, admission_order
 from everyprompt.trainer.batch import RolloutBatch
 from everyprompt.trainer.partial import PartialRollouts, tag
+from everyprompt.trainer.tally import StepTally
 from everyprompt.zve import Collection, Group, collect_groups, group_zero_variance
 from everyprompt.zve.expansion import InFlight
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Tally:
-    """What one step's generate calls add up to (ZVE expansion makes several calls per step)."""
-
-    generate_s: float = 0.0
-    reward_wait_s: float = 0.0
-    scored: int = 0  # completions sent to the reward (unfinished partial rollouts are not)
-    engine_calls: list[dict[str, float]] = field(default_factory=list)
-    components: dict[str, list[float | None]] = field(default_factory=dict)
-
-    def add(self, scored) -> None:
-        self.generate_s += scored.generate_s
-        self.scored += scored.scored
-        self.reward_wait_s += scored.reward_wait_s
-        if scored.engine_stats:
-            self.engine_calls.append(scored.engine_stats)
-        for parts in scored.components:
-            for name, value in (parts or {}).items():
-                self.components.setdefault(name, []).append(value)
-
-    def metrics(self) -> dict[str, float]:
-        """rollout/* throughput over the calls, each reward component's mean (reward/<name>), and the sum of
-        any namespaced figure the engine reports (such as cluster/actor_restarts)."""
-        out = {
-            f"reward/{name}": statistics.fmean(v for v in values if v is not None)
-            if any(v is not None for v in values)
-            else math.nan
-            for name, values in self.components.items()
-        }
-        calls = self.engine_calls
-        for call in calls:  # namespaced figures an engine adds (cluster/*): summed over the step's calls
-            for key, value in call.items():
-                if "/" in key:
-                    out[key] = out.get(key, 0.0) + value
-        if calls:
-            steps = max(sum(c["decode_steps"] for c in calls), 1)
-            wall = sum(c["wall_s"] for c in calls)
-            out["rollout/tokens_per_s"] = sum(c["tokens"] for c in calls) / wall if wall > 0 else 0.0
-            out["rollout/slot_occupancy"] = (
-                sum(c["slot_occupancy"] * c["decode_steps"] for c in calls) / steps
-            )
-            out["rollout/decode_step_ms"] = (
-                sum(c["decode_step_ms"] * c["decode_steps"] for c in calls) / steps
-            )
-        return out
-
-
-class RewardHealth:
-    """Reports each distinct reward failure once per step, and stops a run whose reward is broken: every
-    reward of a step failed, or more than `max_error_fraction` of those of the last `window` steps."""
-
-    def __init__(self, max_error_fraction: float, window: int):
-        self.max_error_fraction = max_error_fraction
-        self.recent: deque[tuple[int, int]] = deque(maxlen=window)  # (failed, scored) per step
-
-    def check(self, step: int, failures: list[RewardFailure], scored: int) -> None:
-        distinct = summarize_failures(failures)
-        for summary, (count, first) in distinct.items():
-            log.warning(
-                "step %d: %d of %d rewards failed with %s; first:\n%s",
-                step,
-                count,
-                scored,
-                summary,
-                first.traceback,
-            )
-        self.recent.append((len(failures), scored))
-        failed, total = (sum(column) for column in zip(*self.recent))
-        every = scored > 0 and len(failures) >= scored
-        too_many = len(self.recent) == self.recent.maxlen and failed > self.max_error_fraction * total
-        if every or too_many:
-            summary, (count, first) = next(iter(distinct.items()), ("", (0, RewardFailure(""))))
-            why = (
-                f"every reward of step {step} failed"
-                if every
-                else (
-                    f"{failed} of the {total} rewards of the last {len(self.recent)} steps failed "
-                    f"(rewards.max_error_fraction={self.max_error_fraction:g})"
-                )
-            )
-            raise RewardError(f"{why}; the reward function is broken: {count} x {summary}\n{first.traceback}")
 
 
 class RolloutSide:
@@ -147,7 +63,9 @@ class RolloutSide:
         self.version = 0  # the policy version of the engine's weights (updates behind them)
         rollout = config.rollout
         self.partial = (
-            PartialRollouts(rollout.segment_tokens(), rollout.max_versions_per_sequence) if rollout.partial else None
+            PartialRollouts(rollout.segment_tokens(), rollout.max_versions_per_sequence)
+            if rollout.partial
+            else None
         )
 
     @classmethod
@@ -227,7 +145,7 @@ class RolloutSide:
             record_routes=self.engine.can_record_routes,  # replay and the routing-mismatch metrics
             stop=tuple(self.config.rollout.stop),
         )
-        tally = _Tally()
+        tally = StepTally()
         errors_before = self.rewards.stats.errors
         zve = self.config.zve
         expand = zve.enabled and zve.expansion.enabled
@@ -276,18 +194,21 @@ class RolloutSide:
         busy = self.partial.in_flight_prompts if self.partial is not None else set()
         if not retiring and not busy:
             return None
-        return lambda index: index not in busy and (
-            not retiring or self.store.is_available(self.prompts[index]["prompt"], step)
+        return lambda index: (
+            index not in busy
+            and (not retiring or self.store.is_available(self.prompts[index]["prompt"], step))
         )
 
-    def _continue_carried(self, step: int, params: SamplingParams, tally: _Tally) -> list[Group]:
+    def _continue_carried(self, step: int, params: SamplingParams, tally: StepTally) -> list[Group]:
         """Partial rollouts: continue the unfinished samples of earlier steps under this step's weights;
         the groups this finishes."""
         if self.partial is None or not self.partial.carried:
             return []
         carried = self.partial.carried
         predicted = [
-            self.lengths.predict(self.prompts[c.group.prompt_index]["prompt"], self._bucket(c.group.prompt_index))
+            self.lengths.predict(
+                self.prompts[c.group.prompt_index]["prompt"], self._bucket(c.group.prompt_index)
+            )
             for c in carried
         ]
         requests = self.partial.requests(predicted)
@@ -319,9 +240,12 @@ class RolloutSide:
         if self.partial is None:
             return {}
         spanning = sum(int(v.min() != v.max()) for v in batch.versions if len(v))
-        return {"async/partial_sequences": float(spanning), "rollout/in_flight": float(len(self.partial.carried))}
+        return {
+            "async/partial_sequences": float(spanning),
+            "rollout/in_flight": float(len(self.partial.carried)),
+        }
 
-    def _sample(self, step: int, specs: list[tuple[int, int, int]], params, tally: _Tally) -> list:
+    def _sample(self, step: int, specs: list[tuple[int, int, int]], params, tally: StepTally) -> list:
         """One completion per (prompt index, group slot, sample number) spec: [((Completion, text), reward)]."""
         seed = self.config.seed
         predicted = [self.lengths.predict(self.prompts[i]["prompt"], self._bucket(i)) for i, _, _ in specs]
@@ -351,7 +275,9 @@ class RolloutSide:
         self._calls += 1
         tally.add(scored)
         out = []
-        for (index, _, _), completion, text, reward in zip(specs, scored.completions, scored.texts, scored.rewards):
+        for (index, _, _), completion, text, reward in zip(
+            specs, scored.completions, scored.texts, scored.rewards
+        ):
             if finished is not None and not finished(completion):  # carried on to the next step
                 out.append((InFlight(tag(completion, self.version)), None))
                 continue
@@ -425,7 +351,9 @@ class RolloutSide:
             "reward/accuracy": float((valid >= correct).float().mean()) if valid.numel() else nan,
             "reward/none_fraction": 1.0 - valid.numel() / rows if rows else nan,
             # of all rollouts generated this step, those in groups with a reward signal (before ZVE 2-3)
-            "zve/signal_rollout_fraction": float((~zero)[batch.group_index].sum()) / generated if generated else nan,
+            "zve/signal_rollout_fraction": float((~zero)[batch.group_index].sum()) / generated
+            if generated
+            else nan,
             "zve/signal_groups": float(signal_groups),
             "zve/rollouts_per_signal_group": generated / signal_groups if signal_groups else math.inf,
             "rollout/tokens": float(tokens),
@@ -457,7 +385,9 @@ class RolloutSide:
             rewards=torch.tensor([math.nan if r is None else r for r in rewards], dtype=torch.float32),
             max_new_tokens=max_new_tokens,
             versions=[
-                c.versions if c.versions is not None else torch.full((len(c.token_ids),), version, dtype=torch.int32)
+                c.versions
+                if c.versions is not None
+                else torch.full((len(c.token_ids),), version, dtype=torch.int32)
                 for c in every
             ],
         )
