@@ -99,7 +99,9 @@ def measure(overrides: list[str], checkpoint: str, steps: int, seed: int, num_ev
         "rollout_idle": statistics.median(r for _, r in idle),
         "staleness_mean": statistics.fmean(row.get("async/staleness_mean", 0.0) for row in rows),
         "staleness_max": max(row.get("async/staleness_max", 0.0) for row in rows),
-        "partial_sequences_per_step": statistics.fmean(row.get("async/partial_sequences", 0.0) for row in rows),
+        "partial_sequences_per_step": statistics.fmean(
+            row.get("async/partial_sequences", 0.0) for row in rows
+        ),
         "prefill_s": median("rollout/prefill_s"),
         "reward_mean_last10": statistics.fmean(row["reward/mean"] for row in rows[-10:]),
         "greedy_accuracy": final["greedy_accuracy"],

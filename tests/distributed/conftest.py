@@ -43,3 +43,14 @@ def actor_processes(name: str) -> list[int]:
             except OSError:
                 continue
     return found
+
+
+def actors_left(*names: str, wait_s: float = 10.0) -> list[int]:
+    """The processes of actors of classes `names` still alive after up to `wait_s` seconds (a killed
+    actor's process exits shortly after the kill returns)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = [pid for name in names for pid in actor_processes(name)]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.2)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
@@ -13,7 +11,7 @@ from everyprompt.rewards.pool import RewardPool
 from everyprompt.rollout import build_engine
 from everyprompt.trainer import RolloutSide
 from tests.conftest import tiny_config
-from tests.distributed.conftest import actor_processes
+from tests.distributed.conftest import actors_left
 from tests.trainer.test_sides import _model
 
 SETTINGS = (
@@ -96,10 +94,7 @@ def test_a_rollout_worker_killed_mid_step_is_replaced_and_its_requests_requeued(
         assert engine.workers[0] is not victim
     finally:
         engine.close()
-    deadline = time.monotonic() + 10
-    while actor_processes("RolloutWorker") and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert actor_processes("RolloutWorker") == []
+    assert actors_left("RolloutWorker") == []
 
 
 def test_workers_that_cannot_be_placed_fail_clearly(ray_instance):

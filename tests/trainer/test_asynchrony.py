@@ -132,3 +132,25 @@ def test_an_error_in_the_rollout_thread_stops_the_run_with_it(tmp_path, capsys):
 def test_asynchrony_without_the_decoupled_objective_is_a_config_error(overrides, expected):
     with pytest.raises(ConfigError, match=expected):
         tiny_config(*overrides)
+
+
+def test_the_mismatch_is_measured_against_the_weights_that_sampled(tmp_path, monkeypatch):
+    """An asynchronous batch is one version older than the learner: mismatch/* come from a replica at
+    the sampling version (fp32 engine and trainer: they agree), the learner's own comparison with the
+    engine, which adds an update's change of policy, is async/proximal_*."""
+    measured = []
+    behaviour_mismatch = Learner.behaviour_mismatch
+
+    def spy(self, batch, weights, rows):
+        measured.append((len(rows), int(batch.versions[0][0])))
+        return behaviour_mismatch(self, batch, weights, rows)
+
+    monkeypatch.setattr(Learner, "behaviour_mismatch", spy)
+    overrides = ["rl.steps=3", "rl.max_staleness=1", "rl.async_mismatch_rows=5", "rl.router_replay=r3"]
+    train(tiny_config(*overrides, *ASYNC, *SIGNAL), run_dir=tmp_path)
+    assert measured == [(5, 0), (5, 0), (5, 1)]  # batches 0 and 1 by version 0, batch 2 by version 1
+    rows = _metrics(tmp_path)
+    for row in rows:
+        assert row["mismatch/logp_abs_diff"] < 1e-4 and row["mismatch/routing_agreement"] == 1.0
+    # steps 2 and 3 trained on a batch one update old: their proximal policy had moved away from it
+    assert all(row["async/proximal_logp_abs_diff"] > 10 * row["mismatch/logp_abs_diff"] for row in rows[1:])

@@ -85,6 +85,27 @@ def test_the_learner_updates_from_a_hand_made_batch():
     assert after.keys() == model.state_dict().keys()
 
 
+def test_a_checkpoint_before_the_first_step_leaves_the_optimizer_as_it_was():
+    """torch's portable optimizer getter creates Adam's state by a zero-gradient step, which would count as
+    the first and shrink the real first update (and, on rank 0 alone, set ddp replicas apart)."""
+    rewards = [1.0, 0.0, 1.0, 1.0, 0.0, 1.0]
+    settings = ("rl.old_logprobs=recompute", "rl.lr=1e-2")
+    plain, model, tokenizer = _learner(*settings)
+    saved, _, _ = _learner(*settings)
+    state = saved.training_state()
+    assert state["optimizer"] == {} and not saved.optimizer.state
+    resumed, _, _ = _learner(*settings)
+    resumed.load_training_state(state)
+    for learner in (plain, saved, resumed):
+        learner.update(hand_batch(model, tokenizer, rewards))
+    for key, value in plain.state_dict().items():
+        assert torch.equal(saved.state_dict()[key], value), key
+        assert torch.equal(resumed.state_dict()[key], value), key
+    steps = {int(s["step"]) for s in saved.optimizer.state.values()}
+    assert steps == {2}  # two mini-batch steps, none of them a zero step
+    assert saved.training_state()["optimizer"]["state"]  # once stepped, the state is saved
+
+
 def _forced_routes(batch: RolloutBatch, layers: int) -> list[torch.Tensor]:
     """Engine routes unlike any router's: every token to experts (0, 1) in every layer."""
     routes = []

@@ -85,6 +85,12 @@ class RLConfig(Section):
         "b - k, overlapping the learner's update (0: the synchronous loop). k >= 1 needs "
         "rl.old_logprobs=recompute and rl.rollout_correction (the decoupled objective, docs/asynchrony.md).",
     )
+    async_mismatch_rows: int = Field(
+        32,
+        ge=0,
+        description="Asynchronous runs (local backend): rows of each batch whose mismatch/* are measured "
+        "against the weights that sampled them, on a replica in the rollout thread (0: off).",
+    )
     levels: list[int] | None = Field(
         None, description="Built-in task levels for RL prompts (None: data.levels)."
     )

@@ -77,10 +77,14 @@ class RolloutPipeline:
         version: int,
         weights,
         pending: dict[int, RolloutBatch] | None = None,
+        measure=None,
     ):
         if max_staleness < 1:
             raise ValueError(f"a rollout pipeline runs ahead by max_staleness >= 1, got {max_staleness}")
         self.rollout, self.k, self.stop_at = rollout, max_staleness, stop_at
+        self.measure = (
+            measure  # (batch, its sampling weights, their version): after each batch, in the thread
+        )
         self.ready: dict[int, RolloutBatch] = dict(pending or {})  # made, not yet taken
         self.next = max(self.ready) + 1 if self.ready else version  # the next batch to make
         # batches this pipeline makes use no weights older than those it starts from (a run resumed from
@@ -123,6 +127,8 @@ class RolloutPipeline:
                 if self.rollout.version != version:
                     self.rollout.load_weights(weights, version)
                 batch = self.rollout.next_batch(number)
+                if self.measure is not None:
+                    self.measure(batch, weights, version)
                 with self.cond:
                     self.ready[number] = batch
                     self.next, self.busy = number + 1, False

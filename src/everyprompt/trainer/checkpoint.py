@@ -224,7 +224,12 @@ def full_weights(model) -> dict[str, torch.Tensor]:
 
 def portable_optimizer_state(model, optimizer, sharded: bool = False) -> dict:
     """The optimizer's state keyed by parameter name, whole: loads into a learner of any rank count and
-    sharding. Sharded: collective, and only rank 0 gets it (the others an empty dict)."""
+    sharding. Sharded: collective, and only rank 0 gets it (the others an empty dict). An optimizer that
+    has not stepped yet saves as {}: torch's getter would create its state by a zero-gradient step, which
+    counts as Adam's first and so changes every later update (and, called on rank 0 alone, would set the
+    ranks' optimizers apart)."""
+    if not optimizer.state:  # every rank steps together, so this holds on all of them or on none
+        return {}
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=sharded)
@@ -233,7 +238,9 @@ def portable_optimizer_state(model, optimizer, sharded: bool = False) -> dict:
 
 def load_optimizer_state(model, optimizer, state: dict) -> None:
     """Load a `portable_optimizer_state` (or, from older checkpoints, a plain `optimizer.state_dict()`,
-    keyed by parameter position)."""
+    keyed by parameter position). {}: saved before the first step, so the new optimizer stays as it is."""
+    if not state:
+        return
     params = [key for group in state.get("param_groups", []) for key in group.get("params", [])]
     if all(isinstance(key, int) for key in params):
         optimizer.load_state_dict(state)

@@ -29,7 +29,7 @@ import torch
 
 from everyprompt.algorithms import policy_loss, policy_loss_spec, zvp_token_advantages
 from everyprompt.config import Config, ConfigError
-from everyprompt.models.lora import is_lora, merged_state_dict, reference_forward
+from everyprompt.models.lora import is_lora, merged_state_dict, plain_copy, reference_forward
 from everyprompt.models.precision import autocast
 from everyprompt.models.replay import ReplayError, RouterReplay
 from everyprompt.rollout import derive_seed
@@ -103,6 +103,7 @@ class Learner:
         self.version = 0  # updates taken: the policy version of the weights handed to the rollout side
         self.consecutive_skips = 0  # mini-batch updates skipped in a row for non-finite numbers
         self._packing_checked = not config.model.pack_sequences
+        self._replica = None  # asynchronous runs: a plain copy loaded with a batch's sampling weights
 
     # ------------------------------------------------------------ hand-off and state
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -294,6 +295,35 @@ class Learner:
         batch.old_entropies = spread(order(entropies))
         batch.old_routes = spread(routes)
         return self._mismatch(batch, rows, logprobs, routes or None)
+
+    @torch.no_grad()
+    def behaviour_mismatch(self, batch: RolloutBatch, weights: dict[str, torch.Tensor], rows: list[int]):
+        """`mismatch/*` of `rows` against the weights that sampled them (an asynchronous run's batch is
+        older than the learner): a plain replica of the policy, loaded with `weights`, computes their
+        log-probs and routes as the old-policy pass would (r3 replaying the engine's routes). Touches
+        nothing the update uses, so the rollout thread may call it while the learner trains."""
+        if not rows:
+            return {}
+        if self._replica is None:
+            self._replica = plain_copy(self.model).eval().requires_grad_(False)
+            self._replica_router = RouterReplay(self._replica) if self.router is not None else None
+        self._replica.load_state_dict(weights)
+        data = batch.padded(rows, self.pad_id)
+        recorded = [] if self._replica_router is not None else None
+        replayed = self.rl.router_replay == "r3" and "routes" in data
+        with autocast(self._replica, self.config.model.dtype):
+            logp, _ = token_logprobs(
+                self._replica,
+                data["input_ids"],
+                self.config.rollout.temperature,
+                lengths=data["lengths"].tolist() if self.config.model.pack_sequences else None,
+                pad_id=self.pad_id,
+                router=self._replica_router,
+                routes=data["routes"] if replayed else None,
+                recorded=recorded,
+            )
+        routes = _fed_tokens(batch, rows, recorded) if recorded else None
+        return self._mismatch(batch, rows, batch.completion_values(rows, logp), routes)
 
     def _mismatch(self, batch: RolloutBatch, rows: list[int], trainer_logprobs, trainer_routes) -> dict:
         engine_routes = batch.routed_experts

@@ -135,6 +135,12 @@ class RLTrainer:
             self.rollout.load_weights(weights, self.step)
         else:  # handed to the producer once this step's evaluation and checkpoint are done
             self.weights = own_copy(weights)
+            # the update compared its pre-update policy with an engine some versions older: drift and
+            # mismatch together (the rollout thread measured the mismatch itself: `_measure`)
+            metrics = {
+                (f"async/proximal_{key[len('mismatch/') :]}" if key.startswith("mismatch/") else key): value
+                for key, value in metrics.items()
+            }
         metrics["time/weight_sync_s"] = time.perf_counter() - synced
         metrics["sync/bytes"] = float(self.learner.last_sync_bytes)
         return {**batch.stats, **self._count(batch), **waits, **metrics}
@@ -167,9 +173,22 @@ class RLTrainer:
                 version=self.step,
                 weights=self.learner.state_dict(),
                 pending=self.restored,
+                measure=self._measure
+                if isinstance(self.learner, Learner) and self.rl.async_mismatch_rows
+                else None,
             )
             self.published = self.step
             self.restored = {}
+
+    def _measure(self, batch, weights, version: int) -> None:
+        """In the rollout thread: `mismatch/*` of the batch against the weights that sampled it, on up to
+        `rl.async_mismatch_rows` rows sampled by that version alone (a replica; the learner is untouched)."""
+        rows = [
+            row
+            for row, versions in enumerate(batch.versions or [])
+            if len(versions) and int(versions.min()) == int(versions.max()) == version
+        ][: self.rl.async_mismatch_rows]
+        batch.stats.update(self.learner.behaviour_mismatch(batch, weights, rows))
 
     def _publish(self) -> None:
         """Async: hand the last update's weights to the producer."""
