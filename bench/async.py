@@ -35,10 +35,13 @@ RESULTS = ROOT / "bench" / "results"
 DEMO = ROOT / "configs" / "demo.yaml"
 
 DECOUPLED = ["rl.old_logprobs=recompute", "rl.rollout_correction.mode=tis"]
+# the synchronous loop as the demo ran it before asynchrony was its default: the engine's log-probs as
+# the old policy's (both fp32), no correction
+SYNC = ["rl.max_staleness=0", "rl.old_logprobs=rollout", "rl.rollout_correction.mode=null"]
 SETUPS = {
-    "sync, 1 thread": ["threads=1"],
-    "sync, 2 threads": ["threads=2"],
-    "sync + decoupled loss, 1 thread": ["threads=1", *DECOUPLED],
+    "sync, 1 thread": ["threads=1", *SYNC],
+    "sync, 2 threads": ["threads=2", *SYNC],
+    "sync + decoupled loss, 1 thread": ["threads=1", "rl.max_staleness=0", *DECOUPLED],
     "async k=1": ["threads=1", "rl.max_staleness=1", *DECOUPLED],
     "async k=2": ["threads=1", "rl.max_staleness=2", *DECOUPLED],
     "async k=1 + partial": ["threads=1", "rl.max_staleness=1", *DECOUPLED, "rollout.partial=true"],

@@ -36,8 +36,14 @@ TINY_OVERRIDES = [
 TINY_LAYERS = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)
 
 
+# the base of tests that build their config: the synchronous loop with the engine's log-probs as the old
+# policy's, so that each test names the mechanism it exercises (the demo's asynchronous default runs in
+# the CLI tests, which use TINY_OVERRIDES alone, and in tests/trainer/test_asynchrony.py)
+SYNCHRONOUS = ["rl.max_staleness=0", "rl.old_logprobs=rollout", "rl.rollout_correction.mode=null"]
+
+
 def tiny_config(*extra: str) -> Config:
-    return load_config(None, [*TINY_OVERRIDES, *extra])
+    return load_config(None, [*TINY_OVERRIDES, *SYNCHRONOUS, *extra])
 
 
 @pytest.fixture

@@ -154,3 +154,31 @@ def test_the_mismatch_is_measured_against_the_weights_that_sampled(tmp_path, mon
         assert row["mismatch/logp_abs_diff"] < 1e-4 and row["mismatch/routing_agreement"] == 1.0
     # steps 2 and 3 trained on a batch one update old: their proximal policy had moved away from it
     assert all(row["async/proximal_logp_abs_diff"] > 10 * row["mismatch/logp_abs_diff"] for row in rows[1:])
+
+
+def test_the_two_sides_share_the_cores_unless_threads_is_set(tmp_path, monkeypatch):
+    """threads: 0 (torch's default): each side computes with half the threads during the asynchronous
+    phase, and the process gets all of them back after it; an explicit `threads` is left as set."""
+    seen: dict[str, set[int]] = {"rollout": set(), "learner": set()}
+    next_batch, update = RolloutSide.next_batch, Learner.update
+
+    def sampling(self, step):
+        seen["rollout"].add(torch.get_num_threads())
+        return next_batch(self, step)
+
+    def updating(self, batch):
+        seen["learner"].add(torch.get_num_threads())
+        return update(self, batch)
+
+    monkeypatch.setattr(RolloutSide, "next_batch", sampling)
+    monkeypatch.setattr(Learner, "update", updating)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        train(tiny_config("rl.steps=2", "rl.max_staleness=1", *ASYNC), run_dir=tmp_path / "auto")
+        assert seen == {"rollout": {1}, "learner": {1}} and torch.get_num_threads() == 2
+        seen = {"rollout": set(), "learner": set()}
+        train(tiny_config("rl.steps=2", "rl.max_staleness=1", "threads=2", *ASYNC), run_dir=tmp_path / "set")
+        assert seen == {"rollout": {2}, "learner": {2}}
+    finally:
+        torch.set_num_threads(before)

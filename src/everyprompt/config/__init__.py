@@ -70,7 +70,12 @@ class Config(Section):
     seed: int = Field(0, description="Seed of model init, sampling and prompt order.")
     run_dir: str | None = Field(None, description="Run directory (default: runs/<name>-<time>).")
     name: str = Field("demo", description="Run name used in the default run directory.")
-    threads: int = Field(0, ge=0, description="torch CPU threads (0: torch's default).")
+    threads: int = Field(
+        0,
+        ge=0,
+        description="torch CPU threads (0: torch's default; an asynchronous run's two sides then take half "
+        "each, docs/asynchrony.md).",
+    )
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)

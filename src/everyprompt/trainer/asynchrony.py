@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import fields
 
 import torch
@@ -38,6 +39,22 @@ def own_copy(weights):
     if isinstance(weights, dict):
         return {name: tensor.detach().clone() for name, tensor in weights.items()}
     return weights
+
+
+@contextmanager
+def threads_per_side(split: bool):
+    """With `split`, torch's intra-op threads are halved (at least 1) while the block runs, then restored:
+    the producer thread (started inside the block) and the learner each get their share of the cores
+    instead of both claiming all of them. torch's setting is process-wide and read by a thread when it
+    first computes, so it must be made before the producer starts."""
+    before = torch.get_num_threads()
+    if split and before > 1:
+        torch.set_num_threads(before // 2)
+        log.info("asynchronous run: torch threads %d -> %d for each side", before, before // 2)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def staleness_metrics(batch: RolloutBatch, learner_version: int, bound: int) -> dict[str, float]:

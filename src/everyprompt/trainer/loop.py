@@ -40,6 +40,7 @@ from everyprompt.trainer.asynchrony import (
     batches_from_state,
     own_copy,
     staleness_metrics,
+    threads_per_side,
 )
 from everyprompt.trainer.checkpoint import save_checkpoint
 from everyprompt.trainer.learner import Learner, NumericsError
@@ -289,22 +290,28 @@ class RLTrainer:
             tensorboard=self.config.logging.tensorboard,
         )
         history = []
+        # the local backend's two threads share this process's cores, unless `threads` was set
+        split = bool(self.rl.max_staleness) and isinstance(self.learner, Learner) and not self.config.threads
         try:
-            self._start_pipeline()
-            with GracefulStop() as stop:
-                while not self.finished:
-                    history.append(self._step(logger, evaluate_fn))
-                    if self.config.checkpoint.every and self.step % self.config.checkpoint.every == 0:
-                        self.save()
-                    if stop.signum is not None:
-                        self._stop(stop.signum)
-                    self._publish()
-                if not (self.run_dir / "checkpoints" / f"step_{self.step}").is_dir():
-                    self.save()
-                self._finish_pipeline()
+            with threads_per_side(split):
+                self._run(logger, evaluate_fn, history)
         finally:
             logger.close()
         return history
+
+    def _run(self, logger: MetricsLogger, evaluate_fn, history: list) -> None:
+        self._start_pipeline()
+        with GracefulStop() as stop:
+            while not self.finished:
+                history.append(self._step(logger, evaluate_fn))
+                if self.config.checkpoint.every and self.step % self.config.checkpoint.every == 0:
+                    self.save()
+                if stop.signum is not None:
+                    self._stop(stop.signum)
+                self._publish()
+            if not (self.run_dir / "checkpoints" / f"step_{self.step}").is_dir():
+                self.save()
+            self._finish_pipeline()
 
     def _finish_pipeline(self) -> None:
         """Async, at the end: the producer makes nothing more, and the engine gets the final weights (what
