@@ -70,3 +70,18 @@ settings.register_profile(
     "thorough", max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile(__import__("os").environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+@pytest.fixture(autouse=True)
+def _no_rollout_thread_outlives_its_test():
+    """An asynchronous run's producer thread ends with its run, whatever way the run ended."""
+    import threading
+    import time
+
+    yield
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if not any(t.name == "everyprompt-rollout" for t in threading.enumerate()):
+            return
+        time.sleep(0.05)
+    raise AssertionError("an asynchronous run's rollout thread outlived the test that started it")

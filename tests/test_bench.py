@@ -256,6 +256,7 @@ def test_genrm_bench_smoke(tmp_path, capsys):
     assert "GenRM judge" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # ~30 s: it measures peak memory in a process per set-up
 def test_training_bench_smoke(tmp_path, capsys):
     bench = _load("training")
     assert bench.main(["--tiny", "--setups", "fp32", "LoRA", "--out", str(tmp_path)]) == 0

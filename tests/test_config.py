@@ -99,7 +99,15 @@ def test_a_rule_across_sections_is_reported_without_an_empty_section_name():
     with pytest.raises(
         ConfigError, match=r"yaml: config: rl.old_logprobs=rollout .*set rl.old_logprobs=recompute$"
     ):
-        load_config(None, ["rl.old_logprobs=rollout", "rollout.precision=fp8"])
+        load_config(
+            None,
+            [
+                "rl.max_staleness=0",
+                "rl.rollout_correction.mode=null",
+                "rl.old_logprobs=rollout",
+                "rollout.precision=fp8",
+            ],
+        )
 
 
 @pytest.mark.parametrize(

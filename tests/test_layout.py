@@ -125,8 +125,15 @@ import torch, pydantic, rich.progress, yaml, safetensors.torch, pyarrow.parquet,
 import transformers.models.qwen3_moe.modeling_qwen3_moe, transformers.integrations.moe
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 from torch.utils.tensorboard import SummaryWriter
-failed = []
+failed, running = [], {}
+def reap():
+    pid, status = os.wait()
+    if status != 0:
+        failed.append(running[pid])
+    del running[pid]
 for name in sys.argv[1:]:
+    if len(running) >= (os.cpu_count() or 1):  # one child per core at a time
+        reap()
     pid = os.fork()
     if pid == 0:  # a child with no everyprompt module loaded yet: `name` is imported first
         try:
@@ -135,8 +142,9 @@ for name in sys.argv[1:]:
             print(name + ": " + traceback.format_exc().strip().splitlines()[-1], flush=True)
             os._exit(1)
         os._exit(0)
-    if os.waitpid(pid, 0)[1] != 0:
-        failed.append(name)
+    running[pid] = name
+while running:
+    reap()
 sys.exit(1 if failed else 0)
 """
 

@@ -60,7 +60,10 @@ def _wait_for_lines(process, path: Path, count: int, timeout: float = 120) -> No
         time.sleep(0.1)
 
 
-@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize(
+    ("signum", "code"),
+    [(signal.SIGINT, 130), pytest.param(signal.SIGTERM, 143, marks=pytest.mark.slow)],  # same handler
+)
 def test_a_signal_ends_the_step_checkpoints_and_says_how_to_resume(tmp_path, signum, code):
     run = _start_train(tmp_path, "rl.steps=200")
     try:

@@ -60,17 +60,49 @@ def _wait_for_steps(child, metrics: Path, count: int) -> None:
         time.sleep(0.3)
 
 
-def test_a_ray_run_stops_on_ctrl_c_resumes_and_leaves_nothing_when_killed(tmp_path):
-    """Ctrl-C (SIGINT to the run's process group) ends the step and checkpoints, as in one process; the
-    run resumes from it on the Ray backend; a SIGKILL then leaves no Ray process behind."""
-    before = _ray_processes()  # another test's Ray instance may be up: only new processes count
-    run = tmp_path / "run"
-    # one worker and one rank: the processes that must end are of the same kinds, fewer to start
-    one_each = [*TINY_OVERRIDES, "sft.steps=0", "cluster.backend=ray", "rl.steps=200", "checkpoint.every=0"]
-    command = [sys.executable, "-m", "everyprompt.cli", "train", *one_each, "--run-dir", str(run)]
-    child = subprocess.Popen(
+def _start(argv: list[str]) -> subprocess.Popen:
+    command = [sys.executable, "-m", "everyprompt.cli", "train", *argv]
+    return subprocess.Popen(
         command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
     )
+
+
+def _kill_and_check_nothing_is_left(child, started: dict[int, int]) -> None:
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    deadline = time.monotonic() + 30
+    while _alive(started) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _alive(started) == set(), f"left running after SIGKILL: {sorted(_alive(started))}"
+
+
+# one worker and one rank: the processes that must end are of the same kinds, fewer to start
+ONE_EACH = [*TINY_OVERRIDES, "sft.steps=0", "cluster.backend=ray", "rl.steps=200", "checkpoint.every=0"]
+
+
+def test_a_ray_run_killed_with_sigkill_leaves_nothing(tmp_path):
+    before = _ray_processes()  # another test's Ray instance may be up: only new processes count
+    run = tmp_path / "run"
+    child = _start([*ONE_EACH, "--run-dir", str(run)])
+    started: dict[int, int] = {}
+    try:
+        _wait_for_steps(child, run / "metrics.jsonl", 1)
+        started = {pid: t for pid, t in _ray_processes().items() if before.get(pid) != t}
+        kinds = {(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]) for pid in _alive(started)}
+        assert {b"ray::RolloutWorker", b"ray::LearnerRank"} <= {k.split(b".")[0].strip() for k in kinds}, (
+            kinds
+        )
+    finally:
+        _kill_and_check_nothing_is_left(child, started)
+
+
+@pytest.mark.slow
+def test_a_ray_run_stops_on_ctrl_c_and_resumes(tmp_path):
+    """Ctrl-C (SIGINT to the run's process group) ends the step and checkpoints, as in one process; the
+    run resumes from it on the Ray backend."""
+    before = _ray_processes()
+    run = tmp_path / "run"
+    child = _start([*ONE_EACH, "--run-dir", str(run)])
     try:
         _wait_for_steps(child, run / "metrics.jsonl", 1)
         os.killpg(child.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole job's group
@@ -82,22 +114,13 @@ def test_a_ray_run_stops_on_ctrl_c_resumes_and_leaves_nothing_when_killed(tmp_pa
         child.wait()
     stopped_at = len((run / "metrics.jsonl").read_text().splitlines())
     assert (run / "checkpoints" / f"step_{stopped_at}").is_dir()
-    resume = [sys.executable, "-m", "everyprompt.cli", "train", "--resume", str(run)]
-    child = subprocess.Popen(resume, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    child = _start(["--resume", str(run)])
     try:
         _wait_for_steps(child, run / "metrics.jsonl", stopped_at + 1)
-        started = {pid: t for pid, t in _ray_processes().items() if before.get(pid) != t}
-        kinds = {(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]) for pid in _alive(started)}
-        assert {b"ray::RolloutWorker", b"ray::LearnerRank"} <= {k.split(b".")[0].strip() for k in kinds}, (
-            kinds
-        )
     finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait()
-    deadline = time.monotonic() + 30
-    while _alive(started) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert _alive(started) == set(), f"left running after SIGKILL: {sorted(_alive(started))}"
+        _kill_and_check_nothing_is_left(
+            child, {pid: t for pid, t in _ray_processes().items() if before.get(pid) != t}
+        )
 
 
 def test_backend_ray_without_ray_installed_is_a_config_error(monkeypatch, tmp_path, capsys):

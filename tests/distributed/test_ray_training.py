@@ -127,6 +127,7 @@ def test_a_lora_policy_trains_on_two_ranks_as_in_one_process(ray_instance, tmp_p
     assert _losses(tmp_path / "ray") == pytest.approx(_losses(tmp_path / "local"), rel=1e-4, abs=1e-6)
 
 
+@pytest.mark.slow  # ~40 s; the optimizer-state bug it found has a fast test (tests/trainer/test_sides.py)
 def test_an_asynchronous_run_with_partial_rollouts_on_ray_equals_the_local_one(ray_instance, tmp_path):
     """rl.max_staleness=1 with partial rollouts: the producer thread drives 2 rollout workers while the
     main thread drives 2 learner ranks; the schedule does not depend on timing, so the weights and every

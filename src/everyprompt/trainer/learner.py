@@ -296,6 +296,13 @@ class Learner:
         batch.old_routes = spread(routes)
         return self._mismatch(batch, rows, logprobs, routes or None)
 
+    def make_replica(self) -> None:
+        """The plain copy of the policy that `behaviour_mismatch` loads sampling weights into. Call it while
+        nothing trains (a copy taken during an update could catch a router mid-replay)."""
+        if self._replica is None:
+            self._replica = plain_copy(self.model).eval().requires_grad_(False)
+            self._replica_router = RouterReplay(self._replica) if self.router is not None else None
+
     @torch.no_grad()
     def behaviour_mismatch(self, batch: RolloutBatch, weights: dict[str, torch.Tensor], rows: list[int]):
         """`mismatch/*` of `rows` against the weights that sampled them (an asynchronous run's batch is
@@ -305,8 +312,9 @@ class Learner:
         if not rows:
             return {}
         if self._replica is None:
-            self._replica = plain_copy(self.model).eval().requires_grad_(False)
-            self._replica_router = RouterReplay(self._replica) if self.router is not None else None
+            raise RuntimeError(
+                "behaviour_mismatch needs make_replica() first, called while the learner is idle"
+            )
         self._replica.load_state_dict(weights)
         data = batch.padded(rows, self.pad_id)
         recorded = [] if self._replica_router is not None else None

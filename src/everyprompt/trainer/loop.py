@@ -167,6 +167,9 @@ class RLTrainer:
     def _start_pipeline(self) -> None:
         """rl.max_staleness >= 1: start the producer from the learner's current weights."""
         if self.rl.max_staleness and self.pipeline is None and not self.finished:
+            measure = isinstance(self.learner, Learner) and self.rl.async_mismatch_rows > 0
+            if measure:
+                self.learner.make_replica()
             self.pipeline = RolloutPipeline(
                 self.rollout,
                 self.rl.max_staleness,
@@ -174,9 +177,7 @@ class RLTrainer:
                 version=self.step,
                 weights=self.learner.state_dict(),
                 pending=self.restored,
-                measure=self._measure
-                if isinstance(self.learner, Learner) and self.rl.async_mismatch_rows
-                else None,
+                measure=self._measure if measure else None,
             )
             self.published = self.step
             self.restored = {}
@@ -314,11 +315,14 @@ class RLTrainer:
             self._finish_pipeline()
 
     def _finish_pipeline(self) -> None:
-        """Async, at the end: the producer makes nothing more, and the engine gets the final weights (what
-        the run's final evaluation decodes with, as in the synchronous loop)."""
+        """Async, at the end: the producer makes nothing more and its thread ends, and the engine gets the
+        final weights (what the run's final evaluation decodes with, as in the synchronous loop). Training
+        further (a larger `rl.steps`) starts a new producer from the final weights."""
         if self.pipeline is not None:
             self.pipeline.finish()
             self._engine_at_learner()
+            self.pipeline.close()
+            self.pipeline = None
 
     def _step(self, logger: MetricsLogger, evaluate_fn) -> dict[str, float]:
         started = time.perf_counter()
