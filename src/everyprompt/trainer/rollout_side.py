@@ -20,7 +20,7 @@ from everyprompt.data.curriculum import Curriculum
 from everyprompt.data.formatting import prompt_format_of
 from everyprompt.data.passrate import PassRateStore
 from everyprompt.data.source import ALL, PromptSource, buckets_by_field, buckets_by_pass_rate
-from everyprompt.generation import sample_and_score
+from everyprompt.generation import ScoredSamples, sample_and_score
 from everyprompt.rewards import build_reward
 from everyprompt.rewards.health import RewardHealth
 from everyprompt.rewards.pool import RewardPool
@@ -214,26 +214,30 @@ class RolloutSide:
         requests = self.partial.requests(predicted)
         order = admission_order([r.predicted_length for r in requests], self.config.rollout.schedule)
         rows = [self._reward_rows[c.group.prompt_index] for c in carried]
-        scored = sample_and_score(
-            self.engine,
-            self.tokenizer,
+        scored = self._generate(
             [requests[i] for i in order],
             params,
             rows,
-            self.rewards,
-            self._calls,
+            tally,
             prefixes=[c.completion.token_ids for c in carried],
             finished=lambda more: self.partial.finished(
                 more, len(carried[more.request_id].completion.token_ids), carried[more.request_id].cap
             ),
         )
-        self._calls += 1
-        tally.add(scored)
         groups = self.partial.advance(scored, self.version)
         for group in groups:
             for completion, _ in group.completions:
                 self.lengths.observe(self._bucket(group.prompt_index), [len(completion.token_ids)])
         return groups
+
+    def _generate(self, requests, params, rows, tally: StepTally, **partial) -> ScoredSamples:
+        """One generate-and-score call of this step (its own keys in the reward pool), tallied."""
+        scored = sample_and_score(
+            self.engine, self.tokenizer, requests, params, rows, self.rewards, self._calls, **partial
+        )
+        self._calls += 1
+        tally.add(scored)
+        return scored
 
     def _partial_stats(self, batch: RolloutBatch) -> dict[str, float]:
         """async/partial_sequences: the batch's sequences that span more than one policy version."""
@@ -262,18 +266,7 @@ class RolloutSide:
             cap = params.max_new_tokens
             requests = [replace(r, max_new_tokens=self.partial.first_cap(cap)) for r in requests]
             finished = lambda c: self.partial.finished(c, 0, cap)  # noqa: E731
-        scored = sample_and_score(
-            self.engine,
-            self.tokenizer,
-            [requests[i] for i in order],
-            params,
-            rows,
-            self.rewards,
-            self._calls,
-            finished=finished,
-        )
-        self._calls += 1
-        tally.add(scored)
+        scored = self._generate([requests[i] for i in order], params, rows, tally, finished=finished)
         out = []
         for (index, _, _), completion, text, reward in zip(
             specs, scored.completions, scored.texts, scored.rewards
