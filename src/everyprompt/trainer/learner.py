@@ -104,6 +104,7 @@ class Learner:
         self.consecutive_skips = 0  # mini-batch updates skipped in a row for non-finite numbers
         self._packing_checked = not config.model.pack_sequences
         self._replica = None  # asynchronous runs: a plain copy loaded with a batch's sampling weights
+        self._replica_router = None  # its router replay, for a mixture-of-experts policy
 
     # ------------------------------------------------------------ hand-off and state
     def state_dict(self) -> dict[str, torch.Tensor]:

@@ -164,10 +164,15 @@ class RLTrainer:
         rollout = self.config.rollout
         return self.rl.max_staleness + (rollout.max_versions_per_sequence - 1 if rollout.partial else 0)
 
+    @property
+    def _in_process(self) -> bool:
+        """The learner runs in this process (the local backend), beside the rollout thread."""
+        return isinstance(self.learner, Learner)
+
     def _start_pipeline(self) -> None:
         """rl.max_staleness >= 1: start the producer from the learner's current weights."""
         if self.rl.max_staleness and self.pipeline is None and not self.finished:
-            measure = isinstance(self.learner, Learner) and self.rl.async_mismatch_rows > 0
+            measure = self._in_process and self.rl.async_mismatch_rows > 0
             if measure:
                 self.learner.make_replica()
             self.pipeline = RolloutPipeline(
@@ -292,7 +297,7 @@ class RLTrainer:
         )
         history = []
         # the local backend's two threads share this process's cores, unless `threads` was set
-        split = bool(self.rl.max_staleness) and isinstance(self.learner, Learner) and not self.config.threads
+        split = bool(self.rl.max_staleness) and self._in_process and not self.config.threads
         try:
             with threads_per_side(split):
                 self._run(logger, evaluate_fn, history)
