@@ -49,6 +49,11 @@ def tiny_config(*extra: str) -> Config:
 @pytest.fixture
 def tiny_model():
     """A random-init 2-layer Qwen3-MoE (4 experts, top-2) with the char tokenizer, router weights randomised."""
+    return make_tiny_model()
+
+
+def make_tiny_model():
+    """`tiny_model`'s model and tokenizer (for fixtures of a wider scope)."""
     config = ModelConfig(
         hidden_size=32, num_layers=2, num_experts=4, moe_intermediate_size=32, num_heads=2, num_kv_heads=1
     )

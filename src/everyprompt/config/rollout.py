@@ -21,6 +21,11 @@ class RolloutConfig(Section):
         description="Rollout engine arithmetic: fp32, bf16, or fp8 (native engine only: e4m3 projection "
         "weights with per-output-channel scales, re-quantised at every weight sync).",
     )
+    compile: Literal["auto", "on", "off"] = Field(
+        "off",
+        description="Native engine: run the decode step through torch.compile (`on`), eager (`off`), or "
+        "compile once eager decoding has cost about what a compile does (`auto`; docs/rollout.md).",
+    )
     max_new_tokens: int = Field(64, gt=0, description="Completion length cap (tokens).")
     temperature: float = Field(
         1.0, gt=0, description="Sampling temperature; the trainer's log-probs use the same."

@@ -214,14 +214,29 @@ def resolve_engine(name: str, model_config: Any, precision: str | None = None) -
 
 
 def build_engine(config, model, tokenizer) -> RolloutEngine:
-    """The engine a `RolloutConfig` names (`engine`, `batch_size`, `precision`), over `model`'s weights."""
-    return make_engine(config.engine, model, tokenizer, config.batch_size, config.precision)
+    """The engine a `RolloutConfig` names (`engine`, `batch_size`, `precision`, `compile`), over `model`'s
+    weights."""
+    return make_engine(
+        config.engine, model, tokenizer, config.batch_size, config.precision, compile=config.compile
+    )
 
 
-def make_engine(name: str, model, tokenizer, batch_size: int, precision: str = "fp32") -> RolloutEngine:
+def make_engine(
+    name: str, model, tokenizer, batch_size: int, precision: str = "fp32", compile: str = "off"
+) -> RolloutEngine:
     """Engine `name` (or `auto`'s choice) over `model`'s weights; UnsupportedModelError if it cannot run
-    the model."""
+    the model. `compile` goes to engines that compile their decode step (`compiles`); others run eager
+    under `auto` and refuse `on`."""
     chosen = resolve_engine(name, model.config, precision)
     if name == AUTO:
         log.info("rollout.engine=auto runs %s with the %s engine", model.config.model_type, chosen)
-    return _spec(chosen).cls.from_model(model, tokenizer, batch_size=batch_size, precision=precision)
+    cls = _spec(chosen).cls
+    options = {}
+    if getattr(cls, "compiles", False):
+        options["compile"] = compile
+    elif compile == "on":
+        raise UnsupportedModelError(
+            f"rollout.compile=on compiles the native engine's decode step; the {chosen} engine does not "
+            "(set rollout.compile=auto or off)"
+        )
+    return cls.from_model(model, tokenizer, batch_size=batch_size, precision=precision, **options)

@@ -33,6 +33,7 @@ from everyprompt.rollout.base import (
     register_engine,
 )
 from everyprompt.rollout.native.attention import ATTENTIONS, rms_norm
+from everyprompt.rollout.native.compiled import DecodeCompiler
 from everyprompt.rollout.native.families import FAMILIES, unsupported_settings
 from everyprompt.rollout.native.moe import MixtureOfExperts, swiglu
 from everyprompt.rollout.native.weights import Layer, StateDict, read_layer
@@ -47,6 +48,7 @@ class NativeEngine:
     """RolloutEngine over a state dict of one of `FAMILIES`. Build it with :meth:`from_model`."""
 
     PRECISIONS = tuple(PRECISIONS)
+    compiles = True  # `compile`: the decode step through torch.compile (compiled.py)
 
     def __init__(
         self,
@@ -58,10 +60,12 @@ class NativeEngine:
         dtype: torch.dtype = torch.float32,
         precision: str | None = None,
         tokenizer=None,
+        compile: str = "off",
     ):
         """`precision` (fp32 | bf16 | fp8) overrides `dtype`; fp8 keeps the attention and expert / MLP
         projections in float8_e4m3fn (per-output-channel scales, re-quantised by every `load_weights`),
-        and embeddings, norms, routers and the LM head in float32."""
+        and embeddings, norms, routers and the LM head in float32. `compile` (off | on | auto): the
+        decode step eager or through torch.compile (compiled.py)."""
         if precision is not None:
             if precision not in PRECISIONS:
                 raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
@@ -77,6 +81,7 @@ class NativeEngine:
         self.attention = ATTENTIONS[self.family.attention](config, self.family, dtype)
         self.moe = MixtureOfExperts(config, self.family)
         self._cache_storage: list[tuple[torch.Tensor, ...]] = []
+        self.compiler = DecodeCompiler(compile)
         self._open_calls = 0  # generate() iterators not yet finished (the shared cache serves one)
         self.stats: dict[str, float] = {}  # the last generate call's throughput figures
         self.load_weights(state_dict)
@@ -100,7 +105,9 @@ class NativeEngine:
         return any(layer.router is not None for layer in self.layers)
 
     @classmethod
-    def from_model(cls, model, tokenizer, batch_size: int = 256, precision: str = "fp32") -> NativeEngine:
+    def from_model(
+        cls, model, tokenizer, batch_size: int = 256, precision: str = "fp32", compile: str = "off"
+    ) -> NativeEngine:
         return cls(
             model.config,
             merged_state_dict(model),  # a LoRA policy's adapters folded in: the engine knows none
@@ -109,6 +116,7 @@ class NativeEngine:
             batch_size,
             precision=precision,
             tokenizer=tokenizer,
+            compile=compile,
         )
 
     # ---------------------------------------------------------------- weights
@@ -123,11 +131,10 @@ class NativeEngine:
         ]
 
     # ---------------------------------------------------------------- forward
-    def _decode_bias(self, positions: torch.Tensor) -> torch.Tensor:
-        """The decode step's attention mask as an additive bias [B * mask_heads, group, S] (S = the
-        furthest position + 1; the attention's `mask_layout`): row b sees its slots <= positions[b].
-        Built once per step for all layers."""
-        width = int(positions.max()) + 1
+    def _decode_bias(self, positions: torch.Tensor, width: int) -> torch.Tensor:
+        """The decode step's attention mask as an additive bias [B * mask_heads, group, width] (the
+        attention's `mask_layout`): row b sees its slots <= positions[b]. Built once per step for all
+        layers."""
         visible = torch.arange(width)[None, :] <= positions[:, None]
         bias = torch.zeros(visible.shape, dtype=self.dtype).masked_fill_(~visible, float("-inf"))
         heads, group = self.attention.mask_layout
@@ -155,11 +162,14 @@ class NativeEngine:
         x = x[:, -1] if last is None else x[torch.arange(x.shape[0]), last]
         return (rms_norm(x, self.final_norm, self.eps) @ self.lm_head).float()
 
-    def _cache(self, slots: int, width: int, shared: bool = True) -> list[tuple[torch.Tensor, ...]]:
+    def _cache(
+        self, slots: int, width: int, shared: bool = True, exact: bool = False
+    ) -> list[tuple[torch.Tensor, ...]]:
         """Per-layer caches, one tensor [slots, heads, width, dim] per entry of the attention's
         `cache_layout` (keys and values; latent attention: one latent vector): views of storage kept
         between calls and grown as calls need (`shared=False`: storage of its own, for a call made while
-        another call's iterator is still open)."""
+        another call's iterator is still open; `exact`: storage exactly `width` wide, so the views are
+        contiguous)."""
 
         def allocate(rows: int, columns: int) -> list[tuple[torch.Tensor, ...]]:
             layout = self.attention.cache_layout
@@ -171,9 +181,17 @@ class NativeEngine:
         if not shared:
             return allocate(slots, width)
         have = self._cache_storage[0][0] if self._cache_storage else None
-        if have is None or have.dtype != self.dtype or have.shape[0] < slots or have.shape[2] < width:
+        if (
+            have is None
+            or have.dtype != self.dtype
+            or have.shape[0] < slots
+            or have.shape[2] < width
+            or (exact and have.shape[2] != width)
+        ):
             rows, columns = (
-                (slots, width) if have is None else (max(slots, have.shape[0]), max(width, have.shape[2]))
+                (slots, width)
+                if have is None or exact
+                else (max(slots, have.shape[0]), max(width, have.shape[2]))
             )
             self._cache_storage = allocate(rows, columns)
         return [tuple(t[:slots, :, :width] for t in entry) for entry in self._cache_storage]
@@ -205,7 +223,10 @@ class NativeEngine:
         width = max(len(r.prompt_ids) for r in requests) + params.max_new_tokens
         state = _Slots(pool, params.max_new_tokens, self.config.vocab_size)
         stops = StopStrings(self.tokenizer, params.stop)
-        caches = self._cache(pool, width, shared)
+        forward, sample, compiled = self._step_functions()
+        # a compiled step reads the call's whole cache width (masked), so its cache is contiguous and of
+        # one layout for the whole call; an eager one reads the slots up to the furthest position
+        caches = self._cache(pool, width, shared, exact=compiled)
         layers = [layer.dequantized() for layer in self.layers]
         record = _Record.start(self, params, pool, width)
         queue = deque(range(len(requests)))
@@ -217,6 +238,8 @@ class NativeEngine:
             "tokens": 0,
             "shrinks": 0,
             "admissions": 0,
+            "sample_s": 0.0,
+            "sample_steps": 0,
         }
         while queue or bool((state.request >= 0).any()):
             free = (state.request < 0).nonzero().flatten()
@@ -229,7 +252,8 @@ class NativeEngine:
                 clock["prefill_s"] += time.perf_counter() - tick
                 clock["admissions"] += 1
             active = (state.request >= 0).nonzero().flatten()
-            sampled, logprobs, entropies = sample_tokens(
+            tick = time.perf_counter()
+            sampled, logprobs, entropies = sample(
                 state.logits[active],
                 state.seed[active],
                 state.step[active],
@@ -241,6 +265,9 @@ class NativeEngine:
             state.logprobs[active, state.step[active]] = logprobs
             state.entropies[active, state.step[active]] = entropies
             state.step[active] += 1
+            sampling = time.perf_counter() - tick
+            clock["sample_s"] += sampling
+            clock["sample_steps"] += 1
             clock["tokens"] += len(active)
             finished = torch.isin(sampled, self.stop_ids) | (state.step[active] >= state.limit[active])
             if stops.strings:
@@ -265,23 +292,46 @@ class NativeEngine:
                 clock["shrinks"] += 1
             fed = sampled[~finished]
             tick = time.perf_counter()
-            rows = torch.arange(len(state.request))
-            tokens = torch.full_like(rows, self.pad_token_id)
+            tokens = torch.full((len(state.request),), self.pad_token_id, dtype=torch.long)
             tokens[running] = fed
             positions = state.length  # idle rows write at their own (free) row's stale length
-            routes: list | None = [] if record is not None else None
-            bias = self._decode_bias(positions)
-            logits = self._forward(
-                layers, tokens[:, None], positions[:, None], caches, rows, bias, None, routes
-            )
+            seen = caches
+            if not compiled:
+                width = int(positions.max()) + 1  # the cache slots this step reads
+                seen = [tuple(entry[:, :, :width] for entry in layer) for layer in caches]
+            logits, routes = forward(layers, tokens, positions, seen, record is not None)
             state.logits[running] = logits[running]
             if record is not None:
                 record.store(routes, running, state.length[running], step=0)
             state.length[running] += 1
-            clock["decode_s"] += time.perf_counter() - tick
+            stepped = time.perf_counter() - tick
+            clock["decode_s"] += stepped
             clock["decode_steps"] += 1
             clock["busy"] += len(running) / pool
+            if not compiled:
+                self.compiler.add_eager(sampling + stepped)
         self.stats = call_stats(clock, time.perf_counter() - began, pool)
+        self.stats["sample_ms"] = 1000 * clock["sample_s"] / max(clock["sample_steps"], 1)
+        self.stats.update(self.compiler.stats())
+
+    def _step_functions(self):
+        """The decode forward and the sampler of the next step, and whether they are compiled (`compile`:
+        on, or auto once eager decoding has cost enough)."""
+        if not self.compiler.active:
+            return self._decode, sample_tokens, False
+        if not self.compiler.bound:
+            self.compiler.bind(self._decode, sample_tokens)
+        return self.compiler.forward, self.compiler.sample, True
+
+    def _decode(self, layers, tokens, positions, caches, record: bool):
+        """One decode step of every cache row: the logits [B, V] of each row's next token after feeding
+        `tokens` [B] at `positions` [B] (cache views as wide as the furthest position + 1) and, when
+        `record`, each MoE layer's (experts, router logits)."""
+        bias = self._decode_bias(positions, caches[0][0].shape[2])
+        routes: list | None = [] if record else None
+        rows = torch.arange(tokens.shape[0])
+        logits = self._forward(layers, tokens[:, None], positions[:, None], caches, rows, bias, None, routes)
+        return logits, routes
 
     def _prefill(self, layers, requests, admitted, slots, state, caches, params, record):
         """Run the admitted prompts (right-padded) into cache rows `slots`; their next-token logits become

@@ -125,10 +125,14 @@ def experts_batched(gate_up, down, flat, weights, experts) -> torch.Tensor:
     num_experts, inner = down.shape[0], down.shape[1]
     flat_experts = experts.reshape(-1)
     order = torch.argsort(flat_experts, stable=True)  # (token, k) pairs grouped by expert
-    counts = torch.bincount(flat_experts, minlength=num_experts)
+    counts = torch.zeros(num_experts, dtype=torch.long).scatter_add_(0, flat_experts, torch.ones_like(order))
     sorted_experts = flat_experts[order]
     column = torch.arange(len(order)) - (torch.cumsum(counts, 0) - counts)[sorted_experts]
-    index = torch.full((num_experts, int(counts.max())), tokens, dtype=torch.long)  # row `tokens`: zeros
+    # the capacity is data-dependent: a compiled decode step keeps it as an unbacked size, which the
+    # bound (at least 2: a zero row more when no expert has two tokens) lets the bmm lowering reason about
+    capacity = int(counts.max().clamp(min=2))
+    torch._check(capacity >= 2)
+    index = torch.full((num_experts, capacity), tokens, dtype=torch.long)  # row `tokens`: zeros
     index[sorted_experts, column] = order // top_k
     gates = torch.zeros(index.shape, dtype=flat.dtype)
     gates[sorted_experts, column] = weights.reshape(-1)[order]

@@ -1,0 +1,117 @@
+"""The native engine's compiled decode step: one `torch.compile` (inductor) graph for a decode forward and
+one for sampling, so a step runs a few fused kernels and the matrix products instead of a few hundred
+eager operators, each with its dispatch overhead.
+
+Both graphs are compiled with the row count (the pool, which shrinks as sequences finish) and the cache
+width as dynamic sizes, so one graph serves every call; everything else (weights, heads, vocabulary) is
+static, which keeps the generated loops vectorised (all sizes dynamic runs slower than eager). The
+compiled step attends over the call's whole cache width (masked), in a cache exactly that wide. The MoE
+layer's
+expert capacity (its busiest expert's token count) is data-dependent; it stays inside the graph as an
+unbacked size (`capture_scalar_outputs`). Inductor's compile cache on disk (TORCHINDUCTOR_CACHE_DIR,
+by default under the system temp directory) makes a second process's compile a fraction of the first.
+
+`rollout.compile`:
+  off  eager operators (the reference the compiled step is tested against);
+  on   compile at the first decode step;
+  auto compile once the engine has spent `auto_after_s` seconds in eager decode steps: the rule of
+       renting until the rent paid equals the price of buying, which never spends more than twice what
+       the better choice in hindsight would have, whatever the run's length. The default threshold is
+       the compile time over the fraction of a decode step the compiled graph saves, measured by
+       bench/throughput.py (docs/rollout.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+
+log = logging.getLogger(__name__)
+
+COMPILE_MODES = ("auto", "on", "off")
+# bench/throughput.py on 2 CPU cores, the demo model: a cold compile of both graphs ~25 s, the compiled
+# step ~0.65x the eager one; buying pays once eager decoding has cost compile_s / 0.35 ~ 70 s
+AUTO_AFTER_S = 70.0
+
+
+def _configure_inductor() -> None:
+    """Compile in this process (no pool of compile workers left to outlive it) with scalar outputs
+    traced into the graph (the expert capacity)."""
+    import torch._dynamo.config
+    import torch._inductor.config
+
+    torch._inductor.config.compile_threads = 1
+    torch._dynamo.config.capture_scalar_outputs = True
+
+
+class DecodeCompiler:
+    """Chooses, per decode step, the eager or the compiled forward and sampler of one engine; records
+    the eager time spent (for `auto`) and the compile's cost (`stats`)."""
+
+    def __init__(self, mode: str = "off", auto_after_s: float = AUTO_AFTER_S):
+        if mode not in COMPILE_MODES:
+            raise ValueError(f"rollout.compile must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
+        self.mode, self.auto_after_s = mode, auto_after_s
+        self.eager_s = 0.0  # time spent in eager decode steps so far
+        self.compile_s = 0.0  # time the first compiled calls took beyond an eager step (tracing + codegen)
+        self._forward: Callable | None = None
+        self._sample: Callable | None = None
+        self._pending: set[str] = set()  # compiled graphs not called yet (their first call compiles)
+
+    @property
+    def bound(self) -> bool:
+        return self._forward is not None
+
+    @property
+    def active(self) -> bool:
+        """Whether the next decode step runs compiled."""
+        if self._forward is not None:
+            return True
+        if self.mode == "on" or (self.mode == "auto" and self.eager_s >= self.auto_after_s):
+            return True
+        return False
+
+    def bind(self, forward: Callable, sample: Callable) -> None:
+        """Compile `forward` and `sample` (lazily: their first calls trace and build the graphs)."""
+        _configure_inductor()
+        if self.mode == "auto":
+            log.info(
+                "rollout.compile=auto: compiling the decode step after %.0f s of eager decoding", self.eager_s
+            )
+        self._forward = torch.compile(forward, fullgraph=True)
+        self._sample = torch.compile(sample, fullgraph=True)
+        self._pending = {"forward", "sample"}
+
+    def forward(self, layers, tokens, positions, caches, record: bool):
+        """The engine's `_decode`, compiled: rows (dim 0) and cache width (dim 2) dynamic."""
+        for tensor in (tokens, positions):
+            torch._dynamo.mark_dynamic(tensor, 0)
+        for entry in caches:
+            for tensor in entry:
+                torch._dynamo.mark_dynamic(tensor, 0)
+                torch._dynamo.mark_dynamic(tensor, 2)
+        return self._timed("forward", self._forward, layers, tokens, positions, caches, record)
+
+    def sample(self, logits, seeds, positions, temperature, top_p, greedy):
+        """`sample_tokens`, compiled: rows dynamic."""
+        for tensor in (logits, seeds, positions):
+            torch._dynamo.mark_dynamic(tensor, 0)
+        return self._timed("sample", self._sample, logits, seeds, positions, temperature, top_p, greedy)
+
+    def _timed(self, name: str, fn: Callable, *args, **kwargs):
+        if name not in self._pending:
+            return fn(*args, **kwargs)
+        began = time.perf_counter()
+        out = fn(*args, **kwargs)
+        self.compile_s += time.perf_counter() - began
+        self._pending.discard(name)
+        return out
+
+    def add_eager(self, seconds: float) -> None:
+        self.eager_s += seconds
+
+    def stats(self) -> dict[str, float]:
+        return {"compiled": float(self._forward is not None), "compile_s": self.compile_s}

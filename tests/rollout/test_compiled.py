@@ -1,0 +1,98 @@
+"""The compiled decode step (rollout.compile): the same samples as the eager one, the switch rule of
+`auto`, and the refusals. The compiled tests are in the slow set: a cold inductor cache (a fresh
+machine, as CI's) compiles for about two minutes on 2 cores; a warm one in about ten seconds."""
+
+import pytest
+import torch
+
+from everyprompt.rollout import GenerationRequest, SamplingParams, UnsupportedModelError, make_engine
+from everyprompt.rollout.native import NativeEngine
+from everyprompt.rollout.native.compiled import DecodeCompiler
+from tests.conftest import make_tiny_model
+
+PROMPTS = ["37+48=", "1+2=", "123+456+789=", "9=", "5+5+5=", "800+1="]
+
+
+def _requests(tokenizer, prompts=PROMPTS, seed=0):
+    return [GenerationRequest(i, tokenizer(p).input_ids, seed=seed + i) for i, p in enumerate(prompts)]
+
+
+def _by_id(completions):
+    return {c.request_id: c for c in completions}
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    return make_tiny_model()
+
+
+@pytest.fixture(scope="module")
+def compiled_engine(tiny_model):
+    """One compiled engine for the module: its graphs compile once (inductor's disk cache keeps them)."""
+    model, tokenizer = tiny_model
+    return NativeEngine.from_model(model, tokenizer, batch_size=4, compile="on")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(20, record_routes=True),
+        SamplingParams(20, temperature=0.7, top_p=0.9),
+        SamplingParams(12, greedy=True),
+    ],
+    ids=["sampled-routes", "top-p", "greedy"],
+)
+def test_compiled_and_eager_engines_give_the_same_samples(tiny_model, compiled_engine, params):
+    model, tokenizer = tiny_model
+    eager = NativeEngine.from_model(model, tokenizer, batch_size=4)
+    # six requests through four slots: admissions into freed slots and a shrinking pool, both compiled
+    expected = _by_id(eager.generate(_requests(tokenizer), params))
+    got = _by_id(compiled_engine.generate(_requests(tokenizer), params))
+    assert compiled_engine.stats["compiled"] == 1.0 and eager.stats["compiled"] == 0.0
+    assert expected.keys() == got.keys() == set(range(len(PROMPTS)))
+    for request_id, reference in expected.items():
+        completion = got[request_id]
+        assert completion.token_ids == reference.token_ids
+        assert completion.finish_reason == reference.finish_reason
+        torch.testing.assert_close(completion.logprobs, reference.logprobs, atol=1e-5, rtol=0)
+        torch.testing.assert_close(completion.entropies, reference.entropies, atol=1e-5, rtol=0)
+        if params.record_routes:
+            assert torch.equal(completion.routed_experts, reference.routed_experts)
+
+
+@pytest.mark.slow
+def test_compiled_continuous_batching_equals_one_at_a_time(tiny_model, compiled_engine):
+    model, tokenizer = tiny_model
+    params = SamplingParams(16)
+    together = _by_id(compiled_engine.generate(_requests(tokenizer), params))
+    for request in _requests(tokenizer):
+        (alone,) = compiled_engine.generate([request], params)
+        assert alone.token_ids == together[request.request_id].token_ids
+        torch.testing.assert_close(alone.logprobs, together[request.request_id].logprobs, atol=1e-5, rtol=0)
+
+
+def test_auto_compiles_once_eager_decoding_has_cost_the_threshold():
+    compiler = DecodeCompiler("auto", auto_after_s=1.0)
+    assert not compiler.active
+    compiler.add_eager(0.6)
+    assert not compiler.active
+    compiler.add_eager(0.5)
+    assert compiler.active
+    assert not DecodeCompiler("off").active and DecodeCompiler("on").active
+
+
+def test_auto_stays_eager_on_a_short_run(tiny_model):
+    model, tokenizer = tiny_model
+    engine = NativeEngine.from_model(model, tokenizer, batch_size=4, compile="auto")
+    list(engine.generate(_requests(tokenizer), SamplingParams(8)))
+    assert engine.stats["compiled"] == 0.0 and engine.compiler.eager_s > 0
+
+
+def test_bad_compile_modes_are_refused(tiny_model):
+    model, tokenizer = tiny_model
+    with pytest.raises(ValueError, match="rollout.compile must be one of auto, on, off, got 'fast'"):
+        NativeEngine.from_model(model, tokenizer, compile="fast")
+    with pytest.raises(UnsupportedModelError, match="rollout.compile=on compiles the native engine"):
+        make_engine("hf", model, tokenizer, batch_size=2, compile="on")
+    assert make_engine("hf", model, tokenizer, batch_size=2, compile="auto") is not None
