@@ -71,7 +71,7 @@ def _model(overrides: list[str]):
     return model.eval(), tokenizer, [row["prompt"] for row in run.rl_rows()]
 
 
-def _engine(model, tokenizer, slots: int, eos: bool = True):
+def _engine(model, tokenizer, slots: int, eos: bool = True, compile: str = "off"):
     from everyprompt.rollout.native import NativeEngine
 
     return NativeEngine(
@@ -80,6 +80,7 @@ def _engine(model, tokenizer, slots: int, eos: bool = True):
         eos_token_id=tokenizer.eos_token_id if eos else -1,  # -1: never stop early
         pad_token_id=tokenizer.pad_token_id,
         batch_size=slots,
+        compile=compile,
     )
 
 
@@ -132,6 +133,10 @@ def engine_vs_hf(model, tokenizer, prompts: list[str], batch: int, new_tokens: i
     params = SamplingParams(new_tokens)
     native_s, completions = _best_of(repeats, lambda: list(engine.generate(requests, params)))
     native_tokens = sum(len(c.token_ids) for c in completions)
+    compiled = _engine(model, tokenizer, batch, eos=False, compile="on")
+    list(compiled.generate(requests, params))  # compiles (its cost: compile_cost())
+    compiled_s, completions = _best_of(repeats, lambda: list(compiled.generate(requests, params)))
+    assert sum(len(c.token_ids) for c in completions) == native_tokens
     hf_engine = _hf_engine(model, tokenizer, batch)
     hf_engine_s, completions = _best_of(repeats, lambda: list(hf_engine.generate(requests, params)))
     hf_engine_tokens = sum(len(c.token_ids) for c in completions)
@@ -145,7 +150,11 @@ def engine_vs_hf(model, tokenizer, prompts: list[str], batch: int, new_tokens: i
 
     hf_s, output = _best_of(repeats, hf)
     hf_tokens = (output.shape[1] - encoded["input_ids"].shape[1]) * batch
-    profiles = {"native": _profile(lambda: list(engine.generate(requests, params))), "hf": _profile(hf)}
+    profiles = {
+        "native": _profile(lambda: list(engine.generate(requests, params))),
+        "native_compiled": _profile(lambda: list(compiled.generate(requests, params))),
+        "hf": _profile(hf),
+    }
     return {
         "batch": batch,
         "new_tokens": new_tokens,
@@ -156,6 +165,10 @@ def engine_vs_hf(model, tokenizer, prompts: list[str], batch: int, new_tokens: i
         "hf_s": hf_s,
         "hf_tokens_per_s": hf_tokens / hf_s,
         "speedup": (native_tokens / native_s) / (hf_tokens / hf_s),
+        "compiled_s": compiled_s,
+        "compiled_tokens_per_s": native_tokens / compiled_s,
+        "compiled_speedup": (native_tokens / compiled_s) / (hf_tokens / hf_s),
+        "compiled_stats": compiled.stats,
         "hf_engine_tokens": hf_engine_tokens,
         "hf_engine_s": hf_engine_s,
         "hf_engine_tokens_per_s": hf_engine_tokens / hf_engine_s,
@@ -243,6 +256,132 @@ def _profile(fn) -> dict:
         "compute_kernel_share": compute / total if total else 0.0,
         "operator_calls": sum(e.count for e in events),
         "top": [{"op": e.key, "self_s": e.self_cpu_time_total / 1e6, "calls": e.count} for e in top],
+    }
+
+
+# ---------------------------------------------------------------- (e) the compute floor
+def _step_ms(stats: dict) -> float:
+    """An engine's decode step as its call measured it: the forward with its bookkeeping, plus sampling."""
+    return stats["decode_step_ms"] + stats["sample_ms"]
+
+
+def decode_floor(model, tokenizer, prompts: list[str], batch: int, new_tokens: int, engine_vs: dict) -> dict:
+    """The decode step's GEMMs alone (recorded at the middle decode step of an eager call of (a)'s
+    workload, each with operands of its own), against the eager and the compiled engine's step in (a)."""
+    from floor import GemmRecorder, replay_seconds
+
+    from everyprompt.rollout import GenerationRequest, SamplingParams
+
+    prompts = (prompts * batch)[:batch]
+    requests = [GenerationRequest(i, tokenizer(p).input_ids, seed=i) for i, p in enumerate(prompts)]
+    engine = _engine(model, tokenizer, batch, eos=False)
+    recorder, middle, seen = GemmRecorder(), new_tokens // 2, [0]
+    decode = engine._decode
+
+    def recorded(*args, **kwargs):
+        seen[0] += 1
+        if seen[0] != middle:
+            return decode(*args, **kwargs)
+        with recorder:
+            return decode(*args, **kwargs)
+
+    engine._decode = recorded
+    list(engine.generate(requests, SamplingParams(new_tokens)))
+    floor_ms = 1000 * replay_seconds(recorder.calls)
+    eager_ms = _step_ms(engine_vs["engine_stats"])
+    compiled_ms = _step_ms(engine_vs["compiled_stats"])
+    flops = sum(call.flops() for call in recorder.calls)
+    return {
+        "gemms_per_step": len(recorder.calls),
+        "gemm_gflop_per_step": flops / 1e9,
+        "floor_ms": floor_ms,
+        "floor_gflops_per_s": flops / 1e9 / (floor_ms / 1000),
+        "eager_step_ms": eager_ms,
+        "compiled_step_ms": compiled_ms,
+        "eager_vs_floor": eager_ms / floor_ms,
+        "compiled_vs_floor": compiled_ms / floor_ms,
+        "compiled_forward_ms": engine_vs["compiled_stats"]["decode_step_ms"],
+        "compiled_sample_ms": engine_vs["compiled_stats"]["sample_ms"],
+        "eager_forward_ms": engine_vs["engine_stats"]["decode_step_ms"],
+        "eager_sample_ms": engine_vs["engine_stats"]["sample_ms"],
+    }
+
+
+def compile_probe(base: list[str], batch: int, new_tokens: int) -> dict:
+    """One compiled engine's first and second generate calls on (a)'s workload, in this process (run
+    with a fresh TORCHINDUCTOR_CACHE_DIR for a cold compile, again with the same one for a warm one)."""
+    from everyprompt.rollout import GenerationRequest, SamplingParams
+
+    model, tokenizer, prompts = _model(base)
+    prompts = (prompts * batch)[:batch]
+    requests = [GenerationRequest(i, tokenizer(p).input_ids, seed=i) for i, p in enumerate(prompts)]
+    engine = _engine(model, tokenizer, batch, eos=False, compile="on")
+    params = SamplingParams(new_tokens)
+    first, _ = _best_of(1, lambda: list(engine.generate(requests, params)))
+    second, _ = _best_of(1, lambda: list(engine.generate(requests, params)))
+    return {"first_call_s": first, "second_call_s": second, "compile_s": engine.compiler.compile_s}
+
+
+def compile_cost(base: list[str], batch: int, new_tokens: int, floor: dict) -> dict:
+    """Compile time from a cold and a warm inductor cache (each its own process), and the run length
+    at which compiling pays: compile_s over the saving per decode step."""
+    import os
+    import subprocess
+    import tempfile
+
+    out = {}
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
+        command = [sys.executable, __file__, "--compile-probe", json.dumps([base, batch, new_tokens])]
+        for name in ("cold", "warm"):
+            done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+            out[name] = json.loads(done.stdout.strip().splitlines()[-1])
+    saving_ms = floor["eager_step_ms"] - floor["compiled_step_ms"]
+    for name in ("cold", "warm"):
+        probe = out[name]
+        steps = probe["compile_s"] * 1000 / saving_ms if saving_ms > 0 else float("inf")
+        probe["payoff_decode_steps"] = steps
+        probe["payoff_eager_decode_s"] = steps * floor["eager_step_ms"] / 1000
+    out["saving_ms_per_step"] = saving_ms
+    return out
+
+
+def training_floor(rl_base: list[str], run_dir: Path, updates: int = 3) -> dict:
+    """One RL update of (d)'s set-up (synchronous, so a batch can be taken and trained by hand) against
+    the GEMMs it dispatches (forwards and backward), replayed alone with operands shared by shape."""
+    from floor import GemmRecorder, replay_seconds
+
+    from everyprompt.config import load_config
+    from everyprompt.pipeline import Run
+
+    config = load_config(None, [*rl_base, "rl.steps=1", "checkpoint.every=0", "rl.max_staleness=0"])
+    trainer = Run(config, run_dir).trainer()
+    try:
+        batches = [trainer.rollout.next_batch(step) for step in range(updates + 1)]
+        times = []
+        for batch in batches[:-1]:
+            began = time.perf_counter()
+            trainer.learner.update(batch)
+            times.append(time.perf_counter() - began)
+        recorder = GemmRecorder()
+        with recorder:
+            trainer.learner.update(batches[-1])
+    finally:
+        trainer.close()
+    update_s = min(times[1:]) if len(times) > 1 else times[0]  # the first warms up
+    floor_s = replay_seconds(recorder.calls, distinct=False, repeats=3, loops=2)
+    flops = sum(call.flops() for call in recorder.calls)
+    last = batches[-1]
+    return {
+        "update_s": update_s,
+        "update_s_all": times,
+        "gemms": len(recorder.calls),
+        "gemm_gflop": flops / 1e9,
+        "floor_s": floor_s,
+        "floor_gflops_per_s": flops / 1e9 / floor_s,
+        "update_vs_floor": update_s / floor_s,
+        "sequences": len(last),
+        "tokens": sum(len(p) + len(c) for p, c in zip(last.prompt_ids, last.completion_ids)),
     }
 
 
@@ -511,7 +650,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rl-steps", type=int, default=6, help="RL steps timed per trainer (first dropped)")
     parser.add_argument("--sft-seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--compile-probe", help=argparse.SUPPRESS)  # compile_cost()'s child process
     args = parser.parse_args(argv)
+    if args.compile_probe:
+        print(json.dumps(compile_probe(*json.loads(args.compile_probe))))
+        return 0
 
     from rich.console import Console
     from rich.table import Table
@@ -537,6 +680,11 @@ def main(argv: list[str] | None = None) -> int:
         scale["long"],
         scale["repeats"],
     )
+    console.print("(e) the decode step's matmul floor; compile time (cold and warm cache) ...")
+    results["decode_floor"] = decode_floor(
+        model, tokenizer, prompts, scale["batch"], scale["new_tokens"], results["engine_vs_hf"]
+    )
+    results["compile"] = compile_cost(base, scale["batch"], scale["new_tokens"], results["decode_floor"])
     console.print("(b) rollout + slow reward, overlapped or not ...")
     results["reward_overlap"] = reward_overlap(
         model,
@@ -568,6 +716,8 @@ def main(argv: list[str] | None = None) -> int:
         rl_base = [*base, f"model.path={sft_dir}", "sft.steps=0", f"seed={args.sft_seed}"]
         ours = everyprompt_steps(rl_base, args.rl_steps, work / "everyprompt")
         theirs = trl_steps(rl_base, args.rl_steps, work / "trl")
+        console.print("(e) the RL update's matmul floor ...")
+        results["training_floor"] = training_floor(rl_base, work / "floor")
         results["rl_step_vs_trl"] = {
             "everyprompt": ours,
             "trl": theirs,
@@ -642,6 +792,38 @@ def main(argv: list[str] | None = None) -> int:
             f"{d['ratio']:.2f}x (train phase alone: {d['train_only_ratio']:.2f}x)",
             "<= 0.33x",
         )
+    e, k = results["decode_floor"], results["compile"]
+    table.add_row(
+        f"(e) decode step, ms ({a['batch']} rows; {e['gemms_per_step']} GEMMs, {e['gemm_gflop_per_step']:.3f} GFLOP)",
+        f"{e['compiled_step_ms']:.2f} compiled; {e['eager_step_ms']:.2f} eager",
+        f"{e['floor_ms']:.2f} (its GEMMs alone, {e['floor_gflops_per_s']:.0f} GFLOP/s)",
+        f"{e['compiled_vs_floor']:.2f}x compiled; {e['eager_vs_floor']:.2f}x eager",
+        "<= 2x",
+    )
+    table.add_row(
+        "(a) compiled engine tokens/s, same workload",
+        f"{a['compiled_tokens_per_s']:.0f}",
+        f"{a['hf_tokens_per_s']:.0f} (HF generate)",
+        f"{a['compiled_speedup']:.1f}x",
+        ">= 5x",
+    )
+    table.add_row(
+        "(e) compile, s (cold cache / warm cache)",
+        f"{k['cold']['compile_s']:.1f} / {k['warm']['compile_s']:.1f}",
+        f"saves {k['saving_ms_per_step']:.2f} ms per decode step",
+        f"pays after {k['cold']['payoff_decode_steps']:.0f} / {k['warm']['payoff_decode_steps']:.0f} steps "
+        f"({k['cold']['payoff_eager_decode_s']:.0f} / {k['warm']['payoff_eager_decode_s']:.0f} s eager)",
+        "stated",
+    )
+    if "training_floor" in results:
+        f = results["training_floor"]
+        table.add_row(
+            f"(e) RL update, s ({f['sequences']} sequences, {f['tokens']} tokens; {f['gemms']} GEMMs)",
+            f"{f['update_s']:.3f}",
+            f"{f['floor_s']:.3f} (its GEMMs alone, {f['floor_gflops_per_s']:.0f} GFLOP/s)",
+            f"{f['update_vs_floor']:.2f}x",
+            "measured",
+        )
     profile = Table(title="(a) where the time goes: one generate call of each engine (torch profiler)")
     for column in (
         "engine",
@@ -651,7 +833,11 @@ def main(argv: list[str] | None = None) -> int:
         "top operators",
     ):
         profile.add_column(column, justify="right")
-    for name, prof in (("everyprompt", a["profile"]["native"]), ("HF generate", a["profile"]["hf"])):
+    for name, prof in (
+        ("everyprompt", a["profile"]["native"]),
+        ("everyprompt compiled", a["profile"]["native_compiled"]),
+        ("HF generate", a["profile"]["hf"]),
+    ):
         profile.add_row(
             name,
             f"{prof['self_cpu_s']:.2f}",

@@ -119,7 +119,8 @@ def swiglu(pair, x: torch.Tensor) -> torch.Tensor:
 def experts_batched(gate_up, down, flat, weights, experts) -> torch.Tensor:
     """All experts in two batched matmuls: each expert's tokens gathered into a row block [E, C, H]
     (C = the busiest expert's token count; shorter blocks padded with a zero row), so the arithmetic
-    is top-k's plus the padding and the kernel count does not grow with E. gate_up [E, H, 2I],
+    is top-k's plus the padding and the kernel count does not grow with E; each token's k expert
+    outputs are then gathered from the blocks and summed with their weights. gate_up [E, H, 2I],
     down [E, I, H]."""
     tokens, top_k = experts.shape
     num_experts, inner = down.shape[0], down.shape[1]
@@ -134,14 +135,16 @@ def experts_batched(gate_up, down, flat, weights, experts) -> torch.Tensor:
     torch._check(capacity >= 2)
     index = torch.full((num_experts, capacity), tokens, dtype=torch.long)  # row `tokens`: zeros
     index[sorted_experts, column] = order // top_k
-    gates = torch.zeros(index.shape, dtype=flat.dtype)
-    gates[sorted_experts, column] = weights.reshape(-1)[order]
+    slot = torch.empty_like(order)
+    slot[order] = sorted_experts * capacity + column  # each (token, k) pair's row of the [E * C] output
     rows = torch.cat([flat, flat.new_zeros(1, flat.shape[1])])[index]  # [E, C, H]
     hidden = torch.bmm(rows, gate_up)  # [E, C, 2I]
-    act = F.silu(hidden[..., :inner]) * hidden[..., inner:] * gates[..., None]
-    out = torch.zeros(tokens + 1, flat.shape[1], dtype=flat.dtype)
-    out.index_add_(0, index.view(-1), torch.bmm(act, down).view(-1, flat.shape[1]))
-    return out[:tokens]
+    act = F.silu(hidden[..., :inner]) * hidden[..., inner:]
+    # each token's k outputs gathered back and weighed: a gather and a sum, no scatter-add
+    out = torch.bmm(act, down).view(-1, flat.shape[1])[slot].view(tokens, top_k, -1)
+    if out.dtype == torch.float32:
+        return (out * weights[..., None]).sum(1)
+    return (out.float() * weights.float()[..., None]).sum(1).to(out.dtype)  # bf16: summed in float32
 
 
 def experts_grouped(gate_up, down, flat, weights, experts) -> torch.Tensor:
