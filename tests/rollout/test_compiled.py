@@ -96,3 +96,29 @@ def test_bad_compile_modes_are_refused(tiny_model):
     with pytest.raises(UnsupportedModelError, match="rollout.compile=on compiles the native engine"):
         make_engine("hf", model, tokenizer, batch_size=2, compile="on")
     assert make_engine("hf", model, tokenizer, batch_size=2, compile="auto") is not None
+
+
+@pytest.mark.slow
+def test_an_asynchronous_run_decodes_compiled_in_its_rollout_thread(tmp_path):
+    """The compiled step runs in the rollout thread of an asynchronous run (and its weight syncs reuse the
+    graph: same shapes), and the run's evaluations too."""
+    import json
+
+    from everyprompt.pipeline import train
+    from tests.conftest import tiny_config
+
+    overrides = ["rl.steps=3", "rl.max_staleness=1", "rl.old_logprobs=recompute", "rollout.compile=on"]
+    train(tiny_config(*overrides, "rl.rollout_correction.mode=tis"), run_dir=tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
+    assert [row["rollout/compiled"] for row in rows] == [1.0, 1.0, 1.0]
+
+
+def test_the_compile_setting_reads_yaml_switches_and_names_bad_values():
+    from everyprompt.config import ConfigError
+    from tests.conftest import tiny_config
+
+    assert tiny_config("rollout.compile=on").rollout.compile == "on"  # YAML's boolean `on`
+    assert tiny_config("rollout.compile=off").rollout.compile == "off"
+    assert tiny_config().rollout.compile == "auto"
+    with pytest.raises(ConfigError, match=r"rollout\.compile.*'auto', 'on' or 'off'.*fast"):
+        tiny_config("rollout.compile=fast")

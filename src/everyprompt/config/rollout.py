@@ -22,7 +22,7 @@ class RolloutConfig(Section):
         "weights with per-output-channel scales, re-quantised at every weight sync).",
     )
     compile: Literal["auto", "on", "off"] = Field(
-        "off",
+        "auto",
         description="Native engine: run the decode step through torch.compile (`on`), eager (`off`), or "
         "compile once eager decoding has cost about what a compile does (`auto`; docs/rollout.md).",
     )
@@ -69,6 +69,14 @@ class RolloutConfig(Section):
     @classmethod
     def _known_engine(cls, name: str) -> str:
         return _known_engine(name)
+
+    @field_validator("compile", mode="before")
+    @classmethod
+    def _yaml_switch(cls, value):
+        """YAML reads a bare on / off as a boolean: take it as the mode it spells."""
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        return value
 
     def segment_tokens(self) -> int:
         """With `partial`: the tokens a sequence generates per step."""

@@ -49,6 +49,7 @@ class StepTally:
                 sum(c["slot_occupancy"] * c["decode_steps"] for c in calls) / steps
             )
             out["rollout/prefill_s"] = sum(c.get("prefill_s", 0.0) for c in calls)
+            out["rollout/compiled"] = max(c.get("compiled", 0.0) for c in calls)
             out["rollout/decode_step_ms"] = (
                 sum(c["decode_step_ms"] * c["decode_steps"] for c in calls) / steps
             )
