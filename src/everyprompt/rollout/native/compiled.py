@@ -6,15 +6,15 @@ Both graphs are compiled with the row count (the pool, which shrinks as sequence
 width as dynamic sizes, so one graph serves every call; everything else (weights, heads, vocabulary) is
 static, which keeps the generated loops vectorised (all sizes dynamic runs slower than eager). The
 compiled step attends over the call's whole cache width (masked), in a cache exactly that wide. The MoE
-layer's
-expert capacity (its busiest expert's token count) is data-dependent; it stays inside the graph as an
-unbacked size (`capture_scalar_outputs`). Inductor's compile cache on disk (TORCHINDUCTOR_CACHE_DIR,
+layer's expert capacity (its busiest expert's token count) is data-dependent; it stays inside the graph
+as an unbacked size (`capture_scalar_outputs`). Inductor's compile cache on disk (TORCHINDUCTOR_CACHE_DIR,
 by default under the system temp directory) makes a second process's compile a fraction of the first.
 
 `rollout.compile`:
   off  eager operators (the reference the compiled step is tested against);
-  on   compile at the first decode step;
-  auto compile once the engine has spent `auto_after_s` seconds in eager decode steps: the rule of
+  on   compile at the first generate call;
+  auto compile (from the next generate call) once the engine has spent `auto_after_s` seconds in eager
+       decode steps: the rule of
        renting until the rent paid equals the price of buying, which never spends more than twice what
        the better choice in hindsight would have, whatever the run's length. The default threshold is
        the compile time over the fraction of a decode step the compiled graph saves, measured by
