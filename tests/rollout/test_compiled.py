@@ -122,3 +122,19 @@ def test_the_compile_setting_reads_yaml_switches_and_names_bad_values():
     assert tiny_config().rollout.compile == "auto"
     with pytest.raises(ConfigError, match=r"rollout\.compile.*'auto', 'on' or 'off'.*fast"):
         tiny_config("rollout.compile=fast")
+
+
+def test_the_ray_engine_reports_a_compiled_worker_and_the_step_logs_it():
+    from everyprompt.distributed.rollout import RayEngine
+    from everyprompt.trainer.tally import StepTally
+
+    calls = [
+        {"tokens": 10.0, "decode_steps": 5.0, "slot_occupancy": 1.0, "decode_step_ms": 2.0, "compiled": 1.0},
+        {"tokens": 6.0, "decode_steps": 3.0, "slot_occupancy": 0.5, "decode_step_ms": 4.0, "compiled": 0.0},
+    ]
+    merged = RayEngine._merge(calls, wall=1.0, restarts=0)
+    assert merged["compiled"] == 1.0 and merged["tokens"] == 16.0
+    assert RayEngine._merge(calls[1:], wall=1.0, restarts=0)["compiled"] == 0.0
+    tally = StepTally()
+    tally.engine_calls.append(merged)
+    assert tally.metrics()["rollout/compiled"] == 1.0

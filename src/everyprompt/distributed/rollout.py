@@ -175,5 +175,6 @@ class RayEngine:
             "decode_steps": steps,
             "wall_s": wall,
             "workers": float(len(calls)),
+            "compiled": max((c.get("compiled", 0.0) for c in calls), default=0.0),
             "cluster/actor_restarts": float(restarts),
         }
