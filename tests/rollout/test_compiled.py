@@ -138,3 +138,38 @@ def test_the_ray_engine_reports_a_compiled_worker_and_the_step_logs_it():
     tally = StepTally()
     tally.engine_calls.append(merged)
     assert tally.metrics()["rollout/compiled"] == 1.0
+
+
+def _failing_compile(fn, **_):
+    def compiled(*args):
+        raise RuntimeError("inductor cannot lower this graph\nmore detail")
+
+    return compiled
+
+
+def test_auto_gives_up_a_failing_compile_with_a_warning_and_decodes_eager(tiny_model, monkeypatch, caplog):
+    model, tokenizer = tiny_model
+    params = SamplingParams(10, record_routes=True)
+    expected = _by_id(
+        NativeEngine.from_model(model, tokenizer, batch_size=4).generate(_requests(tokenizer), params)
+    )
+    monkeypatch.setattr(torch, "compile", _failing_compile)
+    engine = NativeEngine.from_model(model, tokenizer, batch_size=4, compile="auto")
+    engine.compiler.auto_after_s = 0.0  # compile at once
+    with caplog.at_level("WARNING"):
+        got = _by_id(engine.generate(_requests(tokenizer), params))
+    assert "compiling the decode step failed (RuntimeError: inductor cannot lower this graph)" in caplog.text
+    assert engine.stats["compiled"] == 0.0 and engine.stats["compile_failed"] == 1.0
+    for request_id, reference in expected.items():
+        assert got[request_id].token_ids == reference.token_ids
+        torch.testing.assert_close(got[request_id].logprobs, reference.logprobs, atol=1e-5, rtol=0)
+    list(engine.generate(_requests(tokenizer), params))  # later calls stay eager, without a retry
+    assert engine.stats["compiled"] == 0.0 and caplog.text.count("compiling the decode step failed") == 1
+
+
+def test_on_stops_at_a_failing_compile(tiny_model, monkeypatch):
+    model, tokenizer = tiny_model
+    monkeypatch.setattr(torch, "compile", _failing_compile)
+    engine = NativeEngine.from_model(model, tokenizer, batch_size=4, compile="on")
+    with pytest.raises(RuntimeError, match="inductor cannot lower this graph"):
+        list(engine.generate(_requests(tokenizer), SamplingParams(4)))

@@ -62,6 +62,8 @@ class DecodeCompiler:
         self._forward: Callable | None = None
         self._sample: Callable | None = None
         self._pending: set[str] = set()  # compiled graphs not called yet (their first call compiles)
+        self._eager: dict[str, Callable] = {}  # what each compiled graph stands for
+        self.failure: str | None = None  # auto: why compiling failed (the engine then stays eager)
 
     @property
     def bound(self) -> bool:
@@ -69,7 +71,9 @@ class DecodeCompiler:
 
     @property
     def active(self) -> bool:
-        """Whether the next decode step runs compiled."""
+        """Whether the next generate call runs compiled."""
+        if self.failure is not None:
+            return False
         if self._forward is not None:
             return True
         if self.mode == "on" or (self.mode == "auto" and self.eager_s >= self.auto_after_s):
@@ -83,6 +87,7 @@ class DecodeCompiler:
             log.info(
                 "rollout.compile=auto: compiling the decode step after %.0f s of eager decoding", self.eager_s
             )
+        self._eager = {"forward": forward, "sample": sample}
         self._forward = torch.compile(forward, fullgraph=True)
         self._sample = torch.compile(sample, fullgraph=True)
         self._pending = {"forward", "sample"}
@@ -103,17 +108,38 @@ class DecodeCompiler:
             torch._dynamo.mark_dynamic(tensor, 0)
         return self._timed("sample", self._sample, logits, seeds, positions, temperature, top_p, greedy)
 
-    def _timed(self, name: str, fn: Callable, *args, **kwargs):
-        if name not in self._pending:
-            return fn(*args, **kwargs)
+    def _timed(self, name: str, fn: Callable, *args):
+        """`fn(*args)`, its first call's time counted as compile time. Under `auto` a compiled graph that
+        fails (an operator or a model inductor cannot handle) is given up with a warning and the engine
+        decodes eager from then on; under `on` the error stops the run."""
+        if self.failure is not None:
+            return self._eager[name](*args)
         began = time.perf_counter()
-        out = fn(*args, **kwargs)
-        self.compile_s += time.perf_counter() - began
-        self._pending.discard(name)
+        try:
+            out = fn(*args)
+        except Exception as err:
+            if self.mode != "auto":
+                raise
+            self.failure = (
+                f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+            )
+            log.warning(
+                "rollout.compile=auto: compiling the decode step failed (%s); decoding eager from now on "
+                "(rollout.compile=off skips the attempt)",
+                self.failure,
+            )
+            return self._eager[name](*args)
+        if name in self._pending:
+            self.compile_s += time.perf_counter() - began
+            self._pending.discard(name)
         return out
 
     def add_eager(self, seconds: float) -> None:
         self.eager_s += seconds
 
     def stats(self) -> dict[str, float]:
-        return {"compiled": float(self._forward is not None), "compile_s": self.compile_s}
+        return {
+            "compiled": float(self._forward is not None and self.failure is None),
+            "compile_s": self.compile_s,
+            "compile_failed": float(self.failure is not None),
+        }
