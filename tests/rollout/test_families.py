@@ -79,6 +79,26 @@ def test_continuous_batching_equals_one_at_a_time(family, engine):
             assert torch.equal(mine.routed_experts, single.routed_experts)
 
 
+@pytest.mark.slow
+def test_the_compiled_native_engine_equals_the_eager_one(family):
+    """rollout.compile on every family the native engine runs (auto, the default, compiles in long runs):
+    the same tokens, log-probs within 1e-5 and the same routes."""
+    name, model, tokenizer = family
+    if "native" not in engines_for(model.config):
+        pytest.skip(f"native does not run {name}")
+    params = SamplingParams(10, temperature=0.8, record_routes=name in MOE_FAMILIES)
+    eager = make_engine("native", model, tokenizer, batch_size=3, compile="off")
+    compiled = make_engine("native", model, tokenizer, batch_size=3, compile="on")
+    expected = {c.request_id: c for c in eager.generate(_requests(tokenizer), params)}
+    got = {c.request_id: c for c in compiled.generate(_requests(tokenizer), params)}
+    assert compiled.stats["compiled"] == 1.0 and got.keys() == expected.keys()
+    for request_id, reference in expected.items():
+        assert got[request_id].token_ids == reference.token_ids
+        torch.testing.assert_close(got[request_id].logprobs, reference.logprobs, atol=1e-5, rtol=0)
+        if params.record_routes:
+            assert torch.equal(got[request_id].routed_experts, reference.routed_experts)
+
+
 @pytest.mark.parametrize("engine", ["native", "hf"])
 def test_routes_equal_the_routers_top_k_and_replay_reproduces_the_engine(family, engine):
     name, model, tokenizer = family

@@ -40,13 +40,16 @@ AUTO_AFTER_S = 120.0
 
 
 def _configure_inductor() -> None:
-    """Compile in this process (no pool of compile workers left to outlive it) with scalar outputs
-    traced into the graph (the expert capacity)."""
+    """Compile in this process (no pool of compile workers left to outlive it), with scalar outputs
+    traced into the graph (the expert capacity), and room for every engine's graphs."""
     import torch._dynamo.config
     import torch._inductor.config
 
     torch._inductor.config.compile_threads = 1
     torch._dynamo.config.capture_scalar_outputs = True
+    # dynamo counts the graphs of one function across every engine of the process (each engine's own:
+    # its weights, record / greedy variants); 8 by default, which a process with several engines reaches
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
 
 
 class DecodeCompiler:
