@@ -322,23 +322,24 @@ def compile_probe(base: list[str], batch: int, new_tokens: int) -> dict:
     return {"first_call_s": first, "second_call_s": second, "compile_s": engine.compiler.compile_s}
 
 
-def compile_cost(base: list[str], batch: int, new_tokens: int, floor: dict) -> dict:
+def compile_cost(base: list[str], batch: int, new_tokens: int, floor: dict, cold: bool = True) -> dict:
     """Compile time from a cold and a warm inductor cache (each its own process), and the run length
-    at which compiling pays: compile_s over the saving per decode step."""
+    at which compiling pays: compile_s over the saving per decode step. Without `cold` (the --tiny
+    smoke run) only the warm probe runs, on this process's own cache (filled by (a))."""
     import os
     import subprocess
     import tempfile
 
     out = {}
+    command = [sys.executable, __file__, "--compile-probe", json.dumps([base, batch, new_tokens])]
     with tempfile.TemporaryDirectory() as cache:
-        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
-        command = [sys.executable, __file__, "--compile-probe", json.dumps([base, batch, new_tokens])]
-        for name in ("cold", "warm"):
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache} if cold else dict(os.environ)
+        for name in ("cold", "warm") if cold else ("warm",):
             done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
             out[name] = json.loads(done.stdout.strip().splitlines()[-1])
     saving_ms = floor["eager_step_ms"] - floor["compiled_step_ms"]
     for name in ("cold", "warm"):
-        probe = out[name]
+        probe = out.setdefault(name, {"compile_s": math.nan})
         steps = probe["compile_s"] * 1000 / saving_ms if saving_ms > 0 else float("inf")
         probe["payoff_decode_steps"] = steps
         probe["payoff_eager_decode_s"] = steps * floor["eager_step_ms"] / 1000
@@ -684,7 +685,9 @@ def main(argv: list[str] | None = None) -> int:
     results["decode_floor"] = decode_floor(
         model, tokenizer, prompts, scale["batch"], scale["new_tokens"], results["engine_vs_hf"]
     )
-    results["compile"] = compile_cost(base, scale["batch"], scale["new_tokens"], results["decode_floor"])
+    results["compile"] = compile_cost(
+        base, scale["batch"], scale["new_tokens"], results["decode_floor"], cold=not args.tiny
+    )
     console.print("(b) rollout + slow reward, overlapped or not ...")
     results["reward_overlap"] = reward_overlap(
         model,

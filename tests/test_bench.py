@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -208,6 +209,12 @@ def test_throughput_bench_smoke(tmp_path, capsys):
     for workers in b["by_workers"].values():
         split = workers["reward_wait_after_generation_s"] >= 0 and workers["overlap_ratio"] > 0
         assert split and "generation_slowdown_s" in workers
+    # (e): the decode step against its GEMMs alone, both engines; the compile probe (warm only in --tiny)
+    e, k = payload["decode_floor"], payload["compile"]
+    assert e["gemms_per_step"] > 0 and e["floor_ms"] > 0 and e["gemm_gflop_per_step"] > 0
+    assert e["eager_vs_floor"] == e["eager_step_ms"] / e["floor_ms"] and e["compiled_vs_floor"] > 0
+    assert a["compiled_stats"]["compiled"] == 1.0 and a["compiled_tokens_per_s"] > 0
+    assert k["warm"]["compile_s"] >= 0 and math.isnan(k["cold"]["compile_s"])
     assert "Rollout throughput" in capsys.readouterr().out
 
 
