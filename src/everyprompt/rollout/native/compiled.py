@@ -123,9 +123,8 @@ class DecodeCompiler:
         except Exception as err:
             if self.mode != "auto":
                 raise
-            self.failure = (
-                f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
-            )
+            first_line = (str(err).strip().splitlines() or [""])[0]
+            self.failure = f"{type(err).__name__}: {first_line}"
             log.warning(
                 "rollout.compile=auto: compiling the decode step failed (%s); decoding eager from now on "
                 "(rollout.compile=off skips the attempt)",

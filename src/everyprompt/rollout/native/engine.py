@@ -315,8 +315,8 @@ class NativeEngine:
         self.stats.update(self.compiler.stats())
 
     def _step_functions(self):
-        """The decode forward and the sampler of the next step, and whether they are compiled (`compile`:
-        on, or auto once eager decoding has cost enough)."""
+        """The decode forward and the sampler of a generate call, and whether they are compiled
+        (`compile`: on, or auto once eager decoding has cost enough)."""
         if not self.compiler.active:
             return self._decode, sample_tokens, False
         if not self.compiler.bound:
@@ -325,8 +325,8 @@ class NativeEngine:
 
     def _decode(self, layers, tokens, positions, caches, record: bool):
         """One decode step of every cache row: the logits [B, V] of each row's next token after feeding
-        `tokens` [B] at `positions` [B] (cache views as wide as the furthest position + 1) and, when
-        `record`, each MoE layer's (experts, router logits)."""
+        `tokens` [B] at `positions` [B] (cache views up to the furthest position + 1 when eager, the call's
+        whole width when compiled) and, when `record`, each MoE layer's (experts, router logits)."""
         bias = self._decode_bias(positions, caches[0][0].shape[2])
         routes: list | None = [] if record else None
         rows = torch.arange(tokens.shape[0])
