@@ -142,8 +142,6 @@ def experts_batched(gate_up, down, flat, weights, experts) -> torch.Tensor:
     act = F.silu(hidden[..., :inner]) * hidden[..., inner:]
     # each token's k outputs gathered back and weighed: a gather and a sum, no scatter-add
     out = torch.bmm(act, down).view(-1, flat.shape[1])[slot].view(tokens, top_k, -1)
-    if out.dtype == torch.float32:
-        return (out * weights[..., None]).sum(1)
     return (out.float() * weights.float()[..., None]).sum(1).to(out.dtype)  # bf16: summed in float32
 
 
