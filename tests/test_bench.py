@@ -218,6 +218,15 @@ def test_throughput_bench_smoke(tmp_path, capsys):
     assert "Rollout throughput" in capsys.readouterr().out
 
 
+def test_sampling_bench_smoke(tmp_path, capsys):
+    bench = _load("sampling")
+    assert bench.main(["--vocab", "100", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "sampling.json").read_text())["rows"]
+    assert [(r["vocab"], r["top_p"]) for r in rows] == [(100, 1.0), (100, 0.9)]
+    assert all(r["same_tokens"] and r["logprob_max_abs_diff"] < 1e-5 and r["compiled_ms"] > 0 for r in rows)
+    assert "eager vs compiled" in capsys.readouterr().out
+
+
 def test_inversion_bench_smoke(tmp_path, capsys):
     bench = _load("inversion")
     assert bench.main(["--groups", "400", "--out", str(tmp_path)]) == 0
