@@ -93,6 +93,14 @@ def _hf_engine(model, tokenizer, slots: int):
     return HFEngine(copy.deepcopy(model), [], tokenizer.pad_token_id, slots)
 
 
+def _fixed_batch(tokenizer, prompts: list[str], batch: int) -> tuple[list[str], list]:
+    """(a)'s workload: `batch` prompts (cycled) and their requests, one seed each."""
+    from everyprompt.rollout import GenerationRequest
+
+    prompts = (prompts * batch)[:batch]
+    return prompts, [GenerationRequest(i, tokenizer(p).input_ids, seed=i) for i, p in enumerate(prompts)]
+
+
 def _best_of(repeats: int, fn) -> tuple[float, object]:
     """The fastest of `repeats` timed calls (the first also warms caches up), with its result."""
     best, result = float("inf"), None
@@ -125,10 +133,9 @@ def _hf_sample(model, tokenizer, inputs, new_tokens: int):
 
 def engine_vs_hf(model, tokenizer, prompts: list[str], batch: int, new_tokens: int, repeats: int) -> dict:
 
-    from everyprompt.rollout import GenerationRequest, SamplingParams
+    from everyprompt.rollout import SamplingParams
 
-    prompts = (prompts * batch)[:batch]
-    requests = [GenerationRequest(i, tokenizer(p).input_ids, seed=i) for i, p in enumerate(prompts)]
+    prompts, requests = _fixed_batch(tokenizer, prompts, batch)
     engine = _engine(model, tokenizer, batch, eos=False)
     params = SamplingParams(new_tokens)
     native_s, completions = _best_of(repeats, lambda: list(engine.generate(requests, params)))
@@ -270,10 +277,9 @@ def decode_floor(model, tokenizer, prompts: list[str], batch: int, new_tokens: i
     workload, each with operands of its own), against the eager and the compiled engine's step in (a)."""
     from floor import GemmRecorder, replay_seconds
 
-    from everyprompt.rollout import GenerationRequest, SamplingParams
+    from everyprompt.rollout import SamplingParams
 
-    prompts = (prompts * batch)[:batch]
-    requests = [GenerationRequest(i, tokenizer(p).input_ids, seed=i) for i, p in enumerate(prompts)]
+    _, requests = _fixed_batch(tokenizer, prompts, batch)
     engine = _engine(model, tokenizer, batch, eos=False)
     recorder, middle, seen = GemmRecorder(), new_tokens // 2, [0]
     decode = engine._decode
@@ -310,11 +316,10 @@ def decode_floor(model, tokenizer, prompts: list[str], batch: int, new_tokens: i
 def compile_probe(base: list[str], batch: int, new_tokens: int) -> dict:
     """One compiled engine's first and second generate calls on (a)'s workload, in this process (run
     with a fresh TORCHINDUCTOR_CACHE_DIR for a cold compile, again with the same one for a warm one)."""
-    from everyprompt.rollout import GenerationRequest, SamplingParams
+    from everyprompt.rollout import SamplingParams
 
     model, tokenizer, prompts = _model(base)
-    prompts = (prompts * batch)[:batch]
-    requests = [GenerationRequest(i, tokenizer(p).input_ids, seed=i) for i, p in enumerate(prompts)]
+    _, requests = _fixed_batch(tokenizer, prompts, batch)
     engine = _engine(model, tokenizer, batch, eos=False, compile="on")
     params = SamplingParams(new_tokens)
     first, _ = _best_of(1, lambda: list(engine.generate(requests, params)))

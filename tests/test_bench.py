@@ -211,8 +211,10 @@ def test_throughput_bench_smoke(tmp_path, capsys):
         assert split and "generation_slowdown_s" in workers
     # (e): the decode step against its GEMMs alone, both engines; the compile probe (warm only in --tiny)
     e, k = payload["decode_floor"], payload["compile"]
-    assert e["gemms_per_step"] > 0 and e["floor_ms"] > 0 and e["gemm_gflop_per_step"] > 0
-    assert e["eager_vs_floor"] == e["eager_step_ms"] / e["floor_ms"] and e["compiled_vs_floor"] > 0
+    # the recorder saw every GEMM of a decode step: per layer q/k/v, scores, values, output, router and
+    # the two expert products (7), plus the LM head; alone they take less than the whole step
+    assert e["gemms_per_step"] == 7 * 2 + 1 and e["gemm_gflop_per_step"] > 0
+    assert 0 < e["floor_ms"] < min(e["eager_step_ms"], e["compiled_step_ms"])
     assert a["compiled_stats"]["compiled"] == 1.0 and a["compiled_tokens_per_s"] > 0
     assert k["warm"]["compile_s"] >= 0 and math.isnan(k["cold"]["compile_s"])
     assert "Rollout throughput" in capsys.readouterr().out

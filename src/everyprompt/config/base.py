@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from typing import Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict
 
 
 class ConfigError(ValueError):
@@ -11,3 +13,14 @@ class ConfigError(ValueError):
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def _spelled(value: Any) -> Any:
+    """YAML reads a bare `on` / `off` as a boolean: take the boolean as the word it spelled."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return value
+
+
+# a setting whose words include `on` / `off`: Annotated[Literal[...], YAML_WORDS]
+YAML_WORDS = BeforeValidator(_spelled)

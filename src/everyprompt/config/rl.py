@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from everyprompt.algorithms import policy_loss_spec, registered_advantages, registered_policy_losses
 from everyprompt.algorithms.losses import CISPOOptions, ESPOOptions, GSPOOptions, PPOClipOptions
-from everyprompt.config.base import Section
+from everyprompt.config.base import YAML_WORDS, Section
 
 
 class KLConfig(Section):
@@ -94,7 +94,7 @@ class RLConfig(Section):
     levels: list[int] | None = Field(
         None, description="Built-in task levels for RL prompts (None: data.levels)."
     )
-    router_replay: Literal["off", "r2", "r3"] = Field(
+    router_replay: Annotated[Literal["off", "r2", "r3"], YAML_WORDS] = Field(
         "off",
         description="MoE router replay in the trainer's forwards: off; r2: the routes of the trainer's own "
         "old-policy pass; r3: the rollout engine's routes.",
@@ -119,11 +119,6 @@ class RLConfig(Section):
         if name not in registered_policy_losses():
             raise ValueError(f"expected one of {', '.join(registered_policy_losses())}")
         return name
-
-    @field_validator("router_replay", mode="before")
-    @classmethod
-    def _yaml_off(cls, value: Any) -> Any:
-        return "off" if value is False else value  # YAML reads a bare `off` as false
 
     @model_validator(mode="after")
     def _r2_needs_recompute(self) -> RLConfig:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from everyprompt.config.base import Section
+from everyprompt.config.base import YAML_WORDS, Section
 
 
 class RolloutConfig(Section):
@@ -21,7 +21,7 @@ class RolloutConfig(Section):
         description="Rollout engine arithmetic: fp32, bf16, or fp8 (native engine only: e4m3 projection "
         "weights with per-output-channel scales, re-quantised at every weight sync).",
     )
-    compile: Literal["auto", "on", "off"] = Field(
+    compile: Annotated[Literal["auto", "on", "off"], YAML_WORDS] = Field(
         "auto",
         description="Native engine: run the decode step through torch.compile (`on`), eager (`off`), or "
         "compile once eager decoding has cost about what a compile does (`auto`; docs/rollout.md).",
@@ -69,14 +69,6 @@ class RolloutConfig(Section):
     @classmethod
     def _known_engine(cls, name: str) -> str:
         return _known_engine(name)
-
-    @field_validator("compile", mode="before")
-    @classmethod
-    def _yaml_switch(cls, value):
-        """YAML reads a bare on / off as a boolean: take it as the mode it spells."""
-        if isinstance(value, bool):
-            return "on" if value else "off"
-        return value
 
     def segment_tokens(self) -> int:
         """With `partial`: the tokens a sequence generates per step."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -61,11 +62,12 @@ class DecodeCompiler:
             raise ValueError(f"rollout.compile must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
         self.mode, self.auto_after_s = mode, auto_after_s
         self.eager_s = 0.0  # time spent in eager decode steps so far
-        self.compile_s = 0.0  # time the first compiled calls took beyond an eager step (tracing + codegen)
+        self.compile_s = 0.0  # time the compiled graphs' first calls took (tracing, code generation, gcc)
         self._forward: Callable | None = None
         self._sample: Callable | None = None
         self._pending: set[str] = set()  # compiled graphs not called yet (their first call compiles)
         self._eager: dict[str, Callable] = {}  # what each compiled graph stands for
+        self._marked: weakref.ref | None = None  # the first cache tensor of the caches last marked dynamic
         self.failure: str | None = None  # auto: why compiling failed (the engine then stays eager)
 
     @property
@@ -96,13 +98,16 @@ class DecodeCompiler:
         self._pending = {"forward", "sample"}
 
     def forward(self, layers, tokens, positions, caches, record: bool):
-        """The engine's `_decode`, compiled: rows (dim 0) and cache width (dim 2) dynamic."""
+        """The engine's `_decode`, compiled: rows (dim 0) and cache width (dim 2) dynamic. A call's caches
+        are marked once (they change only when the pool shrinks), the per-step tensors every step."""
         for tensor in (tokens, positions):
             torch._dynamo.mark_dynamic(tensor, 0)
-        for entry in caches:
-            for tensor in entry:
-                torch._dynamo.mark_dynamic(tensor, 0)
-                torch._dynamo.mark_dynamic(tensor, 2)
+        if self._marked is None or self._marked() is not caches[0][0]:
+            for entry in caches:
+                for tensor in entry:
+                    torch._dynamo.mark_dynamic(tensor, 0)
+                    torch._dynamo.mark_dynamic(tensor, 2)
+            self._marked = weakref.ref(caches[0][0])
         return self._timed("forward", self._forward, layers, tokens, positions, caches, record)
 
     def sample(self, logits, seeds, positions, temperature, top_p, greedy):
@@ -117,7 +122,8 @@ class DecodeCompiler:
         decodes eager from then on; under `on` the error stops the run."""
         if self.failure is not None:
             return self._eager[name](*args)
-        began = time.perf_counter()
+        first = name in self._pending
+        began = time.perf_counter() if first else 0.0
         try:
             out = fn(*args)
         except Exception as err:
@@ -131,7 +137,7 @@ class DecodeCompiler:
                 self.failure,
             )
             return self._eager[name](*args)
-        if name in self._pending:
+        if first:
             self.compile_s += time.perf_counter() - began
             self._pending.discard(name)
         return out
