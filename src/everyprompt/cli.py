@@ -6,7 +6,9 @@
     everyprompt eval CHECKPOINT [--data FILE] [CONFIG.yaml] [KEY=VALUE ...]
     everyprompt score INPUT.jsonl --reward math [--completion-field F] [--answer-field F] [-o OUT]
     everyprompt filter DATA|builtin --model CKPT [--samples K] [--low L] [--high H] [--out DIR]
-    everyprompt report RUN_DIR
+    everyprompt sweep [CONFIG.yaml] KEY=v1,v2 ... [--seeds 0,1,2] [--parallel N] [--run-dir D]
+    everyprompt sweep --resume SWEEP_DIR
+    everyprompt report RUN_OR_SWEEP [RUN ...] [--html [REPORT.html]]
 
 A bad config, data file, checkpoint or reward exits with code 2 and a one-line message.
 """
@@ -202,6 +204,51 @@ def cmd_filter(args) -> int:
     return 0
 
 
+def cmd_sweep(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from everyprompt.sweep import prepare, run_sweep
+
+    config, arguments = _split_config_args(args.config)
+    if args.parallel < 1:
+        raise ConfigError(f"--parallel {args.parallel}: expected at least 1 cell at a time")
+    plan, sweep_dir = prepare(config, arguments, args.seeds, args.run_dir, args.resume)
+    console = Console(stderr=True)
+    cells = plan.cells()
+    axes = (
+        ", ".join(f"{key} in {{{', '.join(values)}}}" for key, values in plan.grid.items()) or "no grid axis"
+    )
+    console.print(
+        f"sweep {sweep_dir}: {len(cells)} cells ({axes}; seeds {', '.join(map(str, plan.seeds))}), "
+        f"{args.parallel} at a time"
+    )
+    outcomes = run_sweep(plan, sweep_dir, args.parallel, console)
+    table = Table(title=f"sweep {sweep_dir}")
+    for column in ("cell", "state", "held-out greedy", "minutes"):
+        table.add_column(column, justify="left" if column == "cell" else "right")
+    for cell in cells:
+        outcome = outcomes[cell.name]
+        result = sweep_dir / cell.name / "eval.json"
+        accuracy = json.loads(result.read_text()).get("greedy_accuracy") if result.is_file() else None
+        table.add_row(
+            cell.name,
+            outcome.state,
+            f"{accuracy:.1%}" if isinstance(accuracy, float) else "-",
+            f"{outcome.seconds / 60:.1f}" if outcome.seconds else "-",
+        )
+    console.print(table)
+    failed = [name for name, outcome in outcomes.items() if outcome.state == "failed"]
+    console.print(f"`everyprompt report {sweep_dir} --html` compares the cells")
+    if failed:
+        console.print(
+            f"{len(failed)} of {len(cells)} cells failed (their output.log says why); "
+            f"`everyprompt sweep --resume {sweep_dir}` retries them"
+        )
+        return EXIT_FAILURE
+    return 0
+
+
 def cmd_report(args) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -309,6 +356,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--high", type=float, default=None, help="drop p >= high (zve.filter.high)")
     p.add_argument("--out", default=None, help="output directory (default: DATA-filtered)")
     p.set_defaults(func=cmd_filter)
+
+    p = sub.add_parser("sweep", help="a grid of runs: KEY=v1,v2 axes times --seeds, one run directory each")
+    p.add_argument("config", nargs="*", help="optional CONFIG.yaml, then KEY=VALUE or KEY=v1,v2 overrides")
+    p.add_argument("--seeds", default=None, help="comma-separated seeds (default: the config's seed)")
+    p.add_argument("--parallel", type=int, default=1, help="cells run at a time (they share the cores)")
+    p.add_argument("--run-dir", default=None, help="the sweep directory (default: runs/sweep-<name>-<time>)")
+    p.add_argument("--resume", default=None, metavar="SWEEP_DIR", help="continue a sweep: skip done cells")
+    p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("report", help="summary table and metric curves of a run directory")
     p.add_argument("run_dir", help="a run directory (holds metrics.jsonl)")

@@ -1,0 +1,177 @@
+"""What a sweep runs: a grid of config overrides times seeds, each cell a normal run directory.
+
+    everyprompt sweep configs/demo.yaml rl.loss=ppo_clip,espo zve.enabled=true --seeds 0,1
+
+`KEY=v1,v2` is a grid axis; `KEY=v` (one value) applies to every cell. A value that is itself a YAML list
+or mapping is written in brackets and is not split: `rl.levels=[4,5],[5]` is two values. The plan is
+saved as `SWEEP/sweep.json` beside a copy of the base config (`SWEEP/base.yaml`), so a sweep resumes from
+its directory alone and two different sweeps never share one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+from everyprompt.config import ConfigError, demo_config_path, load_config, parse_override, read_yaml
+
+PLAN_FILE = "sweep.json"
+BASE_FILE = "base.yaml"
+
+
+def split_values(raw: str) -> list[str]:
+    """`a,b,[1,2]` -> ['a', 'b', '[1,2]']: commas inside brackets, braces or quotes do not split."""
+    values, current, depth, quote = [], [], 0, ""
+    for char in raw:
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth -= 1
+        elif char == "," and depth == 0:
+            values.append("".join(current))
+            current = []
+            continue
+        current.append(char)
+    values.append("".join(current))
+    return values
+
+
+def parse_axes(arguments: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """KEY=VALUE arguments -> (overrides for every cell, {key: its values} for the grid's axes)."""
+    fixed: list[str] = []
+    grid: dict[str, list[str]] = {}
+    for text in arguments:
+        keys, _ = parse_override(text)  # a malformed override fails here, naming it
+        key = ".".join(keys)
+        values = split_values(text.partition("=")[2])
+        if key in grid or any(f.partition("=")[0].strip() == key for f in fixed):
+            raise ConfigError(
+                f"sweep: config key '{key}' is given twice; give its values once, comma-separated"
+            )
+        if key == "seed":
+            raise ConfigError("sweep: give the seeds with --seeds 0,1,2, not as seed=...")
+        if any(not v.strip() for v in values):
+            raise ConfigError(f"sweep: config key '{key}' has an empty value in {text!r}")
+        if len(values) == 1:
+            fixed.append(f"{key}={values[0]}")
+        else:
+            if len(set(values)) != len(values):
+                raise ConfigError(f"sweep: config key '{key}' repeats a value in {text!r}")
+            grid[key] = values
+    return fixed, grid
+
+
+def parse_seeds(text: str | None) -> list[int]:
+    """'0,1,2' -> [0, 1, 2]; a bad list is a ConfigError naming it."""
+    if text is None:
+        return []
+    try:
+        seeds = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ConfigError(
+            f"sweep: --seeds {text!r}: expected integers separated by commas, e.g. 0,1,2"
+        ) from None
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError(f"sweep: --seeds {text!r} repeats a seed")
+    return seeds
+
+
+def _label(value: str) -> str:
+    """A value as it may stand in a directory name."""
+    return re.sub(r"[^A-Za-z0-9._+-]+", "-", value.strip()).strip("-") or "empty"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of the sweep: its directory name and the overrides that make it (grid values and seed)."""
+
+    name: str
+    overrides: tuple[str, ...]
+    seed: int
+
+
+@dataclass
+class SweepPlan:
+    """The base config (a YAML tree), the overrides of every cell, the grid's axes and the seeds."""
+
+    base: dict
+    fixed: list[str] = field(default_factory=list)
+    grid: dict[str, list[str]] = field(default_factory=dict)
+    seeds: list[int] = field(default_factory=list)
+    source: str = ""  # where the base config came from, for people reading sweep.json
+
+    @classmethod
+    def build(cls, config: str | None, arguments: list[str], seeds: str | None) -> SweepPlan:
+        path = Path(config) if config is not None else demo_config_path()
+        fixed, grid = parse_axes(arguments)
+        base = read_yaml(path)
+        plan = cls(base, fixed, grid, parse_seeds(seeds) or [int(base.get("seed", 0))], str(path))
+        plan.validate(path)
+        return plan
+
+    def cells(self) -> list[Cell]:
+        """Every combination of the axes' values, times the seeds; the seed varies fastest."""
+        keys = list(self.grid)
+        short = {key: key.rpartition(".")[2] for key in keys}
+        clashing = {s for s in short.values() if list(short.values()).count(s) > 1}
+        cells, names = [], set()
+        for values in itertools.product(*(self.grid[k] for k in keys)):
+            for seed in self.seeds:
+                parts = [
+                    f"{key if short[key] in clashing else short[key]}={_label(v)}"
+                    for key, v in zip(keys, values)
+                ]
+                name = ",".join([*parts, f"seed={seed}"])
+                while name in names:  # two values that only differ in characters a name cannot hold
+                    name += "+"
+                names.add(name)
+                overrides = (*(f"{k}={v}" for k, v in zip(keys, values)), f"seed={seed}")
+                cells.append(Cell(name, overrides, seed))
+        return cells
+
+    def validate(self, source: str | Path) -> None:
+        """Load every cell's config: a bad key or value fails here, before any cell runs."""
+        for cell in self.cells():
+            try:
+                load_config(source, [*self.fixed, *cell.overrides])
+            except ConfigError as err:
+                raise ConfigError(f"sweep cell {cell.name}: {err}") from None
+
+    # ------------------------------------------------------------ the sweep directory
+    def save(self, sweep_dir: Path) -> None:
+        from everyprompt.trainer.checkpoint import write_json_atomic
+
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        (sweep_dir / BASE_FILE).write_text(yaml.safe_dump(self.base, sort_keys=False), encoding="utf-8")
+        plan = {k: v for k, v in asdict(self).items() if k != "base"}
+        plan["cells"] = [asdict(c) for c in self.cells()]
+        write_json_atomic(sweep_dir / PLAN_FILE, plan)
+
+    @classmethod
+    def load(cls, sweep_dir: Path) -> SweepPlan:
+        import json
+
+        path = sweep_dir / PLAN_FILE
+        if not path.is_file():
+            raise ConfigError(f"{sweep_dir}: no {PLAN_FILE}; is it a sweep directory?")
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))
+            plan = cls(read_yaml(sweep_dir / BASE_FILE), saved["fixed"], saved["grid"], saved["seeds"])
+            plan.source = saved.get("source", "")
+        except (ValueError, KeyError, TypeError) as err:
+            raise ConfigError(f"{path}: not a sweep plan ({err})") from None
+        return plan
+
+    def same_as(self, other: SweepPlan) -> list[str]:
+        """What differs between two plans (empty when a sweep directory may be resumed with this one)."""
+        return [
+            name for name in ("base", "fixed", "grid", "seeds") if getattr(self, name) != getattr(other, name)
+        ]
