@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # No .pyc precompilation of every installed file: imports compile what they use (saves ~40 s).
 PIP := $(BIN)/pip install --quiet --no-compile --disable-pip-version-check
 
-.PHONY: demo test test-slow lint bench install
+.PHONY: demo test test-slow lint bench install chromium
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -31,3 +31,8 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PIP) -e ".[bench]"
 	$(BIN)/python bench/algorithms.py
+
+# Debian's Chromium, for the HTML report's browser test (tests/report/test_html.py skips without it)
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+chromium:
+	command -v chromium >/dev/null || ($(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends chromium)

@@ -250,14 +250,69 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_report(args) -> int:
+    paths = [Path(p) for p in args.runs]
+    single = len(paths) == 1 and not (paths[0] / "sweep.json").is_file()
+    if single:
+        _report_one(paths[0])
+    if args.html is None and single:
+        return 0
+    from rich.console import Console
+
+    from everyprompt.report.html import write_html
+    from everyprompt.report.runs import arms_of, load_runs
+
+    runs = load_runs(paths)
+    arms = arms_of(runs)
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    if not single:
+        console.print(_comparison_table(arms))
+    if args.html is not None:
+        if args.html:
+            target = Path(args.html)
+        elif single:
+            target = paths[0] / "report" / "report.html"
+        else:
+            target = paths[0] / "report.html" if len(paths) == 1 else Path("report.html")
+        title = f"everyprompt report: {', '.join(p.name for p in paths)}"
+        console.print(
+            f"wrote {write_html(runs, arms, target, title)} (one file: figures inline, opens from disk)"
+        )
+    else:
+        console.print(f"`everyprompt report {' '.join(args.runs)} --html` adds the curves, in one HTML file")
+    return 0
+
+
+def _comparison_table(arms):
+    from rich.table import Table
+
+    from everyprompt.report.compare import describe, describe_difference, summary
+
+    columns, table = summary(arms)
+    out = Table(title=f"{sum(len(a.runs) for a in arms)} runs, {len(arms)} arms (mean ± sd over seeds)")
+    out.add_column("arm")
+    out.add_column("runs", justify="right")
+    for column in columns:
+        out.add_column(column.label, justify="right")
+    for arm, entries in zip(arms, table):
+        cells = []
+        for column, entry in zip(columns, entries):
+            difference = describe_difference(entry.difference, column.percent)
+            cells.append(describe(entry, column.percent) + (f"\n{difference}" if difference else ""))
+        out.add_row(arm.name, str(len(arm.runs)), *cells)
+    out.caption = f"differences: to {arms[0].name}, with 95% bootstrap intervals over seeds"
+    return out
+
+
+def _report_one(run_dir: Path) -> None:
+    """The single-run report: table on the console, summary.md / summary.json / curves in RUN/report/."""
     from rich.console import Console
     from rich.table import Table
 
     from everyprompt.report import format_row, report
 
-    summary = report(args.run_dir)
+    summary = report(run_dir)
     console = Console()
-    out = Path(args.run_dir) / "report"
+    out = run_dir / "report"
     for name in ("rl", "sft"):
         part = summary.get(name)
         if part is None:
@@ -280,7 +335,6 @@ def cmd_report(args) -> int:
         p["curves"] for p in (summary.get("rl"), summary.get("sft")) if p and p["curves"]
     ]
     console.print(f"wrote {out}/: {', '.join(files)}")
-    return 0
 
 
 def _plot_pass_rates(estimate, rules, path: Path) -> None:
@@ -365,8 +419,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", default=None, metavar="SWEEP_DIR", help="continue a sweep: skip done cells")
     p.set_defaults(func=cmd_sweep)
 
-    p = sub.add_parser("report", help="summary table and metric curves of a run directory")
-    p.add_argument("run_dir", help="a run directory (holds metrics.jsonl)")
+    p = sub.add_parser(
+        "report", help="a run's summary and curves; several runs or a sweep side by side (--html: one file)"
+    )
+    p.add_argument("runs", nargs="+", metavar="RUN_OR_SWEEP", help="run directories and/or sweep directories")
+    p.add_argument(
+        "--html",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="REPORT.html",
+        help="write one self-contained HTML page (default: SWEEP/report.html, RUN/report/report.html)",
+    )
     p.set_defaults(func=cmd_report)
     return parser
 

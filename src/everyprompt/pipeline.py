@@ -24,6 +24,7 @@ from everyprompt.models.experts import select_moe_kernel
 from everyprompt.models.io import load_model_and_tokenizer, load_pretrained
 from everyprompt.models.lora import load_adapter
 from everyprompt.models.precision import enable_gradient_checkpointing
+from everyprompt.report.runs import WARNINGS_FILE
 from everyprompt.rewards import build_reward
 from everyprompt.rewards.pool import RewardPool
 from everyprompt.rollout import SamplingParams, build_engine, resolve_engine
@@ -40,9 +41,31 @@ from everyprompt.trainer.checkpoint import (
     write_json_atomic,
 )
 from everyprompt.trainer.metrics import progress_bar
+from everyprompt.trainer.wandb_run import require_wandb
 from everyprompt.zve import estimate_pass_rates, filter_by_pass_rate, seeded_sample
 
 log = logging.getLogger(__name__)
+
+
+class _RunWarnings(logging.FileHandler):
+    """everyprompt's warnings, also kept in the run directory (the cross-run report lists them)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        super().emit(record)
+        if not logging.getLogger().handlers:  # nobody else shows it: print it as Python would have
+            logging.lastResort.handle(record)
+
+
+def record_warnings(run_dir: Path) -> None:
+    """From now on everyprompt's warnings go to RUN_DIR/warnings.log too (one run directory at a time)."""
+    logger = logging.getLogger("everyprompt")
+    for handler in [h for h in logger.handlers if isinstance(h, _RunWarnings)]:
+        logger.removeHandler(handler)
+        handler.close()
+    handler = _RunWarnings(run_dir / WARNINGS_FILE, encoding="utf-8", delay=True)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger.addHandler(handler)
 
 
 def quiet_libraries() -> None:
@@ -71,6 +94,9 @@ class Run:
             raise CheckpointError(
                 f"{self.run_dir}: cannot write the run directory ({err.strerror or err})"
             ) from None
+        record_warnings(self.run_dir)
+        if config.logging.wandb.project:  # a missing extra fails now, not when the first step logs
+            require_wandb()
         if config.threads:
             torch.set_num_threads(config.threads)
         random.seed(config.seed)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
@@ -61,9 +61,23 @@ class CheckpointConfig(Section):
     keep_last: int = Field(2, ge=1, description="Step checkpoints kept on disk.")
 
 
+class WandbConfig(Section):
+    project: str | None = Field(
+        None,
+        description="Weights & Biases project: set it to log there too (pip install 'everyprompt[wandb]').",
+    )
+    mode: Literal["online", "offline", "disabled"] = Field(
+        "online", description="wandb's mode: online, offline (upload later with `wandb sync`), disabled."
+    )
+    entity: str | None = Field(None, description="wandb entity (user or team; default: the logged-in user).")
+
+
 class LoggingConfig(Section):
     progress: bool = Field(True, description="Show a progress bar.")
     tensorboard: bool = Field(True, description="Write TensorBoard event files.")
+    wandb: WandbConfig = Field(
+        default_factory=WandbConfig, description="Weights & Biases logging (off unless a project is set)."
+    )
 
 
 class Config(Section):
@@ -227,6 +241,7 @@ __all__ = [
     "SFTConfig",
     "ScalarRMConfig",
     "Section",
+    "WandbConfig",
     "ZVEConfig",
     "ZVPConfig",
     "build_config",

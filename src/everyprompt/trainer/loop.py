@@ -294,6 +294,7 @@ class RLTrainer:
             start_step=self.step,
             progress=self.config.logging.progress,
             tensorboard=self.config.logging.tensorboard,
+            wandb=self.config.logging.wandb,
         )
         history = []
         # the local backend's two threads share this process's cores, unless `threads` was set

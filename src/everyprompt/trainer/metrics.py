@@ -68,7 +68,11 @@ class MetricsLogger:
         progress: bool = True,
         tensorboard: bool = True,
         console: Console | None = None,
+        wandb=None,
+        run_root: str | Path | None = None,
     ):
+        """`wandb`: a WandbConfig; with its project set, the records go to wandb too, one wandb run per
+        `description` (phase) under `run_root` (the run directory; default `run_dir`)."""
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.console = console or Console(stderr=True)
@@ -81,6 +85,11 @@ class MetricsLogger:
             from torch.utils.tensorboard import SummaryWriter
 
             self._writer = SummaryWriter(str(self.run_dir / "tensorboard"))
+        self._wandb = None
+        if wandb is not None and wandb.project:
+            from everyprompt.trainer.wandb_run import WandbRun
+
+            self._wandb = WandbRun(wandb, Path(run_root or run_dir), description.lower())
         self._total, self._description = total_steps, description
         self._progress = None
         self._print_every = max(1, total_steps // 10)
@@ -99,6 +108,8 @@ class MetricsLogger:
             for key, value in record.items():
                 if key != "step" and math.isfinite(value):
                     self._writer.add_scalar(key, value, step)
+        if self._wandb is not None:
+            self._wandb.log(step, record)
         postfix = "  ".join(
             f"{label} {_format(metrics[key])}" for key, label in BAR_FIELDS.items() if key in metrics
         )
@@ -112,6 +123,8 @@ class MetricsLogger:
             self._progress.stop()
         if self._writer is not None:
             self._writer.close()
+        if self._wandb is not None:
+            self._wandb.close()
         self._jsonl.close()
 
 

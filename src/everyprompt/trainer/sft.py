@@ -85,6 +85,8 @@ def run_sft(
         start_step=start,
         progress=logging.progress,
         tensorboard=logging.tensorboard,
+        wandb=logging.wandb,
+        run_root=run_dir,
     )
     model.train()
     history = []

@@ -1,0 +1,76 @@
+"""Statistics across seeds: mean, sample standard deviation, and a bootstrap interval of a difference.
+
+Values that are NaN or infinite (a run that never evaluated, a metric that diverged) are left out and
+counted, never averaged in. The interval of an arm's difference to the reference arm resamples each arm's
+seeds with replacement, independently (a percentile bootstrap, `RESAMPLES` draws from a fixed generator,
+so a report is the same every time it is drawn); it needs at least two seeds in both arms.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+RESAMPLES = 10_000
+LEVEL = 0.95
+
+
+def finite(values) -> list[float]:
+    return [float(v) for v in values if v is not None and math.isfinite(v)]
+
+
+@dataclass(frozen=True)
+class Spread:
+    """The finite values of one metric across an arm's runs."""
+
+    values: tuple[float, ...]
+    left_out: int  # runs whose value is missing, NaN or infinite
+
+    @classmethod
+    def of(cls, values) -> Spread:
+        values = list(values)
+        kept = finite(values)
+        return cls(tuple(kept), len(values) - len(kept))
+
+    @property
+    def n(self) -> int:
+        return len(self.values)
+
+    @property
+    def mean(self) -> float:
+        return sum(self.values) / self.n if self.values else float("nan")
+
+    @property
+    def sd(self) -> float:
+        """Sample standard deviation (n - 1); NaN below two values."""
+        if self.n < 2:
+            return float("nan")
+        mean = self.mean
+        return math.sqrt(sum((v - mean) ** 2 for v in self.values) / (self.n - 1))
+
+
+@dataclass(frozen=True)
+class Difference:
+    """mean(arm) - mean(reference), and its bootstrap interval (None with fewer than two seeds a side)."""
+
+    value: float
+    low: float | None
+    high: float | None
+
+
+def bootstrap_difference(
+    arm: Spread, reference: Spread, resamples: int = RESAMPLES, level: float = LEVEL, seed: int = 0
+) -> Difference:
+    """Percentile bootstrap of mean(arm) - mean(reference), each side resampled on its own."""
+    value = arm.mean - reference.mean
+    if arm.n < 2 or reference.n < 2:
+        return Difference(value, None, None)
+    generator = np.random.default_rng(seed)
+    a, r = np.asarray(arm.values), np.asarray(reference.values)
+    draws_a = a[generator.integers(0, a.size, size=(resamples, a.size))].mean(axis=1)
+    draws_r = r[generator.integers(0, r.size, size=(resamples, r.size))].mean(axis=1)
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(draws_a - draws_r, [tail, 100 - tail])
+    return Difference(value, float(low), float(high))
