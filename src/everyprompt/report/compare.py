@@ -160,7 +160,8 @@ def describe_difference(difference: Difference | None, percent: bool) -> str:
     text = fmt(difference.value, percent, signed=True)
     if difference.low is None:
         return text + " (CI needs ≥ 2 seeds an arm)"
-    return f"{text} [{fmt(difference.low, percent, True)}, {fmt(difference.high, percent, True)}]"
+    low, high = (fmt(v, percent, True).removesuffix(" pt") for v in (difference.low, difference.high))
+    return f"{text} [{low}, {high}]"
 
 
 def _smooth(steps: list[int], values: list[float]) -> tuple[list[int], list[float]]:

@@ -49,9 +49,11 @@ def parse_axes(arguments: list[str]) -> tuple[list[str], dict[str, list[str]]]:
     fixed: list[str] = []
     grid: dict[str, list[str]] = {}
     for text in arguments:
-        keys, _ = parse_override(text)  # a malformed override fails here, naming it
-        key = ".".join(keys)
-        values = split_values(text.partition("=")[2])
+        key, _, raw = text.partition("=")
+        key = key.strip()
+        values = split_values(raw)
+        for value in values:  # a malformed override (no '=', a value that is not YAML) fails here, naming it
+            parse_override(f"{key}={value}")
         if key in grid or any(f.partition("=")[0].strip() == key for f in fixed):
             raise ConfigError(
                 f"sweep: config key '{key}' is given twice; give its values once, comma-separated"
@@ -85,7 +87,8 @@ def parse_seeds(text: str | None) -> list[int]:
 
 
 def _label(value: str) -> str:
-    """A value as it may stand in a directory name."""
+    """A value as it may stand in a directory name (a path by its last part)."""
+    value = value.strip().rstrip("/").rpartition("/")[2] if "/" in value else value
     return re.sub(r"[^A-Za-z0-9._+-]+", "-", value.strip()).strip("-") or "empty"
 
 
