@@ -19,8 +19,6 @@ import json
 import statistics
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,19 +79,54 @@ def prepare_sft(base: list[str], out: Path) -> Path:
     return sft_dir
 
 
-def run_jobs(run_one, jobs: list[dict], workers: int, console) -> list[dict]:
-    """`run_one` over `jobs`, `workers` processes at a time (spawned), printing each run as it ends."""
-    if workers <= 1:
-        return [run_one(job) for job in jobs]
-    results = []
-    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-        for result in pool.map(run_one, jobs):
-            console.print(
-                f"  {result['method']} seed {result['seed']}: greedy {result['final_greedy_accuracy']:.1%} "
-                f"({result['wall_seconds']:.0f} s)"
-            )
-            results.append(result)
-    return results
+def run_arms(
+    arms: dict[str, list[str]], seeds: list[int], fixed: list[str], work: Path, workers: int, console
+) -> list[tuple[str, int, Path, float]]:
+    """Every (arm, seed) as a cell of one sweep under `work/sweep` (`everyprompt.sweep`: a process per run,
+    `workers` at a time, a progress display; a killed benchmark resumes its finished runs). Returns
+    (arm, seed, run directory, wall seconds) per cell; a failed run stops the benchmark, naming its log."""
+    import shutil
+
+    from everyprompt.config import demo_config_path, read_yaml
+    from everyprompt.sweep import SweepPlan, SweepRunner
+
+    plan = SweepPlan(read_yaml(demo_config_path()), fixed, {}, seeds, str(demo_config_path()), arms)
+    plan.validate()
+    sweep_dir = work / "sweep"
+    if (sweep_dir / "sweep.json").is_file() and SweepPlan.load(sweep_dir).same_as(plan):
+        shutil.rmtree(sweep_dir)  # a run of other settings: start over
+    plan.save(sweep_dir)
+    outcomes = SweepRunner(plan, sweep_dir, workers, console).run()
+    failed = [name for name, outcome in outcomes.items() if outcome.state == "failed"]
+    if failed:
+        raise SystemExit(f"runs failed: {', '.join(failed)} (their output.log in {sweep_dir} says why)")
+    return [(c.arm, c.seed, sweep_dir / c.name, outcomes[c.name].seconds) for c in plan.cells()]
+
+
+def records_of(run_dir: Path) -> tuple[list[dict], dict]:
+    """A finished run's per-step records (metrics.jsonl) and its final held-out evaluation (eval.json)."""
+    from everyprompt.report import load_metrics
+
+    final = json.loads((run_dir / "eval.json").read_text())
+    return load_metrics(run_dir / "metrics.jsonl").records, final
+
+
+def start_evaluation(base: list[str], sft_dir: Path, work: Path) -> dict:
+    """Held-out evaluation of the shared SFT checkpoint (cached beside it): every run's step 0."""
+    cache = sft_dir.parent.parent / "start_eval.json"
+    if cache.is_file():
+        return json.loads(cache.read_text())
+    from everyprompt.config import load_config
+    from everyprompt.models.io import load_pretrained
+    from everyprompt.pipeline import Run
+    from everyprompt.rollout import build_engine
+
+    config = load_config(None, [*base, "logging.progress=false"])
+    run = Run(config, work / "start_eval")
+    model, tokenizer = load_pretrained(sft_dir)
+    result = run.evaluate(build_engine(config.rollout, model, tokenizer), tokenizer)
+    cache.write_text(json.dumps(result))
+    return result
 
 
 def accuracy_cells(runs: list[dict]) -> tuple[str, str]:
@@ -103,27 +136,16 @@ def accuracy_cells(runs: list[dict]) -> tuple[str, str]:
     return f"{nan_mean(finals):.1%} ± {sd:.1%}", " ".join(f"{f:.1%}" for f in finals)
 
 
-def run_one(job: dict) -> dict:
-    """One RL run in its own process: train, evaluate every `eval.every` steps and at the end."""
-    import torch
-
-    torch.set_num_threads(job["threads"])
-    from everyprompt.config import load_config
-    from everyprompt.pipeline import Run
-
-    config = load_config(None, job["overrides"])
-    started = time.perf_counter()
-    run = Run(config, job["run_dir"])
-    trainer = run.trainer()
-    initial = run.evaluate(trainer.engine, trainer.tokenizer) if job["eval_initial"] else None
-    history = trainer.train(evaluate_fn=lambda engine: run.evaluate(engine, trainer.tokenizer))
-    final = run.evaluate(trainer.engine, trainer.tokenizer)
-    wall = time.perf_counter() - started
-    rollouts_per_step = config.rl.prompts_per_step * config.rl.group_size
-    evals = [{"step": 0, "rollouts": 0, **_eval_fields(initial)}] if initial else []
-    for step, metrics in enumerate(history, start=1):
+def result_of(
+    method: str, seed: int, run_dir: Path, wall: float, rollouts_per_step: int, start: dict
+) -> dict:
+    """One run's figures, from the files it wrote."""
+    history, final = records_of(run_dir)
+    evals = [{"step": 0, "rollouts": 0, **_eval_fields(start)}]
+    for metrics in history:
         if "eval/greedy_accuracy" in metrics:
             fields = {k.removeprefix("eval/"): v for k, v in metrics.items() if k.startswith("eval/")}
+            step = metrics["step"]
             evals.append({"step": step, "rollouts": step * rollouts_per_step, **_eval_fields(fields)})
     evals.append({"step": len(history), "rollouts": len(history) * rollouts_per_step, **_eval_fields(final)})
     per_step = {
@@ -132,8 +154,8 @@ def run_one(job: dict) -> dict:
         if key.startswith(("actor/", "espo/", "reward/"))
     }
     return {
-        "method": job["method"],
-        "seed": job["seed"],
+        "method": method,
+        "seed": seed,
         "evals": evals,
         "final_greedy_accuracy": final["greedy_accuracy"],
         "clip_fraction_mean": nan_mean(per_step.get("actor/clip_fraction", [])),
@@ -143,7 +165,7 @@ def run_one(job: dict) -> dict:
         "espo": {key: nan_mean(values) for key, values in per_step.items() if key.startswith("espo/")},
         "per_step": per_step,
         "wall_seconds": wall,
-        "run_dir": repo_path(job["run_dir"]),
+        "run_dir": repo_path(run_dir),
     }
 
 
@@ -245,42 +267,27 @@ def main(argv: list[str] | None = None) -> int:
     console.print("training the shared SFT checkpoint (or reusing it)...")
     sft_dir = prepare_sft([*base, f"seed={args.sft_seed}"], work / f"sft_seed{args.sft_seed}")
     every = max(1, args.steps // (args.evals + 1))
-    jobs = []
-    for seed in args.seeds:
-        for method in args.methods:
-            run_dir = work / f"{method.lower()}_seed{seed}"
-            if run_dir.exists():
-                import shutil
+    fixed = [
+        *base,
+        f"model.path={sft_dir}",
+        "sft.steps=0",
+        f"rl.steps={args.steps}",
+        f"eval.every={every}",
+        "checkpoint.every=0",
+        "logging.progress=false",
+        "logging.tensorboard=false",
+    ]
+    console.print(
+        f"{len(args.methods) * len(args.seeds)} runs of {args.steps} steps, {args.workers} at a time"
+    )
+    start_eval = start_evaluation(base, sft_dir, work)
+    cells = run_arms({m: METHODS[m] for m in args.methods}, args.seeds, fixed, work, args.workers, console)
+    from everyprompt.config import load_config
 
-                shutil.rmtree(run_dir)
-            overrides = [
-                *base,
-                f"seed={seed}",
-                f"model.path={sft_dir}",
-                "sft.steps=0",
-                f"rl.steps={args.steps}",
-                f"eval.every={every}",
-                "checkpoint.every=0",
-                "logging.progress=false",
-                "logging.tensorboard=false",
-                *METHODS[method],
-            ]
-            jobs.append(
-                {
-                    "method": method,
-                    "seed": seed,
-                    "overrides": overrides,
-                    "run_dir": run_dir,
-                    "threads": 1 if args.workers > 1 else 2,
-                    "eval_initial": not jobs,
-                }
-            )
-    console.print(f"{len(jobs)} runs of {args.steps} steps, {args.workers} at a time")
-    results = run_jobs(run_one, jobs, args.workers, console)
-    start = results[0]["evals"][0]["greedy_accuracy"]
-    for result in results:  # every run starts from the same checkpoint: one initial evaluation serves all
-        if result["evals"][0]["step"] != 0:
-            result["evals"].insert(0, {**results[0]["evals"][0]})
+    config = load_config(None, fixed)
+    rollouts_per_step = config.rl.prompts_per_step * config.rl.group_size
+    results = [result_of(m, seed, d, wall, rollouts_per_step, start_eval) for m, seed, d, wall in cells]
+    start = start_eval["greedy_accuracy"]
     payload = {
         "benchmark": "algorithms",
         "sft_checkpoint": repo_path(sft_dir),

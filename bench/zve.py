@@ -28,7 +28,16 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 sys.path.insert(0, str(ROOT / "bench"))
 
-from algorithms import TINY, accuracy_cells, nan_mean, prepare_sft, repo_path, run_jobs  # noqa: E402  (shared bench helpers)
+from algorithms import (  # noqa: E402  (shared bench helpers)
+    TINY,
+    accuracy_cells,
+    nan_mean,
+    prepare_sft,
+    records_of,
+    repo_path,
+    run_arms,
+    start_evaluation,
+)
 
 ZVE_ONLINE = [
     "zve.enabled=true",
@@ -94,39 +103,31 @@ def bandit(trials: int = 4000, seed: int = 0) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------- (b) the demo task
-def run_one(job: dict) -> dict:
-    import torch
-
-    torch.set_num_threads(job["threads"])
-    from everyprompt.config import load_config
-    from everyprompt.pipeline import Run
-
-    config = load_config(None, job["overrides"])
-    started = time.perf_counter()
-    run = Run(config, job["run_dir"])
-    trainer = run.trainer()
-    filter_rollouts = trainer.rollouts_total
-    history = trainer.train(evaluate_fn=lambda engine: run.evaluate(engine, trainer.tokenizer))
-    final = run.evaluate(trainer.engine, trainer.tokenizer)
-    evals = [{"rollouts": filter_rollouts, "greedy_accuracy": job["start_accuracy"]}]
+def result_of(method: str, seed: int, run_dir: Path, wall: float, start: float) -> dict:
+    """One run's figures, from the files it wrote (metrics.jsonl, eval.json, filter.json)."""
+    history, final = records_of(run_dir)
+    generated = sum(m["zve/generated_rollouts"] for m in history)
+    # the offline filter's samples count in rollout/total from the first step on
+    filter_rollouts = history[0]["rollout/total"] - history[0]["zve/generated_rollouts"]
+    evals = [{"rollouts": filter_rollouts, "greedy_accuracy": start}]
     for metrics in history:
         if "eval/greedy_accuracy" in metrics:
             evals.append(
                 {"rollouts": metrics["rollout/total"], "greedy_accuracy": metrics["eval/greedy_accuracy"]}
             )
-    evals.append({"rollouts": trainer.rollouts_total, "greedy_accuracy": final["greedy_accuracy"]})
-    generated = sum(m["zve/generated_rollouts"] for m in history)
+    evals.append({"rollouts": history[-1]["rollout/total"], "greedy_accuracy": final["greedy_accuracy"]})
 
     def weighted(key: str) -> float:  # rollout-weighted mean over steps
         return sum(m[key] * m["zve/generated_rollouts"] for m in history if key in m) / generated
 
+    filtered = run_dir / "filter.json"
     return {
-        "method": job["method"],
-        "seed": job["seed"],
+        "method": method,
+        "seed": seed,
         "steps": len(history),
-        "rollouts": trainer.rollouts_total,
+        "rollouts": history[-1]["rollout/total"],
         "filter_rollouts": filter_rollouts,
-        "prompts": len(trainer.rollout.prompts),
+        "prompts": json.loads(filtered.read_text())["kept"] if filtered.is_file() else None,
         "final_greedy_accuracy": final["greedy_accuracy"],
         "final_by_level": {k: v for k, v in final.items() if k.startswith("greedy_accuracy/")},
         "evals": evals,
@@ -138,7 +139,8 @@ def run_one(job: dict) -> dict:
         "rollouts_per_signal_group": generated
         / max(1.0, sum(m.get("zve/signal_groups", 0.0) for m in history)),
         "retired": history[-1]["zve/retired_total"],
-        "wall_seconds": time.perf_counter() - started,
+        "wall_seconds": wall,
+        "run_dir": repo_path(run_dir),
     }
 
 
@@ -265,45 +267,29 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     console.print("training the shared SFT checkpoint (or reusing it)...")
     sft_dir = prepare_sft([*base, f"seed={args.sft_seed}"], work / f"sft_seed{args.sft_seed}")
-    start = _start_accuracy(base, sft_dir, work)
+    start = start_evaluation(base, sft_dir, work)["greedy_accuracy"]
     per_step = 4 if args.tiny else 128  # GRPO's rollouts per step (prompts_per_step x group_size)
     grpo_steps = max(1, args.budget // per_step)
     every = max(1, grpo_steps // (args.evals + 1))
-    jobs = []
-    for seed in args.seeds:
-        for method in args.methods:
-            run_dir = work / f"{method.lower().replace('+', '_')}_seed{seed}"
-            if run_dir.exists():
-                import shutil
-
-                shutil.rmtree(run_dir)
-            overrides = [
-                *base,
-                f"seed={seed}",
-                f"model.path={sft_dir}",
-                "sft.steps=0",
-                f"rl.steps={4 * grpo_steps}",
-                f"rl.max_rollouts={args.budget}",
-                f"eval.every={every}",
-                "checkpoint.every=0",
-                "logging.progress=false",
-                "logging.tensorboard=false",
-                *METHODS[method],
-            ]
-            if args.tiny:
-                overrides = [o for o in overrides if not o.startswith("zve.filter.max_prompts=400")]
-            jobs.append(
-                {
-                    "method": method,
-                    "seed": seed,
-                    "overrides": overrides,
-                    "run_dir": run_dir,
-                    "threads": 1 if args.workers > 1 else 2,
-                    "start_accuracy": start,
-                }
-            )
-    console.print(f"{len(jobs)} runs of {args.budget} rollouts each, {args.workers} at a time")
-    results = run_jobs(run_one, jobs, args.workers, console)
+    fixed = [
+        *base,
+        f"model.path={sft_dir}",
+        "sft.steps=0",
+        f"rl.steps={4 * grpo_steps}",
+        f"rl.max_rollouts={args.budget}",
+        f"eval.every={every}",
+        "checkpoint.every=0",
+        "logging.progress=false",
+        "logging.tensorboard=false",
+    ]
+    methods = {m: METHODS[m] for m in args.methods}
+    if args.tiny:  # the tiny data set has fewer prompts than the filter's default sample
+        methods = {m: [o for o in v if o != "zve.filter.max_prompts=400"] for m, v in methods.items()}
+    console.print(
+        f"{len(methods) * len(args.seeds)} runs of {args.budget} rollouts each, {args.workers} at a time"
+    )
+    cells = run_arms(methods, args.seeds, fixed, work, args.workers, console)
+    results = [result_of(m, seed, run_dir, wall, start) for m, seed, run_dir, wall in cells]
     payload = {
         "benchmark": "zve",
         "sft_checkpoint": repo_path(sft_dir),
@@ -323,24 +309,6 @@ def main(argv: list[str] | None = None) -> int:
     for table in tables(bandit_rows, results, start):
         console.print(table)
     return 0
-
-
-def _start_accuracy(base: list[str], sft_dir: Path, work: Path) -> float:
-    """Held-out greedy accuracy of the shared SFT checkpoint (cached beside it)."""
-    cache = sft_dir.parent.parent / "start_eval.json"
-    if cache.is_file():
-        return json.loads(cache.read_text())["greedy_accuracy"]
-    from everyprompt.config import load_config
-    from everyprompt.models.io import load_pretrained
-    from everyprompt.pipeline import Run
-    from everyprompt.rollout import build_engine
-
-    config = load_config(None, [*base, "logging.progress=false"])
-    run = Run(config, work / "start_eval")
-    model, tokenizer = load_pretrained(sft_dir)
-    result = run.evaluate(build_engine(config.rollout, model, tokenizer), tokenizer)
-    cache.write_text(json.dumps(result))
-    return result["greedy_accuracy"]
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from everyprompt.cli import main
 from everyprompt.config import ConfigError
@@ -201,3 +202,56 @@ def test_a_failing_cell_is_reported_and_skipped_and_retried_on_resume(tmp_path, 
 def test_parallel_below_one_is_refused(tmp_path, capsys):
     assert main(["sweep", "--parallel", "0", "rl.loss=ppo_clip,espo", "--run-dir", str(tmp_path / "s")]) == 2
     assert "--parallel 0" in capsys.readouterr().err and not (tmp_path / "s").exists()
+
+
+def test_sigterm_stops_the_cells_after_their_checkpoints_and_the_sweep_resumes(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    command = [
+        sys.executable, "-m", "everyprompt.cli", "sweep", *(o for o in TINY_OVERRIDES if not o.startswith("rl.steps=")),
+        "rl.steps=4", "rl.loss=ppo_clip,espo",
+        "--run-dir", str(sweep_dir),
+    ]  # fmt: skip
+    driver = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    first = sweep_dir / "loss=ppo_clip,seed=0"
+    deadline = time.monotonic() + 120
+    while not (first / "metrics.jsonl").is_file():  # the first cell is in its RL phase
+        assert driver.poll() is None and time.monotonic() < deadline, "the first cell never reached RL"
+        time.sleep(0.05)
+    children = descendants(driver.pid)
+    driver.send_signal(signal.SIGTERM)
+    _, err = driver.communicate(timeout=120)
+    assert driver.returncode == 143, err
+    assert "everyprompt sweep --resume" in err
+    assert not [pid for pid in children if is_alive(pid)]
+    assert _status(sweep_dir)["loss=ppo_clip,seed=0"]["state"] == "stopped"
+    assert (first / "checkpoints" / "latest").exists() and not (first / "eval.json").exists()
+    assert not (sweep_dir / "loss=espo,seed=0").exists()  # no new cell started after the signal
+
+    assert main(["sweep", "--resume", str(sweep_dir)]) == 0
+    assert {s["state"] for s in _status(sweep_dir).values()} == {"done"}
+    assert len((first / "metrics.jsonl").read_text().splitlines()) == 4
+    assert "resumed from" in (first / "output.log").read_text()
+
+
+def test_named_arms_bundle_several_keys_and_name_the_report_arms(tmp_path):
+    """The library's arms (the benchmarks' methods): each a bundle of overrides, crossed with the grid."""
+    from everyprompt.report.runs import arms_of
+
+    arms = {"DAPO": ["rl.loss=ppo_clip", "rl.ppo.clip_high=0.28"], "ESPO": ["rl.loss=espo"]}
+    plan = SweepPlan({}, ["rl.steps=3"], {"zve.enabled": ["false", "true"]}, [0, 1], arms=arms)
+    cells = plan.cells()
+    assert [c.name for c in cells[:2]] == ["DAPO,enabled=false,seed=0", "DAPO,enabled=false,seed=1"]
+    assert cells[0].overrides == ("rl.loss=ppo_clip", "rl.ppo.clip_high=0.28", "zve.enabled=false", "seed=0")
+    assert plan.config_of(cells[0]).rl.ppo.clip_high == 0.28 and plan.config_of(cells[-1]).rl.loss == "espo"
+    plan.save(tmp_path / "s")
+    assert SweepPlan.load(tmp_path / "s").same_as(plan) == []
+    # a sweep's cells as the report reads them (config.yaml is all a started cell needs here)
+    for cell in cells:
+        (tmp_path / "s" / cell.name).mkdir()
+        (tmp_path / "s" / cell.name / "config.yaml").write_text(
+            yaml.safe_dump(plan.config_of(cell).model_dump(mode="json"))
+        )
+    from everyprompt.report.runs import load_runs
+
+    names = [arm.name for arm in arms_of(load_runs([tmp_path / "s"]))]
+    assert names == ["DAPO,enabled=false", "DAPO,enabled=true", "ESPO,enabled=false", "ESPO,enabled=true"]

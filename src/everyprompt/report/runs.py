@@ -53,6 +53,7 @@ class RunRecord:
     state: str = "done"  # done | incomplete | failed | stopped (a sweep's status) ...
     warnings: list[str] = field(default_factory=list)
     errors: dict[str, float] = field(default_factory=dict)
+    label: str | None = None  # the arm's name in the sweep that made it, when the sweep named its arms
 
     @property
     def seed(self) -> str:
@@ -146,18 +147,20 @@ def load_runs(paths: list[str | Path]) -> list[RunRecord]:
 def _sweep_runs(sweep_dir: Path) -> list[RunRecord]:
     try:
         plan = json.loads((sweep_dir / "sweep.json").read_text(encoding="utf-8"))
-        cells = [cell["name"] for cell in plan["cells"]]
+        cells = [(cell["name"], cell.get("arm")) for cell in plan["cells"]]
     except (ValueError, KeyError, TypeError) as err:
         raise ReportError(f"{sweep_dir / 'sweep.json'}: not a sweep plan ({err})") from None
     status_path = sweep_dir / "status.json"
     status = json.loads(status_path.read_text(encoding="utf-8")) if status_path.is_file() else {}
     runs = []
-    for name in cells:
+    for name, arm in cells:
         cell_dir = sweep_dir / name
         if not (cell_dir / "config.yaml").is_file():
             continue  # never started
         state = (status.get(name) or {}).get("state")
         runs.append(load_run(cell_dir, name, None if state in (None, "skipped") else state))
+        if arm is not None:  # the cell's name without its seed: the arm and the grid's values
+            runs[-1].label = name.rpartition(",seed=")[0]
         if runs[-1].state == "failed":
             error = (status.get(name) or {}).get("error")
             if error:
@@ -195,4 +198,8 @@ def arms_of(runs: list[RunRecord]) -> list[Arm]:
     for arm in arms.values():  # short names can clash (two keys ending alike): use the full keys then
         if names.count(arm.name) > 1:
             arm.name = ", ".join(f"{k}={v}" for k, v in arm.setting.items())
+    labels = [{run.label for run in arm.runs} for arm in arms.values()]
+    if all(len(found) == 1 and None not in found for found in labels):  # the arms a sweep named
+        for arm, (label,) in zip(arms.values(), labels):
+            arm.name = label
     return list(arms.values())

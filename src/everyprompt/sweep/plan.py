@@ -10,6 +10,7 @@ its directory alone and two different sweeps never share one.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import re
 from dataclasses import asdict, dataclass, field
@@ -17,7 +18,15 @@ from pathlib import Path
 
 import yaml
 
-from everyprompt.config import ConfigError, demo_config_path, load_config, parse_override, read_yaml
+from everyprompt.config import (
+    Config,
+    ConfigError,
+    apply_override,
+    build_config,
+    demo_config_path,
+    parse_override,
+    read_yaml,
+)
 
 PLAN_FILE = "sweep.json"
 BASE_FILE = "base.yaml"
@@ -94,22 +103,28 @@ def _label(value: str) -> str:
 
 @dataclass(frozen=True)
 class Cell:
-    """One run of the sweep: its directory name and the overrides that make it (grid values and seed)."""
+    """One run of the sweep: its directory name, its arm (when the plan names arms) and the overrides that
+    make it (the arm's, the grid's values, the seed)."""
 
     name: str
     overrides: tuple[str, ...]
     seed: int
+    arm: str | None = None
 
 
 @dataclass
 class SweepPlan:
-    """The base config (a YAML tree), the overrides of every cell, the grid's axes and the seeds."""
+    """The base config (a YAML tree), the overrides of every cell, the grid's axes and the seeds.
+
+    `arms` (library use, e.g. the benchmarks): named bundles of overrides, each crossed with the grid;
+    "DAPO" is several keys at once, which a grid of single keys cannot say."""
 
     base: dict
     fixed: list[str] = field(default_factory=list)
     grid: dict[str, list[str]] = field(default_factory=dict)
     seeds: list[int] = field(default_factory=list)
     source: str = ""  # where the base config came from, for people reading sweep.json
+    arms: dict[str, list[str]] = field(default_factory=dict)
 
     @classmethod
     def build(cls, config: str | None, arguments: list[str], seeds: str | None) -> SweepPlan:
@@ -117,18 +132,22 @@ class SweepPlan:
         fixed, grid = parse_axes(arguments)
         base = read_yaml(path)
         plan = cls(base, fixed, grid, parse_seeds(seeds) or [int(base.get("seed", 0))], str(path))
-        plan.validate(path)
+        plan.validate()
         return plan
 
     def cells(self) -> list[Cell]:
-        """Every combination of the axes' values, times the seeds; the seed varies fastest."""
+        """Every arm times every combination of the axes' values times the seeds; the seed varies fastest."""
         keys = list(self.grid)
         short = {key: key.rpartition(".")[2] for key in keys}
         clashing = {s for s in short.values() if list(short.values()).count(s) > 1}
         cells, names = [], set()
-        for values in itertools.product(*(self.grid[k] for k in keys)):
+        arms = list(self.arms.items()) or [(None, [])]
+        for (arm, bundle), values in itertools.product(
+            arms, itertools.product(*(self.grid[k] for k in keys))
+        ):
             for seed in self.seeds:
-                parts = [
+                parts = [_label(arm)] if arm is not None else []
+                parts += [
                     f"{key if short[key] in clashing else short[key]}={_label(v)}"
                     for key, v in zip(keys, values)
                 ]
@@ -136,15 +155,22 @@ class SweepPlan:
                 while name in names:  # two values that only differ in characters a name cannot hold
                     name += "+"
                 names.add(name)
-                overrides = (*(f"{k}={v}" for k, v in zip(keys, values)), f"seed={seed}")
-                cells.append(Cell(name, overrides, seed))
+                overrides = (*bundle, *(f"{k}={v}" for k, v in zip(keys, values)), f"seed={seed}")
+                cells.append(Cell(name, overrides, seed, arm))
         return cells
 
-    def validate(self, source: str | Path) -> None:
-        """Load every cell's config: a bad key or value fails here, before any cell runs."""
+    def config_of(self, cell: Cell) -> Config:
+        """The cell's config: the base tree with the plan's and the cell's overrides."""
+        tree = copy.deepcopy(self.base)
+        for text in [*self.fixed, *cell.overrides]:
+            apply_override(tree, *parse_override(text))
+        return build_config(tree, source=self.source)
+
+    def validate(self) -> None:
+        """Build every cell's config: a bad key or value fails here, before any cell runs."""
         for cell in self.cells():
             try:
-                load_config(source, [*self.fixed, *cell.overrides])
+                self.config_of(cell)
             except ConfigError as err:
                 raise ConfigError(f"sweep cell {cell.name}: {err}") from None
 
@@ -167,8 +193,14 @@ class SweepPlan:
             raise ConfigError(f"{sweep_dir}: no {PLAN_FILE}; is it a sweep directory?")
         try:
             saved = json.loads(path.read_text(encoding="utf-8"))
-            plan = cls(read_yaml(sweep_dir / BASE_FILE), saved["fixed"], saved["grid"], saved["seeds"])
-            plan.source = saved.get("source", "")
+            plan = cls(
+                read_yaml(sweep_dir / BASE_FILE),
+                saved["fixed"],
+                saved["grid"],
+                saved["seeds"],
+                saved.get("source", ""),
+                saved.get("arms", {}),
+            )
         except (ValueError, KeyError, TypeError) as err:
             raise ConfigError(f"{path}: not a sweep plan ({err})") from None
         return plan
@@ -176,5 +208,7 @@ class SweepPlan:
     def same_as(self, other: SweepPlan) -> list[str]:
         """What differs between two plans (empty when a sweep directory may be resumed with this one)."""
         return [
-            name for name in ("base", "fixed", "grid", "seeds") if getattr(self, name) != getattr(other, name)
+            name
+            for name in ("base", "fixed", "grid", "seeds", "arms")
+            if getattr(self, name) != getattr(other, name)
         ]

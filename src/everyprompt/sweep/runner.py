@@ -126,6 +126,14 @@ class SweepRunner:
             "them at once"
         )
 
+    def _previous_status(self) -> dict:
+        path = self.sweep_dir / STATUS_FILE
+        try:
+            status = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        except ValueError:  # written atomically, so only a hand-edited file; the times are then unknown
+            return {}
+        return status if isinstance(status, dict) else {}
+
     def _save_status(self) -> None:
         status = {name: vars(outcome) for name, outcome in self.outcomes.items()}
         write_json_atomic(self.sweep_dir / STATUS_FILE, status)
@@ -134,9 +142,11 @@ class SweepRunner:
         """Run every cell not done yet; returns each cell's outcome (StopRequested after a signal)."""
         cells = self.plan.cells()
         pending = []
+        before = self._previous_status()
         for cell in cells:
-            if cell_is_done(self.sweep_dir / cell.name):
-                self.outcomes[cell.name] = Outcome("skipped")
+            if cell_is_done(self.sweep_dir / cell.name):  # done before: its time is the one it took then
+                seconds = float((before.get(cell.name) or {}).get("seconds") or 0.0)
+                self.outcomes[cell.name] = Outcome("skipped", seconds, 0)
             else:
                 pending.append(cell)
         running: dict[str, tuple[Cell, subprocess.Popen, float, object]] = {}
@@ -203,16 +213,17 @@ class SweepRunner:
         return f"sweep {what}; continue it with: everyprompt sweep --resume {self.sweep_dir}"
 
     def _total_steps(self, cell: Cell) -> int:
-        from everyprompt.config import load_config
-
-        config = load_config(self.sweep_dir / BASE_FILE, [*self.plan.fixed, *cell.overrides])
+        config = self.plan.config_of(cell)
         return config.sft.steps + config.rl.steps
 
     def _outcome(self, cell: Cell, code: int, seconds: float) -> Outcome:
         cell_dir = self.sweep_dir / cell.name
         if code == 0 and cell_is_done(cell_dir):
             return Outcome("done", seconds, code)
-        if self._signum is not None and code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+        # a cell stopped by the signal we sent: after its checkpoint (130 / 143), or before it had set up
+        # its handler (killed by the signal itself)
+        stopped = (-signal.SIGINT, -signal.SIGTERM, 128 + signal.SIGINT, 128 + signal.SIGTERM)
+        if self._signum is not None and code in stopped:
             return Outcome("stopped", seconds, code)
         return Outcome("failed", seconds, code, _last_line(cell_dir / LOG_FILE))
 
