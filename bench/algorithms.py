@@ -7,7 +7,9 @@ group size) under the same three seeds; only the loss (and its aggregation / cli
     python bench/algorithms.py --steps 20      # shorter
     python bench/algorithms.py --tiny          # seconds: a smoke run on a 2-layer model
 
-Writes bench/results/algorithms.json (per method and seed: held-out accuracy after each eval, clip
+The runs are the cells of one sweep (everyprompt.sweep, docs/sweeps.md) under
+bench/results/algorithms_runs/sweep/: one process each, a progress display, and a killed benchmark
+resumes the runs it finished. Writes bench/results/algorithms.json (per method and seed: held-out accuracy after each eval, clip
 fractions, entropy, wall time) and bench/results/algorithms.png (accuracy vs rollouts); prints the
 summary table last.
 """

@@ -11,7 +11,8 @@
     python bench/zve.py --budget 6400  # shorter
     python bench/zve.py --tiny         # seconds: a smoke run on a 2-layer model
 
-Writes bench/results/zve.json and bench/results/zve.png (held-out accuracy vs rollouts, zero-variance
+The runs of (b) are the cells of one sweep (docs/sweeps.md) under bench/results/zve_runs/sweep/. Writes
+bench/results/zve.json and bench/results/zve.png (held-out accuracy vs rollouts, zero-variance
 rate per stage); prints the summary table last.
 """
 

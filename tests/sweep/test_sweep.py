@@ -165,7 +165,8 @@ def test_a_2x2_sweep_killed_midway_resumes_and_its_report_names_the_differing_ke
     assert keys_table.count("<tr>") == 3  # a header and the two keys that differ, nothing else
 
 
-def test_a_failing_cell_is_reported_and_skipped_and_retried_on_resume(tmp_path, capsys):
+def test_a_failing_cell_is_reported_and_skipped_and_retried_on_resume(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("everyprompt.sweep.runner.LOG_EVERY_S", 0.0)  # progress lines without a terminal
     sweep_dir = tmp_path / "sweep"
     missing = tmp_path / "no-such-model"
     code = main(
@@ -187,6 +188,7 @@ def test_a_failing_cell_is_reported_and_skipped_and_retried_on_resume(tmp_path, 
     assert failed["exit_code"] == 2 and str(missing) in failed["error"]
     err = capsys.readouterr().err
     assert "1 of 2 cells failed" in err and "output.log" in err
+    assert "cells ended; running: path=null,seed=0 step" in err
     # the report still draws: the failed run is listed with its error
     assert main(["report", str(sweep_dir), "--html"]) == 0
     page = (sweep_dir / "report.html").read_text()

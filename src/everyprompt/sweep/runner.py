@@ -30,6 +30,7 @@ from everyprompt.trainer.checkpoint import write_json_atomic
 STATUS_FILE = "status.json"
 LOG_FILE = "output.log"
 DONE_FILE = "eval.json"  # what `everyprompt train` writes last
+LOG_EVERY_S = 60.0
 
 
 @dataclass
@@ -165,6 +166,7 @@ class SweepRunner:
         )
         bars: dict[str, int] = {}
         forwarded = False  # the running cells were told of a signal
+        reported = time.monotonic()  # without a terminal (a log file) the bars do not draw: a line a minute
         try:
             with progress:
                 while pending or running:
@@ -192,6 +194,17 @@ class SweepRunner:
                         self._save_status()
                         progress.advance(overall)
                         self._print_outcome(name)
+                    if not self.console.is_terminal and running and time.monotonic() - reported > LOG_EVERY_S:
+                        reported = time.monotonic()
+                        self.console.print(
+                            f"{len(self.outcomes)}/{len(cells)} cells ended; running: "
+                            + ", ".join(
+                                f"{name} step {cell_progress(self.sweep_dir / name)}/{totals[name]}"
+                                for name in running
+                            ),
+                            markup=False,
+                            highlight=False,
+                        )
                     time.sleep(0.2)
         except KeyboardInterrupt:
             for _, process, _, _ in running.values():
