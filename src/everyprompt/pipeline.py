@@ -95,7 +95,7 @@ class Run:
                 f"{self.run_dir}: cannot write the run directory ({err.strerror or err})"
             ) from None
         record_warnings(self.run_dir)
-        if config.logging.wandb.project:  # a missing extra fails now, not when the first step logs
+        if config.logging.wandb.enabled:  # a missing extra fails now, not when the first step logs
             require_wandb()
         if config.threads:
             torch.set_num_threads(config.threads)

@@ -64,8 +64,9 @@ def test_wandb_gets_the_same_records_and_the_resolved_config(tmp_path, fake_wand
     assert [line["step"] for line in lines] == [1, 2]
 
 
-def test_no_project_no_wandb(tmp_path, fake_wandb):
-    logger = MetricsLogger(tmp_path, 1, "RL", progress=False, tensorboard=False, wandb=WandbConfig())
+@pytest.mark.parametrize("settings", [WandbConfig(), WandbConfig(project="p", mode="disabled")])
+def test_no_project_or_disabled_no_wandb(tmp_path, fake_wandb, settings):
+    logger = MetricsLogger(tmp_path, 1, "RL", progress=False, tensorboard=False, wandb=settings)
     logger.log(1, {"reward/mean": 1.0})
     logger.close()
     assert fake_wandb == []

@@ -71,6 +71,11 @@ class WandbConfig(Section):
     )
     entity: str | None = Field(None, description="wandb entity (user or team; default: the logged-in user).")
 
+    @property
+    def enabled(self) -> bool:
+        """A project is set and the mode is not `disabled`."""
+        return bool(self.project) and self.mode != "disabled"
+
 
 class LoggingConfig(Section):
     progress: bool = Field(True, description="Show a progress bar.")

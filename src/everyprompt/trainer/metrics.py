@@ -86,7 +86,7 @@ class MetricsLogger:
 
             self._writer = SummaryWriter(str(self.run_dir / "tensorboard"))
         self._wandb = None
-        if wandb is not None and wandb.project:
+        if wandb is not None and wandb.enabled:
             from everyprompt.trainer.wandb_run import WandbRun
 
             self._wandb = WandbRun(wandb, Path(run_root or run_dir), description.lower())
