@@ -7,6 +7,7 @@ import io
 import math
 from dataclasses import dataclass
 
+from everyprompt.report import _mean, _median, _moving_average
 from everyprompt.report.runs import Arm, RunRecord
 from everyprompt.report.stats import Difference, Spread, bootstrap_difference, finite
 
@@ -72,13 +73,8 @@ def run_value(run: RunRecord, column: Column, pass_name: str | None) -> float:
     if not values:
         return float("nan")
     if column.how == ENDS:
-        tail = values[-max(1, len(values) // 10) :]
-        return sum(tail) / len(tail)
-    if column.how == MEAN:
-        return sum(values) / len(values)
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+        return _mean(values[-max(1, len(values) // 10) :])
+    return _mean(values) if column.how == MEAN else _median(values)
 
 
 @dataclass
@@ -169,8 +165,7 @@ def _smooth(steps: list[int], values: list[float]) -> tuple[list[int], list[floa
     if len(values) <= 20:
         return steps, values
     window = max(2, len(values) // 10)
-    means = [sum(values[i - window : i]) / window for i in range(window, len(values) + 1)]
-    return steps[window - 1 :], means
+    return steps[window - 1 :], _moving_average(values, window)
 
 
 def arm_curve(arm: Arm, key: str) -> tuple[list[int], list[float], list[float], list[float]] | None:
