@@ -209,6 +209,7 @@ def cmd_sweep(args) -> int:
     from rich.table import Table
 
     from everyprompt.sweep import prepare, run_sweep
+    from everyprompt.sweep.runner import held_out_accuracy
 
     config, arguments = _split_config_args(args.config)
     if args.parallel < 1:
@@ -229,12 +230,11 @@ def cmd_sweep(args) -> int:
         table.add_column(column, justify="left" if column == "cell" else "right")
     for cell in cells:
         outcome = outcomes[cell.name]
-        result = sweep_dir / cell.name / "eval.json"
-        accuracy = json.loads(result.read_text()).get("greedy_accuracy") if result.is_file() else None
+        accuracy = held_out_accuracy(sweep_dir / cell.name)
         table.add_row(
             cell.name,
             outcome.state,
-            f"{accuracy:.1%}" if isinstance(accuracy, float) else "-",
+            f"{accuracy:.1%}" if accuracy is not None else "-",
             f"{outcome.seconds / 60:.1f}" if outcome.seconds else "-",
         )
     console.print(table)

@@ -244,3 +244,15 @@ def test_the_page_in_headless_chromium(tmp_path):
         timeout=120,
     )
     assert shot.stat().st_size > 20_000  # a drawn page, not a blank one
+
+
+def test_a_damaged_sweep_file_is_named_not_a_traceback(tmp_path, capsys):
+    sweep = tmp_path / "sweep"
+    _run(sweep, "loss=espo,seed=0", "espo", 0, _final(0.5, 0.6))
+    (sweep / "sweep.json").write_text(json.dumps({"cells": [{"name": "loss=espo,seed=0", "arm": None}]}))
+    (sweep / "status.json").write_text('{"loss=espo,seed=0": {"state": "do')  # cut short by hand
+    assert main(["report", str(sweep)]) == 2
+    assert "status.json: not valid JSON" in capsys.readouterr().err
+    (sweep / "sweep.json").write_text("{}")
+    with pytest.raises(ReportError, match="sweep.json: not a sweep plan"):
+        load_runs([sweep])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from everyprompt.report import _mean, _median, _moving_average
 from everyprompt.report.runs import Arm, RunRecord
@@ -92,12 +92,7 @@ def summary(arms: list[Arm]) -> tuple[list[Column], list[list[Entry]]]:
     columns = [
         column for column in COLUMNS if any(math.isfinite(run_value(run, column, pass_name)) for run in runs)
     ]
-    columns = [
-        Column(pass_name or column.label, column.key, column.how, column.percent, column.compare)
-        if column.key == "pass@k"
-        else column
-        for column in columns
-    ]
+    columns = [replace(c, label=pass_name) if c.key == "pass@k" and pass_name else c for c in columns]
     table = [
         [Entry(Spread.of(run_value(r, c, pass_name) for r in arm.runs)) for c in columns] for arm in arms
     ]
@@ -137,9 +132,9 @@ def fmt(value: float, percent: bool = False, signed: bool = False) -> str:
     return f"{value:{sign},.0f}" if abs(value) >= 100 else f"{value:{sign}.3g}"
 
 
-def describe(cell: Entry, percent: bool) -> str:
-    """'mean ± sd (n)' of a cell, and its difference to the first arm when it has one."""
-    spread = cell.spread
+def describe(entry: Entry, percent: bool) -> str:
+    """'mean ± sd' of an entry, and how many runs had no finite value ('(k without)')."""
+    spread = entry.spread
     if not spread.n:
         return "–"
     text = fmt(spread.mean, percent)
@@ -184,7 +179,7 @@ def arm_curve(arm: Arm, key: str) -> tuple[list[int], list[float], list[float], 
     steps = sorted(by_step)
     return (
         steps,
-        [sum(by_step[s]) / len(by_step[s]) for s in steps],
+        [_mean(by_step[s]) for s in steps],
         [min(by_step[s]) for s in steps],
         [max(by_step[s]) for s in steps],
     )

@@ -150,8 +150,11 @@ def _sweep_runs(sweep_dir: Path) -> list[RunRecord]:
         cells = [(cell["name"], cell.get("arm")) for cell in plan["cells"]]
     except (ValueError, KeyError, TypeError) as err:
         raise ReportError(f"{sweep_dir / 'sweep.json'}: not a sweep plan ({err})") from None
-    status_path = sweep_dir / "status.json"
-    status = json.loads(status_path.read_text(encoding="utf-8")) if status_path.is_file() else {}
+    status_path = sweep_dir / "status.json"  # written atomically by the sweep; absent before a cell ended
+    try:
+        status = json.loads(status_path.read_text(encoding="utf-8")) if status_path.is_file() else {}
+    except ValueError as err:
+        raise ReportError(f"{status_path}: not valid JSON ({err})") from None
     runs = []
     for name, arm in cells:
         cell_dir = sweep_dir / name

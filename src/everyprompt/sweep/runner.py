@@ -47,6 +47,13 @@ def cell_is_done(cell_dir: Path) -> bool:
     return (cell_dir / DONE_FILE).is_file()
 
 
+def held_out_accuracy(cell_dir: Path) -> float | None:
+    """The greedy accuracy in a finished cell's eval.json (None before it has one)."""
+    path = cell_dir / DONE_FILE
+    accuracy = json.loads(path.read_text()).get("greedy_accuracy") if path.is_file() else None
+    return accuracy if isinstance(accuracy, float) else None
+
+
 def cell_command(sweep_dir: Path, cell: Cell, fixed: list[str]) -> list[str]:
     """`everyprompt train` for a cell: from the base config, or resumed when it has started before."""
     cell_dir = sweep_dir / cell.name
@@ -103,12 +110,13 @@ class SweepRunner:
     def _launch(self, cell: Cell) -> tuple[subprocess.Popen, float, object]:
         cell_dir = self.sweep_dir / cell.name
         cell_dir.mkdir(parents=True, exist_ok=True)
+        command = cell_command(self.sweep_dir, cell, self.plan.fixed)
         log = open(cell_dir / LOG_FILE, "ab")
-        log.write(f"\n$ {' '.join(cell_command(self.sweep_dir, cell, self.plan.fixed))}\n".encode())
+        log.write(f"\n$ {' '.join(command)}\n".encode())
         log.flush()
         parent = os.getpid()
         process = subprocess.Popen(
-            cell_command(self.sweep_dir, cell, self.plan.fixed),
+            command,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -243,8 +251,8 @@ class SweepRunner:
     def _print_outcome(self, name: str) -> None:
         outcome = self.outcomes[name]
         if outcome.state == "done":
-            accuracy = json.loads((self.sweep_dir / name / DONE_FILE).read_text()).get("greedy_accuracy")
-            shown = f"held-out greedy {accuracy:.1%}, " if isinstance(accuracy, float) else ""
+            accuracy = held_out_accuracy(self.sweep_dir / name)
+            shown = f"held-out greedy {accuracy:.1%}, " if accuracy is not None else ""
             self.console.print(f"[green]done[/] {escape(name)} ({shown}{outcome.seconds:.0f} s)")
         elif outcome.state == "failed":
             self.console.print(
