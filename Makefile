@@ -20,6 +20,7 @@ demo: $(STAMP)
 	$(BIN)/everyprompt demo
 
 test: $(STAMP)
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q
 
 test-slow: $(STAMP)
@@ -27,6 +28,7 @@ test-slow: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
+	$(BIN)/lint-imports --no-cache
 
 bench: $(STAMP)
 	$(PIP) -e ".[bench]"

@@ -72,9 +72,9 @@ def prepare_sft(base: list[str], out: Path) -> Path:
     """Train (or reuse) the shared SFT checkpoint and return its directory."""
     from everyprompt.config import load_config
     from everyprompt.pipeline import Run
-    from everyprompt.trainer.checkpoint import checkpoint_root
+    from everyprompt.run.layout import RunLayout
 
-    sft_dir = checkpoint_root(out) / "sft"
+    sft_dir = RunLayout(out).sft_checkpoint
     if not (sft_dir / "config.json").is_file():
         config = load_config(None, [*base, "logging.progress=true", "logging.tensorboard=false"])
         Run(config, out).warm_started_model()

@@ -68,7 +68,7 @@ def _model(overrides: list[str]):
     config = load_config(None, overrides)
     model, tokenizer = load_model_and_tokenizer(config.model, config.seed)
     run = Run(config, None)
-    return model.eval(), tokenizer, [row["prompt"] for row in run.rl_rows()]
+    return model.eval(), tokenizer, [row["prompt"] for row in run.rows.rl()]
 
 
 def _engine(model, tokenizer, slots: int, eos: bool = True, compile: str = "off"):
@@ -566,7 +566,7 @@ def trl_steps(base: list[str], steps: int, run_dir: Path) -> dict:
 
     config = load_config(None, base)
     model, tokenizer = load_model_and_tokenizer(config.model, config.seed)
-    rows = Run(config, None).rl_rows()
+    rows = Run(config, None).rows.rl()
     dataset = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows])
 
     def reward(prompts, completions, answer, **_):

@@ -1,11 +1,13 @@
-"""The house rules checked: no import cycle inside everyprompt, every module importable, docs that exist."""
+"""The house rules checked: the import contracts, every module importable on its own, docs that exist."""
 
 from __future__ import annotations
 
-import ast
 import importlib
+import os
 import pkgutil
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -26,90 +28,49 @@ def _modules() -> dict[str, Path]:
     return {_module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
 
 
-def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
-    """Module -> the everyprompt modules it imports (at any depth of its code: lazy imports count too).
-
-    `from a.b import c` names module a.b.c when that is a module, else a.b."""
-    graph: dict[str, set[str]] = {}
-    for name, path in modules.items():
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        targets: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                targets.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:  # relative import
-                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    base = ".".join([*anchor, base] if base else anchor)
-                for alias in node.names:
-                    full = f"{base}.{alias.name}"
-                    targets.add(full if full in modules else base)
-        graph[name] = {t for t in targets if t in modules and t != name}
-    return graph
+def _lint_imports(root: Path) -> subprocess.CompletedProcess:
+    """import-linter's contracts (pyproject.toml) on the package under `root`/src."""
+    lint = Path(sys.executable).with_name("lint-imports")
+    return subprocess.run(
+        [str(lint), "--no-cache", "--config", str(root / "pyproject.toml")],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root / "src")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
-def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan), each sorted."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    cycles: list[list[str]] = []
-
-    def visit(node: str) -> None:
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        on_stack.add(node)
-        for target in sorted(graph.get(node, ())):
-            if target not in index:
-                visit(target)
-                low[node] = min(low[node], low[target])
-            elif target in on_stack:
-                low[node] = min(low[node], index[target])
-        if low[node] == index[node]:
-            component = []
-            while True:
-                member = stack.pop()
-                on_stack.discard(member)
-                component.append(member)
-                if member == node:
-                    break
-            if len(component) > 1:
-                cycles.append(sorted(component))
-
-    for node in sorted(graph):
-        if node not in index:
-            visit(node)
-    return cycles
+def test_the_import_contracts_hold():
+    """The layers, one way (pyproject.toml's import-linter contracts; `make test` runs them too)."""
+    done = _lint_imports(ROOT)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "0 broken" in done.stdout
 
 
-def test_the_cycle_finder_finds_a_cycle_and_only_cycles():
-    assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert find_cycles({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
+def test_a_planted_upward_import_breaks_the_layers_contract(tmp_path):
+    """The contracts can fail: `config` importing `trainer` (an upward import) in a copy of the package."""
+    shutil.copytree(PACKAGE, tmp_path / "src" / "everyprompt", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    planted = tmp_path / "src" / "everyprompt" / "config" / "base.py"
+    planted.write_text(planted.read_text() + "\nimport everyprompt.trainer  # planted\n")
+    done = _lint_imports(tmp_path)
+    assert done.returncode != 0
+    assert "everyprompt.config is not allowed to import everyprompt.trainer" in done.stdout
+    assert "Layers: each imports only from the layers below it" in done.stdout
 
 
-def test_the_import_graph_resolves_every_import_form(tmp_path, monkeypatch):
-    fake = tmp_path / "pkg"
-    (fake / "sub").mkdir(parents=True)
-    (fake / "__init__.py").write_text("from pkg import alpha\n")
-    (fake / "alpha.py").write_text("def f():\n    from pkg.sub import beta\n")
-    (fake / "sub" / "__init__.py").write_text("")
-    (fake / "sub" / "beta.py").write_text("from .. import alpha\nimport pkg.sub\n")
-    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
-    graph = import_graph(_modules())
-    assert graph == {
-        "pkg": {"pkg.alpha"},
-        "pkg.alpha": {"pkg.sub.beta"},
-        "pkg.sub": set(),
-        "pkg.sub.beta": {"pkg.alpha", "pkg.sub"},
-    }
-    assert find_cycles(graph) == [["pkg.alpha", "pkg.sub.beta"]]
-
-
-def test_no_import_cycle_inside_everyprompt():
-    cycles = find_cycles(import_graph(_modules()))
-    assert not cycles, f"import cycles: {cycles}"
+def test_no_project_module_is_loaded_by_name():
+    """Every import of a project module is an import statement the contracts can see."""
+    by_name = re.compile(r"import_module\(|__import__\(|\"everyprompt\.[\w.]+:\w+\"")
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if by_name.search(line)
+    ]
+    # rewards: a user's `package.module:function` reward (the user's module, not the project's)
+    assert [f for f in found if not f.startswith("src/everyprompt/rewards/base.py")] == []
 
 
 def test_every_module_imports():

@@ -8,8 +8,10 @@ from __future__ import annotations
 from collections import defaultdict
 from math import comb
 
-from everyprompt.data.formatting import PlainFormat
+from everyprompt.config import Config
+from everyprompt.data.formatting import PlainFormat, prompt_format_of
 from everyprompt.generation import sample_and_score
+from everyprompt.rewards import build_reward
 from everyprompt.rewards.pool import RewardPool
 from everyprompt.rollout import GenerationRequest, SamplingParams, derive_seed
 
@@ -87,3 +89,23 @@ def evaluate(
         )
     results["num_prompts"] = float(len(rows))
     return results
+
+
+def evaluate_config(config: Config, engine, tokenizer, rows: list[dict]) -> dict[str, float]:
+    """`evaluate` with a config's settings: its reward (in its worker pool), its prompt format and stops,
+    and `eval.*`'s samples, k, temperature and seed."""
+    return evaluate(
+        engine,
+        tokenizer,
+        rows,
+        build_reward(config.rewards),  # no run directory: judge samples are logged for training only
+        max_new_tokens=config.rollout.max_new_tokens,
+        num_samples=config.eval.num_samples,
+        pass_k=config.eval.pass_k,
+        temperature=config.eval.temperature,
+        seed=config.seed,
+        stop=tuple(config.rollout.stop),
+        prompt_format=prompt_format_of(config, tokenizer),
+        workers=config.rewards.workers,
+        timeout_s=config.rewards.timeout_s,
+    )

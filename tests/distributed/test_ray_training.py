@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from everyprompt.distributed.runtime import ClusterError
+from everyprompt.errors import ClusterError
 from everyprompt.models.io import load_pretrained
 from everyprompt.pipeline import Run, train
 from tests.conftest import tiny_config

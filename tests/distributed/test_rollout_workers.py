@@ -98,7 +98,8 @@ def test_a_rollout_worker_killed_mid_step_is_replaced_and_its_requests_requeued(
 
 
 def test_workers_that_cannot_be_placed_fail_clearly(ray_instance):
-    from everyprompt.distributed.runtime import ClusterError, RaySession
+    from everyprompt.distributed.runtime import RaySession
+    from everyprompt.errors import ClusterError
 
     config = tiny_config("cluster.backend=ray", "cluster.rollout_workers=2", "cluster.num_cpus=4")
     with pytest.raises(ClusterError, match=r"has 2 CPUs.*2 actors at cluster.num_cpus=4.*need 8 CPU"):

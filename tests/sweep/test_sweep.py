@@ -17,8 +17,9 @@ import yaml
 from everyprompt.cli import main
 from everyprompt.config import ConfigError
 from everyprompt.processes import descendants, is_alive
+from everyprompt.run.layout import SweepLayout
 from everyprompt.sweep import SweepPlan, parse_axes, prepare, split_values
-from everyprompt.sweep.runner import STATUS_FILE, cell_command
+from everyprompt.sweep.runner import cell_command
 from tests.conftest import TINY_OVERRIDES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -119,7 +120,7 @@ def _sweep_command(sweep_dir: Path, *extra: str) -> list[str]:
 
 
 def _status(sweep_dir: Path) -> dict:
-    path = sweep_dir / STATUS_FILE
+    path = SweepLayout(sweep_dir).status
     return json.loads(path.read_text()) if path.is_file() else {}
 
 

@@ -98,7 +98,7 @@ def test_sft_losses_do_not_depend_on_packing(tmp_path):
     from tests.conftest import tiny_config
 
     config = tiny_config()
-    rows = Run(config, tmp_path).sft_rows()
+    rows = Run(config, tmp_path).rows.sft()
     losses = {}
     for packed in (False, True):
         model, tokenizer = load_model_and_tokenizer(config.model, seed=0)

@@ -9,13 +9,14 @@ import json
 import pytest
 import torch
 
+from everyprompt.batch import RolloutBatch
 from everyprompt.data.passrate import PassRateStore
 from everyprompt.data.source import PromptSource
 from everyprompt.models import load_model_and_tokenizer
 from everyprompt.pipeline import train
 from everyprompt.rollout import GenerationRequest, SamplingParams
 from everyprompt.rollout.native import NativeEngine
-from everyprompt.trainer import Learner, RolloutBatch
+from everyprompt.trainer import Learner
 from everyprompt.trainer.learner import Learner as LearnerClass
 from everyprompt.trainer.partial import extend, tag
 from tests.conftest import tiny_config

@@ -4,9 +4,10 @@ import math
 import pytest
 import torch
 
+from everyprompt.batch import RolloutBatch
 from everyprompt.pipeline import Run, train
-from everyprompt.trainer.batch import RolloutBatch
-from everyprompt.trainer.checkpoint import CheckpointError, load_trainer_state, resolve_checkpoint
+from everyprompt.run.resume import resolve_checkpoint
+from everyprompt.trainer.checkpoint import CheckpointError, load_trainer_state
 from everyprompt.zve import zero_variance_rate
 from tests.conftest import tiny_config
 

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 import everyprompt.trainer.learner as learner_module
+from everyprompt.batch import RolloutBatch
 from everyprompt.data.passrate import PassRateStore
 from everyprompt.models import load_model_and_tokenizer
 from everyprompt.rewards.pool import RewardPool
 from everyprompt.rollout import build_engine
-from everyprompt.trainer import Learner, RolloutBatch, RolloutSide
+from everyprompt.trainer import Learner, RolloutSide
 from everyprompt.trainer.logprobs import token_logprobs
 from tests.conftest import tiny_config
 

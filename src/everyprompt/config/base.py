@@ -6,8 +6,10 @@ from typing import Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
+from everyprompt.errors import InputError
 
-class ConfigError(ValueError):
+
+class ConfigError(InputError):
     """A config file or override that cannot be used; the message is meant for the user as is."""
 
 

@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from everyprompt.choices import FIELDS
 from everyprompt.config.base import Section
 
 
@@ -103,8 +104,6 @@ class DataConfig(Section):
     @field_validator("columns")
     @classmethod
     def _known_fields(cls, columns: dict[str, str]) -> dict[str, str]:
-        from everyprompt.data.datasets import FIELDS
-
         unknown = sorted(set(columns) - set(FIELDS))
         if unknown:
             raise ValueError(f"maps {unknown}; the fields are {', '.join(FIELDS)}")

@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from everyprompt.choices import engine_choices
 from everyprompt.config.base import YAML_WORDS, Section
 
 
@@ -76,8 +77,6 @@ class RolloutConfig(Section):
 
 
 def _known_engine(name: str) -> str:
-    from everyprompt.rollout import engine_choices
-
     if name not in engine_choices():
         raise ValueError(f"expected one of {', '.join(engine_choices())}")
     return name

@@ -7,8 +7,11 @@ import json
 import random
 from pathlib import Path
 
+from everyprompt.choices import FIELDS  # what `data.columns` may map onto
+from everyprompt.errors import InputError
 
-class DataError(ValueError):
+
+class DataError(InputError):
     """A data file that cannot be used; the message names the file, the line and what was expected."""
 
 
@@ -67,7 +70,6 @@ def read_parquet(path: str | Path, required: tuple[str, ...] = ()) -> list[dict]
     return table.to_pylist()
 
 
-FIELDS = ("prompt", "answer", "solution", "level", "messages")  # what `data.columns` may map onto
 
 
 def _json_rows(path: Path) -> list[tuple[str, dict]]:

@@ -21,7 +21,15 @@ import socket
 import torch
 
 from everyprompt.distributed.recipes import ModelRecipe
-from everyprompt.distributed.runtime import ClusterError, actor_options, require_ray
+from everyprompt.distributed.runtime import actor_options, require_ray
+from everyprompt.errors import ClusterError
+from everyprompt.logs import quiet_libraries
+from everyprompt.models.experts import select_moe_kernel
+from everyprompt.models.precision import enable_gradient_checkpointing
+from everyprompt.trainer.checkpoint import full_weights
+from everyprompt.trainer.data_parallel import DataParallel
+from everyprompt.trainer.interface import LearnerSide
+from everyprompt.trainer.learner import Learner
 
 
 class LearnerRankLost(ClusterError):
@@ -32,8 +40,6 @@ class LearnerRank:
     """One rank: a policy rebuilt from its recipe, in the group's `Learner`."""
 
     def __init__(self, rank: int, world: int, threads: int):
-        from everyprompt.pipeline import quiet_libraries
-
         quiet_libraries()
         torch.set_num_threads(max(1, threads))
         self.rank, self.world = rank, world
@@ -48,11 +54,6 @@ class LearnerRank:
 
     def start(self, host: str, port: int, config, recipe: ModelRecipe, pad_id: int, reference) -> bool:
         import torch.distributed as dist
-
-        from everyprompt.models.experts import select_moe_kernel
-        from everyprompt.models.precision import enable_gradient_checkpointing
-        from everyprompt.trainer.data_parallel import DataParallel
-        from everyprompt.trainer.learner import Learner
 
         os.environ.update(MASTER_ADDR=host, MASTER_PORT=str(port))
         # gloo: the policy lives on the CPU (NCCL comes with GPU placement, docs/cluster.md)
@@ -96,8 +97,6 @@ class LearnerRank:
         if self._only_rank_0_works():
             return {}
         if self.learner.parallel.sharded:
-            from everyprompt.trainer.checkpoint import full_weights
-
             return full_weights(self.learner.model)
         return self.learner.model.state_dict()
 
@@ -111,7 +110,7 @@ class LearnerRank:
         return self.learner.version
 
 
-class RankedLearner:
+class RankedLearner(LearnerSide):
     """The learner of the Ray backend: `cluster.trainer_ranks` ranks, used as the loop uses a `Learner`."""
 
     def __init__(self, config, model, pad_token_id: int, reference=None):

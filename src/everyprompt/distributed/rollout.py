@@ -19,7 +19,9 @@ from dataclasses import dataclass
 import torch
 
 from everyprompt.distributed.recipes import ModelRecipe
-from everyprompt.distributed.runtime import ClusterError, actor_options, require_ray
+from everyprompt.distributed.runtime import actor_options, require_ray
+from everyprompt.errors import ClusterError
+from everyprompt.logs import quiet_libraries
 from everyprompt.rollout import GenerationRequest, SamplingParams, build_engine
 from everyprompt.rollout.scheduler import assign_lpt
 
@@ -39,8 +41,6 @@ class RolloutWorker:
     """One engine (built by the engine factory) over a model rebuilt from a recipe."""
 
     def __init__(self, recipe: ModelRecipe, tokenizer, rollout_config, threads: int):
-        from everyprompt.pipeline import quiet_libraries
-
         quiet_libraries()
         torch.set_num_threads(max(1, threads))
         weights = recipe.weights

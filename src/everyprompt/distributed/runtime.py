@@ -16,15 +16,12 @@ import sys
 import time
 
 from everyprompt.config import ConfigError
+from everyprompt.errors import ClusterError
 from everyprompt.processes import descendants
 
 log = logging.getLogger(__name__)
 
 INSTALL_HINT = "pip install 'everyprompt[ray]'"
-
-
-class ClusterError(RuntimeError):
-    """The Ray backend cannot go on: Ray missing, actors that cannot be placed, a learner rank lost."""
 
 
 def require_ray():

@@ -8,12 +8,13 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from everyprompt.config import ModelConfig
+from everyprompt.errors import InputError
 from everyprompt.models.lora import adapter_base_path, is_lora, load_adapter, merged_state_dict
 from everyprompt.models.presets import tiny_moe_config
 from everyprompt.models.tokenizer import build_char_tokenizer, build_chat_tokenizer
 
 
-class ModelError(ValueError):
+class ModelError(InputError):
     """A model directory that cannot be loaded; the message names the path and what is missing."""
 
 

@@ -24,10 +24,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from everyprompt.errors import InputError
+
 ADAPTER_CONFIG = "adapter_config.json"
 
 
-class LoRAError(ValueError):
+class LoRAError(InputError):
     """A LoRA set-up that cannot run: peft missing, or a target that matches nothing."""
 
 

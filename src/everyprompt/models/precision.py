@@ -20,10 +20,12 @@ import contextlib
 import torch
 from torch import nn
 
+from everyprompt.errors import InputError
+
 TRAINING_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}
 
 
-class PrecisionError(ValueError):
+class PrecisionError(InputError):
     """A training precision or memory setting this model cannot take."""
 
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from everyprompt.data.datasets import read_jsonl
+from everyprompt.errors import InputError
+from everyprompt.run.layout import RunLayout
 
 # (panel title, metric keys drawn in it); a panel whose keys the run never logged is left out
 PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -50,7 +52,7 @@ ROWS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-class ReportError(ValueError):
+class ReportError(InputError):
     """The run directory cannot be reported on; the message names the file and why (a malformed line is
     data.read_jsonl's DataError, naming the line)."""
 
@@ -200,7 +202,7 @@ def plot(metrics: Metrics, path: Path, title: str) -> list[str]:
 
 
 def _read_config(run_dir: Path) -> dict:
-    path = run_dir / "config.yaml"
+    path = RunLayout(run_dir).config
     if not path.is_file():
         return {}
     import yaml
@@ -217,15 +219,15 @@ def report(run_dir: str | Path) -> dict:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ReportError(f"{run_dir}: no such run directory")
-    rl_path, sft_path = run_dir / "metrics.jsonl", run_dir / "sft" / "metrics.jsonl"
+    layout = RunLayout(run_dir)
+    rl_path, sft_path = layout.metrics, layout.sft.metrics
     if not rl_path.is_file() and not sft_path.is_file():
         raise ReportError(
-            f"{run_dir}: no metrics.jsonl (not a run directory, or the run has not finished a step yet)"
+            f"{run_dir}: no {rl_path.name} (not a run directory, or the run has not finished a step yet)"
         )
     config = _read_config(run_dir)
     pass_k = (config.get("eval") or {}).get("pass_k")
-    out = run_dir / "report"
-    out.mkdir(exist_ok=True)
+    layout.report.mkdir(exist_ok=True)
     summary: dict = {"run_dir": str(run_dir.resolve())}
     for name, path in (("rl", rl_path), ("sft", sft_path)):
         if not path.is_file():
@@ -234,7 +236,7 @@ def report(run_dir: str | Path) -> dict:
         if not metrics.records:
             summary[name] = {"steps": 0, "rows": [], "curves": None}
             continue
-        curves = out / f"{name}_curves.png"
+        curves = layout.report_curves(name)
         drawn = plot(metrics, curves, f"{run_dir.name}: {name.upper()} ({len(metrics.records)} steps)")
         summary[name] = {
             "steps": len(metrics.records),
@@ -243,7 +245,7 @@ def report(run_dir: str | Path) -> dict:
             "curves": curves.name if drawn else None,
             "panels": drawn,
         }
-    demo = run_dir / "summary.json"
+    demo = layout.demo_summary
     if demo.is_file():
         try:
             summary["demo"] = json.loads(demo.read_text(encoding="utf-8"))
@@ -261,8 +263,8 @@ def report(run_dir: str | Path) -> dict:
         )
         if value is not None
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
-    (out / "summary.md").write_text(markdown(summary), encoding="utf-8")
+    layout.report_summary.write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    layout.report_markdown.write_text(markdown(summary), encoding="utf-8")
     return summary
 
 

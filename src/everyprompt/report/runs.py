@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from everyprompt.report import Metrics, ReportError, _read_config, load_metrics
+from everyprompt.run.layout import RunLayout, SweepLayout
 
 SEED_KEY = "seed"
 # keys that name where a run lives rather than what it did
@@ -25,7 +26,6 @@ ERROR_KEYS = (
     "cluster/actor_restarts",
     "reward/genrm_unparseable",
 )
-WARNINGS_FILE = "warnings.log"
 
 
 def flatten(tree: dict, prefix: str = "") -> dict[str, str]:
@@ -66,8 +66,8 @@ class RunRecord:
 
 def _final_eval(run_dir: Path, rl: Metrics | None) -> dict[str, float]:
     """eval.json (train), else a demo's summary.json, else the last `eval/*` the metrics logged."""
-    for name, part in (("eval.json", None), ("summary.json", "eval_after_rl")):
-        path = run_dir / name
+    layout = RunLayout(run_dir)
+    for path, part in ((layout.eval_results, None), (layout.demo_summary, "eval_after_rl")):
         if path.is_file():
             try:
                 loaded = json.loads(path.read_text(encoding="utf-8"))
@@ -83,7 +83,7 @@ def _final_eval(run_dir: Path, rl: Metrics | None) -> dict[str, float]:
 
 
 def _warnings(run_dir: Path) -> list[str]:
-    path = run_dir / WARNINGS_FILE
+    path = RunLayout(run_dir).warnings
     if not path.is_file():
         return []
     return [line for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
@@ -105,9 +105,13 @@ def _errors(rl: Metrics | None) -> dict[str, float]:
 
 def load_run(run_dir: Path, name: str | None = None, state: str | None = None) -> RunRecord:
     """Read a run directory; a run that has not logged a step yet is still a run (with no curves)."""
-    if not (run_dir / "config.yaml").is_file():
-        raise ReportError(f"{run_dir}: no config.yaml; not a run directory (or a sweep's sweep.json)")
-    rl_path, sft_path = run_dir / "metrics.jsonl", run_dir / "sft" / "metrics.jsonl"
+    layout = RunLayout(run_dir)
+    if not layout.started():
+        raise ReportError(
+            f"{run_dir}: no {layout.config.name}; not a run directory (or a sweep's "
+            f"{SweepLayout(run_dir).plan.name})"
+        )
+    rl_path, sft_path = layout.metrics, layout.sft.metrics
     rl = load_metrics(rl_path) if rl_path.is_file() else None
     sft = load_metrics(sft_path) if sft_path.is_file() else None
     final = _final_eval(run_dir, rl)
@@ -131,7 +135,7 @@ def load_runs(paths: list[str | Path]) -> list[RunRecord]:
         path = Path(given)
         if not path.is_dir():
             raise ReportError(f"{path}: no such run or sweep directory")
-        if (path / "sweep.json").is_file():
+        if SweepLayout(path).is_sweep():
             runs.extend(_sweep_runs(path))
         else:
             runs.append(load_run(path))
@@ -145,20 +149,21 @@ def load_runs(paths: list[str | Path]) -> list[RunRecord]:
 
 
 def _sweep_runs(sweep_dir: Path) -> list[RunRecord]:
+    sweep = SweepLayout(sweep_dir)
     try:
-        plan = json.loads((sweep_dir / "sweep.json").read_text(encoding="utf-8"))
+        plan = json.loads(sweep.plan.read_text(encoding="utf-8"))
         cells = [(cell["name"], cell.get("arm")) for cell in plan["cells"]]
     except (ValueError, KeyError, TypeError) as err:
-        raise ReportError(f"{sweep_dir / 'sweep.json'}: not a sweep plan ({err})") from None
-    status_path = sweep_dir / "status.json"  # written atomically by the sweep; absent before a cell ended
+        raise ReportError(f"{sweep.plan}: not a sweep plan ({err})") from None
+    status_path = sweep.status  # written atomically by the sweep; absent before a cell ended
     try:
         status = json.loads(status_path.read_text(encoding="utf-8")) if status_path.is_file() else {}
     except ValueError as err:
         raise ReportError(f"{status_path}: not valid JSON ({err})") from None
     runs = []
     for name, arm in cells:
-        cell_dir = sweep_dir / name
-        if not (cell_dir / "config.yaml").is_file():
+        cell_dir = sweep.cell(name).root
+        if not sweep.cell(name).started():
             continue  # never started
         state = (status.get(name) or {}).get("state")
         runs.append(load_run(cell_dir, name, None if state in (None, "skipped") else state))

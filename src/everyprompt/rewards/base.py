@@ -9,11 +9,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from everyprompt.errors import InputError
+
 RewardFunction = Callable[..., list]
 _REGISTRY: dict[str, RewardFunction] = {}
 
 
-class RewardError(ValueError):
+class RewardError(InputError):
     """A reward function that cannot be found or that breaks the reward contract."""
 
 

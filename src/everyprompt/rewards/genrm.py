@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import re
 
+from everyprompt.run.layout import RunLayout
+
 # label -> canonical verdict; longer phrases first so that "partially correct" and "incorrect" are not
 # read as "correct"
 ALIASES: dict[str, str] = {
@@ -116,7 +118,8 @@ class GenRMJudge:
     @classmethod
     def from_config(cls, config, run_dir=None) -> GenRMJudge:
         """From a `GenRMConfig`; samples go to RUN_DIR/genrm_samples.jsonl."""
-        log_path = None if run_dir is None or not config.log_every else str(run_dir) + "/genrm_samples.jsonl"
+        logged = run_dir is not None and config.log_every
+        log_path = str(RunLayout(run_dir).genrm_samples) if logged else None
         return cls(
             config.model,
             config.template,

@@ -15,6 +15,9 @@ from typing import Any, Literal, Protocol
 
 import torch
 
+from everyprompt.choices import AUTO_ENGINE, ENGINES
+from everyprompt.errors import InputError
+
 log = logging.getLogger(__name__)
 
 
@@ -97,7 +100,7 @@ def call_stats(clock: dict[str, float], wall: float, slots: int) -> dict[str, fl
     return stats
 
 
-class UnsupportedModelError(ValueError):
+class UnsupportedModelError(InputError):
     """The chosen rollout engine cannot run this model (or this request of it)."""
 
 
@@ -132,7 +135,7 @@ class EngineSpec:
 
 
 _ENGINES: dict[str, EngineSpec] = {}
-AUTO = "auto"  # not an engine: the choice of the fastest registered engine that runs the model
+AUTO = AUTO_ENGINE  # not an engine: the choice of the fastest registered engine that runs the model
 
 
 def register_engine(
@@ -146,6 +149,7 @@ def register_engine(
         if name in _ENGINES or name == AUTO:
             raise ValueError(f"rollout engine {name!r} is already registered")
         _ENGINES[name] = EngineSpec(cls, tuple(model_types), rank)
+        ENGINES.add(name)  # what the config accepts
         return cls
 
     return decorate

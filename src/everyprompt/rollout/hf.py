@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from everyprompt.choices import HF_ENGINE
 from everyprompt.models.lora import plain_copy
 from everyprompt.models.replay import find_routers
 from everyprompt.rollout.base import (
@@ -86,7 +87,7 @@ class _Captured:
             handle.remove()
 
 
-@register_engine("hf")
+@register_engine(HF_ENGINE)
 class HFEngine:
     """RolloutEngine over a transformers causal LM (any architecture). Build it with :meth:`from_model`."""
 

@@ -17,8 +17,9 @@ from pathlib import Path
 from rich.console import Console
 
 from everyprompt.config import ConfigError
-from everyprompt.sweep.plan import PLAN_FILE, Cell, SweepPlan, parse_axes, split_values
-from everyprompt.sweep.runner import LOG_FILE, Outcome, SweepRunner, cell_is_done
+from everyprompt.run.layout import SweepLayout
+from everyprompt.sweep.plan import Cell, SweepPlan, parse_axes, split_values
+from everyprompt.sweep.runner import Outcome, SweepRunner, cell_is_done
 
 
 def prepare(
@@ -33,14 +34,15 @@ def prepare(
     if resume is not None:
         if config is not None or arguments or seeds is not None:
             raise ConfigError(
-                "sweep --resume DIR takes no config, overrides or --seeds: they are in DIR/sweep.json"
+                "sweep --resume DIR takes no config, overrides or --seeds: they are in "
+                f"DIR/{SweepLayout(resume).plan.name}"
             )
         directory = Path(resume)
         return SweepPlan.load(directory), directory
     plan = SweepPlan.build(config, arguments, seeds)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     directory = Path(sweep_dir or f"runs/sweep-{plan.base.get('name', 'run')}-{stamp}")
-    if (directory / PLAN_FILE).is_file():
+    if SweepLayout(directory).is_sweep():
         different = SweepPlan.load(directory).same_as(plan)
         if different:
             raise ConfigError(
@@ -48,7 +50,9 @@ def prepare(
                 f"resume it with `everyprompt sweep --resume {directory}` or choose another --run-dir"
             )
     elif directory.exists() and any(directory.iterdir()):
-        raise ConfigError(f"--run-dir {directory}: exists and is not a sweep directory (no {PLAN_FILE})")
+        raise ConfigError(
+            f"--run-dir {directory}: exists and is not a sweep directory (no {SweepLayout(directory).plan.name})"
+        )
     plan.save(directory)
     return plan, directory
 
@@ -59,7 +63,6 @@ def run_sweep(plan: SweepPlan, sweep_dir: Path, parallel: int = 1, console: Cons
 
 
 __all__ = [
-    "LOG_FILE",
     "Cell",
     "Outcome",
     "SweepPlan",

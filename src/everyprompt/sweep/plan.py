@@ -27,9 +27,8 @@ from everyprompt.config import (
     parse_override,
     read_yaml,
 )
-
-PLAN_FILE = "sweep.json"
-BASE_FILE = "base.yaml"
+from everyprompt.run.files import write_json_atomic
+from everyprompt.run.layout import SweepLayout
 
 
 def split_values(raw: str) -> list[str]:
@@ -176,25 +175,25 @@ class SweepPlan:
 
     # ------------------------------------------------------------ the sweep directory
     def save(self, sweep_dir: Path) -> None:
-        from everyprompt.trainer.checkpoint import write_json_atomic
-
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        (sweep_dir / BASE_FILE).write_text(yaml.safe_dump(self.base, sort_keys=False), encoding="utf-8")
+        layout = SweepLayout(sweep_dir)
+        layout.base_config.write_text(yaml.safe_dump(self.base, sort_keys=False), encoding="utf-8")
         plan = {k: v for k, v in asdict(self).items() if k != "base"}
         plan["cells"] = [asdict(c) for c in self.cells()]
-        write_json_atomic(sweep_dir / PLAN_FILE, plan)
+        write_json_atomic(layout.plan, plan)
 
     @classmethod
     def load(cls, sweep_dir: Path) -> SweepPlan:
         import json
 
-        path = sweep_dir / PLAN_FILE
+        layout = SweepLayout(sweep_dir)
+        path = layout.plan
         if not path.is_file():
-            raise ConfigError(f"{sweep_dir}: no {PLAN_FILE}; is it a sweep directory?")
+            raise ConfigError(f"{sweep_dir}: no {path.name}; is it a sweep directory?")
         try:
             saved = json.loads(path.read_text(encoding="utf-8"))
             plan = cls(
-                read_yaml(sweep_dir / BASE_FILE),
+                read_yaml(layout.base_config),
                 saved["fixed"],
                 saved["grid"],
                 saved["seeds"],

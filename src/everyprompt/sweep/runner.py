@@ -24,12 +24,10 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from everyprompt.processes import StopRequested, die_with_parent
-from everyprompt.sweep.plan import BASE_FILE, Cell, SweepPlan
-from everyprompt.trainer.checkpoint import write_json_atomic
+from everyprompt.run.files import write_json_atomic
+from everyprompt.run.layout import RunLayout, SweepLayout
+from everyprompt.sweep.plan import Cell, SweepPlan
 
-STATUS_FILE = "status.json"
-LOG_FILE = "output.log"
-DONE_FILE = "eval.json"  # what `everyprompt train` writes last
 LOG_EVERY_S = 60.0
 
 
@@ -44,23 +42,24 @@ class Outcome:
 
 
 def cell_is_done(cell_dir: Path) -> bool:
-    return (cell_dir / DONE_FILE).is_file()
+    return RunLayout(cell_dir).eval_results.is_file()  # what `everyprompt train` writes last
 
 
 def held_out_accuracy(cell_dir: Path) -> float | None:
     """The greedy accuracy in a finished cell's eval.json (None before it has one)."""
-    path = cell_dir / DONE_FILE
+    path = RunLayout(cell_dir).eval_results
     accuracy = json.loads(path.read_text()).get("greedy_accuracy") if path.is_file() else None
     return accuracy if isinstance(accuracy, float) else None
 
 
 def cell_command(sweep_dir: Path, cell: Cell, fixed: list[str]) -> list[str]:
     """`everyprompt train` for a cell: from the base config, or resumed when it has started before."""
-    cell_dir = sweep_dir / cell.name
+    sweep = SweepLayout(sweep_dir)
+    cell_dir = sweep.cell(cell.name)
     train = [sys.executable, "-m", "everyprompt.cli", "train"]
-    if (cell_dir / "config.yaml").is_file():  # saved first thing by a run: it has started before
-        return [*train, "--resume", str(cell_dir)]
-    return [*train, str(sweep_dir / BASE_FILE), *fixed, *cell.overrides, "--run-dir", str(cell_dir)]
+    if cell_dir.started():
+        return [*train, "--resume", str(cell_dir.root)]
+    return [*train, str(sweep.base_config), *fixed, *cell.overrides, "--run-dir", str(cell_dir.root)]
 
 
 def _last_line(path: Path) -> str:
@@ -86,7 +85,8 @@ def _last_step(path: Path) -> int:
 
 def cell_progress(cell_dir: Path) -> int:
     """Steps a cell has done: its SFT steps plus its RL steps, read from its metrics files."""
-    return _last_step(cell_dir / "sft" / "metrics.jsonl") + _last_step(cell_dir / "metrics.jsonl")
+    layout = RunLayout(cell_dir)
+    return _last_step(layout.sft.metrics) + _last_step(layout.metrics)
 
 
 class SweepRunner:
@@ -111,7 +111,7 @@ class SweepRunner:
         cell_dir = self.sweep_dir / cell.name
         cell_dir.mkdir(parents=True, exist_ok=True)
         command = cell_command(self.sweep_dir, cell, self.plan.fixed)
-        log = open(cell_dir / LOG_FILE, "ab")
+        log = open(RunLayout(cell_dir).cell_log, "ab")
         log.write(f"\n$ {' '.join(command)}\n".encode())
         log.flush()
         parent = os.getpid()
@@ -136,7 +136,7 @@ class SweepRunner:
         )
 
     def _previous_status(self) -> dict:
-        path = self.sweep_dir / STATUS_FILE
+        path = SweepLayout(self.sweep_dir).status
         try:
             status = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
         except ValueError:  # written atomically, so only a hand-edited file; the times are then unknown
@@ -145,7 +145,7 @@ class SweepRunner:
 
     def _save_status(self) -> None:
         status = {name: vars(outcome) for name, outcome in self.outcomes.items()}
-        write_json_atomic(self.sweep_dir / STATUS_FILE, status)
+        write_json_atomic(SweepLayout(self.sweep_dir).status, status)
 
     def run(self) -> dict[str, Outcome]:
         """Run every cell not done yet; returns each cell's outcome (StopRequested after a signal)."""
@@ -246,7 +246,7 @@ class SweepRunner:
         stopped = (-signal.SIGINT, -signal.SIGTERM, 128 + signal.SIGINT, 128 + signal.SIGTERM)
         if self._signum is not None and code in stopped:
             return Outcome("stopped", seconds, code)
-        return Outcome("failed", seconds, code, _last_line(cell_dir / LOG_FILE))
+        return Outcome("failed", seconds, code, _last_line(RunLayout(cell_dir).cell_log))
 
     def _print_outcome(self, name: str) -> None:
         outcome = self.outcomes[name]
@@ -257,7 +257,7 @@ class SweepRunner:
         elif outcome.state == "failed":
             self.console.print(
                 f"[red]failed[/] {escape(name)} (exit code {outcome.exit_code}): {escape(outcome.error)}\n"
-                f"  log: {escape(str(self.sweep_dir / name / LOG_FILE))}",
+                f"  log: {escape(str(SweepLayout(self.sweep_dir).cell(name).cell_log))}",
                 highlight=False,
             )
         else:

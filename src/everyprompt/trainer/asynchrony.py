@@ -28,7 +28,7 @@ from dataclasses import fields
 
 import torch
 
-from everyprompt.trainer.batch import RolloutBatch
+from everyprompt.batch import RolloutBatch
 
 log = logging.getLogger(__name__)
 

@@ -3,52 +3,31 @@
 A checkpoint is written into a temporary directory; every file is fsynced, then `manifest.json` (each
 file's size and SHA-256) is written last, and the directory is renamed into place; `latest` is a symlink
 swapped atomically. A kill at any instant leaves the previous checkpoints whole. On resume a checkpoint
-is trusted only if its manifest matches: a truncated or altered file is reported by name and the run
-falls back to the newest complete checkpoint.
+is trusted only if its manifest matches: a truncated or altered file is reported by name, and the run
+falls back to the newest complete checkpoint (`run/resume.py` decides where a run starts).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import shutil
 from pathlib import Path
 
 import torch
 
+from everyprompt.errors import InputError
 from everyprompt.models.io import save_pretrained
+from everyprompt.run.files import fsync
+from everyprompt.run.layout import LATEST, series
 
 STATE_FILE = "trainer_state.pt"
 MANIFEST = "manifest.json"
-log = logging.getLogger(__name__)
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputError):
     """A checkpoint that cannot be written or resumed from; the message names the path and the problem."""
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_json_atomic(path: str | Path, data) -> None:
-    """Write JSON to a temporary file beside `path`, fsync, then rename: a kill leaves the old file or the new."""
-    path = Path(path)
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    temporary.write_text(json.dumps(data, indent=2))
-    _fsync(temporary)
-    os.replace(temporary, path)
-    _fsync(path.parent)
-
-
-def checkpoint_root(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "checkpoints"
 
 
 def _sha256(path: Path) -> str:
@@ -62,16 +41,15 @@ def _sha256(path: Path) -> str:
 def _write_manifest(directory: Path) -> None:
     files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
     for file in files:
-        _fsync(file)
+        fsync(file)
     entries = {str(f.relative_to(directory)): {"size": f.stat().st_size, "sha256": _sha256(f)} for f in files}
     (directory / MANIFEST).write_text(json.dumps({"files": entries}, indent=1))
-    _fsync(directory / MANIFEST)
-    _fsync(directory)
+    fsync(directory / MANIFEST)
+    fsync(directory)
 
 
 def save_checkpoint(
-    run_dir: str | Path,
-    name: str,
+    path: str | Path,
     model,
     tokenizer,
     state: dict | None,
@@ -79,11 +57,12 @@ def save_checkpoint(
     latest: bool = True,
     merged: bool = False,
 ) -> Path:
-    """Write checkpoint `name`, with the trainer `state` when given. An RL checkpoint (`latest`, with a
-    state) becomes `latest`; `keep_last` prunes the older checkpoints of the same `<prefix>_N` series.
-    A LoRA policy saves its adapter, and with `merged` also the merged model under `merged/`."""
-    root = checkpoint_root(run_dir)
-    final = root / name
+    """Write the checkpoint at `path` (a run layout's `step_checkpoint(n)`, `sft_checkpoint`, ...), with the
+    trainer `state` when given. An RL checkpoint (`latest`, with a state) becomes `latest`; `keep_last`
+    prunes the older checkpoints of the same `<prefix>N` series. A LoRA policy saves its adapter, and with
+    `merged` also the merged model under `merged/`."""
+    final = Path(path)
+    root, name = final.parent, final.name
     temporary = root / f".tmp-{name}-{os.getpid()}"
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -100,7 +79,7 @@ def save_checkpoint(
             shutil.rmtree(old)
         else:
             os.replace(temporary, final)
-        _fsync(root)
+        fsync(root)
     except OSError as err:
         shutil.rmtree(temporary, ignore_errors=True)
         raise CheckpointError(
@@ -110,7 +89,7 @@ def save_checkpoint(
     if state is not None and latest:
         _point_latest(root, name)
     if keep_last:
-        _prune(root, name.rsplit("_", 1)[0] + "_", keep_last)
+        _prune(final, keep_last)
     return final
 
 
@@ -119,40 +98,15 @@ def _point_latest(root: Path, name: str) -> None:
     if link.is_symlink() or link.exists():
         link.unlink()
     link.symlink_to(name)
-    os.replace(link, root / "latest")
-    _fsync(root)
+    os.replace(link, root / LATEST)
+    fsync(root)
 
 
-def step_checkpoints(root: Path, prefix: str = "step_") -> list[Path]:
-    """The `<prefix>N` checkpoints under `root` (RL: step_N, SFT: sft_step_N), oldest first."""
-    numbered = [p for p in root.glob(f"{prefix}*") if p.name[len(prefix) :].isdigit()]
-    return sorted(numbered, key=lambda p: int(p.name[len(prefix) :]))
-
-
-def _prune(root: Path, prefix: str, keep_last: int) -> None:
-    current = (root / "latest").resolve()
-    for path in step_checkpoints(root, prefix)[:-keep_last]:
+def _prune(checkpoint: Path, keep_last: int) -> None:
+    current = (checkpoint.parent / LATEST).resolve()
+    for path in series(checkpoint)[:-keep_last]:
         if path.resolve() != current:
             shutil.rmtree(path)
-
-
-def _newest_complete(root: Path, prefix: str) -> tuple[Path | None, list[str]]:
-    """The newest `<prefix>N` checkpoint that verifies, and what was wrong with the newer ones (each
-    also named in a warning)."""
-    problems = []
-    for candidate in reversed(step_checkpoints(root, prefix)):
-        try:
-            verify_checkpoint(candidate)
-            return candidate, problems
-        except CheckpointError as err:
-            problems.append(str(err))
-            log.warning("not resuming from %s: %s", candidate.name, err)
-    return None, problems
-
-
-def newest_complete(root: Path, prefix: str) -> Path | None:
-    """The newest `<prefix>N` checkpoint that verifies (damaged ones are named in a warning)."""
-    return _newest_complete(root, prefix)[0]
 
 
 def verify_checkpoint(path: str | Path) -> None:
@@ -174,30 +128,6 @@ def verify_checkpoint(path: str | Path) -> None:
             raise CheckpointError(f"{file}: {size} bytes, {expected['size']} expected (truncated or altered)")
         if _sha256(file) != expected["sha256"]:
             raise CheckpointError(f"{file}: checksum differs from {MANIFEST} (altered or damaged)")
-
-
-def latest_complete_checkpoint(run_dir: str | Path) -> Path:
-    """The checkpoint a resume starts from: the newest `step_N` that verifies (`latest` points to it unless
-    the run died between writing it and moving the link); CheckpointError if none does."""
-    root = checkpoint_root(run_dir)
-    found, problems = _newest_complete(root, "step_")
-    if found is None:
-        why = "; ".join(problems) if problems else "none was written"
-        raise CheckpointError(f"{root}: no complete checkpoint to resume from ({why})")
-    if problems:
-        log.warning("resuming from %s, the newest complete checkpoint", found)
-    return found
-
-
-def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint directory from itself, a run directory, or a `checkpoints/` directory."""
-    path = Path(path)
-    for candidate in (path, path / "latest", path / "checkpoints" / "latest"):
-        if (candidate / "config.json").is_file():
-            return candidate.resolve()
-    raise CheckpointError(
-        f"{path}: no checkpoint there (looked for config.json in it, latest/, checkpoints/latest/)"
-    )
 
 
 def load_trainer_state(checkpoint: str | Path) -> dict:

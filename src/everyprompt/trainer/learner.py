@@ -28,14 +28,16 @@ import warnings
 import torch
 
 from everyprompt.algorithms import policy_loss, policy_loss_spec, zvp_token_advantages
+from everyprompt.batch import RolloutBatch
 from everyprompt.config import Config, ConfigError
+from everyprompt.errors import RunError
 from everyprompt.models.lora import is_lora, merged_state_dict, plain_copy, reference_forward
 from everyprompt.models.precision import autocast
 from everyprompt.models.replay import ReplayError, RouterReplay
 from everyprompt.rollout import derive_seed
-from everyprompt.trainer.batch import RolloutBatch
 from everyprompt.trainer.checkpoint import full_weights, load_optimizer_state, portable_optimizer_state
 from everyprompt.trainer.data_parallel import DataParallel
+from everyprompt.trainer.interface import LearnerSide
 from everyprompt.trainer.logprobs import check_packing, token_logprobs
 from everyprompt.trainer.mismatch import mismatch_metrics
 from everyprompt.trainer.optim import build_optimizer, build_scheduler
@@ -67,12 +69,14 @@ def _fed_tokens(
     ]
 
 
-class NumericsError(RuntimeError):
+class NumericsError(RunError):
     """Updates kept coming out non-finite: the run stops rather than train on garbage."""
 
 
-class Learner:
+class Learner(LearnerSide):
     """Owns the policy's optimizer, schedule, router replay and KL reference."""
+
+    in_process = True
 
     def __init__(
         self, config: Config, model, pad_token_id: int, reference=None, parallel: DataParallel | None = None

@@ -14,13 +14,13 @@ With `rl.max_staleness` = k >= 1 the rollout side runs in a producer thread, k p
 the learner (`trainer/asynchrony.py`): the step takes a batch the producer made while the previous
 update ran, and hands its weights over after the step's evaluation and checkpoint.
 
-`cluster.backend` picks who builds the two sides (`BACKENDS`): `local`, both in this process; `ray`, the
-rollout workers and the learner ranks as Ray actors (everyprompt.distributed), driven the same way.
+The loop is given its two sides: `pipeline/backends.py` builds them by `cluster.backend` (`local`, both in
+this process; `ray`, the rollout workers and the learner ranks as Ray actors, `distributed/`). The learner
+is anything that implements `trainer/interface.py`'s `LearnerSide`.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import random
 import signal
@@ -30,10 +30,9 @@ from pathlib import Path
 import torch
 
 from everyprompt.config import Config
-from everyprompt.data.passrate import PassRateStore
-from everyprompt.distributed.runtime import ClusterError
-from everyprompt.models.lora import apply_lora, is_lora
+from everyprompt.errors import ClusterError
 from everyprompt.processes import GracefulStop, StopRequested
+from everyprompt.run.layout import RunLayout
 from everyprompt.trainer.asynchrony import (
     RolloutPipeline,
     batch_to_state,
@@ -43,7 +42,8 @@ from everyprompt.trainer.asynchrony import (
     threads_per_side,
 )
 from everyprompt.trainer.checkpoint import save_checkpoint
-from everyprompt.trainer.learner import Learner, NumericsError
+from everyprompt.trainer.interface import LearnerSide
+from everyprompt.trainer.learner import NumericsError
 from everyprompt.trainer.metrics import MetricsLogger
 from everyprompt.trainer.parity import check_parity
 from everyprompt.trainer.rollout_side import RolloutSide
@@ -51,36 +51,25 @@ from everyprompt.trainer.rollout_side import RolloutSide
 log = logging.getLogger(__name__)
 
 
-def local_sides(config: Config, model, tokenizer, prompts, run_dir, store, reference):
-    """Both sides in this process, over `model` (the learner trains it in place); nothing more to close."""
-    learner = Learner(config, model, tokenizer.pad_token_id, reference)
-    return RolloutSide.build(config, model, tokenizer, prompts, run_dir, store), learner, []
-
-
-# cluster.backend -> "module:function" building (rollout side, learner, [what to close after the side's
-# own close]); a backend's module is imported only when it is chosen (Ray is an optional extra)
-BACKENDS = {
-    "local": "everyprompt.trainer.loop:local_sides",
-    "ray": "everyprompt.distributed.backend:ray_sides",
-}
-
-
-def build_sides(config: Config, *args):
-    module, _, name = BACKENDS[config.cluster.backend].partition(":")
-    return getattr(importlib.import_module(module), name)(config, *args)
-
-
 class RLTrainer:
     """Runs `rl.steps` steps of a `RolloutSide` and a `Learner`; logs, evaluates and checkpoints."""
 
     def __init__(
-        self, config: Config, rollout: RolloutSide, learner: Learner, model, tokenizer, run_dir, closers=()
+        self,
+        config: Config,
+        rollout: RolloutSide,
+        learner: LearnerSide,
+        model,
+        tokenizer,
+        run_dir,
+        closers=(),
     ):
         self.config, self.rl = config, config.rl
         self.rollout, self.learner = rollout, learner
         self.closers = list(closers)  # the backend's own resources (actors, a Ray session), closed last
         self.model, self.tokenizer = model, tokenizer  # what a checkpoint saves
         self.run_dir = Path(run_dir)
+        self.layout = RunLayout(run_dir)
         self.step = 0
         self.rollouts_total = 0  # rollouts generated so far (the offline filter's count in when it ran)
         self.reward_errors = 0
@@ -89,25 +78,6 @@ class RLTrainer:
         self.restored: dict = {}  # batches made ahead by an asynchronous run, from its checkpoint
         self.weights = None  # async: the last update's weights (an own copy), handed over at its step's end
         self.published = 0  # async: the version last handed to the producer
-
-    @classmethod
-    def build(
-        cls,
-        config: Config,
-        model,
-        tokenizer,
-        prompts: list[dict],
-        run_dir: str | Path,
-        reference=None,
-        store: PassRateStore | None = None,
-    ) -> RLTrainer:
-        """Both sides over `model`, by `cluster.backend`: the engines get its weights, the learner trains it
-        (with `model.lora.enabled`, fresh adapters on it unless it carries them already: a resumed run)."""
-        store = store if store is not None else PassRateStore(ema_decay=config.zve.retirement.ema_decay)
-        if config.model.lora.enabled and not is_lora(model):
-            model = apply_lora(model, config.model.lora)
-        rollout, learner, closers = build_sides(config, model, tokenizer, prompts, run_dir, store, reference)
-        return cls(config, rollout, learner, model, tokenizer, run_dir, closers)
 
     @property
     def engine(self):
@@ -167,7 +137,7 @@ class RLTrainer:
     @property
     def _in_process(self) -> bool:
         """The learner runs in this process (the local backend), beside the rollout thread."""
-        return isinstance(self.learner, Learner)
+        return self.learner.in_process
 
     def _start_pipeline(self) -> None:
         """rl.max_staleness >= 1: start the producer from the learner's current weights."""
@@ -254,8 +224,7 @@ class RLTrainer:
         state = self.state_dict()
         self.learner.sync_model(self.model)  # the checkpoint's copy of the weights: the learner's
         return save_checkpoint(
-            self.run_dir,
-            f"step_{self.step}",
+            self.layout.step_checkpoint(self.step),
             self.model,
             self.tokenizer,
             state,
@@ -264,7 +233,7 @@ class RLTrainer:
         )
 
     def _last_checkpoint(self) -> str:
-        latest = self.run_dir / "checkpoints" / "latest"
+        latest = self.layout.latest
         if latest.exists():
             return f"{latest.resolve()} (`everyprompt train --resume {self.run_dir}` continues from it)"
         return "the starting model (no RL checkpoint was written yet)"
@@ -316,7 +285,7 @@ class RLTrainer:
                 if stop.signum is not None:
                     self._stop(stop.signum)
                 self._publish()
-            if not (self.run_dir / "checkpoints" / f"step_{self.step}").is_dir():
+            if not self.layout.step_checkpoint(self.step).is_dir():
                 self.save()
             self._finish_pipeline()
 
@@ -350,7 +319,7 @@ class RLTrainer:
         return metrics
 
     def _stop(self, signum: int) -> None:
-        if not (self.run_dir / "checkpoints" / f"step_{self.step}").is_dir():
+        if not self.layout.step_checkpoint(self.step).is_dir():
             self.save()
         raise StopRequested(
             signum,

@@ -8,14 +8,10 @@ import os
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
+from rich.progress import TextColumn
+
+from everyprompt.logs import progress as progress_display
+from everyprompt.run.layout import RunLayout
 
 # Metrics shown on the progress bar: key -> short label.
 BAR_FIELDS = {
@@ -24,19 +20,6 @@ BAR_FIELDS = {
     "reward/accuracy": "acc",
     "rollout/tokens_per_s": "tok/s",
 }
-
-
-def _progress(console: Console, *extra) -> Progress:
-    """Our progress bar: description, bar, n/N, elapsed, remaining, then `extra` columns."""
-    return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        *extra,
-        console=console,
-    )
 
 
 def _format(value: float) -> str:
@@ -76,7 +59,7 @@ class MetricsLogger:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.console = console or Console(stderr=True)
-        path = self.run_dir / "metrics.jsonl"
+        path = RunLayout(self.run_dir).metrics
         if path.is_file():  # a resumed run: its steps after `start_step` are logged again
             keep_records_up_to(path, start_step)
         self._jsonl = path.open("a", encoding="utf-8")
@@ -84,7 +67,7 @@ class MetricsLogger:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._writer = SummaryWriter(str(self.run_dir / "tensorboard"))
+            self._writer = SummaryWriter(str(RunLayout(self.run_dir).tensorboard))
         self._wandb = None
         if wandb is not None and wandb.enabled:
             from everyprompt.trainer.wandb_run import WandbRun
@@ -94,7 +77,7 @@ class MetricsLogger:
         self._progress = None
         self._print_every = max(1, total_steps // 10)
         if progress:
-            self._progress = _progress(self.console, TextColumn("{task.fields[postfix]}"))
+            self._progress = progress_display(self.console, TextColumn("{task.fields[postfix]}"))
             self._task = self._progress.add_task(
                 description, total=total_steps, completed=start_step, postfix=""
             )
@@ -126,23 +109,3 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.close()
         self._jsonl.close()
-
-
-class progress_bar:  # noqa: N801  (used as a context manager, like a function)
-    """A rich progress bar over `total` items; the context value is `advance(n)`. No-op when disabled."""
-
-    def __init__(self, total: int, description: str, enabled: bool = True, console: Console | None = None):
-        self._progress = None
-        if enabled:
-            self._progress = _progress(console or Console(stderr=True))
-            self._task = self._progress.add_task(description, total=total)
-
-    def __enter__(self):
-        if self._progress is None:
-            return lambda n: None
-        self._progress.start()
-        return lambda n: self._progress.advance(self._task, n)
-
-    def __exit__(self, *exc) -> None:
-        if self._progress is not None:
-            self._progress.stop()

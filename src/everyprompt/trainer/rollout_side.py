@@ -15,6 +15,7 @@ from dataclasses import replace
 
 import torch
 
+from everyprompt.batch import RolloutBatch
 from everyprompt.config import Config
 from everyprompt.data.curriculum import Curriculum
 from everyprompt.data.formatting import prompt_format_of
@@ -26,7 +27,6 @@ from everyprompt.rewards.health import RewardHealth
 from everyprompt.rewards.pool import RewardPool
 from everyprompt.rollout import GenerationRequest, RolloutEngine, SamplingParams, build_engine, derive_seed
 from everyprompt.rollout.scheduler import LengthPredictor, admission_order
-from everyprompt.trainer.batch import RolloutBatch
 from everyprompt.trainer.partial import PartialRollouts, tag
 from everyprompt.trainer.tally import StepTally
 from everyprompt.zve import Collection, Group, collect_groups, group_zero_variance

@@ -14,6 +14,7 @@ from everyprompt.data.datasets import DataError
 from everyprompt.data.formatting import PlainFormat
 from everyprompt.models.precision import autocast
 from everyprompt.processes import GracefulStop, StopRequested
+from everyprompt.run.layout import RunLayout
 from everyprompt.trainer.checkpoint import save_checkpoint
 from everyprompt.trainer.logprobs import check_packing, token_logprobs
 from everyprompt.trainer.metrics import MetricsLogger
@@ -79,7 +80,7 @@ def run_sft(
         scheduler.load_state_dict(resume["scheduler"])
         rng.setstate(_python_state(resume["data_rng"]))
     logger = MetricsLogger(
-        Path(run_dir) / "sft",
+        RunLayout(run_dir).sft.root,
         sft.steps,
         "SFT",
         start_step=start,
@@ -112,7 +113,12 @@ def run_sft(
                         "data_rng": rng.getstate(),
                     }
                     save_checkpoint(
-                        run_dir, f"sft_step_{step}", model, tokenizer, state, keep_last=1, latest=False
+                        RunLayout(run_dir).sft_step_checkpoint(step),
+                        model,
+                        tokenizer,
+                        state,
+                        keep_last=1,
+                        latest=False,
                     )
                 if stopping:
                     raise StopRequested(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from everyprompt.algorithms import compute_advantages
-from everyprompt.trainer.batch import RolloutBatch
+from everyprompt.batch import RolloutBatch
 from everyprompt.zve import group_zero_variance, reshape_zero_variance, zvp_signs
 
 

@@ -1,7 +1,7 @@
 """ZVE stage 0, the offline filter (docs/zve.md): estimate each prompt's pass rate with k samples of the
 starting policy, keep the prompts neither always solved nor never, and record the rates in the pass-rate
-store (`everyprompt filter`, or before RL with `zve.filter.enabled`; `pipeline.run_offline_filter` runs it
-with a config's engine and reward).
+store (`everyprompt filter`, or before RL with `zve.filter.enabled`; `zve/workflow.py` runs it with a
+config's engine and reward).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
+from everyprompt.choices import NATIVE_ENGINE
 from everyprompt.models.lora import merged_state_dict
 from everyprompt.rollout.base import (
     Completion,
@@ -43,7 +44,7 @@ from everyprompt.rollout.stops import StopStrings, stop_token_ids
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8": torch.float32}
 
 
-@register_engine("native", model_types=tuple(FAMILIES), rank=0)
+@register_engine(NATIVE_ENGINE, model_types=tuple(FAMILIES), rank=0)
 class NativeEngine:
     """RolloutEngine over a state dict of one of `FAMILIES`. Build it with :meth:`from_model`."""
 

@@ -1,7 +1,8 @@
 """The rollout batch: everything one RL step knows about its completions, in one typed structure.
 
-It is what crosses from the rollout side to the learner side: the rollout side fills the fields up to
-`timing`; the learner adds advantages, old-policy log-probs and routes.
+It is what crosses from the rollout side to the learner side (the only thing besides the weights), so it
+lives here, on neutral ground below both: the rollout side fills the fields up to `timing`; the learner
+adds advantages, old-policy log-probs and routes; the Ray backend ships it between processes.
 """
 
 from __future__ import annotations

@@ -1,0 +1,47 @@
+"""The `everyprompt` parser, its dispatch, and the exit codes: 2 for bad input (one line naming the file,
+key or value), 1 for a run that went wrong, 130 / 143 for a run stopped by a signal after its checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from everyprompt.cli import data, report, runs, sweep
+from everyprompt.cli.args import EXIT_FAILURE, EXIT_USAGE
+from everyprompt.config import ConfigError
+from everyprompt.errors import InputError, RunError
+from everyprompt.processes import StopRequested
+
+COMMAND_GROUPS = (runs, data, sweep, report)  # each adds its commands to the parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="everyprompt", description="RL post-training for reasoning models.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for group in COMMAND_GROUPS:
+        group.add_parsers(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    # KEY=VALUE overrides may also follow the options (`filter data.jsonl --model M rl.seed=1`)
+    args, unknown = parser.parse_known_args(argv)
+    stray = [u for u in unknown if "=" not in u or u.startswith("-") or not hasattr(args, "config")]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if unknown:
+        args.config = [*args.config, *unknown]
+    try:
+        return args.func(args)
+    except ConfigError as err:
+        print(f"everyprompt: config error: {err}", file=sys.stderr)
+    except InputError as err:  # a data file, model, checkpoint, reward, report input
+        print(f"everyprompt: {err}", file=sys.stderr)
+    except RunError as err:  # not the user's input: the run itself went wrong
+        print(f"everyprompt: {err}", file=sys.stderr)
+        return EXIT_FAILURE
+    except StopRequested as err:  # SIGINT / SIGTERM: stopped cleanly after a checkpoint
+        print(f"everyprompt: {err}", file=sys.stderr)
+        return err.exit_code
+    return EXIT_USAGE

@@ -1,0 +1,80 @@
+"""`everyprompt demo | train | sft | eval`: the commands that train or evaluate a model."""
+
+from __future__ import annotations
+
+from everyprompt.cli.args import add_config_argument, config_from, split_config_args
+from everyprompt.config import ConfigError, load_config
+from everyprompt.run.layout import RunLayout
+
+
+def cmd_demo(args) -> int:
+    from everyprompt.pipeline import demo
+
+    demo(config_from(args.config, [f"seed={args.seed}"] if args.seed is not None else []), args.run_dir)
+    return 0
+
+
+def cmd_train(args) -> int:
+    from everyprompt.pipeline import train
+
+    if args.resume:
+        saved = RunLayout(args.resume).config
+        if not saved.is_file():
+            raise ConfigError(f"--resume {args.resume}: no {saved.name} there; is it a run directory?")
+        train(load_config(saved, split_config_args(args.config)[1]), run_dir=args.resume, resume=True)
+    else:
+        train(config_from(args.config), run_dir=args.run_dir)
+    return 0
+
+
+def cmd_sft(args) -> int:
+    from everyprompt.pipeline import warm_start
+
+    warm_start(config_from(args.config), args.run_dir)
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from rich.console import Console
+
+    from everyprompt.pipeline import evaluate_checkpoint
+    from everyprompt.report.console import eval_table
+
+    config = config_from(args.config)
+    given = {"prompt": args.prompt_field, "answer": args.answer_field}
+    fields = {field: name for field, name in given.items() if name}
+    results = evaluate_checkpoint(config, args.checkpoint, args.data, fields, args.run_dir)
+    Console().print(eval_table(results, config.eval.pass_k))
+    return 0
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("demo", help="SFT warm start, RL and held-out eval of a tiny MoE on CPU")
+    add_config_argument(p)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--run-dir", default=None)
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("train", help="SFT warm start (if configured) then RL")
+    add_config_argument(p, "CONFIG.yaml (default: the demo config), then KEY=VALUE overrides")
+    p.add_argument("--run-dir", default=None)
+    p.add_argument(
+        "--resume", default=None, metavar="RUN_DIR", help="continue a run from its latest checkpoint"
+    )
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("sft", help="supervised warm start on worked solutions")
+    add_config_argument(p)
+    p.add_argument("--run-dir", default=None)
+    p.set_defaults(func=cmd_sft)
+
+    p = sub.add_parser("eval", help="greedy pass@1 and sampled pass@k of a checkpoint")
+    p.add_argument("checkpoint", help="checkpoint directory or run directory")
+    add_config_argument(p)
+    p.add_argument(
+        "--data", default=None, help="a data file with prompt and answer columns (as data.train_file)"
+    )
+    p.add_argument("--prompt-field", default=None, help="the prompt's column (default: data.columns.prompt)")
+    p.add_argument("--answer-field", default=None, help="the answer's column (default: data.columns.answer)")
+    p.add_argument("--run-dir", default=None, help="where eval.json goes (default: CHECKPOINT/eval)")
+    p.set_defaults(func=cmd_eval)

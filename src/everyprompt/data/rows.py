@@ -1,0 +1,54 @@
+"""The prompt rows a config names: RL prompts, SFT worked solutions and held-out prompts, from its data
+files or from the built-in task's train / held-out split (made once, by `data.split_seed`)."""
+
+from __future__ import annotations
+
+from everyprompt.config import Config, ConfigError
+from everyprompt.data.arithmetic import make_splits
+from everyprompt.data.datasets import load_prompt_file
+
+
+class ConfigRows:
+    """`rl()`, `sft()` and `held_out()` rows of `config`."""
+
+    def __init__(self, config: Config):
+        self.config = config
+        self._splits = None
+
+    def _builtin(self):
+        if self._splits is None:
+            data = self.config.data
+            self._splits = make_splits(data.split_seed, data.num_train, data.num_eval, data.levels)
+        return self._splits
+
+    def rl(self) -> list[dict]:
+        """The RL prompts: `data.train_file`, else the built-in train split at `rl.levels` (or data's)."""
+        data = self.config.data
+        if data.train_file:
+            return load_prompt_file(data.train_file, data.columns)
+        levels = set(self.config.rl.levels or data.levels)
+        return [p.as_row() for p in self._builtin()[0] if p.level in levels]
+
+    def sft(self) -> list[dict]:
+        """The worked solutions SFT trains on; a train file without them is a config error (sft.steps)."""
+        data = self.config.data
+        if not data.train_file:
+            levels = set(self.config.sft.levels)
+            return [p.as_row() for p in self._builtin()[0] if p.level in levels]
+        rows = load_prompt_file(data.train_file, data.columns, require=())
+        lacking = [i for i, row in enumerate(rows) if not row.get("solution")]
+        if lacking:
+            column = data.columns.get("solution", "solution")
+            raise ConfigError(
+                f"config key 'sft.steps': SFT ({self.config.sft.steps} steps) needs a worked solution per "
+                f"row, and row {lacking[0] + 1} of {data.train_file} has no {column!r} (map the column "
+                "with data.columns.solution=COLUMN, or set sft.steps=0)"
+            )
+        return rows
+
+    def held_out(self) -> list[dict]:
+        """The held-out prompts: `data.eval_file`, else the built-in held-out split."""
+        data = self.config.data
+        if data.eval_file:
+            return load_prompt_file(data.eval_file, data.columns)
+        return [p.as_row() for p in self._builtin()[1]]

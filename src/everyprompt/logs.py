@@ -1,0 +1,79 @@
+"""Console and logging helpers every process of a run uses: our progress bars, quiet library chatter, and
+everyprompt's warnings kept in the run directory too (the cross-run report lists them)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+
+class _RunWarnings(logging.FileHandler):
+    """everyprompt's warnings, also kept in a file of the run directory."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        super().emit(record)
+        if not logging.getLogger().handlers:  # nobody else shows it: print it as Python would have
+            logging.lastResort.handle(record)
+
+
+def record_warnings(path: str | Path) -> None:
+    """From now on everyprompt's warnings go to `path` too (one run directory at a time)."""
+    logger = logging.getLogger("everyprompt")
+    for handler in [h for h in logger.handlers if isinstance(h, _RunWarnings)]:
+        logger.removeHandler(handler)
+        handler.close()
+    handler = _RunWarnings(path, encoding="utf-8", delay=True)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger.addHandler(handler)
+
+
+def quiet_libraries() -> None:
+    """Silence library progress bars and advisory warnings that would bury our own output."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def progress(console: Console, *extra) -> Progress:
+    """Our progress bar: description, bar, n/N, elapsed, remaining, then `extra` columns."""
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        *extra,
+        console=console,
+    )
+
+
+class progress_bar:  # noqa: N801  (used as a context manager, like a function)
+    """A rich progress bar over `total` items; the context value is `advance(n)`. No-op when disabled."""
+
+    def __init__(self, total: int, description: str, enabled: bool = True, console: Console | None = None):
+        self._progress = None
+        if enabled:
+            self._progress = progress(console or Console(stderr=True))
+            self._task = self._progress.add_task(description, total=total)
+
+    def __enter__(self):
+        if self._progress is None:
+            return lambda n: None
+        self._progress.start()
+        return lambda n: self._progress.advance(self._task, n)
+
+    def __exit__(self, *exc) -> None:
+        if self._progress is not None:
+            self._progress.stop()

@@ -1,0 +1,121 @@
+"""What the commands run: `train` (SFT warm start, RL, held-out evaluation), `demo` (the same with the
+evaluation before RL too, and a table), `warm_start` (SFT alone), `evaluate_checkpoint` and
+`filter_prompts` (ZVE stage 0 on a prompt file)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from everyprompt.config import Config
+from everyprompt.data import load_prompt_file
+from everyprompt.models.io import load_pretrained
+from everyprompt.pipeline.run import Run
+from everyprompt.report.console import accuracy_table
+from everyprompt.rollout import build_engine
+from everyprompt.run.files import write_json_atomic
+from everyprompt.run.layout import EVAL_DIR
+from everyprompt.run.resume import resolve_checkpoint
+from everyprompt.trainer import RLTrainer
+from everyprompt.zve.workflow import FilteredFile, filter_prompt_file
+
+
+def train(config: Config, run_dir: str | Path | None = None, resume: bool = False) -> RLTrainer:
+    """SFT warm start (if configured), then RL, then the held-out evaluation (`eval.json`); returns the
+    trainer after its last step, closed (its workers have ended)."""
+    run = Run(config, run_dir)
+    trainer = run.trainer(resume=resume)
+    try:
+        trainer.train(evaluate_fn=lambda engine: run.evaluate(engine, trainer.tokenizer))
+        results = run.evaluate(trainer.engine, trainer.tokenizer)  # held-out, after the last step
+    finally:
+        trainer.close()  # reward workers, and with cluster.backend=ray the actors and the Ray session
+    write_json_atomic(run.layout.eval_results, {"step": trainer.step, **results})
+    pass_key = f"pass@{config.eval.pass_k}"
+    run.console.print(
+        f"held-out after RL step {trainer.step}: greedy accuracy {results['greedy_accuracy']:.1%}, "
+        f"{pass_key} {results.get(pass_key, float('nan')):.1%} ({int(results['num_prompts'])} prompts; "
+        f"{run.layout.eval_results.name})"
+    )
+    run.console.print(f"run directory: {run.run_dir}")
+    return trainer
+
+
+def demo(config: Config, run_dir: str | Path | None = None, console: Console | None = None) -> dict:
+    """SFT warm start, held-out eval, RL, held-out eval; prints the table and writes the demo summary."""
+    started = time.perf_counter()
+    run = Run(config, run_dir, console)
+    trainer = run.trainer()
+    try:
+        before = run.evaluate(trainer.engine, trainer.tokenizer)
+        run.console.print(f"after SFT: greedy accuracy {before['greedy_accuracy']:.1%}")
+        trainer.train(evaluate_fn=lambda engine: run.evaluate(engine, trainer.tokenizer))
+        after = run.evaluate(trainer.engine, trainer.tokenizer)
+    finally:
+        trainer.close()  # reward workers, and with cluster.backend=ray the actors and the Ray session
+    summary = {
+        "accuracy_before_rl": before["greedy_accuracy"],
+        "accuracy_after_rl": after["greedy_accuracy"],
+        "eval_before_rl": before,
+        "eval_after_rl": after,
+        "rl_steps": trainer.step,
+        "seed": config.seed,
+        "wall_seconds": time.perf_counter() - started,
+        "run_dir": str(run.run_dir.resolve()),
+    }
+    write_json_atomic(run.layout.demo_summary, summary)
+    out = console or Console()
+    out.print(accuracy_table(before, after, f"pass@{config.eval.pass_k}"))
+    out.print(
+        f"wall time {summary['wall_seconds']:.0f} s; run directory {run.run_dir} ({run.layout.demo_summary.name}, "
+        f"{run.layout.metrics.name}, {run.layout.tensorboard.name}/, {run.layout.checkpoints.name}/); "
+        f"`everyprompt report {run.run_dir}` draws its curves"
+    )
+    return summary
+
+
+def warm_start(config: Config, run_dir: str | Path | None = None) -> Path:
+    """The SFT stage alone (reused or continued when the run directory holds it); its checkpoint."""
+    run = Run(config, run_dir)
+    run.warm_started_model()
+    run.console.print(f"SFT checkpoint: {run.layout.sft_checkpoint}")
+    return run.layout.sft_checkpoint
+
+
+def evaluate_checkpoint(
+    config: Config,
+    checkpoint: str | Path,
+    data: str | None = None,
+    fields: dict[str, str] | None = None,
+    run_dir: str | Path | None = None,
+) -> dict[str, float]:
+    """Held-out evaluation of a checkpoint (or a run directory's latest) on `data` (a prompt file, its
+    columns mapped by `data.columns` and `fields`) or the config's held-out rows; writes `eval.json` into
+    `run_dir` (default: CHECKPOINT/eval)."""
+    path = resolve_checkpoint(checkpoint)
+    run = Run(config, run_dir=run_dir or path / EVAL_DIR)  # also quiets library progress bars
+    model, tokenizer = load_pretrained(path)
+    columns = {**config.data.columns, **(fields or {})}
+    rows = load_prompt_file(data, columns) if data else None
+    engine = build_engine(config.rollout, model, tokenizer)
+    results = run.evaluate(engine, tokenizer, rows)
+    write_json_atomic(run.layout.eval_results, results)
+    return results
+
+
+def filter_prompts(
+    config: Config, data: str, model: str | Path, out: str | Path | None = None
+) -> FilteredFile:
+    """ZVE stage 0 on `data` (a prompt file, or `builtin`: the config's RL prompts) with the model at
+    `model`: writes the kept rows, a report, a histogram and the pass-rate store into `out` (default:
+    DATA-filtered)."""
+    builtin = data == "builtin"
+    checkpoint = resolve_checkpoint(model)
+    out = Path(out or (f"{Path(data).stem}-filtered" if not builtin else "builtin-filtered"))
+    rows = None if builtin else load_prompt_file(data, config.data.columns)  # a bad file fails first
+    run = Run(config, run_dir=out)
+    rows = run.rows.rl() if rows is None else rows
+    policy, tokenizer = load_pretrained(checkpoint)
+    return filter_prompt_file(policy, tokenizer, rows, config, out, data, str(checkpoint))

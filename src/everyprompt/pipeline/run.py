@@ -1,0 +1,263 @@
+"""A run's stages over its run directory: the warm-started model (SFT), the offline filter, the RL trainer
+(fresh or resumed) and the held-out evaluation. Where a stage starts is `run/resume.py`'s decision; which
+file holds what is `run/layout.py`'s."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import time
+from datetime import datetime
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from everyprompt.config import Config, ConfigError, save_config
+from everyprompt.data import DataError
+from everyprompt.data.formatting import prompt_format_of
+from everyprompt.data.passrate import PassRateStore
+from everyprompt.data.rows import ConfigRows
+from everyprompt.evaluate import evaluate_config
+from everyprompt.logs import quiet_libraries, record_warnings
+from everyprompt.models.experts import select_moe_kernel
+from everyprompt.models.io import load_model_and_tokenizer, load_pretrained
+from everyprompt.models.lora import load_adapter
+from everyprompt.models.precision import enable_gradient_checkpointing
+from everyprompt.pipeline.backends import build_trainer
+from everyprompt.rollout import resolve_engine
+from everyprompt.rollout.stops import stop_token_ids
+from everyprompt.run.files import write_json_atomic
+from everyprompt.run.layout import RunLayout
+from everyprompt.run.resume import rl_start, sft_start
+from everyprompt.trainer import RLTrainer, run_sft, save_checkpoint
+from everyprompt.trainer.checkpoint import CheckpointError, load_trainer_state
+from everyprompt.trainer.wandb_run import require_wandb
+from everyprompt.zve import seeded_sample
+from everyprompt.zve.workflow import run_offline_filter
+
+log = logging.getLogger(__name__)
+
+
+def open_run_dir(run_dir: Path) -> RunLayout:
+    """Create the run directory and check that it is writable (fail now, not at the first checkpoint an
+    hour in); from now on everyprompt's warnings are kept in it too."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise CheckpointError(f"{run_dir}: cannot write the run directory ({err.strerror or err})") from None
+    layout = RunLayout(run_dir)
+    record_warnings(layout.warnings)
+    return layout
+
+
+class Run:
+    """One run directory and what a config needs: data rows, the model, evaluation."""
+
+    def __init__(self, config: Config, run_dir: str | Path | None = None, console: Console | None = None):
+        quiet_libraries()
+        self.config = config
+        self.console = console or Console(stderr=True)
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        self.run_dir = Path(run_dir or config.run_dir or f"runs/{config.name}-{stamp}")
+        self.layout = open_run_dir(self.run_dir)
+        if config.logging.wandb.enabled:  # a missing extra fails now, not when the first step logs
+            require_wandb()
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        random.seed(config.seed)
+        torch.manual_seed(config.seed)
+        self.rows = ConfigRows(config)
+        self._shown: set[str] = set()  # stages whose first rendered prompt was printed
+
+    # ------------------------------------------------------------ model
+    def warm_started_model(self):
+        """The starting policy: the configured model, after the SFT stage when `sft.steps` > 0.
+
+        A finished SFT checkpoint in the run directory is reused; an SFT stage that was cut short continues
+        from its newest complete checkpoint (`run/resume.py`).
+        """
+        start = sft_start(self.layout, self.config.sft.steps)
+        if start.finished is not None:
+            model, tokenizer = load_pretrained(start.finished)
+            return self.prepare_for_training(model), tokenizer
+        sft_rows = self.rows.sft() if self.config.sft.steps else []  # bad SFT data fails before any loading
+        if start.partial is not None:
+            model, tokenizer = load_pretrained(start.partial)
+            resume = load_trainer_state(start.partial)
+            self.console.print(f"SFT resumes from {start.partial} at step {resume['step']}")
+        else:
+            model, tokenizer = load_model_and_tokenizer(self.config.model, self.config.seed)
+            resume = None
+        self.announce_engine(model.config)  # before any training: a model no engine runs stops here
+        self.prepare_for_training(model)
+        if self.config.sft.steps:
+            prompt_format = prompt_format_of(self.config, tokenizer, stop_token_ids(model, tokenizer))
+            run_sft(
+                model,
+                tokenizer,
+                sft_rows,
+                self.config.sft,
+                self.config.seed,
+                self.run_dir,
+                self.config.logging,
+                pack_sequences=self.config.model.pack_sequences,
+                dtype=self.config.model.dtype,
+                resume=resume,
+                prompt_format=self.show_format(prompt_format, "SFT", sft_rows[0]),
+            )
+            save_checkpoint(self.layout.sft_checkpoint, model, tokenizer, state=None)
+            for stale in self.layout.sft_step_checkpoints():
+                shutil.rmtree(stale)
+        return model, tokenizer
+
+    def prepare_for_training(self, model):
+        """The policy with the configured training MoE kernel and gradient checkpointing."""
+        select_moe_kernel(model, self.config.model.moe_kernel)
+        if self.config.model.gradient_checkpointing:
+            enable_gradient_checkpointing(model)
+        return model
+
+    def announce_engine(self, model_config) -> str:
+        """The engine that will decode this model (UnsupportedModelError if the configured one cannot),
+        printed once with why when `auto` chose it."""
+        configured = self.config.rollout.engine
+        engine = resolve_engine(configured, model_config, self.config.rollout.precision)
+        how = (
+            f"auto: the fastest engine for {model_config.model_type}"
+            if configured == "auto"
+            else "configured"
+        )
+        self.console.print(f"rollout engine: {engine} ({how})")
+        return engine
+
+    def trainer(self, resume: bool = False) -> RLTrainer:
+        """The RL trainer of this run. With `resume`, whichever phase was cut short continues: RL from its
+        newest complete checkpoint, else the run restarts RL from its beginning, reusing a finished SFT
+        stage and offline filter (SFT itself continues from its own checkpoints)."""
+        save_config(self.config, self.layout.config)
+        checkpoint = rl_start(self.layout, resume)
+        store = self.pass_rate_store()
+        if checkpoint is not None:
+            return self._resumed_trainer(checkpoint, store)
+        rows, filter_rollouts = self.rows.rl(), 0  # bad RL data fails before SFT, not after it
+        model, tokenizer = self.warm_started_model()
+        if self.config.zve.enabled and self.config.zve.filter.enabled:
+            if self.layout.filter_result.is_file():  # it finished before the run was cut short
+                rows, filter_rollouts = self.filtered_rl_rows(store), self._filter_report()["rollouts"]
+            else:
+                rows, filter_rollouts = self.offline_filter(model, tokenizer, rows, store)
+        trainer = build_trainer(self.config, model, tokenizer, rows, self.run_dir, store=store)
+        trainer.rollouts_total = filter_rollouts  # the filter's samples count against rl.max_rollouts
+        self.show_format(trainer.rollout.prompt_format, "RL", rows[0])
+        return trainer
+
+    def _resumed_trainer(self, checkpoint: Path, store: PassRateStore) -> RLTrainer:
+        if self.config.model.lora.enabled:  # the adapter on the run's own base (SFT or model.path)
+            base, tokenizer = self.warm_started_model()
+            model, reference = load_adapter(base, checkpoint), None
+        else:
+            model, tokenizer = load_pretrained(checkpoint)
+            self.prepare_for_training(model)
+            reference = self.warm_started_model()[0] if self.config.rl.kl.estimator else None
+        trainer = build_trainer(
+            self.config, model, tokenizer, self.filtered_rl_rows(), self.run_dir, reference, store
+        )
+        try:
+            trainer.load_state_dict(load_trainer_state(checkpoint))
+        except BaseException:
+            trainer.close()
+            raise
+        self.console.print(f"resumed from {checkpoint} at step {trainer.step}")
+        return trainer
+
+    def show_format(self, prompt_format, stage: str, row: dict):
+        """Print once per stage how the first prompt is rendered (what the model sees); returns the format."""
+        if stage not in self._shown:
+            self._shown.add(stage)
+            self.console.print(f"{stage} prompt 1 as the model sees it (data.format={prompt_format.name}):")
+            self.console.print(repr(prompt_format.text(row)), markup=False, highlight=False)
+        return prompt_format
+
+    # ------------------------------------------------------------ zero-variance elimination
+    def pass_rate_store(self) -> PassRateStore:
+        """The run's store, seeded from `zve.pass_rates` when the run starts."""
+        zve = self.config.zve
+        path = self.layout.pass_rates
+        fresh = not path.exists()
+        store = PassRateStore(path, ema_decay=zve.retirement.ema_decay)
+        if fresh and zve.pass_rates:
+            source = Path(zve.pass_rates)
+            if not source.is_file():
+                raise ConfigError(f"config key 'zve.pass_rates': no pass-rate store at {source}")
+            store.load_state_dict(PassRateStore(source).state_dict())
+        return store
+
+    def offline_filter(
+        self, model, tokenizer, rows: list[dict], store: PassRateStore
+    ) -> tuple[list[dict], int]:
+        """ZVE stage 0 before RL: estimate pass rates with the starting policy, keep low < p < high.
+
+        Returns the kept rows and the number of rollouts the estimate cost.
+        """
+        config, rules = self.config, self.config.zve.filter
+        chosen = seeded_sample(range(len(rows)), rules.max_prompts, config.seed)
+        candidates = [rows[i] for i in chosen]
+        started = time.perf_counter()
+        estimate, result = run_offline_filter(model, tokenizer, candidates, config, store)
+        kept = [chosen[i] for i in result.kept]
+        report = {
+            "prompts": len(rows),
+            "estimated": len(candidates),
+            "samples": rules.samples,
+            "kept": len(kept),
+            "too_easy": result.too_easy,
+            "too_hard": result.too_hard,
+            "unscored": result.unscored,
+            "reward_errors": estimate.errors,
+            "histogram": result.histogram,
+            "seconds": time.perf_counter() - started,
+            "rollouts": len(candidates) * rules.samples,
+            "kept_indices": kept,
+            "records": estimate.records(candidates),  # the store's step -1, again on a resume
+        }
+        write_json_atomic(self.layout.filter_result, report)
+        self.console.print(
+            f"offline filter: kept {len(kept)} of {len(candidates)} prompts "
+            f"({result.too_easy} too easy, {result.too_hard} too hard) in {report['seconds']:.0f} s"
+        )
+        if not kept:
+            raise DataError(
+                f"the offline filter kept no prompt ({result.too_easy} too easy, {result.too_hard} too hard); "
+                "widen zve.filter.low / zve.filter.high"
+            )
+        return [rows[i] for i in kept], len(candidates) * rules.samples
+
+    def _filter_report(self) -> dict:
+        report = self.layout.filter_result
+        if not report.is_file():
+            raise DataError(f"{report}: missing; the run's offline filter result is needed to resume")
+        return json.loads(report.read_text())
+
+    def filtered_rl_rows(self, store: PassRateStore | None = None) -> list[dict]:
+        """The RL prompts of this run: after the offline filter when it ran (its kept list is saved).
+        With `store`, the filter's pass rates are recorded in it again (RL restarts from its start)."""
+        rows = self.rows.rl()
+        if not (self.config.zve.enabled and self.config.zve.filter.enabled):
+            return rows
+        report = self._filter_report()
+        if store is not None:
+            store.record([tuple(r) for r in report["records"]], step=-1)
+        return [rows[i] for i in report["kept_indices"]]
+
+    def evaluate(self, engine, tokenizer, rows: list[dict] | None = None) -> dict[str, float]:
+        """Held-out evaluation (the config's held-out rows unless `rows` are given)."""
+        return evaluate_config(
+            self.config, engine, tokenizer, rows if rows is not None else self.rows.held_out()
+        )

@@ -1,0 +1,252 @@
+"""Every file and folder name of a run directory (and of a sweep and an offline-filter directory), and the
+functions that find them. No other module spells these names: they import them from here.
+
+    RUN/
+      config.yaml           the resolved config (saved when the run starts)
+      metrics.jsonl         RL: one JSON object per step
+      tensorboard/          RL curves
+      warnings.log          everyprompt's warnings during the run
+      passrates.sqlite      the pass-rate store (ZVE, curriculum retirement)
+      filter.json           the offline filter's result (ZVE stage 0)
+      eval.json             held-out evaluation after the last step (`train`; written last)
+      summary.json          `demo`: accuracy before and after RL
+      genrm_samples.jsonl   judged rows of a generative reward model
+      sft/                  the SFT phase's metrics.jsonl and tensorboard/
+      checkpoints/
+        sft                 the finished SFT model
+        sft_step_N          a cut-short SFT stage's resumable state
+        step_N              RL checkpoints
+        latest -> step_N
+      report/               `everyprompt report`: summary.json, summary.md, rl_curves.png, report.html
+      output.log            a sweep cell's console output
+
+    SWEEP/  sweep.json (the plan), base.yaml (its base config), status.json (cell states), one RUN per cell
+    FILTER/ kept.jsonl, report.json, pass_rates.png, passrates.sqlite (`everyprompt filter --out FILTER`)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+CONFIG = "config.yaml"
+METRICS = "metrics.jsonl"
+TENSORBOARD = "tensorboard"
+WARNINGS = "warnings.log"
+PASS_RATES = "passrates.sqlite"
+FILTER_RESULT = "filter.json"
+EVAL = "eval.json"
+DEMO_SUMMARY = "summary.json"
+GENRM_SAMPLES = "genrm_samples.jsonl"
+SFT = "sft"  # the SFT phase's log folder, and the name of its finished checkpoint
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+RL_STEP = "step_"  # checkpoints/step_N
+SFT_STEP = "sft_step_"  # checkpoints/sft_step_N
+REPORT = "report"
+REPORT_SUMMARY = "summary.json"
+REPORT_MARKDOWN = "summary.md"
+REPORT_CURVES = "{phase}_curves.png"  # rl_curves.png, sft_curves.png
+REPORT_HTML = "report.html"
+CELL_LOG = "output.log"
+EVAL_DIR = "eval"  # `everyprompt eval CHECKPOINT` writes its eval.json in CHECKPOINT/eval/ by default
+
+SWEEP_PLAN = "sweep.json"
+SWEEP_BASE = "base.yaml"
+SWEEP_STATUS = "status.json"
+
+FILTER_KEPT = "kept.jsonl"
+FILTER_REPORT = "report.json"
+FILTER_HISTOGRAM = "pass_rates.png"
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """The paths of one run directory (nothing is created here)."""
+
+    root: Path | str
+
+    def __post_init__(self):
+        object.__setattr__(self, "root", Path(self.root))
+
+    def __truediv__(self, name: str) -> Path:  # for a file name imported from this module
+        return self.root / name
+
+    @property
+    def config(self) -> Path:
+        return self.root / CONFIG
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / METRICS
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / TENSORBOARD
+
+    @property
+    def warnings(self) -> Path:
+        return self.root / WARNINGS
+
+    @property
+    def pass_rates(self) -> Path:
+        return self.root / PASS_RATES
+
+    @property
+    def filter_result(self) -> Path:
+        return self.root / FILTER_RESULT
+
+    @property
+    def eval_results(self) -> Path:
+        return self.root / EVAL
+
+    @property
+    def demo_summary(self) -> Path:
+        return self.root / DEMO_SUMMARY
+
+    @property
+    def genrm_samples(self) -> Path:
+        return self.root / GENRM_SAMPLES
+
+    @property
+    def sft(self) -> RunLayout:
+        """The SFT phase's own log folder (its metrics.jsonl and tensorboard/)."""
+        return RunLayout(self.root / SFT)
+
+    @property
+    def report(self) -> Path:
+        return self.root / REPORT
+
+    @property
+    def report_summary(self) -> Path:
+        return self.report / REPORT_SUMMARY
+
+    @property
+    def report_markdown(self) -> Path:
+        return self.report / REPORT_MARKDOWN
+
+    @property
+    def report_html(self) -> Path:
+        return self.report / REPORT_HTML
+
+    def report_curves(self, phase: str) -> Path:
+        """The curves of phase `rl` or `sft`."""
+        return self.report / REPORT_CURVES.format(phase=phase)
+
+    @property
+    def cell_log(self) -> Path:
+        return self.root / CELL_LOG
+
+    # ------------------------------------------------------------ checkpoints
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / CHECKPOINTS
+
+    @property
+    def latest(self) -> Path:
+        return self.checkpoints / LATEST
+
+    @property
+    def sft_checkpoint(self) -> Path:
+        return self.checkpoints / SFT
+
+    def step_checkpoint(self, step: int) -> Path:
+        return self.checkpoints / f"{RL_STEP}{step}"
+
+    def sft_step_checkpoint(self, step: int) -> Path:
+        return self.checkpoints / f"{SFT_STEP}{step}"
+
+    def step_checkpoints(self) -> list[Path]:
+        """RL's `step_N` checkpoints, oldest first (complete or not)."""
+        return numbered(self.checkpoints, RL_STEP)
+
+    def sft_step_checkpoints(self) -> list[Path]:
+        """A cut-short SFT stage's `sft_step_N` checkpoints, oldest first."""
+        return numbered(self.checkpoints, SFT_STEP)
+
+    def started(self) -> bool:
+        """A run has started here before (its config is saved first thing)."""
+        return self.config.is_file()
+
+
+def numbered(root: Path, prefix: str) -> list[Path]:
+    """The `<prefix>N` entries under `root`, by N (oldest first)."""
+    entries = [p for p in root.glob(f"{prefix}*") if p.name[len(prefix) :].isdigit()]
+    return sorted(entries, key=lambda p: int(p.name[len(prefix) :]))
+
+
+def series(checkpoint: Path) -> list[Path]:
+    """The checkpoints of the same `<prefix>N` series as `checkpoint` (step_N or sft_step_N), oldest first."""
+    prefix = SFT_STEP if checkpoint.name.startswith(SFT_STEP) else RL_STEP
+    return numbered(checkpoint.parent, prefix)
+
+
+def find_checkpoint(path: str | Path) -> Path | None:
+    """The model checkpoint at `path`: the directory itself, a run directory's `checkpoints/latest`, or a
+    `checkpoints/` folder's `latest` (a model directory holds a `config.json`); None if none is there."""
+    path = Path(path)
+    for candidate in (path, path / LATEST, path / CHECKPOINTS / LATEST):
+        if (candidate / "config.json").is_file():
+            return candidate.resolve()
+    return None
+
+
+@dataclass(frozen=True)
+class SweepLayout:
+    """A sweep directory: its plan, base config and status, and one run directory per cell."""
+
+    root: Path | str
+
+    def __post_init__(self):
+        object.__setattr__(self, "root", Path(self.root))
+
+    @property
+    def plan(self) -> Path:
+        return self.root / SWEEP_PLAN
+
+    @property
+    def base_config(self) -> Path:
+        return self.root / SWEEP_BASE
+
+    @property
+    def status(self) -> Path:
+        return self.root / SWEEP_STATUS
+
+    @property
+    def report_html(self) -> Path:
+        return self.root / REPORT_HTML
+
+    def cell(self, name: str) -> RunLayout:
+        return RunLayout(self.root / name)
+
+    def is_sweep(self) -> bool:
+        return self.plan.is_file()
+
+
+@dataclass(frozen=True)
+class FilterLayout:
+    """What `everyprompt filter --out DIR` writes."""
+
+    root: Path | str
+
+    def __post_init__(self):
+        object.__setattr__(self, "root", Path(self.root))
+
+    @property
+    def kept(self) -> Path:
+        return self.root / FILTER_KEPT
+
+    @property
+    def report(self) -> Path:
+        return self.root / FILTER_REPORT
+
+    @property
+    def histogram(self) -> Path:
+        return self.root / FILTER_HISTOGRAM
+
+    @property
+    def pass_rates(self) -> Path:
+        return self.root / PASS_RATES
+
+    def names(self) -> str:
+        return ", ".join((FILTER_KEPT, FILTER_REPORT, FILTER_HISTOGRAM, PASS_RATES))
