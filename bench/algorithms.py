@@ -23,8 +23,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import RESULTS, ROOT, write_results  # noqa: E402
 
 # method -> config overrides (the rest is configs/demo.yaml)
 METHODS: dict[str, list[str]] = {
@@ -303,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": results,
     }
     out.mkdir(parents=True, exist_ok=True)
-    (out / "algorithms.json").write_text(json.dumps(payload, indent=1, default=str))
+    write_results(out / "algorithms.json", payload)
     plot(results, out / "algorithms.png")
     console.print(f"wrote {out / 'algorithms.json'} and {out / 'algorithms.png'}")
     console.print(summary_table(results, start))

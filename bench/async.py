@@ -30,8 +30,10 @@ from pathlib import Path
 
 from setups import measure_each  # bench/setups.py
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import RESULTS, ROOT, write_results  # noqa: E402
+
 DEMO = ROOT / "configs" / "demo.yaml"
 
 DECOUPLED = ["rl.old_logprobs=recompute", "rl.rollout_correction.mode=tis"]
@@ -170,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         "setups": results,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "async.json").write_text(json.dumps(payload, indent=2))
+    write_results(args.out / "async.json", payload)
     print(
         f"{'set-up':32} {'step s':>7} {'speedup':>7} {'rollout':>7} {'update':>7} {'L idle':>6} "
         f"{'R idle':>6} {'stale':>5} {'greedy (spread)':>16} {'pass@k':>7}"

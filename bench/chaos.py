@@ -18,7 +18,6 @@ Writes bench/results/chaos.json and prints the table.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import signal
@@ -27,9 +26,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import RESULTS, ROOT, write_results  # noqa: E402
 
 from algorithms import TINY  # noqa: E402
 from everyprompt.processes import descendants, is_alive  # noqa: E402
@@ -208,11 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_parameter_difference": max((r["max_parameter_difference"] for r in rows), default=0.0),
         "leftover_processes": sum(r["leftover_processes"] for r in rows),
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "chaos.json").write_text(
-        json.dumps({"config": CONFIG, "summary": summary, "runs": rows}, indent=2)
-    )
+    write_results(Path(args.out) / "chaos.json", {"config": CONFIG, "summary": summary, "runs": rows})
     print(
         f"\nChaos: {summary['finished']}/{summary['runs']} runs finished after {summary['kills']} SIGKILLs; "
         f"max |parameter difference| to the uninterrupted run {summary['max_parameter_difference']:.2e}; "

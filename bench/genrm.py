@@ -15,15 +15,14 @@ Writes bench/results/genrm.json.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import RESULTS, write_results  # noqa: E402
 
 from algorithms import TINY  # noqa: E402
 
@@ -97,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_seconds": time.perf_counter() - started,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "genrm.json").write_text(json.dumps(results, indent=1))
+    write_results(args.out / "genrm.json", results)
     console.print(
         f"GenRM judge, {count} completions, up to {new_tokens} judge tokens each: "
         f"batch 1 {one['completions_per_s']:.1f}/s, batch 16 {sixteen['completions_per_s']:.1f}/s "

@@ -18,13 +18,13 @@ Writes bench/results/inversion.json; prints the table last.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import RESULTS, write_results  # noqa: E402
 
 LEVELS = (0.0, 0.5, 1.0)  # true quality: wrong, partial, right
 
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_seconds": time.perf_counter() - started,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "inversion.json").write_text(json.dumps(payload, indent=1))
+    write_results(args.out / "inversion.json", payload)
     table = Table(
         title=f"Advantage sign vs true quality ({args.groups} groups of {args.group_size}, "
         f"{args.equal_share:.0%} of equal quality)"

@@ -9,15 +9,15 @@ Writes bench/results/sampling.json; prints a table. Both paths must pick the sam
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import RESULTS, write_results  # noqa: E402
 
 
 def _mean_ms(fn, loops: int = 50) -> float:
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                     }
                 )
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "sampling.json").write_text(json.dumps({"benchmark": "sampling", "rows": rows}, indent=1))
+    write_results(args.out / "sampling.json", {"benchmark": "sampling", "rows": rows})
     table = Table(title="sample_tokens, 64 rows: eager vs compiled (ms per call)")
     for column in ("vocabulary", "top-p", "eager", "compiled", "ratio", "same tokens"):
         table.add_column(column, justify="right")

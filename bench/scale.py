@@ -27,8 +27,10 @@ from pathlib import Path
 
 from setups import measure_each  # bench/setups.py
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import RESULTS, ROOT, write_results  # noqa: E402
+
 DEMO = ROOT / "configs" / "demo.yaml"
 
 ONE_THREAD = ["cluster.num_cpus=1", "cluster.num_gpus=0"]
@@ -128,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{w} workers, {r} ranks": project(reference, ray_one, w, r) for w, r in [(2, 2), (4, 4), (8, 8)]
         }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "scale.json").write_text(json.dumps(payload, indent=2))
+    write_results(args.out / "scale.json", payload)
     print(
         f"{'set-up':26} {'step s':>7} {'vs ref':>7} {'rollout s':>9} {'tok/s':>7} {'vs ref':>7} "
         f"{'train s':>8} {'sync s':>7} {'sync MB':>8}"

@@ -25,8 +25,10 @@ from pathlib import Path
 
 from setups import measure_each  # bench/setups.py
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import RESULTS, ROOT, write_results  # noqa: E402
+
 TWIN = ROOT / "configs" / "gsm8k-qwen3-moe-cpu.yaml"
 
 FULL = ["model.lora.enabled=false"]  # the twin trains adapters; the full set-ups train every weight
@@ -126,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         "setups": results,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "training.json").write_text(json.dumps(payload, indent=2))
+    write_results(args.out / "training.json", payload)
     print(f"{'set-up':30} {'step memory':>12} {'vs fp32':>8} {'step s':>8} {'vs fp32':>8} {'trainable':>10}")
     for name, f in results.items():
         print(

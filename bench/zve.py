@@ -25,9 +25,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import RESULTS, write_results  # noqa: E402
 
 from algorithms import (  # noqa: E402  (shared bench helpers)
     TINY,
@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_seconds": time.perf_counter() - started,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "zve.json").write_text(json.dumps(payload, indent=1, default=str))
+    write_results(args.out / "zve.json", payload)
     plot(results, args.out / "zve.png")
     console.print(f"wrote {args.out / 'zve.json'} and {args.out / 'zve.png'}")
     for table in tables(bandit_rows, results, start):

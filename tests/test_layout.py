@@ -155,3 +155,34 @@ def test_readme_layout_names_every_top_level_module():
         n for n in names if not re.search(rf"(?<![\w/]){re.escape(n.removesuffix('.py'))}(\.py|/)", layout)
     ]
     assert not missing, f"README's layout does not name: {missing}"
+
+
+def test_no_source_file_is_over_400_lines_and_no_command_module_over_200():
+    sizes = {path: len(path.read_text().splitlines()) for path in sorted(PACKAGE.rglob("*.py"))}
+    long = [f"{p.relative_to(ROOT)}: {n}" for p, n in sizes.items() if n > 400]
+    long += [f"{p.relative_to(ROOT)}: {n}" for p, n in sizes.items() if p.parent.name == "cli" and n > 200]
+    long += [
+        f"{p.relative_to(ROOT)}: {n}"
+        for p in sorted((ROOT / "bench").glob("*.py"))
+        if (n := len(p.read_text().splitlines())) > 400
+    ]
+    assert not long, long
+
+
+def test_the_config_validates_engines_and_fields_without_loading_the_layers_above_it():
+    code = (
+        "import sys; from everyprompt.config import load_config; "
+        "load_config(None, ['rollout.engine=hf', 'data.columns.prompt=question']); "
+        "print(sorted(m for m in sys.modules if m.startswith('everyprompt.')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    loaded = eval(done.stdout.strip().splitlines()[-1])  # noqa: S307  (our own printed list)
+    assert not [m for m in loaded if m.split(".")[1] in ("rollout", "data", "models", "trainer")], loaded
+
+
+def test_the_built_in_engines_are_the_names_the_config_accepts():
+    from everyprompt.choices import ENGINES, HF_ENGINE, NATIVE_ENGINE
+    from everyprompt.rollout import registered_engines
+
+    assert {NATIVE_ENGINE, HF_ENGINE} <= set(registered_engines()) <= ENGINES

@@ -306,7 +306,7 @@ def test_r3_replays_the_engines_routes_in_the_trainer(tmp_path, pack):
     data = batch.padded(list(range(len(batch))), trainer.tokenizer.pad_token_id)
     recorded = []
     with torch.no_grad():
-        logp, _ = trainer.learner._logprobs(trainer.model, data, slice(None), False, recorded, "routes")
+        logp, _ = trainer.learner.forward(data, slice(None), False, recorded, "routes")
     engine = torch.cat([r for r in batch.rollout_logprobs])
     torch.testing.assert_close(
         torch.cat(batch.completion_values(list(range(len(batch))), logp)), engine, atol=1e-5, rtol=0

@@ -70,8 +70,6 @@ def read_parquet(path: str | Path, required: tuple[str, ...] = ()) -> list[dict]
     return table.to_pylist()
 
 
-
-
 def _json_rows(path: Path) -> list[tuple[str, dict]]:
     """A .json file: a JSON array of objects (as `datasets` writes with `lines=False`), else JSON Lines."""
     with path.open("rb") as handle:

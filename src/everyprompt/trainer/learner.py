@@ -29,44 +29,24 @@ import torch
 
 from everyprompt.algorithms import policy_loss, policy_loss_spec, zvp_token_advantages
 from everyprompt.batch import RolloutBatch
-from everyprompt.config import Config, ConfigError
+from everyprompt.config import Config
 from everyprompt.errors import RunError
-from everyprompt.models.lora import is_lora, merged_state_dict, plain_copy, reference_forward
-from everyprompt.models.precision import autocast
-from everyprompt.models.replay import ReplayError, RouterReplay
+from everyprompt.models.lora import is_lora, merged_state_dict
 from everyprompt.rollout import derive_seed
 from everyprompt.trainer.checkpoint import full_weights, load_optimizer_state, portable_optimizer_state
 from everyprompt.trainer.data_parallel import DataParallel
+from everyprompt.trainer.forward import PolicyForward, policy_router
 from everyprompt.trainer.interface import LearnerSide
-from everyprompt.trainer.logprobs import check_packing, token_logprobs
-from everyprompt.trainer.mismatch import mismatch_metrics
+from everyprompt.trainer.logprobs import check_packing
+from everyprompt.trainer.mismatch import batch_mismatch, fed_tokens
 from everyprompt.trainer.optim import build_optimizer, build_scheduler
+from everyprompt.trainer.replica import BehaviourReplica
 from everyprompt.trainer.signal import batch_advantages, drop_zero_variance
 
 log = logging.getLogger(__name__)
 
 # which routes the update passes replay, per rl.router_replay (a `RolloutBatch.padded` key; off: none)
 REPLAYED_ROUTES = {"off": None, "r2": "old_routes", "r3": "routes"}
-
-
-def _router(model, replay: str) -> RouterReplay | None:
-    """The model's MoE router hooks (replay and route metrics); None for a dense model unless replay is on."""
-    try:
-        return RouterReplay(model)
-    except ReplayError as err:
-        if replay != "off":
-            raise ConfigError(f"config key 'rl.router_replay': {err}") from None
-        return None
-
-
-def _fed_tokens(
-    batch: RolloutBatch, rows: list[int], routes: list[torch.Tensor] | None
-) -> list[torch.Tensor]:
-    """Recorded routes of `rows` cut to each row's fed tokens (prompt + completion - 1; an unpacked
-    forward records its padding too)."""
-    return [
-        r[: len(batch.prompt_ids[i]) + len(batch.completion_ids[i]) - 1] for i, r in zip(rows, routes or [])
-    ]
 
 
 class NumericsError(RunError):
@@ -100,15 +80,17 @@ class Learner(LearnerSide):
         self.scheduler = build_scheduler(
             self.optimizer, self.rl.warmup_steps, self.rl.steps, self.rl.lr_schedule
         )
-        self.router = _router(self.model, self.rl.router_replay)
+        self.router = policy_router(self.model, self.rl.router_replay)
+        self.forward = PolicyForward(
+            self.model, self.router, self.reference, self.base_as_reference, config, pad_token_id
+        )
         self.loss_spec = policy_loss_spec(self.rl.loss)
         self.loss_options = self.rl.loss_kwargs()
         self.last_sync_bytes = 0  # the size of the weights `state_dict` last handed over
         self.version = 0  # updates taken: the policy version of the weights handed to the rollout side
         self.consecutive_skips = 0  # mini-batch updates skipped in a row for non-finite numbers
         self._packing_checked = not config.model.pack_sequences
-        self._replica = None  # asynchronous runs: a plain copy loaded with a batch's sampling weights
-        self._replica_router = None  # its router replay, for a mixture-of-experts policy
+        self._replica: BehaviourReplica | None = None  # asynchronous runs: measures the behaviour mismatch
 
     # ------------------------------------------------------------ hand-off and state
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -209,47 +191,6 @@ class Learner(LearnerSide):
         check_packing(self.model, (sequences * 2)[:2], self.pad_id)
         self._packing_checked = True
 
-    def _logprobs(
-        self,
-        model,
-        data: dict,
-        rows: slice,
-        with_entropy=False,
-        recorded=None,
-        routes_key=None,
-        hold=None,
-        reference=False,
-    ):
-        """`token_logprobs` of rows `rows` of a `RolloutBatch.padded` dict, packed when configured, under
-        the training precision (`model.dtype`); the policy's forwards replay `data[routes_key]` when given
-        (kept in force until the callables put in `hold` run, when given: see token_logprobs) and record
-        the routes they used into `recorded` (a list) when given. `reference`: the KL reference's forward
-        (own routing, no recording)."""
-        policy = model is self.model and not reference
-        with autocast(model, self.config.model.dtype):
-            return token_logprobs(
-                model,
-                data["input_ids"][rows],
-                self.config.rollout.temperature,
-                with_entropy=with_entropy,
-                lengths=data["lengths"][rows].tolist() if self.config.model.pack_sequences else None,
-                pad_id=self.pad_id,
-                router=self.router if policy else None,
-                routes=data[routes_key][rows] if policy and routes_key in data else None,
-                recorded=recorded if policy and self.router is not None else None,
-                hold=hold if policy else None,
-            )
-
-    @torch.no_grad()
-    def _reference_logprobs(self, data: dict, part: slice) -> dict[str, torch.Tensor]:
-        """The KL reference's log-probs of rows `part` as the loss's `ref_logp` (none without KL)."""
-        if self.reference is not None:
-            return {"ref_logp": self._logprobs(self.reference, data, part)[0]}
-        if self.base_as_reference:
-            with reference_forward(self.model):
-                return {"ref_logp": self._logprobs(self.model, data, part, reference=True)[0]}
-        return {}
-
     def _rollout_as_old(self, batch: RolloutBatch) -> None:
         """`rl.old_logprobs=rollout`: the engine's log-probs (and entropies) stand for the old policy's."""
         batch.old_logprobs = batch.rollout_logprobs
@@ -277,10 +218,10 @@ class Learner(LearnerSide):
             data = batch.padded(chunk, self.pad_id)
             needs_entropy = self.loss_spec.needs_entropy
             recorded = [] if self.router is not None else None
-            logp, entropy = self._logprobs(self.model, data, slice(None), needs_entropy, recorded, routes_key)
+            logp, entropy = self.forward(data, slice(None), needs_entropy, recorded, routes_key)
             if padding:
                 continue
-            routes.append((key, _fed_tokens(batch, chunk, recorded or [])))
+            routes.append((key, fed_tokens(batch, chunk, recorded or [])))
             logprobs.append((key, batch.completion_values(chunk, logp)))
             if entropy is not None:
                 entropies.append((key, batch.completion_values(chunk, entropy)))
@@ -299,20 +240,16 @@ class Learner(LearnerSide):
         batch.old_logprobs = spread(logprobs)
         batch.old_entropies = spread(order(entropies))
         batch.old_routes = spread(routes)
-        return self._mismatch(batch, rows, logprobs, routes or None)
+        return batch_mismatch(batch, rows, logprobs, routes or None)
 
     def make_replica(self) -> None:
         """The plain copy of the policy that `behaviour_mismatch` loads sampling weights into. Call it while
         nothing trains (a copy taken during an update could catch a router mid-replay)."""
         if self._replica is None:
-            self._replica = plain_copy(self.model).eval().requires_grad_(False)
-            self._replica_router = RouterReplay(self._replica) if self.router is not None else None
+            self._replica = BehaviourReplica(self.model, self.router is not None, self.config, self.pad_id)
 
-    @torch.no_grad()
     def behaviour_mismatch(self, batch: RolloutBatch, weights: dict[str, torch.Tensor], rows: list[int]):
-        """`mismatch/*` of `rows` against the weights that sampled them (an asynchronous run's batch is
-        older than the learner): a plain replica of the policy, loaded with `weights`, computes their
-        log-probs and routes as the old-policy pass would (r3 replaying the engine's routes). Touches
+        """`mismatch/*` of `rows` against the weights that sampled them (`trainer/replica.py`); touches
         nothing the update uses, so the rollout thread may call it while the learner trains."""
         if not rows:
             return {}
@@ -320,33 +257,7 @@ class Learner(LearnerSide):
             raise RuntimeError(
                 "behaviour_mismatch needs make_replica() first, called while the learner is idle"
             )
-        self._replica.load_state_dict(weights)
-        data = batch.padded(rows, self.pad_id)
-        recorded = [] if self._replica_router is not None else None
-        replayed = self.rl.router_replay == "r3" and "routes" in data
-        with autocast(self._replica, self.config.model.dtype):
-            logp, _ = token_logprobs(
-                self._replica,
-                data["input_ids"],
-                self.config.rollout.temperature,
-                lengths=data["lengths"].tolist() if self.config.model.pack_sequences else None,
-                pad_id=self.pad_id,
-                router=self._replica_router,
-                routes=data["routes"] if replayed else None,
-                recorded=recorded,
-            )
-        routes = _fed_tokens(batch, rows, recorded) if recorded else None
-        return self._mismatch(batch, rows, batch.completion_values(rows, logp), routes)
-
-    def _mismatch(self, batch: RolloutBatch, rows: list[int], trainer_logprobs, trainer_routes) -> dict:
-        engine_routes = batch.routed_experts
-        return mismatch_metrics(
-            [len(batch.prompt_ids[r]) for r in rows],
-            trainer_logprobs,
-            [batch.rollout_logprobs[r] for r in rows],
-            trainer_routes,
-            [engine_routes[r] for r in rows] if engine_routes is not None else None,
-        )
+        return self._replica.mismatch(batch, weights, rows)
 
     def _mini_batch_step(self, batch: RolloutBatch, rows: list[int], own_old: bool) -> dict[str, float]:
         """One optimizer step over `rows`. `own_old`: the policy has not moved since the batch was handed
@@ -399,7 +310,7 @@ class Learner(LearnerSide):
             mask = data["mask"][part]
             if measure:
                 measured.append((key, batch.completion_values(rows[part], logp)))
-                used.append((key, _fed_tokens(batch, rows[part], used_routes)))
+                used.append((key, fed_tokens(batch, rows[part], used_routes)))
             sums["loss/policy"] += float(loss.detach())
             sums["entropy_sum"] += float((entropy * mask).sum())
             weight = float(mask.sum()) / num_tokens
@@ -418,7 +329,7 @@ class Learner(LearnerSide):
         if measure:
             order = self.parallel.in_order
             logps, routes = order(measured), order(used)
-            stats.update(self._mismatch(batch, rows, logps, routes or None))
+            stats.update(batch_mismatch(batch, rows, logps, routes or None))
         return {
             **stats,
             "actor/entropy": stats.pop("entropy_sum") / num_tokens,
@@ -431,8 +342,8 @@ class Learner(LearnerSide):
         """One micro-batch's loss (divided by the whole mini-batch's counts), log-probs, entropies and
         the loss's metrics."""
         mask = data["mask"][part]
-        extra = self._reference_logprobs(data, part)  # first: no replay of the policy's is in force
-        logp, entropy = self._logprobs(self.model, data, part, True, used_routes, routes_key, held)
+        extra = self.forward.reference_logprobs(data, part)  # first: no replay of the policy's is in force
+        logp, entropy = self.forward(data, part, True, used_routes, routes_key, held)
         part_advantages = advantages[part]
         if batch.zvp_sign is not None:  # RL-ZVP: token advantages from the current policy's entropies
             sign = batch.zvp_sign[rows][part]

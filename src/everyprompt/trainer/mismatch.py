@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
+from everyprompt.batch import RolloutBatch
 from everyprompt.models.replay import same_expert_sets
 
 
@@ -55,3 +56,25 @@ def mismatch_metrics(
     if bool((~flipped_tokens).any()):
         metrics["mismatch/logp_abs_diff_unflipped"] = float(diff[~flipped_tokens].mean())
     return metrics
+
+
+def fed_tokens(batch: RolloutBatch, rows: list[int], routes: list[torch.Tensor] | None) -> list[torch.Tensor]:
+    """Recorded routes of `rows` cut to each row's fed tokens (prompt + completion - 1; an unpacked
+    forward records its padding too)."""
+    return [
+        r[: len(batch.prompt_ids[i]) + len(batch.completion_ids[i]) - 1] for i, r in zip(rows, routes or [])
+    ]
+
+
+def batch_mismatch(
+    batch: RolloutBatch, rows: list[int], trainer_logprobs, trainer_routes
+) -> dict[str, float]:
+    """`mismatch_metrics` of `rows` of `batch`: the trainer's values given, the engine's from the batch."""
+    engine_routes = batch.routed_experts
+    return mismatch_metrics(
+        [len(batch.prompt_ids[r]) for r in rows],
+        trainer_logprobs,
+        [batch.rollout_logprobs[r] for r in rows],
+        trainer_routes,
+        [engine_routes[r] for r in rows] if engine_routes is not None else None,
+    )

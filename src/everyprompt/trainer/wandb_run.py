@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from everyprompt.config import ConfigError, WandbConfig
+from everyprompt.run.layout import RunLayout
 
 
 def require_wandb():
@@ -34,7 +35,7 @@ class WandbRun:
     def __init__(self, settings: WandbConfig, run_root: Path, phase: str):
         wandb = require_wandb()
         run_root = Path(run_root).resolve()
-        config_path = run_root / "config.yaml"
+        config_path = RunLayout(run_root).config
         config = yaml.safe_load(config_path.read_text()) if config_path.is_file() else {}
         ident = hashlib.sha1(str(run_root).encode()).hexdigest()[:12]
         self._run = wandb.init(

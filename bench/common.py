@@ -1,0 +1,53 @@
+"""What the benchmarks share: where results go, timing, the machine they ran on, and writing results.
+
+Every results JSON records the machine (cores, torch threads, torch version, dtype where it applies) and
+names files by paths relative to the repository."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+
+
+def best_of(repeats: int, fn) -> tuple[float, object]:
+    """The fastest of `repeats` timed calls (the first also warms caches up), with its result."""
+    best, result = float("inf"), None
+    for _ in range(repeats):
+        started = time.perf_counter()
+        out = fn()
+        elapsed = time.perf_counter() - started
+        if elapsed < best:
+            best, result = elapsed, out
+    return best, result
+
+
+def machine(dtype: str | None = None) -> dict:
+    """The machine a benchmark ran on: cores, torch's threads and version, the CPU, and the dtype."""
+    import torch
+
+    return {
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "processor": platform.processor() or platform.machine(),
+        **({"dtype": dtype} if dtype else {}),
+    }
+
+
+def relative(path: str | Path) -> str:
+    """`path` relative to the repository when it lies inside it (results JSON name no absolute paths)."""
+    path = Path(path).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def write_results(path: Path, payload: dict, dtype: str | None = None) -> Path:
+    """Write `payload` with the machine described, as JSON (creating the folder)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**payload, "machine": machine(dtype)}, indent=1, default=str))
+    return path

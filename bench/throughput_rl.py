@@ -1,0 +1,127 @@
+"""(d) of bench/throughput.py: one RL step of everyprompt against TRL's GRPOTrainer, same model, group size,
+prompts per step, learning rate and completion cap, split by phase."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+
+# ---------------------------------------------------------------- (d) RL step vs TRL
+def everyprompt_steps(base: list[str], steps: int, run_dir: Path) -> dict:
+    from everyprompt.config import load_config
+    from everyprompt.pipeline import Run
+
+    config = load_config(None, [*base, f"rl.steps={steps}", "checkpoint.every=0"])
+    run = Run(config, run_dir)
+    trainer = run.trainer()
+    history = trainer.train()
+    trainer.close()
+    times = [m["time/step_s"] for m in history[1:]]  # the first step warms up
+    return {
+        "step_s": statistics.median(times),
+        "step_s_all": [m["time/step_s"] for m in history],
+        "rollout_s": statistics.median(m["time/rollout_s"] for m in history[1:]),
+        "generate_s": statistics.median(m["time/generate_s"] for m in history[1:]),
+        "train_s": statistics.median(m["time/train_s"] for m in history[1:]),
+        "mean_length": statistics.mean(m["rollout/mean_length"] for m in history),
+        "prompts_per_step": config.rl.prompts_per_step,
+        "group_size": config.rl.group_size,
+        "max_new_tokens": config.rollout.max_new_tokens,
+        "mini_batches": config.rl.mini_batches,
+    }
+
+
+def trl_steps(base: list[str], steps: int, run_dir: Path) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import PrinterCallback, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from everyprompt.config import load_config
+    from everyprompt.models.io import load_model_and_tokenizer
+    from everyprompt.pipeline import Run
+    from everyprompt.rewards import math_reward
+
+    config = load_config(None, base)
+    model, tokenizer = load_model_and_tokenizer(config.model, config.seed)
+    rows = Run(config, None).rows.rl()
+    dataset = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows])
+
+    def reward(prompts, completions, answer, **_):
+        return [0.0 if r is None else r for r in math_reward(completions, answer=answer)]
+
+    rl = config.rl
+    completions_per_step = rl.prompts_per_step * rl.group_size
+    args = GRPOConfig(
+        output_dir=str(run_dir),
+        per_device_train_batch_size=completions_per_step // rl.mini_batches,
+        steps_per_generation=rl.mini_batches,  # one generation, `mini_batches` optimizer steps: as ours
+        gradient_accumulation_steps=1,
+        num_generations=rl.group_size,
+        max_completion_length=config.rollout.max_new_tokens,
+        temperature=config.rollout.temperature,
+        learning_rate=rl.lr,
+        beta=0.0,
+        num_iterations=1,
+        loss_type="dapo",
+        max_steps=steps * rl.mini_batches,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        seed=config.seed,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        gradient_checkpointing=False,  # TRL's default recomputes activations; everyprompt's trainer does not
+    )
+
+    class Clock(TrainerCallback):
+        def __init__(self):
+            self.marks = []
+
+        def on_step_end(self, *_args, **_kwargs):
+            self.marks.append(time.perf_counter())
+
+    clock = Clock()
+    generate_s: list[float] = []
+    generate = model.generate
+
+    def timed_generate(*a, **k):  # TRL samples through the model's own generate: time it
+        started = time.perf_counter()
+        out = generate(*a, **k)
+        generate_s.append(time.perf_counter() - started)
+        return out
+
+    model.generate = timed_generate
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[clock],
+    )
+    trainer.remove_callback(PrinterCallback)  # its per-step dicts would bury the table
+    torch.manual_seed(config.seed)
+    started = time.perf_counter()
+    trainer.train()
+    marks = [started, *clock.marks]
+    # one everyprompt step = one generation + `mini_batches` optimizer steps = that many TRL steps
+    per = rl.mini_batches
+    cycles = [marks[i + per] - marks[i] for i in range(0, len(marks) - per, per)]
+    lengths = [
+        h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h
+    ]
+    return {
+        "step_s": statistics.median(cycles[1:] if len(cycles) > 1 else cycles),
+        "step_s_all": cycles,
+        "mean_length": statistics.mean(lengths) if lengths else float("nan"),
+        "optimizer_steps_per_step": per,
+        "generate_s": statistics.median(generate_s[1:] if len(generate_s) > 1 else generate_s)
+        if generate_s
+        else float("nan"),
+        "generate_calls": len(generate_s),
+    }

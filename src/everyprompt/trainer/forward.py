@@ -1,0 +1,78 @@
+"""The learner's forward passes: the policy's token log-probs under router replay and the training
+precision, and the KL reference's (a frozen copy, or a LoRA policy's own base with its adapters off)."""
+
+from __future__ import annotations
+
+import torch
+
+from everyprompt.config import Config, ConfigError
+from everyprompt.models.lora import reference_forward
+from everyprompt.models.precision import autocast
+from everyprompt.models.replay import ReplayError, RouterReplay
+from everyprompt.trainer.logprobs import token_logprobs
+
+
+def policy_router(model, replay: str) -> RouterReplay | None:
+    """The model's MoE router hooks (replay and route metrics); None for a dense model unless replay is on."""
+    try:
+        return RouterReplay(model)
+    except ReplayError as err:
+        if replay != "off":
+            raise ConfigError(f"config key 'rl.router_replay': {err}") from None
+        return None
+
+
+class PolicyForward:
+    """`forward(data, rows, ...)`: the policy's log-probs of rows of a `RolloutBatch.padded` dict;
+    `reference_logprobs(data, rows)`: the KL reference's."""
+
+    def __init__(self, model, router, reference, base_as_reference: bool, config: Config, pad_id: int):
+        self.model, self.router, self.reference = model, router, reference
+        self.base_as_reference = base_as_reference
+        self.config, self.pad_id = config, pad_id
+
+    def __call__(
+        self, data: dict, rows: slice, with_entropy=False, recorded=None, routes_key=None, hold=None
+    ):
+        """The policy's `token_logprobs` of rows `rows`, packed when configured, under the training precision
+        (`model.dtype`): it replays `data[routes_key]` when given (kept in force until the callables put in
+        `hold` run, when given: see token_logprobs) and records the routes it used into `recorded` (a list)
+        when given."""
+        return self._logprobs(self.model, data, rows, with_entropy, recorded, routes_key, hold, policy=True)
+
+    @torch.no_grad()
+    def reference_logprobs(self, data: dict, rows: slice) -> dict[str, torch.Tensor]:
+        """The KL reference's log-probs of rows `rows` as the loss's `ref_logp` (none without KL); its own
+        routing, nothing recorded."""
+        if self.reference is not None:
+            return {"ref_logp": self._logprobs(self.reference, data, rows, policy=False)[0]}
+        if self.base_as_reference:
+            with reference_forward(self.model):
+                return {"ref_logp": self._logprobs(self.model, data, rows, policy=False)[0]}
+        return {}
+
+    def _logprobs(
+        self,
+        model,
+        data,
+        rows,
+        with_entropy=False,
+        recorded=None,
+        routes_key=None,
+        hold=None,
+        *,
+        policy: bool,
+    ):
+        with autocast(model, self.config.model.dtype):
+            return token_logprobs(
+                model,
+                data["input_ids"][rows],
+                self.config.rollout.temperature,
+                with_entropy=with_entropy,
+                lengths=data["lengths"][rows].tolist() if self.config.model.pack_sequences else None,
+                pad_id=self.pad_id,
+                router=self.router if policy else None,
+                routes=data[routes_key][rows] if policy and routes_key in data else None,
+                recorded=recorded if policy and self.router is not None else None,
+                hold=hold if policy else None,
+            )
