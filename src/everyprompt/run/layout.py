@@ -61,16 +61,16 @@ FILTER_HISTOGRAM = "pass_rates.png"
 
 
 @dataclass(frozen=True)
-class RunLayout:
-    """The paths of one run directory (nothing is created here)."""
-
-    root: Path | str
+class _Folder:
+    root: Path | str  # a Path once made
 
     def __post_init__(self):
         object.__setattr__(self, "root", Path(self.root))
 
-    def __truediv__(self, name: str) -> Path:  # for a file name imported from this module
-        return self.root / name
+
+@dataclass(frozen=True)
+class RunLayout(_Folder):
+    """The paths of one run directory (nothing is created here)."""
 
     @property
     def config(self) -> Path:
@@ -192,13 +192,8 @@ def find_checkpoint(path: str | Path) -> Path | None:
 
 
 @dataclass(frozen=True)
-class SweepLayout:
+class SweepLayout(_Folder):
     """A sweep directory: its plan, base config and status, and one run directory per cell."""
-
-    root: Path | str
-
-    def __post_init__(self):
-        object.__setattr__(self, "root", Path(self.root))
 
     @property
     def plan(self) -> Path:
@@ -224,13 +219,8 @@ class SweepLayout:
 
 
 @dataclass(frozen=True)
-class FilterLayout:
+class FilterLayout(_Folder):
     """What `everyprompt filter --out DIR` writes."""
-
-    root: Path | str
-
-    def __post_init__(self):
-        object.__setattr__(self, "root", Path(self.root))
 
     @property
     def kept(self) -> Path:
