@@ -9,10 +9,12 @@
     everyprompt sweep [CONFIG.yaml] KEY=v1,v2 ... [--seeds 0,1,2] [--parallel N] [--run-dir D]
     everyprompt sweep --resume SWEEP_DIR
     everyprompt report RUN_OR_SWEEP [RUN ...] [--html [REPORT.html]]
+    everyprompt convert FILE.gguf OUT_DIR
 
-`main.py` builds the parser from the command groups (`runs.py`, `data.py`, `sweep.py`, `report.py`: each
-adds its commands' arguments and the function that runs them) and turns failures into exit codes: bad
-input exits 2 with a one-line message, a run that went wrong exits 1, a stopped run 130 / 143.
+`main.py` builds the parser from the command groups (`runs.py`, `data.py`, `models.py`, `sweep.py`,
+`report.py`: each adds its commands' arguments and the function that runs them) and turns failures into
+exit codes: bad input exits 2 with a one-line message, a run that went wrong exits 1, a stopped run
+130 / 143.
 """
 
 from everyprompt.cli.main import build_parser, main

@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from everyprompt.config import ModelConfig
 from everyprompt.errors import InputError
+from everyprompt.models.gguf import is_gguf, load_gguf
 from everyprompt.models.lora import adapter_base_path, is_lora, load_adapter, merged_state_dict
 from everyprompt.models.presets import tiny_moe_config
 from everyprompt.models.tokenizer import build_char_tokenizer, build_chat_tokenizer
@@ -21,9 +22,11 @@ class ModelError(InputError):
 def load_pretrained(
     path: str | Path, model_class=AutoModelForCausalLM
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """A local checkpoint (fp32) and its tokenizer (pad = eos when it has no pad token); `model_class`
-    picks the head (AutoModelForSequenceClassification for scalar reward models)."""
+    """A local checkpoint directory or GGUF file (fp32) and its tokenizer (pad = eos when it has no pad
+    token); `model_class` picks the head (AutoModelForSequenceClassification for scalar reward models)."""
     path = Path(path)
+    if is_gguf(path):  # a llama.cpp file: dequantised, with its tokenizer and chat template
+        return load_gguf(path, model_class)
     base = adapter_base_path(path)
     if base is not None:  # a LoRA checkpoint: its base with the adapter merged in
         if not base or not (Path(base) / "config.json").is_file():

@@ -16,7 +16,7 @@ from everyprompt.pipeline.run import Run
 from everyprompt.report.console import accuracy_table
 from everyprompt.rollout import build_engine
 from everyprompt.run.files import write_json_atomic
-from everyprompt.run.layout import EVAL_DIR
+from everyprompt.run.layout import eval_dir
 from everyprompt.run.resume import resolve_checkpoint
 from everyprompt.trainer import RLTrainer
 from everyprompt.zve.workflow import FilteredFile, filter_prompt_file
@@ -93,9 +93,9 @@ def evaluate_checkpoint(
 ) -> dict[str, float]:
     """Held-out evaluation of a checkpoint (or a run directory's latest) on `data` (a prompt file, its
     columns mapped by `data.columns` and `fields`) or the config's held-out rows; writes `eval.json` into
-    `run_dir` (default: CHECKPOINT/eval)."""
+    `run_dir` (default: CHECKPOINT/eval, or NAME-eval beside a .gguf file)."""
     path = resolve_checkpoint(checkpoint)
-    run = Run(config, run_dir=run_dir or path / EVAL_DIR)  # also quiets library progress bars
+    run = Run(config, run_dir=run_dir or eval_dir(path))  # also quiets library progress bars
     model, tokenizer = load_pretrained(path)
     columns = {**config.data.columns, **(fields or {})}
     rows = load_prompt_file(data, columns) if data else None

@@ -191,6 +191,14 @@ def find_checkpoint(path: str | Path) -> Path | None:
     return None
 
 
+def eval_dir(checkpoint: Path) -> Path:
+    """Where `everyprompt eval CHECKPOINT` writes by default: CHECKPOINT/eval/ for a directory, NAME-eval/
+    beside a model file (a .gguf)."""
+    if checkpoint.is_file():
+        return checkpoint.parent / f"{checkpoint.stem}-{EVAL_DIR}"
+    return checkpoint / EVAL_DIR
+
+
 @dataclass(frozen=True)
 class SweepLayout(_Folder):
     """A sweep directory: its plan, base config and status, and one run directory per cell."""

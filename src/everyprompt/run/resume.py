@@ -16,6 +16,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from everyprompt.models.gguf import check_file, is_gguf
 from everyprompt.run.layout import RunLayout, find_checkpoint
 from everyprompt.trainer.checkpoint import CheckpointError, verify_checkpoint
 
@@ -81,10 +82,15 @@ def rl_start(layout: RunLayout, resume: bool) -> Path | None:
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
-    """A model checkpoint from itself, a run directory, or a `checkpoints/` directory."""
+    """A model from itself (a checkpoint directory or a GGUF file), a run directory, or a `checkpoints/`
+    directory."""
+    if is_gguf(path):
+        check_file(Path(path))  # a missing or foreign file is named here, before anything is written
+        return Path(path).resolve()
     found = find_checkpoint(path)
     if found is None:
         raise CheckpointError(
-            f"{path}: no checkpoint there (looked for config.json in it, latest/, checkpoints/latest/)"
+            f"{path}: no checkpoint there (looked for config.json in it, latest/, checkpoints/latest/; "
+            "or give a .gguf file)"
         )
     return found
