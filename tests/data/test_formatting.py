@@ -25,7 +25,7 @@ def test_chat_rendering_equals_apply_chat_template_with_a_system_prompt_and_a_th
     chat_tokenizer, thinking
 ):
     data = DataConfig(format="chat", system_prompt="Be brief.", template_kwargs={"enable_thinking": thinking})
-    prompt_format = build_format(data, chat_tokenizer, preset=False)
+    prompt_format = build_format(data, chat_tokenizer)
     row = {"prompt": "Tom has 3 apples and buys 4 more. How many?"}
     expected = chat_tokenizer.apply_chat_template(
         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": row["prompt"]}],
@@ -80,14 +80,14 @@ def test_plain_sft_is_prompt_solution_eos():
     assert mask[0].tolist() == [0, 0, 0, 0, 1, 1]  # BOS 1 + 1 = -> predicts "2" and EOS only
 
 
-def test_auto_is_chat_for_a_chat_checkpoint_and_plain_for_the_preset(chat_tokenizer):
-    assert isinstance(build_format(DataConfig(), chat_tokenizer, preset=False), ChatFormat)
-    assert type(build_format(DataConfig(), chat_tokenizer, preset=True)) is PlainFormat
-    assert type(build_format(DataConfig(), build_char_tokenizer(), preset=False)) is PlainFormat
+def test_auto_is_chat_whenever_the_tokenizer_has_a_chat_template(chat_tokenizer):
+    assert isinstance(build_format(DataConfig(), chat_tokenizer), ChatFormat)
+    assert type(build_format(DataConfig(format="plain"), chat_tokenizer)) is PlainFormat
+    assert type(build_format(DataConfig(), build_char_tokenizer())) is PlainFormat
     with pytest.raises(DataError, match="needs a tokenizer with a chat template"):
-        build_format(DataConfig(format="chat"), build_char_tokenizer(), preset=False)
+        build_format(DataConfig(format="chat"), build_char_tokenizer())
     with pytest.raises(DataError, match="resolved to plain"):
-        build_format(DataConfig(system_prompt="hi"), build_char_tokenizer(), preset=False)
+        build_format(DataConfig(system_prompt="hi"), build_char_tokenizer())
 
 
 def test_completions_reach_the_reward_decoded_without_special_tokens(chat_tokenizer):

@@ -127,10 +127,17 @@ def test_eval_and_train_take_a_gguf_file(tiny_gguf, tmp_path, capsys):
     )
     assert eval_dir(path) == path.parent / "tiny-eval"  # the default, beside the file
     common = [*TINY_OVERRIDES, "rl.router_replay=off", "rewards.function=math", f"data.train_file={prompts}"]
-    code = main(["eval", str(path), "--data", str(prompts), *common, "--run-dir", str(tmp_path / "ev")])
-    assert code == 0, capsys.readouterr().err
+    argv = ["eval", str(path), "--data", str(prompts), *common, "eval.num_samples=0", "--run-dir"]
+    assert main([*argv, str(tmp_path / "ev")]) == 0, capsys.readouterr().err
     results = json.loads((tmp_path / "ev" / "eval.json").read_text())
-    assert results["num_prompts"] == 4.0
+    assert results["num_prompts"] == 4.0 and not [k for k in results if k.startswith("pass@")]  # greedy only
+    records = [json.loads(line) for line in (tmp_path / "ev" / "completions.jsonl").read_text().splitlines()]
+    assert [r["answer"] for r in records] == ["0", "2", "4", "6"]
+    # auto chose the chat format from the file's template, with no model.path set
+    assert records[0]["prompt"] == "<|im_start|>user\n0 + 0?<|im_end|>\n<|im_start|>assistant\n"
+    assert all(set(r) == {"prompt", "completion", "extracted_answer", "answer", "reward"} for r in records)
+    err = capsys.readouterr().err
+    assert "prompt 1 as the model saw it" in err and repr(records[0]["completion"]) in err.replace("\n", "")
     run = tmp_path / "run"
     code = main(["train", *common, f"model.path={path}", "sft.steps=0", "rl.steps=1", "--run-dir", str(run)])
     assert code == 0, capsys.readouterr().err

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 
 def cmd_convert(args) -> int:
+    from everyprompt.logs import quiet_libraries
     from everyprompt.models.gguf import convert
 
+    quiet_libraries()
+    print(f"converting {args.model} (dequantising to float32) ...", flush=True)
     out = convert(args.model, args.out)
     print(f"wrote {out} (safetensors, tokenizer and chat template): use it as model.path or a checkpoint")
     return 0

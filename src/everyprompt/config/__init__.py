@@ -45,13 +45,13 @@ from everyprompt.config.zve import (
 
 class EvalConfig(Section):
     every: int = Field(0, ge=0, description="Evaluate every N RL steps (0: only at the end).")
-    num_samples: int = Field(4, ge=1, description="Samples per prompt for pass@k.")
+    num_samples: int = Field(4, ge=0, description="Samples per prompt for pass@k (0: greedy pass@1 only).")
     pass_k: int = Field(4, ge=1, description="k of the sampled pass@k.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature for pass@k.")
 
     @model_validator(mode="after")
     def _k_within_samples(self) -> EvalConfig:
-        if self.pass_k > self.num_samples:
+        if self.num_samples and self.pass_k > self.num_samples:
             raise ValueError(f"pass_k ({self.pass_k}) must not exceed num_samples ({self.num_samples})")
         return self
 

@@ -88,7 +88,7 @@ class DataConfig(Section):
     format: Literal["auto", "plain", "chat"] = Field(
         "auto",
         description="Prompt rendering: raw text (plain) or the tokenizer's chat template (chat); auto: chat "
-        "when the tokenizer has a template and the model is not the preset.",
+        "whenever the tokenizer has a chat template.",
     )
     system_prompt: str | None = Field(None, description="Chat format: a system message before each prompt.")
     template_kwargs: dict[str, Any] = Field(

@@ -107,22 +107,23 @@ class ChatFormat(PlainFormat):
         return self._turn_end
 
 
-def resolve_format(name: str, tokenizer, preset: bool) -> str:
-    """`auto`: chat when the tokenizer has a chat template and the model is a checkpoint, else plain."""
+def resolve_format(name: str, tokenizer) -> str:
+    """`auto`: chat when the tokenizer has a chat template (a chat model is spoken to in its turns: raw
+    text makes an instruct model answer worse or not at all), else plain."""
     if name != "auto":
         return name
-    return "chat" if getattr(tokenizer, "chat_template", None) and not preset else "plain"
+    return "chat" if getattr(tokenizer, "chat_template", None) else "plain"
 
 
-def build_format(data, tokenizer, preset: bool, stop_ids: Iterable[int] = ()) -> PlainFormat:
-    """The prompt format of a `data` config section (config.DataConfig) for this tokenizer; `preset`: the
-    model is the built-in preset; `stop_ids`: the model's stop tokens (rollout.stops.stop_token_ids)."""
-    name = resolve_format(data.format, tokenizer, preset)
+def build_format(data, tokenizer, stop_ids: Iterable[int] = ()) -> PlainFormat:
+    """The prompt format of a `data` config section (config.DataConfig) for this tokenizer; `stop_ids`: the
+    model's stop tokens (rollout.stops.stop_token_ids)."""
+    name = resolve_format(data.format, tokenizer)
     if name == "plain":
         if data.system_prompt is not None or data.template_kwargs:
             raise DataError(
                 "data.system_prompt / data.template_kwargs need the chat format, and data.format=auto "
-                "resolved to plain (the tokenizer has no chat template, or the model is the preset)"
+                "resolved to plain (the tokenizer has no chat template)"
             )
         return PlainFormat(tokenizer)
     return ChatFormat(tokenizer, stop_ids, data.system_prompt, data.template_kwargs)
@@ -130,4 +131,4 @@ def build_format(data, tokenizer, preset: bool, stop_ids: Iterable[int] = ()) ->
 
 def prompt_format_of(config, tokenizer, stop_ids: Iterable[int] = ()) -> PlainFormat:
     """The prompt format of a run's config (config.Config) for this tokenizer."""
-    return build_format(config.data, tokenizer, config.model.path is None, stop_ids)
+    return build_format(config.data, tokenizer, stop_ids)

@@ -15,7 +15,7 @@ from everyprompt.models.io import load_pretrained
 from everyprompt.pipeline.run import Run
 from everyprompt.report.console import accuracy_table
 from everyprompt.rollout import build_engine
-from everyprompt.run.files import write_json_atomic
+from everyprompt.run.files import write_json_atomic, write_jsonl_atomic
 from everyprompt.run.layout import eval_dir
 from everyprompt.run.resume import resolve_checkpoint
 from everyprompt.trainer import RLTrainer
@@ -34,10 +34,12 @@ def train(config: Config, run_dir: str | Path | None = None, resume: bool = Fals
         trainer.close()  # reward workers, and with cluster.backend=ray the actors and the Ray session
     write_json_atomic(run.layout.eval_results, {"step": trainer.step, **results})
     pass_key = f"pass@{config.eval.pass_k}"
+    sampled = (
+        f", {pass_key} {results[pass_key]:.1%}" if pass_key in results else ""
+    )  # eval.num_samples=0: none
     run.console.print(
-        f"held-out after RL step {trainer.step}: greedy accuracy {results['greedy_accuracy']:.1%}, "
-        f"{pass_key} {results.get(pass_key, float('nan')):.1%} ({int(results['num_prompts'])} prompts; "
-        f"{run.layout.eval_results.name})"
+        f"held-out after RL step {trainer.step}: greedy accuracy {results['greedy_accuracy']:.1%}{sampled} "
+        f"({int(results['num_prompts'])} prompts; {run.layout.eval_results.name})"
     )
     run.console.print(f"run directory: {run.run_dir}")
     return trainer
@@ -92,7 +94,8 @@ def evaluate_checkpoint(
     run_dir: str | Path | None = None,
 ) -> dict[str, float]:
     """Held-out evaluation of a checkpoint (or a run directory's latest) on `data` (a prompt file, its
-    columns mapped by `data.columns` and `fields`) or the config's held-out rows; writes `eval.json` into
+    columns mapped by `data.columns` and `fields`) or the config's held-out rows; writes `eval.json` and
+    the greedy completions (`completions.jsonl`: prompt, completion, extracted answer, reward) into
     `run_dir` (default: CHECKPOINT/eval, or NAME-eval beside a .gguf file)."""
     path = resolve_checkpoint(checkpoint)
     run = Run(config, run_dir=run_dir or eval_dir(path))  # also quiets library progress bars
@@ -100,8 +103,16 @@ def evaluate_checkpoint(
     columns = {**config.data.columns, **(fields or {})}
     rows = load_prompt_file(data, columns) if data else None
     engine = build_engine(config.rollout, model, tokenizer)
-    results = run.evaluate(engine, tokenizer, rows)
+    completions: list[dict] = []
+    results = run.evaluate(engine, tokenizer, rows, completions)
     write_json_atomic(run.layout.eval_results, results)
+    write_jsonl_atomic(run.layout.completions, completions)
+    if completions:
+        first = completions[0]
+        run.console.print("prompt 1 as the model saw it, and its greedy completion:")
+        run.console.print(repr(first["prompt"]), markup=False, highlight=False)
+        run.console.print(repr(first["completion"]), markup=False, highlight=False)
+    run.console.print(f"wrote {run.layout.eval_results} and {run.layout.completions.name}")
     return results
 
 

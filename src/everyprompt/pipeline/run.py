@@ -256,8 +256,10 @@ class Run:
             store.record([tuple(r) for r in report["records"]], step=-1)
         return [rows[i] for i in report["kept_indices"]]
 
-    def evaluate(self, engine, tokenizer, rows: list[dict] | None = None) -> dict[str, float]:
-        """Held-out evaluation (the config's held-out rows unless `rows` are given)."""
-        return evaluate_config(
-            self.config, engine, tokenizer, rows if rows is not None else self.rows.held_out()
-        )
+    def evaluate(
+        self, engine, tokenizer, rows: list[dict] | None = None, completions: list | None = None
+    ) -> dict[str, float]:
+        """Held-out evaluation (the config's held-out rows unless `rows` are given); `completions`: a list
+        that receives the greedy completions' records."""
+        rows = rows if rows is not None else self.rows.held_out()
+        return evaluate_config(self.config, engine, tokenizer, rows, completions)

@@ -24,3 +24,13 @@ def write_json_atomic(path: str | Path, data) -> None:
     fsync(temporary)
     os.replace(temporary, path)
     fsync(path.parent)
+
+
+def write_jsonl_atomic(path: str | Path, rows: list[dict]) -> None:
+    """One JSON object per line, written like `write_json_atomic` (whole or not at all)."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    temporary.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    fsync(temporary)
+    os.replace(temporary, path)
+    fsync(path.parent)

@@ -9,6 +9,7 @@ functions that find them. No other module spells these names: they import them f
       passrates.sqlite      the pass-rate store (ZVE, curriculum retirement)
       filter.json           the offline filter's result (ZVE stage 0)
       eval.json             held-out evaluation after the last step (`train`; written last)
+      completions.jsonl     `everyprompt eval`: its greedy completions (prompt, completion, answer, reward)
       summary.json          `demo`: accuracy before and after RL
       genrm_samples.jsonl   judged rows of a generative reward model
       sft/                  the SFT phase's metrics.jsonl and tensorboard/
@@ -36,6 +37,7 @@ WARNINGS = "warnings.log"
 PASS_RATES = "passrates.sqlite"
 FILTER_RESULT = "filter.json"
 EVAL = "eval.json"
+EVAL_COMPLETIONS = "completions.jsonl"  # `everyprompt eval`: the greedy completions, beside eval.json
 DEMO_SUMMARY = "summary.json"
 GENRM_SAMPLES = "genrm_samples.jsonl"
 SFT = "sft"  # the SFT phase's log folder, and the name of its finished checkpoint
@@ -99,6 +101,10 @@ class RunLayout(_Folder):
     @property
     def eval_results(self) -> Path:
         return self.root / EVAL
+
+    @property
+    def completions(self) -> Path:
+        return self.root / EVAL_COMPLETIONS
 
     @property
     def demo_summary(self) -> Path:
