@@ -44,3 +44,26 @@ def test_splits_are_disjoint_balanced_and_reproducible():
 def test_unknown_level_is_an_error():
     with pytest.raises(ValueError, match="level 9"):
         random_problem(random.Random(0), 9)
+
+
+def test_each_level_holds_a_known_number_of_distinct_problems():
+    from everyprompt.data.arithmetic import distinct_problems, oversubscribed
+
+    # level 1: two operands of 0..99 -> 100 * 100; level 2: two of 10..99 -> 90 * 90; level 4: 900^3
+    assert [distinct_problems(level) for level in (1, 2, 4)] == [10_000, 8_100, 900**3]
+    # 9,500 + 500 on level 1 alone is exactly its 10,000; one more is too many
+    assert oversubscribed(9_500, 500, [1]) == []
+    assert oversubscribed(9_501, 500, [1]) == [(1, 10_001, 10_000)]
+    # dealt in turn over [1, 2]: 20,000 + 500 -> 10,250 each; both levels are short
+    assert oversubscribed(20_000, 500, [1, 2]) == [(1, 10_250, 10_000), (2, 10_250, 8_100)]
+
+
+def test_levels_that_cannot_give_the_problems_asked_exit_2_naming_the_key_and_the_limit(tmp_path, capsys):
+    from everyprompt.cli import main
+
+    assert main(["train", "data.levels=[1,2]", "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    assert "config key 'data.num_train'" in err[0] and "level 1 has 10000 distinct problems" in err[0]
+    # level 2 (8,100) gets 250 held-out problems and floor(n / 2) of n training ones: n <= 2 * 7,850 + 1
+    assert "ask 10250 of it" in err[0] and "at most 15701" in err[0]

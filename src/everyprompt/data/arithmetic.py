@@ -59,6 +59,25 @@ def random_problem(rng: random.Random, level: int) -> Problem:
     return Problem(prompt, str(sum(operands)), level, worked_solution(operands))
 
 
+def distinct_problems(level: int) -> int:
+    """How many different prompts `level` has (each operand's values, to the power of the operands)."""
+    count, low, high = LEVELS[level]
+    return (10**high - (10 ** (low - 1) if low > 1 else 0)) ** count
+
+
+def oversubscribed(num_train: int, num_eval: int, levels) -> list[tuple[int, int, int]]:
+    """(level, problems asked of it, distinct problems it has) for each level `make_splits` would ask for
+    more distinct problems than it holds (the splits deal problems to the levels in turn)."""
+    levels = list(levels)
+    share = lambda total, j: max(0, -(-(total - j) // len(levels)))  # noqa: E731  (positions j, j+L, ...)
+    asked = [share(num_eval, j) + share(num_train, j) for j in range(len(levels))]
+    return [
+        (level, n, distinct_problems(level))
+        for level, n in zip(levels, asked)
+        if n > distinct_problems(level)
+    ]
+
+
 def make_splits(
     seed: int, num_train: int, num_eval: int, levels: list[int] | tuple[int, ...] = tuple(LEVELS)
 ) -> tuple[list[Problem], list[Problem]]:
