@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import RESULTS, ROOT, write_results  # noqa: E402
+from common import RESULTS, repo_path, write_results  # noqa: E402
 
 # method -> config overrides (the rest is configs/demo.yaml)
 METHODS: dict[str, list[str]] = {
@@ -55,12 +55,6 @@ TINY = [
     "rl.group_size=2",
     "rollout.max_new_tokens=12",
 ]
-
-
-def repo_path(path) -> str:
-    """`path` relative to the repository when it lies inside it (results JSON name no machine paths)."""
-    path = Path(path).resolve()
-    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def nan_mean(values) -> float:

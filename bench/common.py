@@ -40,8 +40,8 @@ def machine(dtype: str | None = None) -> dict:
     }
 
 
-def relative(path: str | Path) -> str:
-    """`path` relative to the repository when it lies inside it (results JSON name no absolute paths)."""
+def repo_path(path: str | Path) -> str:
+    """`path` relative to the repository when it lies inside it (results JSON name no machine paths)."""
     path = Path(path).resolve()
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 

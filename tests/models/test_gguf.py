@@ -137,7 +137,7 @@ def test_eval_and_train_take_a_gguf_file(tiny_gguf, tmp_path, capsys):
     assert records[0]["prompt"] == "<|im_start|>user\n0 + 0?<|im_end|>\n<|im_start|>assistant\n"
     assert all(set(r) == {"prompt", "completion", "extracted_answer", "answer", "reward"} for r in records)
     err = capsys.readouterr().err
-    assert "prompt 1 as the model saw it" in err and repr(records[0]["completion"]) in err.replace("\n", "")
+    assert "prompt 1 as the model saw it" in err and "'<|im_start|>user\\n0 + 0?<|im_end|>" in err
     run = tmp_path / "run"
     code = main(["train", *common, f"model.path={path}", "sft.steps=0", "rl.steps=1", "--run-dir", str(run)])
     assert code == 0, capsys.readouterr().err

@@ -35,7 +35,7 @@ def cmd_filter(args) -> int:
     done = filter_prompts(config, args.data, args.model, args.out)
     report = done.report
     console = Console()
-    console.print(histogram_table(done.histogram, report["prompts"], rules.samples))
+    console.print(histogram_table(report["histogram"], report["prompts"], rules.samples))
     console.print(
         f"kept {report['kept']} (low < p < high: {rules.low:g} < p < {rules.high:g}); dropped "
         f"{report['too_easy']} too easy, {report['too_hard']} too hard, {report['unscored']} unscored\n"

@@ -65,17 +65,29 @@ def distinct_problems(level: int) -> int:
     return (10**high - (10 ** (low - 1) if low > 1 else 0)) ** count
 
 
+def _share(total: int, position: int, levels: int) -> int:
+    """How many of `total` problems dealt to `levels` levels in turn land on the level at `position`."""
+    return max(0, -(-(total - position) // levels))
+
+
 def oversubscribed(num_train: int, num_eval: int, levels) -> list[tuple[int, int, int]]:
     """(level, problems asked of it, distinct problems it has) for each level `make_splits` would ask for
     more distinct problems than it holds (the splits deal problems to the levels in turn)."""
     levels = list(levels)
-    share = lambda total, j: max(0, -(-(total - j) // len(levels)))  # noqa: E731  (positions j, j+L, ...)
-    asked = [share(num_eval, j) + share(num_train, j) for j in range(len(levels))]
-    return [
-        (level, n, distinct_problems(level))
-        for level, n in zip(levels, asked)
-        if n > distinct_problems(level)
+    asked = [
+        (level, _share(num_eval, j, len(levels)) + _share(num_train, j, len(levels)))
+        for j, level in enumerate(levels)
     ]
+    return [(level, n, distinct_problems(level)) for level, n in asked if n > distinct_problems(level)]
+
+
+def largest_num_train(num_eval: int, levels) -> int:
+    """The largest `num_train` no level is short of beside `num_eval` held-out problems (-1: none is, the
+    held-out split alone asks too much). The level at position j gets ceil((n - j) / L) of n, so n may
+    reach L * (its room after the held-out share) + j."""
+    levels = list(levels)
+    room = [distinct_problems(level) - _share(num_eval, j, len(levels)) for j, level in enumerate(levels)]
+    return -1 if min(room) < 0 else min(len(levels) * r + j for j, r in enumerate(room))
 
 
 def make_splits(

@@ -4,7 +4,7 @@ files or from the built-in task's train / held-out split (made once, by `data.sp
 from __future__ import annotations
 
 from everyprompt.config import Config, ConfigError
-from everyprompt.data.arithmetic import make_splits, oversubscribed
+from everyprompt.data.arithmetic import largest_num_train, make_splits, oversubscribed
 from everyprompt.data.datasets import load_prompt_file
 
 
@@ -21,11 +21,16 @@ class ConfigRows:
             short = oversubscribed(data.num_train, data.num_eval, data.levels)
             if short:
                 level, asked, held = short[0]
+                largest = largest_num_train(data.num_eval, data.levels)
+                key, fix = (
+                    ("data.num_train", f"lower data.num_train (at most {largest}) or add levels")
+                    if largest >= 0
+                    else ("data.num_eval", "lower data.num_eval or add levels")
+                )
                 raise ConfigError(
-                    f"config key 'data.num_train': the built-in task's level {level} has {held} distinct "
-                    f"problems, and data.num_train={data.num_train} + data.num_eval={data.num_eval} over "
-                    f"data.levels={data.levels} ask {asked} of it; lower data.num_train (at most "
-                    f"{_largest_train(data)}) or add levels"
+                    f"config key '{key}': the built-in task's level {level} has {held} distinct problems, and "
+                    f"data.num_train={data.num_train} + data.num_eval={data.num_eval} over "
+                    f"data.levels={data.levels} ask {asked} of it; {fix}"
                 )
             self._splits = make_splits(data.split_seed, data.num_train, data.num_eval, data.levels)
         return self._splits
@@ -61,15 +66,3 @@ class ConfigRows:
         if data.eval_file:
             return load_prompt_file(data.eval_file, data.columns)
         return [p.as_row() for p in self._builtin()[1]]
-
-
-def _largest_train(data) -> int:
-    """The largest `data.num_train` the built-in task's levels can give beside `data.num_eval`."""
-    low, high = 0, data.num_train
-    while low < high:  # the largest n with no level oversubscribed
-        middle = (low + high + 1) // 2
-        if oversubscribed(middle, data.num_eval, data.levels):
-            high = middle - 1
-        else:
-            low = middle
-    return low

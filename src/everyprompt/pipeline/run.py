@@ -37,7 +37,7 @@ from everyprompt.trainer import RLTrainer, run_sft, save_checkpoint
 from everyprompt.trainer.checkpoint import CheckpointError, load_trainer_state
 from everyprompt.trainer.wandb_run import require_wandb
 from everyprompt.zve import seeded_sample
-from everyprompt.zve.workflow import run_offline_filter
+from everyprompt.zve.workflow import filter_counts, run_offline_filter
 
 log = logging.getLogger(__name__)
 
@@ -215,13 +215,7 @@ class Run:
         report = {
             "prompts": len(rows),
             "estimated": len(candidates),
-            "samples": rules.samples,
-            "kept": len(kept),
-            "too_easy": result.too_easy,
-            "too_hard": result.too_hard,
-            "unscored": result.unscored,
-            "reward_errors": estimate.errors,
-            "histogram": result.histogram,
+            **filter_counts(estimate, result, rules),
             "seconds": time.perf_counter() - started,
             "rollouts": len(candidates) * rules.samples,
             "kept_indices": kept,

@@ -15,7 +15,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 
-from everyprompt.choices import AUTO_ENGINE, ENGINES
+from everyprompt.choices import AUTO_ENGINE, ENGINES, engine_choices
 from everyprompt.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -157,11 +157,6 @@ def register_engine(
 
 def registered_engines() -> list[str]:
     return sorted(_ENGINES)
-
-
-def engine_choices() -> list[str]:
-    """What `rollout.engine` accepts: `auto` and every registered engine."""
-    return [AUTO, *registered_engines()]
 
 
 def _spec(name: str) -> EngineSpec:

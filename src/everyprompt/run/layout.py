@@ -62,6 +62,16 @@ FILTER_REPORT = "report.json"
 FILTER_HISTOGRAM = "pass_rates.png"
 
 
+class _In:
+    """A path under a layout's root: `config = _In(CONFIG)` makes `layout.config` be `root / CONFIG`."""
+
+    def __init__(self, *parts: str):
+        self.parts = parts
+
+    def __get__(self, layout, owner=None):
+        return self if layout is None else layout.root.joinpath(*self.parts)
+
+
 @dataclass(frozen=True)
 class _Folder:
     root: Path | str  # a Path once made
@@ -74,87 +84,33 @@ class _Folder:
 class RunLayout(_Folder):
     """The paths of one run directory (nothing is created here)."""
 
-    @property
-    def config(self) -> Path:
-        return self.root / CONFIG
-
-    @property
-    def metrics(self) -> Path:
-        return self.root / METRICS
-
-    @property
-    def tensorboard(self) -> Path:
-        return self.root / TENSORBOARD
-
-    @property
-    def warnings(self) -> Path:
-        return self.root / WARNINGS
-
-    @property
-    def pass_rates(self) -> Path:
-        return self.root / PASS_RATES
-
-    @property
-    def filter_result(self) -> Path:
-        return self.root / FILTER_RESULT
-
-    @property
-    def eval_results(self) -> Path:
-        return self.root / EVAL
-
-    @property
-    def completions(self) -> Path:
-        return self.root / EVAL_COMPLETIONS
-
-    @property
-    def demo_summary(self) -> Path:
-        return self.root / DEMO_SUMMARY
-
-    @property
-    def genrm_samples(self) -> Path:
-        return self.root / GENRM_SAMPLES
+    config = _In(CONFIG)
+    metrics = _In(METRICS)
+    tensorboard = _In(TENSORBOARD)
+    warnings = _In(WARNINGS)
+    pass_rates = _In(PASS_RATES)
+    filter_result = _In(FILTER_RESULT)
+    eval_results = _In(EVAL)
+    completions = _In(EVAL_COMPLETIONS)
+    demo_summary = _In(DEMO_SUMMARY)
+    genrm_samples = _In(GENRM_SAMPLES)
+    cell_log = _In(CELL_LOG)
+    report = _In(REPORT)
+    report_summary = _In(REPORT, REPORT_SUMMARY)
+    report_markdown = _In(REPORT, REPORT_MARKDOWN)
+    report_html = _In(REPORT, REPORT_HTML)
+    checkpoints = _In(CHECKPOINTS)
+    latest = _In(CHECKPOINTS, LATEST)
+    sft_checkpoint = _In(CHECKPOINTS, SFT)
 
     @property
     def sft(self) -> RunLayout:
         """The SFT phase's own log folder (its metrics.jsonl and tensorboard/)."""
         return RunLayout(self.root / SFT)
 
-    @property
-    def report(self) -> Path:
-        return self.root / REPORT
-
-    @property
-    def report_summary(self) -> Path:
-        return self.report / REPORT_SUMMARY
-
-    @property
-    def report_markdown(self) -> Path:
-        return self.report / REPORT_MARKDOWN
-
-    @property
-    def report_html(self) -> Path:
-        return self.report / REPORT_HTML
-
     def report_curves(self, phase: str) -> Path:
         """The curves of phase `rl` or `sft`."""
         return self.report / REPORT_CURVES.format(phase=phase)
-
-    @property
-    def cell_log(self) -> Path:
-        return self.root / CELL_LOG
-
-    # ------------------------------------------------------------ checkpoints
-    @property
-    def checkpoints(self) -> Path:
-        return self.root / CHECKPOINTS
-
-    @property
-    def latest(self) -> Path:
-        return self.checkpoints / LATEST
-
-    @property
-    def sft_checkpoint(self) -> Path:
-        return self.checkpoints / SFT
 
     def step_checkpoint(self, step: int) -> Path:
         return self.checkpoints / f"{RL_STEP}{step}"
@@ -209,21 +165,10 @@ def eval_dir(checkpoint: Path) -> Path:
 class SweepLayout(_Folder):
     """A sweep directory: its plan, base config and status, and one run directory per cell."""
 
-    @property
-    def plan(self) -> Path:
-        return self.root / SWEEP_PLAN
-
-    @property
-    def base_config(self) -> Path:
-        return self.root / SWEEP_BASE
-
-    @property
-    def status(self) -> Path:
-        return self.root / SWEEP_STATUS
-
-    @property
-    def report_html(self) -> Path:
-        return self.root / REPORT_HTML
+    plan = _In(SWEEP_PLAN)
+    base_config = _In(SWEEP_BASE)
+    status = _In(SWEEP_STATUS)
+    report_html = _In(REPORT_HTML)
 
     def cell(self, name: str) -> RunLayout:
         return RunLayout(self.root / name)
@@ -236,21 +181,10 @@ class SweepLayout(_Folder):
 class FilterLayout(_Folder):
     """What `everyprompt filter --out DIR` writes."""
 
-    @property
-    def kept(self) -> Path:
-        return self.root / FILTER_KEPT
-
-    @property
-    def report(self) -> Path:
-        return self.root / FILTER_REPORT
-
-    @property
-    def histogram(self) -> Path:
-        return self.root / FILTER_HISTOGRAM
-
-    @property
-    def pass_rates(self) -> Path:
-        return self.root / PASS_RATES
+    kept = _In(FILTER_KEPT)
+    report = _In(FILTER_REPORT)
+    histogram = _In(FILTER_HISTOGRAM)
+    pass_rates = _In(PASS_RATES)
 
     def names(self) -> str:
         return ", ".join((FILTER_KEPT, FILTER_REPORT, FILTER_HISTOGRAM, PASS_RATES))

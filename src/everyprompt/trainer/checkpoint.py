@@ -9,7 +9,6 @@ falls back to the newest complete checkpoint (`run/resume.py` decides where a ru
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -19,7 +18,7 @@ import torch
 
 from everyprompt.errors import InputError
 from everyprompt.models.io import save_pretrained
-from everyprompt.run.files import fsync
+from everyprompt.run.files import fsync, sha256
 from everyprompt.run.layout import LATEST, series
 
 STATE_FILE = "trainer_state.pt"
@@ -30,19 +29,11 @@ class CheckpointError(InputError):
     """A checkpoint that cannot be written or resumed from; the message names the path and the problem."""
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _write_manifest(directory: Path) -> None:
     files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
     for file in files:
         fsync(file)
-    entries = {str(f.relative_to(directory)): {"size": f.stat().st_size, "sha256": _sha256(f)} for f in files}
+    entries = {str(f.relative_to(directory)): {"size": f.stat().st_size, "sha256": sha256(f)} for f in files}
     (directory / MANIFEST).write_text(json.dumps({"files": entries}, indent=1))
     fsync(directory / MANIFEST)
     fsync(directory)
@@ -126,7 +117,7 @@ def verify_checkpoint(path: str | Path) -> None:
         size = file.stat().st_size
         if size != expected["size"]:
             raise CheckpointError(f"{file}: {size} bytes, {expected['size']} expected (truncated or altered)")
-        if _sha256(file) != expected["sha256"]:
+        if sha256(file) != expected["sha256"]:
             raise CheckpointError(f"{file}: checksum differs from {MANIFEST} (altered or damaged)")
 
 

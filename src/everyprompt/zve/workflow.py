@@ -6,7 +6,6 @@ rates (`offline.py`), the filter keeps low < p < high, and the rates are recorde
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from everyprompt.logs import progress_bar
 from everyprompt.rewards import build_reward
 from everyprompt.rewards.pool import RewardPool
 from everyprompt.rollout import SamplingParams, build_engine
+from everyprompt.run.files import write_json_atomic, write_jsonl_atomic
 from everyprompt.run.layout import FilterLayout
 from everyprompt.zve.offline import FilterResult, PassRateEstimate, estimate_pass_rates, filter_by_pass_rate
 
@@ -57,13 +57,27 @@ def run_offline_filter(
     return estimate, filter_by_pass_rate(estimate, rules.low, rules.high)
 
 
+def filter_counts(estimate: PassRateEstimate, result: FilterResult, rules: OfflineFilterConfig) -> dict:
+    """What a filter report says of every run of it: the rules, what was kept and dropped, the histogram."""
+    return {
+        "samples": rules.samples,
+        "low": rules.low,
+        "high": rules.high,
+        "kept": len(result.kept),
+        "too_easy": result.too_easy,
+        "too_hard": result.too_hard,
+        "unscored": result.unscored,
+        "reward_errors": estimate.errors,
+        "histogram": result.histogram,
+    }
+
+
 @dataclass
 class FilteredFile:
-    """What `filter_prompt_file` wrote (`out`) and found."""
+    """What `filter_prompt_file` wrote (`out`) and its report."""
 
     out: FilterLayout
     report: dict
-    histogram: dict[str, int]
 
 
 def filter_prompt_file(
@@ -79,27 +93,17 @@ def filter_prompt_file(
         estimate, result = run_offline_filter(model, tokenizer, rows, config, store)
     finally:
         store.close()
-    with open(layout.kept, "w", encoding="utf-8") as handle:
-        for index in result.kept:
-            row = {**rows[index], "pass_rate": estimate.rate(index), "attempts": estimate.attempts[index]}
-            handle.write(json.dumps(row) + "\n")
+    kept = [{**rows[i], "pass_rate": estimate.rate(i), "attempts": estimate.attempts[i]} for i in result.kept]
+    write_jsonl_atomic(layout.kept, kept)
     report = {
         "data": source,
         "model": checkpoint,
         "prompts": len(rows),
-        "samples": rules.samples,
-        "low": rules.low,
-        "high": rules.high,
-        "kept": len(result.kept),
-        "too_easy": result.too_easy,
-        "too_hard": result.too_hard,
-        "unscored": result.unscored,
-        "reward_errors": estimate.errors,
-        "histogram": result.histogram,
+        **filter_counts(estimate, result, rules),
     }
-    layout.report.write_text(json.dumps(report, indent=2))
+    write_json_atomic(layout.report, report)
     plot_pass_rates(estimate, rules, layout.histogram)
-    return FilteredFile(layout, report, result.histogram)
+    return FilteredFile(layout, report)
 
 
 def plot_pass_rates(estimate: PassRateEstimate, rules: OfflineFilterConfig, path: Path) -> None:
