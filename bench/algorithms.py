@@ -150,14 +150,16 @@ def result_of(
         for key in sorted({k for m in history for k in m})
         if key.startswith(("actor/", "espo/", "reward/"))
     }
+    # the policy's entropy is measured by updates: steps without signal (no update) have none
+    entropies = [v for v in per_step.get("actor/entropy", []) if v == v] or [float("nan")]
     return {
         "method": method,
         "seed": seed,
         "evals": evals,
         "final_greedy_accuracy": final["greedy_accuracy"],
         "clip_fraction_mean": nan_mean(per_step.get("actor/clip_fraction", [])),
-        "entropy_first": per_step["actor/entropy"][0],
-        "entropy_last": per_step["actor/entropy"][-1],
+        "entropy_first": entropies[0],
+        "entropy_last": entropies[-1],
         "reward_mean": nan_mean(per_step.get("reward/mean", [])),
         "espo": {key: nan_mean(values) for key, values in per_step.items() if key.startswith("espo/")},
         "per_step": per_step,
@@ -250,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
         "--sft-seed", type=int, default=1, help="seed of the shared SFT checkpoint (1: the most RL headroom)"
     )
     parser.add_argument("--tiny", action="store_true", help="smoke run on a 2-layer model in seconds")
+    parser.add_argument(
+        "--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides of every RL run"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
 
@@ -273,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         "checkpoint.every=0",
         "logging.progress=false",
         "logging.tensorboard=false",
+        *args.set,
     ]
     console.print(
         f"{len(args.methods) * len(args.seeds)} runs of {args.steps} steps, {args.workers} at a time"

@@ -38,8 +38,15 @@ TINY_LAYERS = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, n
 
 # the base of tests that build their config: the synchronous loop with the engine's log-probs as the old
 # policy's, so that each test names the mechanism it exercises (the demo's asynchronous default runs in
-# the CLI tests, which use TINY_OVERRIDES alone, and in tests/trainer/test_asynchrony.py)
-SYNCHRONOUS = ["rl.max_staleness=0", "rl.old_logprobs=rollout", "rl.rollout_correction.mode=null"]
+# the CLI tests, which use TINY_OVERRIDES alone, and in tests/trainer/test_asynchrony.py); and a reward
+# under which every group carries signal (a random tiny model scores 0 on the math reward everywhere, and
+# a step without signal makes no update), unless a test names its own
+SYNCHRONOUS = [
+    "rl.max_staleness=0",
+    "rl.old_logprobs=rollout",
+    "rl.rollout_correction.mode=null",
+    "rewards.function=tests.trainer.flaky_reward:scattered",
+]
 
 
 def tiny_config(*extra: str) -> Config:

@@ -23,7 +23,8 @@ def _load(name: str):
 def test_algorithms_bench_smoke(tmp_path, capsys):
     bench = _load("algorithms")
     args = "--tiny --steps 2 --evals 1 --workers 1 --seeds 0".split() + ["--out", str(tmp_path)]
-    assert bench.main([*args, "--methods", "DAPO", "ESPO"]) == 0
+    signal = ["--set", "rewards.function=tests.trainer.flaky_reward:scattered"]  # every step updates
+    assert bench.main([*args, "--methods", "DAPO", "ESPO", *signal]) == 0
     payload = json.loads((tmp_path / "algorithms.json").read_text())
     assert [(r["method"], r["seed"]) for r in payload["runs"]] == [("DAPO", 0), ("ESPO", 0)]
     for run in payload["runs"]:

@@ -17,6 +17,16 @@ def test_train_two_steps_then_eval_then_resume(tmp_path, capsys):
     assert main(["eval", str(run), *TINY_OVERRIDES, "--run-dir", str(tmp_path / "ev")]) == 0
     results = json.loads((tmp_path / "ev" / "eval.json").read_text())
     assert 0.0 <= results["greedy_accuracy"] <= 1.0 and "pass@2/level_1" in results
+    # without a config, a run's checkpoint is evaluated with the run's own config (10 held-out prompts,
+    # not the demo's 500), the command line's overrides on top
+    capsys.readouterr()
+    checkpoint = run / "checkpoints" / "step_2"
+    assert main(["eval", str(checkpoint), "data.num_eval=4", "eval.num_samples=0"]) == 0
+    assert "the run's own" in capsys.readouterr().err
+    results = json.loads((checkpoint / "eval" / "eval.json").read_text())
+    assert results["num_prompts"] == 4 and "pass@2" not in results
+    assert main(["eval", str(run), "eval.num_samples=0", "--run-dir", str(tmp_path / "ev2")]) == 0
+    assert json.loads((tmp_path / "ev2" / "eval.json").read_text())["num_prompts"] == 10
     assert main(["train", "--resume", str(run), "rl.steps=3"]) == 0
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 3
 

@@ -137,3 +137,17 @@ def test_dead_zone_needs_a_centred_estimator():
         load_config(None, ["rl.dead_zone=0.1", "rl.advantage=rloo"])
     with pytest.raises(ConfigError, match=r"rl\.dead_zone"):
         load_config(None, ["rl.dead_zone=-1"])
+
+
+def test_an_invalid_value_names_where_it_came_from(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("seed: 1\nrl:\n  steps: 3\n  lr: -1\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value).startswith(f"{path}:4: config key 'rl.lr'")  # the file, and the key's line
+    with pytest.raises(ConfigError) as err:  # the same key given on the command line: the override is named
+        load_config(path, ["rl.lr=-2"])
+    assert str(err.value).startswith("command-line override 'rl.lr=-2': config key 'rl.lr'")
+    with pytest.raises(ConfigError) as err:  # an override of the embedded default never blames demo.yaml
+        load_config(None, ["eval.num_samples=-1"])
+    assert "demo.yaml" not in str(err.value) and "'eval.num_samples=-1'" in str(err.value)

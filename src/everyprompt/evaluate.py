@@ -11,6 +11,7 @@ from math import comb
 from everyprompt.config import Config
 from everyprompt.data.formatting import PlainFormat, prompt_format_of
 from everyprompt.generation import sample_and_score
+from everyprompt.logs import progress_bar
 from everyprompt.rewards import build_reward
 from everyprompt.rewards.math import extract_answer
 from everyprompt.rewards.pool import RewardPool
@@ -35,9 +36,11 @@ def _passes(
     prompt_format,
     pool,
     kept: list | None = None,
+    progress: bool = False,
 ) -> list[list[bool]]:
     """Per row, whether each of its `samples` completions passes; with `kept`, each completion's record
-    (prompt as the model saw it, completion, extracted answer, reward) is appended to it."""
+    (prompt as the model saw it, completion, extracted answer, reward) is appended to it. `progress`: a
+    bar over the prompts (greedy) or the samples, with their rate."""
     prompts = [prompt_format.prompt_ids(row) for row in rows]
     requests = [
         GenerationRequest(i * samples + j, prompts[i], derive_seed(seed, i, j))
@@ -45,8 +48,12 @@ def _passes(
         for j in range(samples)
     ]
     expanded = [rows[i] for i in range(len(rows)) for _ in range(samples)]
-    with RewardPool(reward_fn, **pool) as rewards:
-        scored = sample_and_score(engine, tokenizer, requests, params, expanded, rewards)
+    unit, label = ("prompts", "eval (greedy)") if samples == 1 else ("samples", f"eval ({samples} samples each)")
+    with (
+        RewardPool(reward_fn, **pool) as rewards,
+        progress_bar(len(requests), label, enabled=progress, unit=unit) as advance,
+    ):
+        scored = sample_and_score(engine, tokenizer, requests, params, expanded, rewards, progress=advance)
     flags = [r is not None and r >= 1.0 for r in scored.rewards]
     if kept is not None:
         for index, (text, reward) in enumerate(zip(scored.texts, scored.rewards)):
@@ -90,12 +97,14 @@ def evaluate(
     workers: int = 0,
     timeout_s: float = 30.0,
     completions: list | None = None,
+    progress: bool = False,
 ) -> dict[str, float]:
     """Greedy accuracy (and pass@k when `num_samples` > 0) of `engine` on `rows`, prompts rendered by
     `prompt_format` (data.formatting; default: plain text). Rewards are scored as in training: in
     `workers` processes with a `timeout_s` per call (a reward that hangs or fails scores the completion
     as not passing), or inline with `workers` 0 (the whole call in one reward call, no timeout). With
-    `completions` (a list), the greedy completions' records are appended to it, in row order."""
+    `completions` (a list), the greedy completions' records are appended to it, in row order; `progress`
+    shows a bar with prompts/s."""
     prompt_format = prompt_format or PlainFormat(tokenizer)
     pool = {"workers": workers, "timeout_s": timeout_s}
     greedy = SamplingParams(max_new_tokens, greedy=True, stop=stop)
@@ -104,14 +113,16 @@ def evaluate(
         [
             float(p[0])
             for p in _passes(
-                engine, tokenizer, rows, reward_fn, greedy, 1, seed, prompt_format, pool, completions
+                engine, tokenizer, rows, reward_fn, greedy, 1, seed, prompt_format, pool, completions, progress
             )
         ],
         "greedy_accuracy",
     )
     if num_samples:
         sampled = SamplingParams(max_new_tokens, temperature=temperature, stop=stop)
-        flags = _passes(engine, tokenizer, rows, reward_fn, sampled, num_samples, seed, prompt_format, pool)
+        flags = _passes(
+            engine, tokenizer, rows, reward_fn, sampled, num_samples, seed, prompt_format, pool, None, progress
+        )
         results.update(
             _summarise(rows, [pass_at_k(num_samples, sum(f), pass_k) for f in flags], f"pass@{pass_k}")
         )
@@ -120,10 +131,16 @@ def evaluate(
 
 
 def evaluate_config(
-    config: Config, engine, tokenizer, rows: list[dict], completions: list | None = None
+    config: Config,
+    engine,
+    tokenizer,
+    rows: list[dict],
+    completions: list | None = None,
+    progress: bool = False,
 ) -> dict[str, float]:
     """`evaluate` with a config's settings: its reward (in its worker pool), its prompt format and stops,
-    and `eval.*`'s samples, k, temperature and seed (`completions`: as `evaluate`'s)."""
+    and `eval.*`'s samples, k, temperature and seed (`completions`: as `evaluate`'s; `progress`: a bar,
+    when `logging.progress` allows one and no other is live, as during training)."""
     return evaluate(
         engine,
         tokenizer,
@@ -139,4 +156,5 @@ def evaluate_config(
         workers=config.rewards.workers,
         timeout_s=config.rewards.timeout_s,
         completions=completions,
+        progress=progress and config.logging.progress,
     )

@@ -39,13 +39,14 @@ def sample_and_score(
     call: object = 0,
     prefixes: Sequence[list[int]] | None = None,
     finished: Callable[[Completion], bool] | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> ScoredSamples:
     """Generate `requests` (ids 0..n-1, admitted in the order given), score each completion against the
     reward columns `rows[request_id]`. `call` keeps this call's keys apart in a pool shared by calls.
 
     Partial rollouts: `prefixes[request_id]`, the tokens a request's completion continues (decoded and
     scored together with it); a completion for which `finished` is false is neither decoded nor scored
-    (its text is "" and its reward None)."""
+    (its text is "" and its reward None). `progress(1)` is called as each completion comes out."""
     ids = sorted(r.request_id for r in requests)
     if ids != list(range(len(requests))):
         raise ValueError(f"request ids must be 0..{len(requests) - 1}, got {ids[:5]}...")
@@ -54,6 +55,8 @@ def sample_and_score(
     began = time.perf_counter()
     for completion in engine.generate(requests, params):
         number = completion.request_id
+        if progress is not None:
+            progress(1)
         if finished is not None and not finished(completion):
             done[number] = (completion, "")
             continue

@@ -7,10 +7,12 @@ import logging
 from pathlib import Path
 
 from rich.console import Console
+from rich.text import Text
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    ProgressColumn,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -59,13 +61,33 @@ def progress(console: Console, *extra) -> Progress:
     )
 
 
-class progress_bar:  # noqa: N801  (used as a context manager, like a function)
-    """A rich progress bar over `total` items; the context value is `advance(n)`. No-op when disabled."""
+class RateColumn(ProgressColumn):
+    """Items per second, e.g. `12.3 prompts/s` (blank until rich has measured a speed)."""
 
-    def __init__(self, total: int, description: str, enabled: bool = True, console: Console | None = None):
+    def __init__(self, unit: str):
+        super().__init__()
+        self.unit = unit
+
+    def render(self, task) -> Text:
+        return Text(f"{task.speed:.1f} {self.unit}/s" if task.speed else "", style="progress.data.speed")
+
+
+class progress_bar:  # noqa: N801  (used as a context manager, like a function)
+    """A rich progress bar over `total` items (with their rate when `unit` names them); the context value
+    is `advance(n)`. No-op when disabled."""
+
+    def __init__(
+        self,
+        total: int,
+        description: str,
+        enabled: bool = True,
+        console: Console | None = None,
+        unit: str | None = None,
+    ):
         self._progress = None
         if enabled:
-            self._progress = progress(console or Console(stderr=True))
+            extra = (RateColumn(unit),) if unit else ()
+            self._progress = progress(console or Console(stderr=True), *extra)
             self._task = self._progress.add_task(description, total=total)
 
     def __enter__(self):

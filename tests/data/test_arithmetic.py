@@ -47,19 +47,21 @@ def test_unknown_level_is_an_error():
 
 
 def test_each_level_holds_a_known_number_of_distinct_problems():
-    from everyprompt.data.arithmetic import distinct_problems, largest_num_train, oversubscribed
+    from everyprompt.data.arithmetic import ARITHMETIC as task
+    from everyprompt.data.arithmetic import distinct_problems
+    from everyprompt.data.tasks import largest_num_train, oversubscribed
 
     # level 1: two operands of 0..99 -> 100 * 100; level 2: two of 10..99 -> 90 * 90; level 4: 900^3
     assert [distinct_problems(level) for level in (1, 2, 4)] == [10_000, 8_100, 900**3]
     # 9,500 + 500 on level 1 alone is exactly its 10,000; one more is too many
-    assert oversubscribed(9_500, 500, [1]) == []
-    assert oversubscribed(9_501, 500, [1]) == [(1, 10_001, 10_000)]
+    assert oversubscribed(task, 9_500, 500, [1]) == []
+    assert oversubscribed(task, 9_501, 500, [1]) == [(1, 10_001, 10_000)]
     # dealt in turn over [1, 2]: 20,000 + 500 -> 10,250 each; both levels are short
-    assert oversubscribed(20_000, 500, [1, 2]) == [(1, 10_250, 10_000), (2, 10_250, 8_100)]
+    assert oversubscribed(task, 20_000, 500, [1, 2]) == [(1, 10_250, 10_000), (2, 10_250, 8_100)]
     # [1, 2] beside 500 held-out: level 2 (position 1) has 8,100 - 250 = 7,850 left for floor(n / 2) -> 15,701
-    assert largest_num_train(500, [1, 2]) == 15_701
-    assert oversubscribed(15_701, 500, [1, 2]) == [] and oversubscribed(15_702, 500, [1, 2]) != []
-    assert largest_num_train(10_001, [1]) == -1  # the held-out split alone is too much for level 1
+    assert largest_num_train(task, 500, [1, 2]) == 15_701
+    assert oversubscribed(task, 15_701, 500, [1, 2]) == [] and oversubscribed(task, 15_702, 500, [1, 2]) != []
+    assert largest_num_train(task, 10_001, [1]) == -1  # the held-out split alone is too much for level 1
 
 
 def test_levels_that_cannot_give_the_problems_asked_exit_2_naming_the_key_and_the_limit(tmp_path, capsys):
@@ -68,7 +70,7 @@ def test_levels_that_cannot_give_the_problems_asked_exit_2_naming_the_key_and_th
     assert main(["train", "data.levels=[1,2]", "--run-dir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "Traceback" not in err[0], err
-    assert "config key 'data.num_train'" in err[0] and "level 1 has 10000 distinct problems" in err[0]
+    assert "config key 'data.num_train'" in err[0] and "level 1 of the built-in task 'arithmetic' has 10000 distinct problems" in err[0]
     # level 2 (8,100) gets 250 held-out problems and floor(n / 2) of n training ones: n <= 2 * 7,850 + 1
     assert "ask 10250 of it" in err[0] and "at most 15701" in err[0]
     assert main(["train", "data.levels=[1]", "data.num_eval=10001", "--run-dir", str(tmp_path / "r2")]) == 2

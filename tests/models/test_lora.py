@@ -24,13 +24,8 @@ LORA = [
     "model.lora.r=4",
     f"model.lora.target_parameters={json.dumps(MOE_TARGETS)}",
     "rl.lr=1e-2",
-    "rewards.function=tests.models.test_lora:shorter_is_better",
+    "rewards.function=tests.trainer.flaky_reward:scattered",  # every group has variance: every step updates
 ]
-
-
-def shorter_is_better(completions: list[str], **_) -> list[float]:
-    """A reward every group of a random-init model has variance in (its completions differ in length)."""
-    return [1.0 / (1 + len(text)) for text in completions]
 
 
 def test_merged_weights_equal_peft_merge_and_the_adapted_forward():

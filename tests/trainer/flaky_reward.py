@@ -38,3 +38,11 @@ def hashed(completions, **columns):
     import zlib
 
     return [float(zlib.crc32(text.encode()) % 2 == 0) for text in completions]
+
+
+def scattered(completions, **columns):
+    """A reward in [0, 1) from each completion's CRC-32: two different completions (nearly) always score
+    differently, so every group of a sampled batch carries signal and every step updates the model."""
+    import zlib
+
+    return [zlib.crc32(text.encode()) / 2**32 for text in completions]

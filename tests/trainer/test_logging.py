@@ -122,3 +122,19 @@ def test_a_warning_still_reaches_the_console_outside_pytest(tmp_path):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0 and result.stderr.strip().endswith("look here")
     assert "look here" in (tmp_path / "warnings.log").read_text()
+
+
+def test_the_progress_line_counts_steps_without_signal(tmp_path):
+    from io import StringIO
+
+    from rich.console import Console
+
+    out = StringIO()
+    logger = MetricsLogger(tmp_path, 3, "RL", tensorboard=False, console=Console(file=out, width=200))
+    logger.log(1, {"reward/mean": 0.5, "actor/no_signal_update": 0.0})
+    logger.log(2, {"reward/mean": 1.0, "actor/no_signal_update": 1.0})
+    logger.log(3, {"reward/mean": 1.0, "actor/no_signal_update": 1.0})
+    logger.close()
+    lines = [line for line in out.getvalue().splitlines() if line.startswith("RL step")]
+    assert "no-signal" not in lines[0] and lines[1].endswith("no-signal steps 1"), lines
+    assert lines[2].endswith("no-signal steps 2")

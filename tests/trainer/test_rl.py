@@ -442,7 +442,8 @@ def test_a_run_whose_updates_stay_non_finite_stops_and_names_its_last_checkpoint
         return real_optimize(self, batch)
 
     monkeypatch.setattr(Learner, "_optimize", poisoned)
-    argv = ["train", *TINY_OVERRIDES, "rl.steps=6", "rl.max_skipped_updates=2", "--run-dir", str(tmp_path)]
+    signal = "rewards.function=tests.trainer.flaky_reward:scattered"  # every step has something to update
+    argv = ["train", *TINY_OVERRIDES, signal, "rl.steps=6", "rl.max_skipped_updates=2", "--run-dir", str(tmp_path)]
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert "2 updates in a row were skipped" in err and "Traceback" not in err
@@ -473,3 +474,31 @@ def test_batch_select_keeps_rows_and_renumbers_groups():
     assert [float(x) for x in kept.rollout_logprobs] == [0.0, -1.0, -4.0, -5.0]
     assert kept.completion_text == [] and kept.routed_experts is None and kept.max_new_tokens == 5
     assert len(batch) == 6  # the original is left as it was
+
+
+def test_a_step_without_signal_makes_no_update(tmp_path):
+    """Every group all-right: no optimizer step (weights, Adam's state and the schedule untouched), counted."""
+    config = tiny_config("rl.steps=2", "checkpoint.every=0", "rewards.function=tests.trainer.flaky_reward:always")
+    trainer = Run(config, tmp_path).trainer()
+    before = _parameters(trainer.model)
+    learner = trainer.learner
+    trainer.train()
+    trainer.close()
+    torch.testing.assert_close(_parameters(trainer.model), before, rtol=0, atol=0)
+    assert not learner.optimizer.state  # Adam never stepped: no moments to replay
+    assert learner.scheduler.last_epoch == 0  # no schedule tick either
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [line["actor/no_signal_update"] for line in lines] == [1.0, 1.0]
+    assert all("loss/policy" not in line and "actor/skipped_updates" not in line for line in lines)
+
+
+def test_a_step_with_signal_updates_and_ticks_the_schedule(tmp_path):
+    config = tiny_config("rl.steps=1", "checkpoint.every=0", "rl.lr=1e-2")  # the scattered reward: signal
+    trainer = Run(config, tmp_path).trainer()
+    before = _parameters(trainer.model)
+    trainer.train()
+    trainer.close()
+    assert any(not torch.equal(before[k], v) for k, v in _parameters(trainer.model).items())
+    assert trainer.learner.scheduler.last_epoch == 1 and trainer.learner.optimizer.state
+    line = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert line["actor/no_signal_update"] == 0.0 and "loss/policy" in line

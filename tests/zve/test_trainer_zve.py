@@ -82,7 +82,7 @@ def test_a_step_whose_groups_are_all_dropped_skips_the_update(tmp_path):
     trainer = Run(config, tmp_path).trainer()
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     metrics = trainer.train_step()
-    assert metrics["actor/skipped_updates"] == 1.0 and metrics["zve/informative_rollout_fraction"] == 0.0
+    assert metrics["actor/no_signal_update"] == 1.0 and metrics["zve/informative_rollout_fraction"] == 0.0
     assert metrics["zve/dropped_groups"] == 0 and metrics["zve/dropped_zero_variance_groups"] == 2
     assert all(torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
 
@@ -157,7 +157,23 @@ def test_filter_command_writes_kept_prompts_report_and_store(tmp_path, capsys):
     assert all(0 < json.loads(line)["pass_rate"] < 1 for line in kept)
     assert len(PassRateStore(out / "passrates.sqlite")) == report["prompts"] - report["unscored"]
     assert (out / "pass_rates.png").stat().st_size > 0
-    assert "kept" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "kept" in printed and "Pass rates by level" in printed
+    # the built-in task's RL prompts carry their level: one row per level with every scored prompt in it
+    assert sum(row["prompts"] for row in report["by_level"].values()) == report["prompts"] - report["unscored"]
+    assert list(report["by_level"]) == sorted(report["by_level"], key=int)
+
+
+def test_pass_rates_by_level_hand_computed():
+    from everyprompt.zve.offline import PassRateEstimate
+
+    # level 1: 0/4 and 2/4; level 2: 4/4 (and a prompt never scored); a row without a level is left out
+    estimate = PassRateEstimate([4, 4, 4, 0, 4], [0, 2, 4, 0, 1], [1.0] * 5, 0)
+    rows = [{"level": 1}, {"level": 1}, {"level": 2}, {"level": 2}, {}]
+    assert estimate.by_level(rows) == {
+        "1": {"prompts": 2, "mean_pass_rate": 0.25, "never_solved": 0.5, "always_solved": 0.0, "in_band": 0.5},
+        "2": {"prompts": 1, "mean_pass_rate": 1.0, "never_solved": 0.0, "always_solved": 1.0, "in_band": 0.0},
+    }
 
 
 def tiny_config_overrides():

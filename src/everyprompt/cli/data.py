@@ -23,7 +23,7 @@ def cmd_filter(args) -> int:
     from rich.console import Console
 
     from everyprompt.pipeline import filter_prompts
-    from everyprompt.report.console import histogram_table
+    from everyprompt.report.console import histogram_table, level_table
 
     extra = [
         f"zve.filter.{key}={value}"
@@ -36,6 +36,8 @@ def cmd_filter(args) -> int:
     report = done.report
     console = Console()
     console.print(histogram_table(report["histogram"], report["prompts"], rules.samples))
+    if report["by_level"]:
+        console.print(level_table(report["by_level"], tuple(report["band"])))
     console.print(
         f"kept {report['kept']} (low < p < high: {rules.low:g} < p < {rules.high:g}); dropped "
         f"{report['too_easy']} too easy, {report['too_hard']} too hard, {report['unscored']} unscored\n"

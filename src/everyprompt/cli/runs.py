@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import sys
+
 from everyprompt.cli.args import add_config_argument, config_from, split_config_args
 from everyprompt.config import ConfigError, load_config
-from everyprompt.run.layout import RunLayout
+from everyprompt.run.layout import RunLayout, run_of
 
 
 def cmd_demo(args) -> int:
@@ -40,12 +42,24 @@ def cmd_eval(args) -> int:
     from everyprompt.pipeline import evaluate_checkpoint
     from everyprompt.report.console import eval_table
 
-    config = config_from(args.config)
+    config = _eval_config(args.checkpoint, args.config)
     given = {"prompt": args.prompt_field, "answer": args.answer_field}
     fields = {field: name for field, name in given.items() if name}
     results = evaluate_checkpoint(config, args.checkpoint, args.data, fields, args.run_dir)
     Console().print(eval_table(results, config.eval.pass_k))
     return 0
+
+
+def _eval_config(checkpoint: str, values: list[str]):
+    """The config an evaluation runs with: a run's own `config.yaml` (its data, prompt format, reward and
+    generation) when CHECKPOINT belongs to a run and no config file is given, the overrides on top; else
+    the given file (or the embedded default) with the overrides."""
+    path, overrides = split_config_args(values)
+    run = run_of(checkpoint) if path is None else None
+    if run is None:
+        return load_config(path, overrides)
+    print(f"config: {run.config} (the run's own), then the command line's overrides", file=sys.stderr)
+    return load_config(run.config, overrides)
 
 
 def add_parsers(sub) -> None:
@@ -69,8 +83,10 @@ def add_parsers(sub) -> None:
     p.set_defaults(func=cmd_sft)
 
     p = sub.add_parser("eval", help="greedy pass@1 and sampled pass@k of a checkpoint")
-    p.add_argument("checkpoint", help="checkpoint directory or run directory")
-    add_config_argument(p)
+    p.add_argument("checkpoint", help="checkpoint directory, run directory or .gguf file")
+    add_config_argument(
+        p, "optional CONFIG.yaml (default: the run's own config.yaml, else the demo config), then KEY=VALUE"
+    )
     p.add_argument(
         "--data", default=None, help="a data file with prompt and answer columns (as data.train_file)"
     )

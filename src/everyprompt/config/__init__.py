@@ -181,12 +181,45 @@ def _section_for(loc: tuple) -> type[BaseModel] | None:
     return model
 
 
-def build_config(tree: dict, source: str = "") -> Config:
+def build_config(tree: dict, source: str = "", overrides: dict[str, str] | None = None) -> Config:
+    """Validate `tree` (read from the file `source`, then `overrides` applied: dotted key -> the
+    KEY=VALUE text given); an error names where the bad value came from: the override, or the file and
+    the line of the key."""
     try:
         return Config.model_validate(tree)
     except ValidationError as err:
-        prefix = f"{source}: " if source else ""
-        raise ConfigError(_describe_error(err.errors()[0], prefix)) from None
+        error = err.errors()[0]
+        raise ConfigError(_describe_error(error, _origin(error["loc"], source, overrides or {}))) from None
+
+
+def _origin(loc: tuple, source: str, overrides: dict[str, str]) -> str:
+    """The prefix of an error at `loc`: the command-line override that set it, else the file (and line)."""
+    key = ".".join(str(part) for part in loc)
+    for dotted, text in overrides.items():
+        if key == dotted or key.startswith(dotted + "."):
+            return f"command-line override {text!r}: "
+    if not source:
+        return ""
+    line = _line_of(Path(source), [str(part) for part in loc]) if Path(source).is_file() else None
+    return f"{source}:{line}: " if line else f"{source}: "
+
+
+def _line_of(path: Path, keys: list[str]) -> int | None:
+    """The 1-based line of the deepest of `keys` (a dotted key's parts) written in the YAML file `path`."""
+    try:
+        node = yaml.compose(path.read_text())
+    except yaml.YAMLError:
+        return None
+    line = None
+    for key in keys:
+        if not isinstance(node, yaml.MappingNode):
+            break
+        found = next((value for name, value in node.value if name.value == key), None)
+        if found is None:
+            break
+        line = next(name for name, value in node.value if value is found).start_mark.line + 1
+        node = found
+    return line
 
 
 def read_yaml(path: str | Path) -> dict:
@@ -205,13 +238,16 @@ def read_yaml(path: str | Path) -> dict:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Read a YAML config (the embedded demo default when `path` is None) and apply dotted overrides."""
+    """Read a YAML config (the embedded demo default when `path` is None) and apply dotted overrides; an
+    invalid value is named with where it came from (the override, or the file and its line)."""
     path = Path(path) if path is not None else demo_config_path()
     tree = read_yaml(path)
+    given: dict[str, str] = {}
     for text in overrides:
         keys, value = parse_override(text)
         apply_override(tree, keys, value)
-    return build_config(tree, source=str(path))
+        given[".".join(keys)] = text
+    return build_config(tree, source=str(path), overrides=given)
 
 
 def save_config(config: Config, path: str | Path) -> None:

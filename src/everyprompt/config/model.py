@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from everyprompt.choices import FIELDS
+from everyprompt.choices import FIELDS, TASKS
 from everyprompt.config.base import Section
 
 
@@ -71,8 +71,11 @@ class ModelConfig(Section):
 
 
 class DataConfig(Section):
-    task: Literal["arithmetic"] = Field(
-        "arithmetic", description="Built-in verifiable task used when no files are given."
+    task: str = Field(
+        "arithmetic",
+        description="Built-in verifiable task used when no files are given: arithmetic (bare sums with "
+        "worked solutions, for models trained from scratch) or questions (arithmetic questions and word "
+        "problems in English, for pretrained chat models); docs/data.md.",
     )
     train_file: str | None = Field(
         None,
@@ -100,6 +103,13 @@ class DataConfig(Section):
     num_train: int = Field(20000, gt=0, description="Built-in task: problems in the train split.")
     num_eval: int = Field(500, gt=0, description="Built-in task: problems in the held-out split.")
     split_seed: int = Field(1234, description="Seed of the built-in task's train/held-out split.")
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, task: str) -> str:
+        if task not in TASKS:
+            raise ValueError(f"expected one of {', '.join(TASKS)}")
+        return task
 
     @field_validator("columns")
     @classmethod

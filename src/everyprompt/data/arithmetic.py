@@ -9,7 +9,8 @@ which gives RL a verifiable reward with room to improve.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+
+from everyprompt.data.tasks import Level, Problem, Task, register_task
 
 # level -> (operands, min digits, max digits): 1 = two 1-2 digit numbers, 2 = two 2-digit, 3 = two 3-digit,
 # 4 = three 3-digit, 5 = four 3-digit. After the demo's SFT, levels 1-3 are mostly solved and 4-5 are not:
@@ -21,17 +22,6 @@ LEVELS: dict[int, tuple[int, int, int]] = {
     4: (3, 3, 3),
     5: (4, 3, 3),
 }
-
-
-@dataclass(frozen=True)
-class Problem:
-    prompt: str  # "37+48="
-    answer: str  # "85"
-    level: int
-    solution: str  # worked completion, "7+8+0=15;3+4+1=8|85"
-
-    def as_row(self) -> dict:
-        return {"prompt": self.prompt, "answer": self.answer, "level": self.level, "solution": self.solution}
 
 
 def worked_solution(operands: list[int]) -> str:
@@ -65,56 +55,21 @@ def distinct_problems(level: int) -> int:
     return (10**high - (10 ** (low - 1) if low > 1 else 0)) ** count
 
 
-def _share(total: int, position: int, levels: int) -> int:
-    """How many of `total` problems dealt to `levels` levels in turn land on the level at `position`."""
-    return max(0, -(-(total - position) // levels))
+def _level(level: int) -> Level:
+    count, low, high = LEVELS[level]
+    digits = f"{low}-{high}" if low != high else f"{low}"
+
+    def draw(rng: random.Random) -> tuple[str, str, str]:
+        problem = random_problem(rng, level)
+        return problem.prompt, problem.answer, problem.solution
+
+    return Level(f"{count} numbers of {digits} digits, summed", distinct_problems(level), draw)
 
 
-def oversubscribed(num_train: int, num_eval: int, levels) -> list[tuple[int, int, int]]:
-    """(level, problems asked of it, distinct problems it has) for each level `make_splits` would ask for
-    more distinct problems than it holds (the splits deal problems to the levels in turn)."""
-    levels = list(levels)
-    asked = [
-        (level, _share(num_eval, j, len(levels)) + _share(num_train, j, len(levels)))
-        for j, level in enumerate(levels)
-    ]
-    return [(level, n, distinct_problems(level)) for level, n in asked if n > distinct_problems(level)]
-
-
-def largest_num_train(num_eval: int, levels) -> int:
-    """The largest `num_train` no level is short of beside `num_eval` held-out problems (-1: none is, the
-    held-out split alone asks too much). The level at position j gets ceil((n - j) / L) of n, so n may
-    reach L * (its room after the held-out share) + j."""
-    levels = list(levels)
-    room = [distinct_problems(level) - _share(num_eval, j, len(levels)) for j, level in enumerate(levels)]
-    return -1 if min(room) < 0 else min(len(levels) * r + j for j, r in enumerate(room))
-
-
-def make_splits(
-    seed: int, num_train: int, num_eval: int, levels: list[int] | tuple[int, ...] = tuple(LEVELS)
-) -> tuple[list[Problem], list[Problem]]:
-    """Disjoint train / held-out problem lists, balanced over `levels`, reproducible from `seed`.
-
-    The held-out split is drawn first, so it does not change when `num_train` changes.
-    """
-    rng = random.Random(seed)
-    seen: set[str] = set()
-
-    def draw(count: int) -> list[Problem]:
-        problems: list[Problem] = []
-        attempts = 0
-        while len(problems) < count:
-            level = levels[len(problems) % len(levels)]
-            problem = random_problem(rng, level)
-            attempts += 1
-            if problem.prompt in seen:
-                if attempts > 50 * count + 1000:
-                    raise ValueError(f"cannot draw {count} distinct problems from levels {list(levels)}")
-                continue
-            seen.add(problem.prompt)
-            problems.append(problem)
-        return problems
-
-    held_out = draw(num_eval)
-    train = draw(num_train)
-    return train, held_out
+ARITHMETIC = register_task(
+    Task(
+        "arithmetic",
+        "bare sums (`37+48=`) with column-by-column worked solutions: for models trained from scratch",
+        {level: _level(level) for level in LEVELS},
+    )
+)

@@ -4,7 +4,7 @@ files or from the built-in task's train / held-out split (made once, by `data.sp
 from __future__ import annotations
 
 from everyprompt.config import Config, ConfigError
-from everyprompt.data.arithmetic import largest_num_train, make_splits, oversubscribed
+from everyprompt.data.tasks import get_task, largest_num_train, make_splits, oversubscribed
 from everyprompt.data.datasets import load_prompt_file
 
 
@@ -18,21 +18,30 @@ class ConfigRows:
     def _builtin(self):
         if self._splits is None:
             data = self.config.data
-            short = oversubscribed(data.num_train, data.num_eval, data.levels)
+            task = get_task(data.task)
+            for key, levels in (("data.levels", data.levels), ("rl.levels", self.config.rl.levels or []),
+                                ("sft.levels", self.config.sft.levels if self.config.sft.steps else [])):
+                unknown = [level for level in levels if level not in task.levels]
+                if unknown:
+                    raise ConfigError(
+                        f"config key '{key}': the built-in task {task.name!r} has no level {unknown[0]}; its "
+                        f"levels are {sorted(task.levels)}"
+                    )
+            short = oversubscribed(task, data.num_train, data.num_eval, data.levels)
             if short:
                 level, asked, held = short[0]
-                largest = largest_num_train(data.num_eval, data.levels)
+                largest = largest_num_train(task, data.num_eval, data.levels)
                 key, fix = (
                     ("data.num_train", f"lower data.num_train (at most {largest}) or add levels")
                     if largest >= 0
                     else ("data.num_eval", "lower data.num_eval or add levels")
                 )
                 raise ConfigError(
-                    f"config key '{key}': the built-in task's level {level} has {held} distinct problems, and "
+                    f"config key '{key}': level {level} of the built-in task {task.name!r} has {held} distinct problems, and "
                     f"data.num_train={data.num_train} + data.num_eval={data.num_eval} over "
                     f"data.levels={data.levels} ask {asked} of it; {fix}"
                 )
-            self._splits = make_splits(data.split_seed, data.num_train, data.num_eval, data.levels)
+            self._splits = make_splits(data.split_seed, data.num_train, data.num_eval, data.levels, task)
         return self._splits
 
     def rl(self) -> list[dict]:

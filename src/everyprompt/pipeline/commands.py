@@ -52,7 +52,8 @@ def demo(config: Config, run_dir: str | Path | None = None, console: Console | N
     trainer = run.trainer()
     try:
         before = run.evaluate(trainer.engine, trainer.tokenizer)
-        run.console.print(f"after SFT: greedy accuracy {before['greedy_accuracy']:.1%}")
+        start = "after SFT" if config.sft.steps else "before RL"
+        run.console.print(f"{start}: greedy accuracy {before['greedy_accuracy']:.1%}")
         trainer.train(evaluate_fn=lambda engine: run.evaluate(engine, trainer.tokenizer))
         after = run.evaluate(trainer.engine, trainer.tokenizer)
     finally:
@@ -104,7 +105,7 @@ def evaluate_checkpoint(
     rows = load_prompt_file(data, columns) if data else None
     engine = build_engine(config.rollout, model, tokenizer)
     completions: list[dict] = []
-    results = run.evaluate(engine, tokenizer, rows, completions)
+    results = run.evaluate(engine, tokenizer, rows, completions, progress=True)
     write_json_atomic(run.layout.eval_results, results)
     write_jsonl_atomic(run.layout.completions, completions)
     if completions:

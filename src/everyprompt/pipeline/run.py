@@ -251,9 +251,15 @@ class Run:
         return [rows[i] for i in report["kept_indices"]]
 
     def evaluate(
-        self, engine, tokenizer, rows: list[dict] | None = None, completions: list | None = None
+        self,
+        engine,
+        tokenizer,
+        rows: list[dict] | None = None,
+        completions: list | None = None,
+        progress: bool = False,
     ) -> dict[str, float]:
         """Held-out evaluation (the config's held-out rows unless `rows` are given); `completions`: a list
-        that receives the greedy completions' records."""
+        that receives the greedy completions' records; `progress`: a progress bar (not while training,
+        whose own bar is live)."""
         rows = rows if rows is not None else self.rows.held_out()
-        return evaluate_config(self.config, engine, tokenizer, rows, completions)
+        return evaluate_config(self.config, engine, tokenizer, rows, completions, progress)

@@ -48,6 +48,7 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("seconds per step", "time/step_s", "median"),
     ("policy loss", "loss/policy", "mean"),
     ("skipped updates (non-finite)", "actor/skipped_updates", "sum"),
+    ("steps without signal (no update)", "actor/no_signal_update", "sum"),
     ("reward errors", "reward/errors", "sum"),
 )
 
@@ -275,7 +276,7 @@ def markdown(summary: dict) -> str:
     demo = summary.get("demo")
     if demo:
         lines += [
-            f"Demo: held-out greedy accuracy {demo['accuracy_before_rl']:.1%} after SFT -> "
+            f"Demo: held-out greedy accuracy {demo['accuracy_before_rl']:.1%} before RL -> "
             f"{demo['accuracy_after_rl']:.1%} after {demo['rl_steps']} RL steps "
             f"({demo['wall_seconds']:.0f} s).",
             "",

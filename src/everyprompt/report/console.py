@@ -102,6 +102,23 @@ def sweep_table(title: str, cells: list[tuple[str, str, float | None, float]]) -
     return table
 
 
+def level_table(by_level: dict[str, dict[str, float]], band: tuple[float, float]) -> Table:
+    """`everyprompt filter`: per difficulty level, how the prompts' pass rates spread."""
+    table = Table(title="Pass rates by level")
+    for name in ("level", "prompts", "mean pass rate", "never solved", "always solved", f"{band[0]:g}-{band[1]:g}"):
+        table.add_column(name, justify="right")
+    for level, row in by_level.items():
+        table.add_row(
+            level,
+            str(int(row["prompts"])),
+            f"{row['mean_pass_rate']:.2f}",
+            f"{row['never_solved']:.0%}",
+            f"{row['always_solved']:.0%}",
+            f"{row['in_band']:.0%}",
+        )
+    return table
+
+
 def histogram_table(histogram: dict[str, int], prompts: int, samples: int) -> Table:
     """`everyprompt filter`: how many prompts have each estimated pass rate."""
     table = Table(title=f"Pass rates of {prompts} prompts, {samples} samples each")

@@ -153,6 +153,18 @@ def find_checkpoint(path: str | Path) -> Path | None:
     return None
 
 
+def run_of(path: str | Path) -> RunLayout | None:
+    """The run directory that `path` (a run directory, its `checkpoints/` or one of its checkpoints) belongs
+    to, when it is one (its config is saved there); else None."""
+    path = Path(path)
+    for candidate in (path, path.parent, path.parent.parent):
+        layout = RunLayout(candidate)
+        inside = candidate == path or path.is_relative_to(layout.checkpoints)
+        if inside and layout.started():
+            return layout
+    return None
+
+
 def eval_dir(checkpoint: Path) -> Path:
     """Where `everyprompt eval CHECKPOINT` writes by default: CHECKPOINT/eval/ for a directory, NAME-eval/
     beside a model file (a .gguf)."""

@@ -41,7 +41,7 @@ from everyprompt.trainer.logprobs import check_packing
 from everyprompt.trainer.mismatch import batch_mismatch, fed_tokens
 from everyprompt.trainer.optim import build_optimizer, build_scheduler
 from everyprompt.trainer.replica import BehaviourReplica
-from everyprompt.trainer.signal import batch_advantages, drop_zero_variance
+from everyprompt.trainer.signal import batch_advantages, carries_signal, drop_zero_variance
 
 log = logging.getLogger(__name__)
 
@@ -136,11 +136,13 @@ class Learner(LearnerSide):
         if len(batch):  # (empty when every group is still in flight: partial rollouts)
             metrics, still_zero_variance = batch_advantages(batch, self.rl, self.zve)
             batch = drop_zero_variance(batch, still_zero_variance, self.zve, metrics)
-        if len(batch):
+        if len(batch) and carries_signal(batch):
             metrics.update(self._optimize(batch))
-        else:  # every group was zero-variance and dropped (or none finished): nothing to learn this step
-            self._advance_schedule()
-            metrics["actor/skipped_updates"] = 1.0
+            metrics["actor/no_signal_update"] = 0.0
+        else:
+            # no group carries an advantage (or none finished): no optimizer step and no schedule tick, so
+            # Adam's momentum and the weight decay do not move a policy that had nothing to learn from
+            metrics["actor/no_signal_update"] = 1.0
         self.version += 1
         metrics["time/train_s"] = time.perf_counter() - started
         return metrics
@@ -165,7 +167,7 @@ class Learner(LearnerSide):
         return {key: sum(values) / len(values) for key, values in stats.items()}
 
     def _advance_schedule(self) -> None:
-        """One schedule step per update, also when no optimizer step was taken (skipped or dropped)."""
+        """One schedule step per update with signal, also when its optimizer step was skipped (non-finite)."""
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler")
             self.scheduler.step()

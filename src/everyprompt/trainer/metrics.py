@@ -75,6 +75,7 @@ class MetricsLogger:
             self._wandb = WandbRun(wandb, Path(run_root or run_dir), description.lower())
         self._total, self._description = total_steps, description
         self._progress = None
+        self._no_signal = 0
         self._print_every = max(1, total_steps // 10)
         if progress:
             self._progress = progress_display(self.console, TextColumn("{task.fields[postfix]}"))
@@ -96,6 +97,9 @@ class MetricsLogger:
         postfix = "  ".join(
             f"{label} {_format(metrics[key])}" for key, label in BAR_FIELDS.items() if key in metrics
         )
+        self._no_signal += int(metrics.get("actor/no_signal_update", 0))
+        if self._no_signal:  # steps whose batch had nothing to learn from: no optimizer step was taken
+            postfix += f"  no-signal steps {self._no_signal}"
         if self._progress is not None:
             self._progress.update(self._task, completed=step, postfix=postfix)
             if not self.console.is_terminal and (step % self._print_every == 0 or step == self._total):

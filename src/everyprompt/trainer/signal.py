@@ -45,13 +45,25 @@ def batch_advantages(batch: RolloutBatch, rl, zve) -> tuple[dict[str, float], to
         stats["zve/zvp_groups"] = float(zvp_groups.sum())
     if zve.enabled:
         stats["zve/zero_variance_rate_final"] = float(still.double().mean())
-    carries = batch.advantages != 0
-    if batch.zvp_sign is not None:
-        carries |= batch.zvp_sign != 0
+    carries = _carrying(batch)
     # of all rollouts generated this step: those whose update carries a non-zero advantage
     generated = batch.stats.get("zve/generated_rollouts", float(len(batch)))
     stats["zve/informative_rollout_fraction"] = float(carries.sum()) / max(generated, 1.0)
     return stats, still
+
+
+def _carrying(batch: RolloutBatch) -> torch.Tensor:
+    """[N] whether each rollout's update carries a non-zero advantage (its own, or an RL-ZVP sign)."""
+    carries = batch.advantages != 0
+    if batch.zvp_sign is not None:
+        carries |= batch.zvp_sign != 0
+    return carries
+
+
+def carries_signal(batch: RolloutBatch) -> bool:
+    """Whether any rollout of `batch` (its advantages computed) gives the policy gradient something: when
+    none does, an optimizer step would only replay Adam's momentum and the weight decay."""
+    return bool(_carrying(batch).any())
 
 
 def drop_zero_variance(batch: RolloutBatch, still: torch.Tensor, zve, metrics: dict) -> RolloutBatch:

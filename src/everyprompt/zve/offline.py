@@ -23,6 +23,9 @@ def seeded_sample(indices: Sequence[int], count: int | None, seed: int) -> list[
     return sorted(random.Random(seed).sample(list(indices), count))
 
 
+BAND = (0.2, 0.8)  # pass rates at which a group of samples is seldom all-right or all-wrong
+
+
 @dataclass
 class PassRateEstimate:
     attempts: list[int]  # per prompt: valid (scored) samples
@@ -40,6 +43,34 @@ class PassRateEstimate:
 
     def rate(self, index: int) -> float | None:
         return self.successes[index] / self.attempts[index] if self.attempts[index] else None
+
+    def by_level(self, rows: list[dict], band: tuple[float, float] = BAND) -> dict[str, dict[str, float]]:
+        """Per value of the rows' `level` (rows without one are left out): prompts scored, their mean pass
+        rate, and the shares never solved, always solved, and with a pass rate inside `band` (where a
+        group of samples most often carries signal)."""
+        rates: dict[str, list[float]] = {}
+        for index, row in enumerate(rows):
+            rate = self.rate(index)
+            if row.get("level") is not None and rate is not None:
+                rates.setdefault(str(row["level"]), []).append(rate)
+        return {
+            level: {
+                "prompts": len(values),
+                "mean_pass_rate": sum(values) / len(values),
+                "never_solved": sum(v == 0 for v in values) / len(values),
+                "always_solved": sum(v == 1 for v in values) / len(values),
+                "in_band": sum(band[0] <= v <= band[1] for v in values) / len(values),
+            }
+            for level, values in sorted(rates.items(), key=lambda item: _level_order(item[0]))
+        }
+
+
+def _level_order(level: str) -> tuple[int, float | str]:
+    """Numeric levels first, in numeric order, then the others by name."""
+    try:
+        return 0, float(level)
+    except ValueError:
+        return 1, level
 
 
 def estimate_pass_rates(

@@ -18,7 +18,13 @@ from everyprompt.rewards.pool import RewardPool
 from everyprompt.rollout import SamplingParams, build_engine
 from everyprompt.run.files import write_json_atomic, write_jsonl_atomic
 from everyprompt.run.layout import FilterLayout
-from everyprompt.zve.offline import FilterResult, PassRateEstimate, estimate_pass_rates, filter_by_pass_rate
+from everyprompt.zve.offline import (
+    BAND,
+    FilterResult,
+    PassRateEstimate,
+    estimate_pass_rates,
+    filter_by_pass_rate,
+)
 
 
 def run_offline_filter(
@@ -69,6 +75,7 @@ def filter_counts(estimate: PassRateEstimate, result: FilterResult, rules: Offli
         "unscored": result.unscored,
         "reward_errors": estimate.errors,
         "histogram": result.histogram,
+        "band": list(BAND),
     }
 
 
@@ -100,6 +107,7 @@ def filter_prompt_file(
         "model": checkpoint,
         "prompts": len(rows),
         **filter_counts(estimate, result, rules),
+        "by_level": estimate.by_level(rows),
     }
     write_json_atomic(layout.report, report)
     plot_pass_rates(estimate, rules, layout.histogram)
