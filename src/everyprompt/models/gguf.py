@@ -11,13 +11,12 @@ dropped once the weights are dequantised).
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
 import torch
 
 from everyprompt.errors import InputError
+from everyprompt.run.files import check_new_dir, write_dir_atomic
 
 SUFFIX = ".gguf"
 MAGIC = b"GGUF"
@@ -94,20 +93,11 @@ def convert(path: str | Path, out_dir: str | Path) -> Path:
     """Write the GGUF model at `path` as a safetensors checkpoint (model, tokenizer, chat template) into
     `out_dir`, which must not exist or be empty. Written into a temporary directory beside it and renamed:
     a failure or a kill leaves no half-written `out_dir`."""
-    out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise GGUFError(f"{out}: exists and is not an empty directory; choose another output directory")
+    check_new_dir(out_dir, GGUFError)  # before the file is read
     model, tokenizer = load_gguf(path)
-    temporary = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    try:
-        shutil.rmtree(temporary, ignore_errors=True)
-        temporary.mkdir(parents=True)
-        model.save_pretrained(temporary, safe_serialization=True)
-        tokenizer.save_pretrained(temporary)
-        if out.exists():
-            out.rmdir()
-        os.replace(temporary, out)
-    except BaseException:
-        shutil.rmtree(temporary, ignore_errors=True)
-        raise
-    return out
+
+    def write(folder: Path) -> None:
+        model.save_pretrained(folder, safe_serialization=True)
+        tokenizer.save_pretrained(folder)
+
+    return write_dir_atomic(out_dir, write, GGUFError)

@@ -1,21 +1,35 @@
 """Math answer verification: our own final-answer extraction, then `math-verify` for equivalence.
 
-Extraction looks, in order, for the last ``\\boxed{...}``, the text after the last ``####``, "The answer
-is ...", an ``A:`` line, and else the last number in the completion. Integers on both sides are compared
-directly (the common case, and much faster); anything else goes through math-verify's parser and
-symbolic comparison.
+The extraction policy (docs/rewards.md), in order; the first rule that finds an answer decides, and within
+a rule the last occurrence wins:
+
+1. `boxed`: the last ``\\boxed{...}``;
+2. `hashes`: the text after the last ``####`` (GSM8K's layout);
+3. `statement`: an explicit statement, "the answer is X" or an ``Answer:`` / ``A:`` line;
+4. `equation`: the result of the last equation (``= X``, "equals X", "is equal to X") when prose follows
+   it: a chat model states its result and keeps talking, and numbers in that talk ("a classic example of
+   adding 99 and 31") are not its answer;
+5. `last_number`: the last number in the completion.
+
+Integers on both sides are compared directly (the common case, and much faster); anything else goes
+through math-verify's parser and symbolic comparison.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from everyprompt.rewards.base import register_reward
 
 _NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
 _INTEGER = re.compile(r"-?\d+")
 _ANSWER_IS = re.compile(r"answer is[:\s]*\$?([^\n$]+?)\$?\s*\.?\s*(?:\n|$)", re.IGNORECASE)
-_A_LINE = re.compile(r"(?:^|\n)\s*A:\s*([^\n]+)")
+_ANSWER_LINE = re.compile(r"(?:^|\n)\s*(?:A|Answer|Final answer)\s*:\s*([^\n]+)", re.IGNORECASE)
+_EQUATION = re.compile(
+    r"(?:=|\bequals\b|\bis equal to\b)\s*\$?\s*(" + _NUMBER.pattern + r")(?![\d/])", re.IGNORECASE
+)
+_PROSE = re.compile(r"[A-Za-z]{3,}")
 
 
 def _last_boxed(text: str) -> str | None:
@@ -28,26 +42,62 @@ def _last_boxed(text: str) -> str | None:
             depth += 1
         elif text[index] == "}":
             if depth == 0:
-                return text[begin:index].strip()
+                return text[begin:index].strip() or None
             depth -= 1
     return None
 
 
-def extract_answer(completion: str) -> str | None:
-    """The final answer a completion states, or None if it states none."""
-    boxed = _last_boxed(completion)
-    if boxed:
-        return boxed
-    if "####" in completion:
-        tail = completion.rsplit("####", 1)[1].strip()
-        if tail:
-            return tail.splitlines()[0].strip()
-    for pattern in (_ANSWER_IS, _A_LINE):
-        matches = pattern.findall(completion)
-        if matches and matches[-1].strip():
-            return matches[-1].strip()
-    numbers = _NUMBER.findall(completion)
+def _after_hashes(text: str) -> str | None:
+    if "####" not in text:
+        return None
+    tail = text.rsplit("####", 1)[1].strip()
+    return tail.splitlines()[0].strip() if tail else None
+
+
+def _statement(text: str) -> str | None:
+    for pattern in (_ANSWER_IS, _ANSWER_LINE):
+        matches = [m.strip() for m in pattern.findall(text)]
+        if matches and matches[-1]:
+            return matches[-1]
+    return None
+
+
+def _equation_before_prose(text: str) -> str | None:
+    last = None
+    for last in _EQUATION.finditer(text):
+        pass
+    if last is None or not _PROSE.search(text[last.end() :]):
+        return None
+    return last.group(1).replace(",", "")
+
+
+def _last_number(text: str) -> str | None:
+    numbers = _NUMBER.findall(text)
     return numbers[-1].replace(",", "") if numbers else None
+
+
+# the extraction policy: (rule name, the answer it finds or None), tried in order
+EXTRACTION_RULES: tuple[tuple[str, Callable[[str], str | None]], ...] = (
+    ("boxed", _last_boxed),
+    ("hashes", _after_hashes),
+    ("statement", _statement),
+    ("equation", _equation_before_prose),
+    ("last_number", _last_number),
+)
+
+
+def extract_with_rule(completion: str) -> tuple[str | None, str | None]:
+    """(the final answer a completion states, the name of the rule that found it); (None, None) if none."""
+    for name, rule in EXTRACTION_RULES:
+        found = rule(completion)
+        if found:
+            return found, name
+    return None, None
+
+
+def extract_answer(completion: str) -> str | None:
+    """The final answer a completion states, or None if it states none (the policy above)."""
+    return extract_with_rule(completion)[0]
 
 
 def reference_answer(reference: str) -> str:
