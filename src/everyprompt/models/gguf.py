@@ -11,7 +11,9 @@ dropped once the weights are dequantised).
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
+from unittest.mock import patch
 
 import torch
 
@@ -60,6 +62,7 @@ def _architecture(path: Path) -> str:
 def load_gguf(path: str | Path, model_class=None):
     """(model in float32, tokenizer with the file's chat template; pad = eos when it has none)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
     path = Path(path)
@@ -73,9 +76,11 @@ def load_gguf(path: str | Path, model_class=None):
         )
     model_class = model_class or AutoModelForCausalLM
     try:
-        model = model_class.from_pretrained(
-            path.parent, gguf_file=path.name, dtype=torch.float32, local_files_only=True
-        )
+        # transformers' GGUF reader draws a tqdm bar of its own, out of reach of its disable_progress_bar
+        with patch.object(gguf_utils, "tqdm", partial(gguf_utils.tqdm, disable=True)):
+            model = model_class.from_pretrained(
+                path.parent, gguf_file=path.name, dtype=torch.float32, local_files_only=True
+            )
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
     except NotImplementedError as err:  # gguf's dequantize: a quantisation type it does not implement
         raise GGUFError(f"{path}: a quantisation type this gguf package cannot dequantise ({err})") from None
