@@ -295,3 +295,35 @@ def test_scale_projection_by_hand():
     assert bench.project(base, ray_one, 2, 2) == pytest.approx(0.98)
     # 4 workers, 1 rank: 0.15 + 0.8 + 0.03 + 0.25 = 1.23
     assert bench.project(base, ray_one, 4, 1) == pytest.approx(1.23)
+
+
+def test_smollm2_summary_hand_computed(tmp_path, monkeypatch):
+    bench = _load("smollm2")
+    before = {"greedy_accuracy": 0.40, "greedy_accuracy/level_1": 0.5, "num_prompts": 150.0}
+    runs = {
+        seed: {
+            "results": {"greedy_accuracy": after, "step": 30},
+            "wall_seconds": 1500.0,
+            "run_dir": f"r{seed}",
+        }
+        for seed, after in [(0, 0.46), (1, 0.47), (2, 0.48)]
+    }
+    summary = bench.summarise(before, runs)
+    # gains 6, 7, 8 points: mean 7, sd 1, t(2) = 4.303 -> 7 +- 4.303 / sqrt(3) = 7 +- 2.484
+    assert summary["mean_gain"] == pytest.approx(0.07)
+    low, high = summary["gain_interval_95"]
+    assert low == pytest.approx(0.07 - 0.02484, abs=1e-4) and high == pytest.approx(0.07 + 0.02484, abs=1e-4)
+    assert summary["meets_target"] and summary["by_level_before"] == {"level_1": 0.5}
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{bench.MARKERS[0]}\nold table\n{bench.MARKERS[1]}\nrest\n")
+    monkeypatch.setattr(bench, "README", readme)
+    bench.write_readme(summary)
+    text = readme.read_text()
+    assert "old table" not in text and "| 2 | 40.0% | 48.0% | +8.0 points | 25 min |" in text
+    assert "Mean gain +7.0 points (95% t-interval +4.5 to +9.5) over 3 seeds" in text and text.endswith(
+        "rest\n"
+    )
+    # one seed, or a gain whose interval reaches 0: not met
+    assert not bench.summarise(before, {0: runs[0]})["meets_target"]
+    runs[2]["results"]["greedy_accuracy"] = 0.30
+    assert not bench.summarise(before, runs)["meets_target"]

@@ -48,7 +48,9 @@ def _passes(
         for j in range(samples)
     ]
     expanded = [rows[i] for i in range(len(rows)) for _ in range(samples)]
-    unit, label = ("prompts", "eval (greedy)") if samples == 1 else ("samples", f"eval ({samples} samples each)")
+    unit, label = (
+        ("prompts", "eval (greedy)") if samples == 1 else ("samples", f"eval ({samples} samples each)")
+    )
     with (
         RewardPool(reward_fn, **pool) as rewards,
         progress_bar(len(requests), label, enabled=progress, unit=unit) as advance,
@@ -113,7 +115,17 @@ def evaluate(
         [
             float(p[0])
             for p in _passes(
-                engine, tokenizer, rows, reward_fn, greedy, 1, seed, prompt_format, pool, completions, progress
+                engine,
+                tokenizer,
+                rows,
+                reward_fn,
+                greedy,
+                1,
+                seed,
+                prompt_format,
+                pool,
+                completions,
+                progress,
             )
         ],
         "greedy_accuracy",
@@ -121,7 +133,17 @@ def evaluate(
     if num_samples:
         sampled = SamplingParams(max_new_tokens, temperature=temperature, stop=stop)
         flags = _passes(
-            engine, tokenizer, rows, reward_fn, sampled, num_samples, seed, prompt_format, pool, None, progress
+            engine,
+            tokenizer,
+            rows,
+            reward_fn,
+            sampled,
+            num_samples,
+            seed,
+            prompt_format,
+            pool,
+            None,
+            progress,
         )
         results.update(
             _summarise(rows, [pass_at_k(num_samples, sum(f), pass_k) for f in flags], f"pass@{pass_k}")

@@ -70,7 +70,10 @@ def test_levels_that_cannot_give_the_problems_asked_exit_2_naming_the_key_and_th
     assert main(["train", "data.levels=[1,2]", "--run-dir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "Traceback" not in err[0], err
-    assert "config key 'data.num_train'" in err[0] and "level 1 of the built-in task 'arithmetic' has 10000 distinct problems" in err[0]
+    assert (
+        "config key 'data.num_train'" in err[0]
+        and "level 1 of the built-in task 'arithmetic' has 10000 distinct problems" in err[0]
+    )
     # level 2 (8,100) gets 250 held-out problems and floor(n / 2) of n training ones: n <= 2 * 7,850 + 1
     assert "ask 10250 of it" in err[0] and "at most 15701" in err[0]
     assert main(["train", "data.levels=[1]", "data.num_eval=10001", "--run-dir", str(tmp_path / "r2")]) == 2

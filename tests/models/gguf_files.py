@@ -98,7 +98,9 @@ def write_llama_gguf(path: Path, model, tokenizer, quantization=None, architectu
         if quantization is not None and value.ndim == 2:
             try:
                 data = gguf.quants.quantize(value, quantization)
-            except NotImplementedError:  # a type gguf cannot write either: its bytes, zeros, of the right size
+            except (
+                NotImplementedError
+            ):  # a type gguf cannot write either: its bytes, zeros, of the right size
                 data = np.zeros(gguf.quant_shape_to_byte_shape(value.shape, quantization), dtype=np.uint8)
             writer.add_tensor(name, data, raw_dtype=quantization)
         else:

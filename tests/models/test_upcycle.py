@@ -70,3 +70,16 @@ def test_an_moe_a_biased_model_or_a_full_output_directory_is_refused(tmp_path, c
     assert main(["upcycle", str(moe), str(full)]) == 2
     assert "exists and is not an empty directory" in capsys.readouterr().err
     assert (full / "keep.txt").read_text() == "user data"
+
+
+def test_a_checkpoint_directory_without_weights_exits_2_naming_it(dense, tmp_path, capsys):
+    import shutil
+
+    empty = tmp_path / "no-weights"
+    shutil.copytree(dense, empty, ignore=shutil.ignore_patterns("*.safetensors"))
+    for argv in (["eval", str(empty), "eval.num_samples=0"], ["upcycle", str(empty), str(tmp_path / "out")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "Traceback" not in err[0], err
+        assert f"{empty}: cannot load the checkpoint" in err[0] and "model.safetensors" in err[0]
+    assert not (tmp_path / "out").exists()

@@ -443,7 +443,15 @@ def test_a_run_whose_updates_stay_non_finite_stops_and_names_its_last_checkpoint
 
     monkeypatch.setattr(Learner, "_optimize", poisoned)
     signal = "rewards.function=tests.trainer.flaky_reward:scattered"  # every step has something to update
-    argv = ["train", *TINY_OVERRIDES, signal, "rl.steps=6", "rl.max_skipped_updates=2", "--run-dir", str(tmp_path)]
+    argv = [
+        "train",
+        *TINY_OVERRIDES,
+        signal,
+        "rl.steps=6",
+        "rl.max_skipped_updates=2",
+        "--run-dir",
+        str(tmp_path),
+    ]
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert "2 updates in a row were skipped" in err and "Traceback" not in err
@@ -478,7 +486,9 @@ def test_batch_select_keeps_rows_and_renumbers_groups():
 
 def test_a_step_without_signal_makes_no_update(tmp_path):
     """Every group all-right: no optimizer step (weights, Adam's state and the schedule untouched), counted."""
-    config = tiny_config("rl.steps=2", "checkpoint.every=0", "rewards.function=tests.trainer.flaky_reward:always")
+    config = tiny_config(
+        "rl.steps=2", "checkpoint.every=0", "rewards.function=tests.trainer.flaky_reward:always"
+    )
     trainer = Run(config, tmp_path).trainer()
     before = _parameters(trainer.model)
     learner = trainer.learner

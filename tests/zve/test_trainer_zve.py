@@ -160,7 +160,9 @@ def test_filter_command_writes_kept_prompts_report_and_store(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "kept" in printed and "Pass rates by level" in printed
     # the built-in task's RL prompts carry their level: one row per level with every scored prompt in it
-    assert sum(row["prompts"] for row in report["by_level"].values()) == report["prompts"] - report["unscored"]
+    assert (
+        sum(row["prompts"] for row in report["by_level"].values()) == report["prompts"] - report["unscored"]
+    )
     assert list(report["by_level"]) == sorted(report["by_level"], key=int)
 
 
@@ -171,7 +173,13 @@ def test_pass_rates_by_level_hand_computed():
     estimate = PassRateEstimate([4, 4, 4, 0, 4], [0, 2, 4, 0, 1], [1.0] * 5, 0)
     rows = [{"level": 1}, {"level": 1}, {"level": 2}, {"level": 2}, {}]
     assert estimate.by_level(rows) == {
-        "1": {"prompts": 2, "mean_pass_rate": 0.25, "never_solved": 0.5, "always_solved": 0.0, "in_band": 0.5},
+        "1": {
+            "prompts": 2,
+            "mean_pass_rate": 0.25,
+            "never_solved": 0.5,
+            "always_solved": 0.0,
+            "in_band": 0.5,
+        },
         "2": {"prompts": 1, "mean_pass_rate": 1.0, "never_solved": 0.0, "always_solved": 1.0, "in_band": 0.0},
     }
 

@@ -36,7 +36,9 @@ def add_parsers(sub) -> None:
     p = sub.add_parser(
         "upcycle", help="a dense Llama-family model to a Mixtral MoE (each MLP copied into E experts)"
     )
-    p.add_argument("model", metavar="DENSE", help="a checkpoint directory or .gguf file (llama, mistral, qwen2)")
+    p.add_argument(
+        "model", metavar="DENSE", help="a checkpoint directory or .gguf file (llama, mistral, qwen2)"
+    )
     p.add_argument("out", metavar="OUT_DIR", help="the checkpoint directory to write (must not hold files)")
     p.add_argument("--experts", type=int, default=8, help="experts per layer (default 8)")
     p.add_argument("--top-k", type=int, default=2, help="experts per token (default 2)")

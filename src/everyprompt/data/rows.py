@@ -4,8 +4,8 @@ files or from the built-in task's train / held-out split (made once, by `data.sp
 from __future__ import annotations
 
 from everyprompt.config import Config, ConfigError
-from everyprompt.data.tasks import get_task, largest_num_train, make_splits, oversubscribed
 from everyprompt.data.datasets import load_prompt_file
+from everyprompt.data.tasks import get_task, largest_num_train, make_splits, oversubscribed
 
 
 class ConfigRows:
@@ -19,8 +19,11 @@ class ConfigRows:
         if self._splits is None:
             data = self.config.data
             task = get_task(data.task)
-            for key, levels in (("data.levels", data.levels), ("rl.levels", self.config.rl.levels or []),
-                                ("sft.levels", self.config.sft.levels if self.config.sft.steps else [])):
+            for key, levels in (
+                ("data.levels", data.levels),
+                ("rl.levels", self.config.rl.levels or []),
+                ("sft.levels", self.config.sft.levels if self.config.sft.steps else []),
+            ):
                 unknown = [level for level in levels if level not in task.levels]
                 if unknown:
                     raise ConfigError(

@@ -44,7 +44,9 @@ class Task:
 
     def problem(self, rng: random.Random, level: int) -> Problem:
         if level not in self.levels:
-            raise DataError(f"task {self.name!r} has no difficulty level {level}; its levels: {sorted(self.levels)}")
+            raise DataError(
+                f"task {self.name!r} has no difficulty level {level}; its levels: {sorted(self.levels)}"
+            )
         prompt, answer, solution = self.levels[level].draw(rng)
         return Problem(prompt, answer, level, solution)
 
@@ -60,7 +62,6 @@ def register_task(task: Task) -> Task:
     return task
 
 
-
 def get_task(name: str) -> Task:
     if name not in TASKS:
         raise DataError(f"unknown built-in task {name!r}; tasks: {', '.join(sorted(TASKS))}")
@@ -72,7 +73,9 @@ def _share(total: int, position: int, levels: int) -> int:
     return max(0, -(-(total - position) // levels))
 
 
-def oversubscribed(task: Task, num_train: int, num_eval: int, levels: Iterable[int]) -> list[tuple[int, int, int]]:
+def oversubscribed(
+    task: Task, num_train: int, num_eval: int, levels: Iterable[int]
+) -> list[tuple[int, int, int]]:
     """(level, problems asked of it, distinct problems it has) for each level `make_splits` would ask for
     more distinct problems than it holds (the splits deal problems to the levels in turn)."""
     levels = list(levels)
@@ -115,7 +118,9 @@ def make_splits(
             problem = task.problem(rng, level)
             attempts += 1
             if problem.prompt in seen:
-                if attempts > 50 * count + 1000:  # the level's draws are uneven and its rare prompts are all taken
+                if (
+                    attempts > 50 * count + 1000
+                ):  # the level's draws are uneven and its rare prompts are all taken
                     raise DataError(
                         f"task {task.name!r}: could not draw {count} distinct problems from levels {levels} "
                         f"in {attempts} tries; ask fewer (data.num_train, data.num_eval)"

@@ -79,7 +79,9 @@ def upcycled_state(dense_state: dict[str, torch.Tensor], moe_state: dict[str, to
         if name in dense_state:
             out[name] = dense_state[name].clone()
         elif name.endswith("mlp.experts.gate_up_proj"):  # [E, 2 * I, H]
-            fused = torch.cat([dense_state[f"{layer}.mlp.gate_proj.weight"], dense_state[f"{layer}.mlp.up_proj.weight"]])
+            fused = torch.cat(
+                [dense_state[f"{layer}.mlp.gate_proj.weight"], dense_state[f"{layer}.mlp.up_proj.weight"]]
+            )
             out[name] = fused.unsqueeze(0).expand_as(target).clone()
         elif name.endswith("mlp.experts.down_proj"):  # [E, H, I]
             out[name] = dense_state[f"{layer}.mlp.down_proj.weight"].unsqueeze(0).expand_as(target).clone()

@@ -105,7 +105,14 @@ def sweep_table(title: str, cells: list[tuple[str, str, float | None, float]]) -
 def level_table(by_level: dict[str, dict[str, float]], band: tuple[float, float]) -> Table:
     """`everyprompt filter`: per difficulty level, how the prompts' pass rates spread."""
     table = Table(title="Pass rates by level")
-    for name in ("level", "prompts", "mean pass rate", "never solved", "always solved", f"{band[0]:g}-{band[1]:g}"):
+    for name in (
+        "level",
+        "prompts",
+        "mean pass rate",
+        "never solved",
+        "always solved",
+        f"{band[0]:g}-{band[1]:g}",
+    ):
         table.add_column(name, justify="right")
     for level, row in by_level.items():
         table.add_row(

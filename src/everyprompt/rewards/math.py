@@ -63,9 +63,7 @@ def _statement(text: str) -> str | None:
 
 
 def _equation_before_prose(text: str) -> str | None:
-    last = None
-    for last in _EQUATION.finditer(text):
-        pass
+    last = next(reversed(list(_EQUATION.finditer(text))), None)
     if last is None or not _PROSE.search(text[last.end() :]):
         return None
     return last.group(1).replace(",", "")
