@@ -163,15 +163,18 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     before = before_rl(work, args.set)
     print(f"before RL: held-out greedy accuracy {before['greedy_accuracy']:.1%}", flush=True)
-    runs = {seed: seed_run(work, seed, args.set) for seed in args.seeds}
-    summary = {
-        "benchmark": "smollm2",
-        "config": repo_path(CONFIG),
-        "overrides": args.set,
-        **summarise(before, runs),
-    }
-    write_results(results, summary)
-    print(table(summary))
+    runs: dict[int, dict] = {}
+    for seed in args.seeds:  # the results are written after every seed: a session cut short keeps them
+        runs[seed] = seed_run(work, seed, args.set)
+        summary = {
+            "benchmark": "smollm2",
+            "config": repo_path(CONFIG),
+            "overrides": args.set,
+            "seeds_asked": args.seeds,
+            **summarise(before, runs),
+        }
+        write_results(results, summary)
+        print(table(summary), flush=True)
     print(f"wrote {repo_path(results)}")
     return 0
 

@@ -130,3 +130,22 @@ def test_nan_only_series_summarises_to_nan(tmp_path):
     [row] = summarize(load_metrics(tmp_path / "metrics.jsonl"))
     assert math.isnan(row["value"]) and row["non_finite"] == 1
     assert format_row(row) == "nan (mean)"
+
+
+def test_the_accuracy_table_shows_pass_at_k_only_when_the_evaluation_sampled():
+    from rich.console import Console
+
+    from everyprompt.report.console import accuracy_table
+
+    def rendered(before, after):
+        console = Console(width=200, record=True)
+        console.print(accuracy_table(before, after, "pass@4"))
+        return console.export_text()
+
+    greedy = rendered({"greedy_accuracy": 0.407}, {"greedy_accuracy": 0.527})
+    assert "+12.0 pt" in greedy and "pass@4" not in greedy and "nan" not in greedy
+    sampled = rendered(
+        {"greedy_accuracy": 0.5, "pass@4": 0.6, "greedy_accuracy/level_1": 0.5, "pass@4/level_1": 0.6},
+        {"greedy_accuracy": 0.7, "pass@4": 0.9, "greedy_accuracy/level_1": 0.7, "pass@4/level_1": 0.9},
+    )
+    assert "pass@4 before" in sampled and "90.0%" in sampled and "level 1" in sampled

@@ -16,6 +16,12 @@ from everyprompt.rewards.base import register_reward
         ("Q: 1+1\nA: 2", "2"),
         ("totals 1,234 and -5", "-5"),
         ("no numbers here", None),
+        # chat models: the result of the last equation when talk follows it, not a number in the talk
+        ("99 + 31 = 130.\n\nThis is a classic example of adding 99 and 31.", "130"),
+        ("The answer to this classic math problem is 0. In mathematics, 0 + 3 is special.", "0"),
+        ("The answer is 16 - 16 = 0.", "0"),
+        ("First, 5 + 9 = 14.\nNext, 14 + 45 = 50.\nSo, 5 + ", "50"),  # cut off mid-expression
+        ("1 + 8 = 9", "9"),  # a bare equation: its result is its last number
     ],
 )
 def test_extract_answer(text, expected):
@@ -109,3 +115,25 @@ def test_references_are_extracted_like_completions():
         answer=[gsm8k, gsm8k, math, "#### 1,234"],
     )
     assert rewards == [1.0, 0.0, 1.0, 1.0]
+
+
+def test_the_extraction_policy_reads_real_chat_completions_as_a_reader_does():
+    """60 greedy completions of SmolLM2-135M-Instruct on the `questions` task (levels 1, 2, 4), each with
+    the answer a reader takes from it (None where it states none). The policy agrees on 53; the last-number
+    policy it replaced on 41. Where the reader finds no answer the policy still takes a number (6 of the 7
+    misses); only one of them changes a reward ('0 + 0 is undefined ...' scored right)."""
+    import json
+    from pathlib import Path
+
+    from everyprompt.rewards.math import answers_match
+
+    rows = [json.loads(line) for line in (Path(__file__).parent / "chat_completions.jsonl").open()]
+    assert len(rows) >= 50
+    agree = rewards_agree = 0
+    for row in rows:
+        found, reader = extract_answer(row["completion"]), row["reader_answer"]
+        agree += found is None if reader is None else found is not None and answers_match(reader, found)
+        judged = reader is not None and answers_match(row["answer"], reader)
+        rewards_agree += judged == bool(math_reward([row["completion"]], answer=[row["answer"]])[0])
+    assert agree >= 53, agree
+    assert rewards_agree >= len(rows) - 1, rewards_agree

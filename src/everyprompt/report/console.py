@@ -28,24 +28,19 @@ def eval_table(results: dict[str, float], pass_k: int) -> Table:
 
 
 def accuracy_table(before: dict[str, float], after: dict[str, float], pass_key: str) -> Table:
-    """`everyprompt demo`: held-out accuracy before and after RL, overall and per level."""
+    """`everyprompt demo`: held-out accuracy before and after RL, overall and per level (pass@k columns
+    only when the evaluation sampled: `eval.num_samples` > 0)."""
     table = Table(title="Held-out accuracy before and after RL")
-    for column in (
-        "split",
-        "greedy before",
-        "greedy after",
-        "change",
-        f"{pass_key} before",
-        f"{pass_key} after",
-    ):
+    sampled = pass_key in before and pass_key in after
+    columns = ["split", "greedy before", "greedy after", "change"]
+    for column in columns + ([f"{pass_key} before", f"{pass_key} after"] if sampled else []):
         table.add_column(column, justify="right")
     for label, suffix in [("overall", "")] + [(lvl.replace("_", " "), "/" + lvl) for lvl in _levels(before)]:
         b, a = before[f"greedy_accuracy{suffix}"], after[f"greedy_accuracy{suffix}"]
-        pb, pa = (
-            before.get(f"{pass_key}{suffix}", float("nan")),
-            after.get(f"{pass_key}{suffix}", float("nan")),
-        )
-        table.add_row(label, f"{b:.1%}", f"{a:.1%}", f"{(a - b) * 100:+.1f} pt", f"{pb:.1%}", f"{pa:.1%}")
+        cells = [label, f"{b:.1%}", f"{a:.1%}", f"{(a - b) * 100:+.1f} pt"]
+        if sampled:
+            cells += [f"{before[pass_key + suffix]:.1%}", f"{after[pass_key + suffix]:.1%}"]
+        table.add_row(*cells)
     return table
 
 

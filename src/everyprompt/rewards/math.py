@@ -11,6 +11,9 @@ a rule the last occurrence wins:
    adding 99 and 31") are not its answer;
 5. `last_number`: the last number in the completion.
 
+A completion cut off in the middle of an expression (`So, 5 + `, at the length cap) is read without its
+unfinished last sentence.
+
 Integers on both sides are compared directly (the common case, and much faster); anything else goes
 through math-verify's parser and symbolic comparison.
 """
@@ -24,7 +27,9 @@ from everyprompt.rewards.base import register_reward
 
 _NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
 _INTEGER = re.compile(r"-?\d+")
-_ANSWER_IS = re.compile(r"answer is[:\s]*\$?([^\n$]+?)\$?\s*\.?\s*(?:\n|$)", re.IGNORECASE)
+_ANSWER_IS = re.compile(
+    r"answer(?: to [^.\n]{0,80}?)? is[:\s]*\$?([^\n$]+?)\$?\s*(?:\.(?=\s|$)|\n|$)", re.IGNORECASE
+)
 _ANSWER_LINE = re.compile(r"(?:^|\n)\s*(?:A|Answer|Final answer)\s*:\s*([^\n]+)", re.IGNORECASE)
 _EQUATION = re.compile(
     r"(?:=|\bequals\b|\bis equal to\b)\s*\$?\s*(" + _NUMBER.pattern + r")(?![\d/])", re.IGNORECASE
@@ -58,7 +63,10 @@ def _statement(text: str) -> str | None:
     for pattern in (_ANSWER_IS, _ANSWER_LINE):
         matches = [m.strip() for m in pattern.findall(text)]
         if matches and matches[-1]:
-            return matches[-1]
+            stated = matches[-1]
+            # "The answer is 16 - 16 = 0.": the working, then its result
+            result = _EQUATION.findall(stated)
+            return result[-1].replace(",", "") if result else stated
     return None
 
 
@@ -84,8 +92,22 @@ EXTRACTION_RULES: tuple[tuple[str, Callable[[str], str | None]], ...] = (
 )
 
 
+_CUT_MID_EXPRESSION = re.compile(r"[-+×*/=]\s*$")
+_SENTENCE_END = re.compile(r"[.!?\n]")
+
+
+def finished_text(completion: str) -> str:
+    """The completion without an expression it was cut off in (`... So, 5 + `, at the length cap): from
+    its last sentence end on, what is left unfinished states nothing."""
+    if not _CUT_MID_EXPRESSION.search(completion):
+        return completion
+    ends = [m.end() for m in _SENTENCE_END.finditer(completion.rstrip())]
+    return completion[: ends[-1]] if ends else completion
+
+
 def extract_with_rule(completion: str) -> tuple[str | None, str | None]:
     """(the final answer a completion states, the name of the rule that found it); (None, None) if none."""
+    completion = finished_text(completion)
     for name, rule in EXTRACTION_RULES:
         found = rule(completion)
         if found:
