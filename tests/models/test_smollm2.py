@@ -37,14 +37,18 @@ def test_the_gguf_file_and_its_conversion_give_the_same_logits():
         assert torch.equal(from_file(torch.tensor([ids])).logits, converted(torch.tensor([ids])).logits)
 
 
-def test_eval_on_the_checkpoint_and_on_the_gguf_file_agree(tmp_path, capsys):
-    args = ["data.levels=[1]", "data.num_train=50", "data.num_eval=16", "eval.num_samples=0"]
-    args += ["rollout.max_new_tokens=48"]
+def test_eval_on_the_checkpoint_and_on_the_gguf_file_agree_and_clear_the_bar(tmp_path, capsys):
+    """Level 1 of the recipe's task (times tables asked as questions), greedy: at least 15% (the issue's
+    bar; 60% on the recipe's 50 level-1 held-out questions), the same on the file and its conversion."""
+    config = Path(__file__).resolve().parents[2] / "configs" / "smollm2.yaml"
+    args = [str(config), "data.levels=[1]", "data.num_train=50", "data.num_eval=40", "eval.num_samples=0"]
     results = {}
     for name, model in (("checkpoint", CHECKPOINT), ("gguf", GGUF)):
         assert main(["eval", str(model), *args, "--run-dir", str(tmp_path / name)]) == 0
         results[name] = json.loads((tmp_path / name / "eval.json").read_text())
         records = (tmp_path / name / "completions.jsonl").read_text().splitlines()
-        assert len(records) == 16 and "<|im_start|>assistant" in json.loads(records[0])["prompt"]
+        assert len(records) == 40 and "<|im_start|>assistant" in json.loads(records[0])["prompt"]
+        assert "What is" in json.loads(records[0])["prompt"]
     capsys.readouterr()
     assert results["checkpoint"] == results["gguf"]  # the same weights decode the same greedy answers
+    assert results["checkpoint"]["greedy_accuracy"] >= 0.15, results
