@@ -109,7 +109,7 @@ def summarise(before: dict, runs: dict[int, dict]) -> dict:
         "held_out_prompts": int(before["num_prompts"]),
         "seeds": seeds,
         "mean_gain": gains.mean,
-        "gain_sd": gains.sd,
+        "gain_sd": gains.sd if gains.n >= 2 else None,
         "gain_interval_95": list(interval) if interval else None,
         "meets_target": bool(interval and gains.mean >= TARGET_GAIN and interval[0] > 0),
         "target": f"mean gain >= {TARGET_GAIN:.0%} with a 95% t-interval over seeds that excludes 0",
@@ -130,7 +130,7 @@ def table(summary: dict) -> str:
     interval = summary["gain_interval_95"]
     spread = f" (95% t-interval {interval[0] * 100:+.1f} to {interval[1] * 100:+.1f})" if interval else ""
     lines.append(
-        f"\nMean gain {summary['mean_gain'] * 100:+.1f} points{spread} over {len(summary['seeds'])} seeds, "
+        f"\nMean gain {summary['mean_gain'] * 100:+.1f} points{spread} over {len(summary['seeds'])} seed{'s' if len(summary['seeds']) != 1 else ''}, "
         f"{summary['held_out_prompts']} held-out prompts; target met: {'yes' if summary['meets_target'] else 'no'}."
     )
     return "\n".join(lines)
