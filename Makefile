@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # No .pyc precompilation of every installed file: imports compile what they use (saves ~40 s).
 PIP := $(BIN)/pip install --quiet --no-compile --disable-pip-version-check
 
-.PHONY: demo test test-slow lint bench install chromium smollm2
+.PHONY: demo test test-slow lint bench install chromium smollm2 smollm2-moe
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -43,3 +43,8 @@ chromium:
 # checked .gguf and its safetensors conversion; again: nothing to do (scripts/fetch_smollm2.py)
 smollm2: $(STAMP)
 	$(BIN)/python scripts/fetch_smollm2.py
+
+# Its sparse upcycle for configs/smollm2-moe.yaml: 8 experts, top 2, starting with the dense model's logits
+smollm2-moe: smollm2
+	test -f models/smollm2-moe/config.json || $(BIN)/everyprompt upcycle models/smollm2-135m-instruct \
+		models/smollm2-moe --experts 8 --top-k 2 --seed 0

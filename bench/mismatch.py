@@ -51,7 +51,13 @@ KEYS = (
 
 
 def measure(
-    base: list[str], precision: str, replay: str, batches: int, run_dir: Path, flipped: list | None = None
+    base: list[str],
+    precision: str,
+    replay: str,
+    batches: int,
+    run_dir: Path,
+    flipped: list | None = None,
+    config: Path | None = None,
 ) -> dict:
     """Mismatch metrics over `batches` RL batches. With replay off, fills `flipped` with each batch's
     completions and per-token, per-layer flip mask; with r3 and `flipped` given, also reports |dlogp| on
@@ -69,7 +75,7 @@ def measure(
         f"rl.router_replay={replay}",
         "rl.old_logprobs=recompute",
     ]
-    trainer = Run(load_config(None, overrides), run_dir).trainer()
+    trainer = Run(load_config(config, overrides), run_dir).trainer()
     # an fp32 engine flips nothing (the trainer's arithmetic up to kernel order): no per-token passes
     per_token = precision != "fp32" and flipped is not None
     engine_logits = record_router_logits(trainer.engine) if per_token else None
@@ -143,7 +149,9 @@ def _flipped_vs_unflipped(cell: dict) -> str:
     return f"{flipped:.2e} / {unflipped:.2e} ({flipped / unflipped:.2f}x)"
 
 
-def short_rl(base: list[str], precision: str, replay: str, steps: int, run_dir: Path) -> dict:
+def short_rl(
+    base: list[str], precision: str, replay: str, steps: int, run_dir: Path, config: Path | None = None
+) -> dict:
     from everyprompt.config import load_config
     from everyprompt.pipeline import Run
 
@@ -155,7 +163,7 @@ def short_rl(base: list[str], precision: str, replay: str, steps: int, run_dir: 
         f"rl.steps={steps}",
         "checkpoint.every=0",
     ]
-    run = Run(load_config(None, overrides), run_dir)
+    run = Run(load_config(config, overrides), run_dir)
     trainer = run.trainer()
     history = trainer.train()
     final = run.evaluate(trainer.engine, trainer.tokenizer)
@@ -232,6 +240,16 @@ def main(argv: list[str] | None = None) -> int:
         help="seed of the measured runs (prompts, samples); default: --sft-seed",
     )
     parser.add_argument("--tiny", action="store_true")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="measure this config's model (e.g. configs/smollm2-moe.yaml) as it is, instead of the demo "
+        "model after SFT",
+    )
+    parser.add_argument(
+        "--name", default="mismatch", help="results file bench/results/NAME.json, runs under NAME_runs/"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--table", action="store_true", help="print the table of the saved results and exit")
     args = parser.parse_args(argv)
@@ -240,18 +258,23 @@ def main(argv: list[str] | None = None) -> int:
 
     console = Console(width=200)
     if args.table:
-        console.print(summary_table(json.loads((args.out / "mismatch.json").read_text())))
+        console.print(summary_table(json.loads((args.out / f"{args.name}.json").read_text())))
         return 0
     started = time.perf_counter()
     base = ["eval.num_samples=1", "eval.pass_k=1", "logging.progress=false", "logging.tensorboard=false"]
     base += TINY if args.tiny else []
-    work = args.out / "mismatch_runs"
+    work = args.out / f"{args.name}_runs"
     work.mkdir(parents=True, exist_ok=True)
-    sft_dir = prepare_sft(
-        [*base, f"seed={args.sft_seed}"], work.parent / "zve_runs" / f"sft_seed{args.sft_seed}"
-    )
     seed = args.sft_seed if args.seed is None else args.seed
-    base += [f"model.path={sft_dir}", "sft.steps=0", f"seed={seed}"]
+    if args.config is None:
+        model = prepare_sft(
+            [*base, f"seed={args.sft_seed}"], work.parent / "zve_runs" / f"sft_seed{args.sft_seed}"
+        )
+    else:
+        from everyprompt.config import load_config
+
+        model = Path(load_config(args.config, base).model.path)
+    base += [f"model.path={model}", "sft.steps=0", f"seed={seed}"]
     cells = []
     for precision in args.precisions.split(","):
         flipped: list = []
@@ -259,16 +282,19 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"measuring {precision} / replay {replay} ...")
             cell = {"precision": precision, "replay": replay}
             cell.update(
-                measure(base, precision, replay, args.batches, work / f"{precision}_{replay}", flipped)
+                measure(
+                    base, precision, replay, args.batches, work / f"{precision}_{replay}", flipped, args.config
+                )
             )
             if precision == "fp8" and args.rl_steps > 0:
                 cell["rl"] = short_rl(
-                    base, precision, replay, args.rl_steps, work / f"rl_{precision}_{replay}"
+                    base, precision, replay, args.rl_steps, work / f"rl_{precision}_{replay}", args.config
                 )
             cells.append(cell)
     payload = {
         "benchmark": "mismatch",
-        "sft_checkpoint": repo_path(sft_dir),
+        "config": None if args.config is None else repo_path(args.config),
+        "model": repo_path(model),
         "batches": args.batches,
         "seed": seed,
         "cells": cells,
@@ -276,8 +302,8 @@ def main(argv: list[str] | None = None) -> int:
         "wall_seconds": time.perf_counter() - started,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    write_results(args.out / "mismatch.json", payload, dtype="fp32 trainer")
-    console.print(f"wrote {args.out / 'mismatch.json'}")
+    results = write_results(args.out / f"{args.name}.json", payload, dtype="fp32 trainer")
+    console.print(f"wrote {results}")
     console.print(summary_table(payload))
     return 0
 

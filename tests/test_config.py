@@ -1,10 +1,13 @@
 import re
+from pathlib import Path
 
 import pytest
 import yaml
 
 from everyprompt.cli import main
 from everyprompt.config import Config, ConfigError, demo_config_path, load_config
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 def test_demo_config_is_embedded_and_valid():
@@ -151,3 +154,10 @@ def test_an_invalid_value_names_where_it_came_from(tmp_path):
     with pytest.raises(ConfigError) as err:  # an override of the embedded default never blames demo.yaml
         load_config(None, ["eval.num_samples=-1"])
     assert "demo.yaml" not in str(err.value) and "'eval.num_samples=-1'" in str(err.value)
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_is_valid(path):
+    """Each recipe in configs/ loads as shipped (model paths need not exist to validate)."""
+    config = load_config(path)
+    assert config.rl.steps > 0 and (config.model.path or config.model.preset)
