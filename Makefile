@@ -44,7 +44,7 @@ chromium:
 smollm2: $(STAMP)
 	$(BIN)/python scripts/fetch_smollm2.py
 
-# Its sparse upcycle for configs/smollm2-moe.yaml: 8 experts, top 2, starting with the dense model's logits
+# Its sparse upcycle for configs/smollm2-moe.yaml: 4 experts, top 2, starting with the dense model's logits
 smollm2-moe: smollm2
 	test -f models/smollm2-moe/config.json || $(BIN)/everyprompt upcycle models/smollm2-135m-instruct \
-		models/smollm2-moe --experts 8 --top-k 2 --seed 0
+		models/smollm2-moe --experts 4 --top-k 2 --seed 0

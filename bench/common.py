@@ -6,8 +6,6 @@ names files by paths relative to the repository."""
 from __future__ import annotations
 
 import json
-import os
-import platform
 import time
 from pathlib import Path
 
@@ -28,16 +26,11 @@ def best_of(repeats: int, fn) -> tuple[float, object]:
 
 
 def machine(dtype: str | None = None) -> dict:
-    """The machine a benchmark ran on: cores, torch's threads and version, the CPU, and the dtype."""
-    import torch
+    """The machine a benchmark ran on (everyprompt.run.machine): cores, the CPU and torch's kernel set for
+    it, torch's threads and version, and the dtype."""
+    from everyprompt.run.machine import machine as describe
 
-    return {
-        "cores": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "processor": platform.processor() or platform.machine(),
-        **({"dtype": dtype} if dtype else {}),
-    }
+    return describe(dtype)
 
 
 def repo_path(path: str | Path) -> str:

@@ -13,9 +13,11 @@ stays stable.
 
     python bench/mismatch.py               # ~10 minutes on 2 CPU cores (trains the SFT checkpoint if missing)
     python bench/mismatch.py --tiny        # seconds: a smoke run on a 2-layer model
+    python bench/mismatch.py --config configs/smollm2-moe.yaml --name mismatch_smollm2_moe \
+        --precisions fp32,bf16 --rl-steps 0    # a config's own model as it is (here: the upcycled SmolLM2)
 
-Writes bench/results/mismatch.json (per-token data: bench/results/mismatch_runs/*/tokens.pt); prints the
-table last.
+Writes bench/results/NAME.json (`--name`, default mismatch; per-token data: bench/results/NAME_runs/*/tokens.pt);
+prints the table last.
 """
 
 from __future__ import annotations
@@ -182,7 +184,8 @@ def summary_table(payload: dict):
     from rich.table import Table
 
     cells = payload["cells"]
-    table = Table(title="Trainer (fp32) vs engine: mismatch per precision and replay mode")
+    trainer = payload.get("trainer_dtype", "fp32")
+    table = Table(title=f"Trainer ({trainer}) vs engine: mismatch per precision and replay mode")
     for column in (
         "precision",
         "replay",
@@ -248,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
         "model after SFT",
     )
     parser.add_argument(
+        "--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides of every measured run"
+    )
+    parser.add_argument(
         "--name", default="mismatch", help="results file bench/results/NAME.json, runs under NAME_runs/"
     )
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -256,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from rich.console import Console
 
+    from everyprompt.config import load_config
+
     console = Console(width=200)
     if args.table:
         console.print(summary_table(json.loads((args.out / f"{args.name}.json").read_text())))
@@ -263,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     base = ["eval.num_samples=1", "eval.pass_k=1", "logging.progress=false", "logging.tensorboard=false"]
     base += TINY if args.tiny else []
+    base += args.set
     work = args.out / f"{args.name}_runs"
     work.mkdir(parents=True, exist_ok=True)
     seed = args.sft_seed if args.seed is None else args.seed
@@ -271,10 +280,9 @@ def main(argv: list[str] | None = None) -> int:
             [*base, f"seed={args.sft_seed}"], work.parent / "zve_runs" / f"sft_seed{args.sft_seed}"
         )
     else:
-        from everyprompt.config import load_config
-
         model = Path(load_config(args.config, base).model.path)
     base += [f"model.path={model}", "sft.steps=0", f"seed={seed}"]
+    trainer_dtype = load_config(args.config, base).model.dtype
     cells = []
     for precision in args.precisions.split(","):
         flipped: list = []
@@ -283,7 +291,13 @@ def main(argv: list[str] | None = None) -> int:
             cell = {"precision": precision, "replay": replay}
             cell.update(
                 measure(
-                    base, precision, replay, args.batches, work / f"{precision}_{replay}", flipped, args.config
+                    base,
+                    precision,
+                    replay,
+                    args.batches,
+                    work / f"{precision}_{replay}",
+                    flipped,
+                    args.config,
                 )
             )
             if precision == "fp8" and args.rl_steps > 0:
@@ -294,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     payload = {
         "benchmark": "mismatch",
         "config": None if args.config is None else repo_path(args.config),
+        "overrides": args.set,
+        "trainer_dtype": trainer_dtype,
         "model": repo_path(model),
         "batches": args.batches,
         "seed": seed,
@@ -302,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_seconds": time.perf_counter() - started,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    results = write_results(args.out / f"{args.name}.json", payload, dtype="fp32 trainer")
+    results = write_results(args.out / f"{args.name}.json", payload, dtype=f"{trainer_dtype} trainer")
     console.print(f"wrote {results}")
     console.print(summary_table(payload))
     return 0

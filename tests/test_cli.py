@@ -61,6 +61,7 @@ def test_demo_writes_summary(tmp_path, capsys):
     for key in ("accuracy_before_rl", "accuracy_after_rl", "wall_seconds", "run_dir"):
         assert key in summary
     assert summary["seed"] == 3
+    assert summary["machine"]["cpu_capability"] and summary["machine"]["torch_threads"] >= 1
     assert "Held-out accuracy before and after RL" in capsys.readouterr().out
     # the report of that run: tables, curves of both phases, the demo's before/after
     assert main(["report", str(tmp_path)]) == 0

@@ -17,6 +17,7 @@ from everyprompt.report.console import accuracy_table
 from everyprompt.rollout import build_engine
 from everyprompt.run.files import write_json_atomic, write_jsonl_atomic
 from everyprompt.run.layout import eval_dir
+from everyprompt.run.machine import machine
 from everyprompt.run.resume import resolve_checkpoint
 from everyprompt.trainer import RLTrainer
 from everyprompt.zve.workflow import FilteredFile, filter_prompt_file
@@ -67,6 +68,7 @@ def demo(config: Config, run_dir: str | Path | None = None, console: Console | N
         "seed": config.seed,
         "wall_seconds": time.perf_counter() - started,
         "run_dir": str(run.run_dir.resolve()),
+        "machine": machine(config.model.dtype),
     }
     write_json_atomic(run.layout.demo_summary, summary)
     out = console or Console()
