@@ -71,11 +71,14 @@ def measure(
     from everyprompt.config import load_config
     from everyprompt.pipeline import Run
 
+    # eager decoding throughout: `rollout.compile=auto` switches to the compiled step after a number of
+    # seconds, whose kernels round differently in bf16, so the off and r3 cells would sample differently
     overrides = [
         *base,
         f"rollout.precision={precision}",
         f"rl.router_replay={replay}",
         "rl.old_logprobs=recompute",
+        "rollout.compile=off",
     ]
     trainer = Run(load_config(config, overrides), run_dir).trainer()
     # an fp32 engine flips nothing (the trainer's arithmetic up to kernel order): no per-token passes
