@@ -304,6 +304,7 @@ def test_smollm2_summary_hand_computed(tmp_path, monkeypatch):
         seed: {
             "results": {"greedy_accuracy": after, "step": 30},
             "wall_seconds": 1500.0,
+            "rl_step_seconds": 1650.0,
             "run_dir": f"r{seed}",
         }
         for seed, after in [(0, 0.46), (1, 0.47), (2, 0.48)]
@@ -319,7 +320,7 @@ def test_smollm2_summary_hand_computed(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "README", readme)
     bench.write_readme(summary)
     text = readme.read_text()
-    assert "old table" not in text and "| 2 | 40.0% | 48.0% | +8.0 points | 25 min |" in text
+    assert "old table" not in text and "| 2 | 40.0% | 48.0% | +8.0 points | 27.5 min |" in text
     assert "Mean gain +7.0 points (95% t-interval +4.5 to +9.5) over 3 seeds" in text and text.endswith(
         "rest\n"
     )
@@ -327,3 +328,11 @@ def test_smollm2_summary_hand_computed(tmp_path, monkeypatch):
     assert not bench.summarise(before, {0: runs[0]})["meets_target"]
     runs[2]["results"]["greedy_accuracy"] = 0.30
     assert not bench.summarise(before, runs)["meets_target"]
+
+
+def test_smollm2_run_time_is_the_sum_of_its_steps(tmp_path):
+    """A resumed run keeps each step once in metrics.jsonl; their times add up to the run's RL time."""
+    bench = _load("smollm2")
+    rows = [{"step": 1, "time/step_s": 50.5}, {"step": 2, "time/step_s": 49.5}, {"step": 3}]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+    assert bench.step_seconds(tmp_path) == pytest.approx(100.0)
