@@ -9,6 +9,8 @@ import json
 import time
 from pathlib import Path
 
+from everyprompt.run.machine import machine
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 
@@ -23,14 +25,6 @@ def best_of(repeats: int, fn) -> tuple[float, object]:
         if elapsed < best:
             best, result = elapsed, out
     return best, result
-
-
-def machine(dtype: str | None = None) -> dict:
-    """The machine a benchmark ran on (everyprompt.run.machine): cores, the CPU and torch's kernel set for
-    it, torch's threads and version, and the dtype."""
-    from everyprompt.run.machine import machine as describe
-
-    return describe(dtype)
 
 
 def repo_path(path: str | Path) -> str:

@@ -14,7 +14,7 @@ stays stable.
     python bench/mismatch.py               # ~10 minutes on 2 CPU cores (trains the SFT checkpoint if missing)
     python bench/mismatch.py --tiny        # seconds: a smoke run on a 2-layer model
     python bench/mismatch.py --config configs/smollm2-moe.yaml --name mismatch_smollm2_moe \
-        --precisions fp32,bf16 --rl-steps 0    # a config's own model as it is (here: the upcycled SmolLM2)
+        --set model.dtype=fp32 --precisions bf16 --batches 4   # a config's own model as it is (~12 min)
 
 Writes bench/results/NAME.json (`--name`, default mismatch; per-token data: bench/results/NAME_runs/*/tokens.pt);
 prints the table last.
@@ -278,14 +278,14 @@ def main(argv: list[str] | None = None) -> int:
     work = args.out / f"{args.name}_runs"
     work.mkdir(parents=True, exist_ok=True)
     seed = args.sft_seed if args.seed is None else args.seed
-    if args.config is None:
-        model = prepare_sft(
+    if args.config is None:  # the demo model after SFT; a config's own model is measured as it is
+        sft = prepare_sft(
             [*base, f"seed={args.sft_seed}"], work.parent / "zve_runs" / f"sft_seed{args.sft_seed}"
         )
-    else:
-        model = Path(load_config(args.config, base).model.path)
-    base += [f"model.path={model}", "sft.steps=0", f"seed={seed}"]
-    trainer_dtype = load_config(args.config, base).model.dtype
+        base.append(f"model.path={sft}")
+    base += ["sft.steps=0", f"seed={seed}"]
+    measured = load_config(args.config, base).model
+    trainer_dtype = measured.dtype
     cells = []
     for precision in args.precisions.split(","):
         flipped: list = []
@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         "config": None if args.config is None else repo_path(args.config),
         "overrides": args.set,
         "trainer_dtype": trainer_dtype,
-        "model": repo_path(model),
+        "model": repo_path(measured.path),
         "batches": args.batches,
         "seed": seed,
         "cells": cells,

