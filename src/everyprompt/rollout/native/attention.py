@@ -41,6 +41,8 @@ class Rotary:
         self.inv_freq, self.scale = rope_tables(config, dim)
 
     def __call__(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.inv_freq.device != positions.device:  # once: the table follows the engine's device
+            self.inv_freq = self.inv_freq.to(positions.device)
         freqs = positions[..., None].float() * self.inv_freq  # [B, T, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)
         sin = emb.sin() * self.scale

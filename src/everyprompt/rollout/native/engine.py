@@ -34,10 +34,11 @@ from everyprompt.rollout.base import (
     register_engine,
 )
 from everyprompt.rollout.native.attention import ATTENTIONS, rms_norm
+from everyprompt.rollout.native.cache import KVCache, compact, readable
 from everyprompt.rollout.native.compiled import DecodeCompiler
 from everyprompt.rollout.native.families import FAMILIES, unsupported_settings
 from everyprompt.rollout.native.moe import MixtureOfExperts, swiglu
-from everyprompt.rollout.native.state import Record, Slots
+from everyprompt.rollout.native.state import Record, Slots, on_device
 from everyprompt.rollout.native.weights import Layer, StateDict, read_layer
 from everyprompt.rollout.sampling import sample_tokens
 from everyprompt.rollout.stops import StopStrings, stop_token_ids
@@ -63,11 +64,13 @@ class NativeEngine:
         precision: str | None = None,
         tokenizer=None,
         compile: str = "off",
+        device: torch.device | str = "cpu",
     ):
         """`precision` (fp32 | bf16 | fp8) overrides `dtype`; fp8 keeps the attention and expert / MLP
         projections in float8_e4m3fn (per-output-channel scales, re-quantised by every `load_weights`),
         and embeddings, norms, routers and the LM head in float32. `compile` (off | on | auto): the
-        decode step eager or through torch.compile (compiled.py)."""
+        decode step eager or through torch.compile (compiled.py). `device`: where the weights, the cache
+        and every per-call tensor live (a resolved device, devices/placement.py)."""
         if precision is not None:
             if precision not in PRECISIONS:
                 raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
@@ -76,13 +79,14 @@ class NativeEngine:
         self.check_config(config)
         self.config, self.family = config, FAMILIES[config.model_type]
         stops = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-        self.stop_ids = torch.tensor(sorted(stops), dtype=torch.long)
+        self.device = torch.device(device)
+        self.stop_ids = frozenset(stops)
         self.pad_token_id, self.tokenizer = pad_token_id, tokenizer
         self.batch_size, self.dtype = batch_size, dtype
         self.eps = config.rms_norm_eps
         self.attention = ATTENTIONS[self.family.attention](config, self.family, dtype)
+        self.cache = KVCache(self.attention.cache_layout, config.num_hidden_layers, dtype, self.device)
         self.moe = MixtureOfExperts(config, self.family)
-        self._cache_storage: list[tuple[torch.Tensor, ...]] = []
         self.compiler = DecodeCompiler(compile)
         self._open_calls = 0  # generate() iterators not yet finished (the shared cache serves one)
         self.stats: dict[str, float] = {}  # the last generate call's throughput figures
@@ -108,7 +112,13 @@ class NativeEngine:
 
     @classmethod
     def from_model(
-        cls, model, tokenizer, batch_size: int = 256, precision: str = "fp32", compile: str = "off"
+        cls,
+        model,
+        tokenizer,
+        batch_size: int = 256,
+        precision: str = "fp32",
+        compile: str = "off",
+        device: torch.device | str = "cpu",
     ) -> NativeEngine:
         return cls(
             model.config,
@@ -119,11 +129,12 @@ class NativeEngine:
             precision=precision,
             tokenizer=tokenizer,
             compile=compile,
+            device=device,
         )
 
     # ---------------------------------------------------------------- weights
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        weights = StateDict(state_dict, self.dtype, fp8=self.precision == "fp8")
+        weights = StateDict(state_dict, self.dtype, fp8=self.precision == "fp8", device=self.device)
         self.embed = weights.plain("model.embed_tokens.weight")
         self.final_norm = weights.plain("model.norm.weight")
         head = "lm_head.weight" if "lm_head.weight" in weights else "model.embed_tokens.weight"
@@ -137,8 +148,9 @@ class NativeEngine:
         """The decode step's attention mask as an additive bias [B * mask_heads, group, width] (the
         attention's `mask_layout`): row b sees its slots <= positions[b]. Built once per step for all
         layers."""
-        visible = torch.arange(width)[None, :] <= positions[:, None]
-        bias = torch.zeros(visible.shape, dtype=self.dtype).masked_fill_(~visible, float("-inf"))
+        visible = torch.arange(width, device=positions.device)[None, :] <= positions[:, None]
+        bias = torch.zeros(visible.shape, dtype=self.dtype, device=positions.device)
+        bias.masked_fill_(~visible, float("-inf"))
         heads, group = self.attention.mask_layout
         return bias[:, None, None].expand(-1, heads, group, -1).reshape(-1, group, width)
 
@@ -161,42 +173,8 @@ class NativeEngine:
             normed = rms_norm(x, layer.input_norm, self.eps)
             x = x + self.attention(layer.attention, normed, rope, cache, rows, positions[:, -1], bias)
             x = x + self._mlp(layer, rms_norm(x, layer.post_norm, self.eps), routes)
-        x = x[:, -1] if last is None else x[torch.arange(x.shape[0]), last]
+        x = x[:, -1] if last is None else x[torch.arange(x.shape[0], device=x.device), last]
         return (rms_norm(x, self.final_norm, self.eps) @ self.lm_head).float()
-
-    def _cache(
-        self, slots: int, width: int, shared: bool = True, exact: bool = False
-    ) -> list[tuple[torch.Tensor, ...]]:
-        """Per-layer caches, one tensor [slots, heads, width, dim] per entry of the attention's
-        `cache_layout` (keys and values; latent attention: one latent vector): views of storage kept
-        between calls and grown as calls need (`shared=False`: storage of its own, for a call made while
-        another call's iterator is still open; `exact`: storage exactly `width` wide, so the views are
-        contiguous)."""
-
-        def allocate(rows: int, columns: int) -> list[tuple[torch.Tensor, ...]]:
-            layout = self.attention.cache_layout
-            return [
-                tuple(torch.zeros(rows, heads, columns, dim, dtype=self.dtype) for heads, dim in layout)
-                for _ in self.layers
-            ]
-
-        if not shared:
-            return allocate(slots, width)
-        have = self._cache_storage[0][0] if self._cache_storage else None
-        if (
-            have is None
-            or have.dtype != self.dtype
-            or have.shape[0] < slots
-            or have.shape[2] < width
-            or (exact and have.shape[2] != width)
-        ):
-            rows, columns = (
-                (slots, width)
-                if have is None or exact
-                else (max(slots, have.shape[0]), max(width, have.shape[2]))
-            )
-            self._cache_storage = allocate(rows, columns)
-        return [tuple(t[:slots, :, :width] for t in entry) for entry in self._cache_storage]
 
     # ---------------------------------------------------------------- decoding
     def generate(self, requests: Iterable[GenerationRequest], params: SamplingParams) -> Iterator[Completion]:
@@ -223,29 +201,23 @@ class NativeEngine:
         began = time.perf_counter()
         pool = min(self.batch_size, len(requests))
         width = max(len(r.prompt_ids) for r in requests) + params.max_new_tokens
-        state = Slots(pool, params.max_new_tokens, self.config.vocab_size)
+        state = Slots(pool, params.max_new_tokens, self.config.vocab_size, self.device)
         stops = StopStrings(self.tokenizer, params.stop)
         forward, sample, compiled = self._step_functions()
         # a compiled step reads the call's whole cache width (masked), so its cache is contiguous and of
         # one layout for the whole call; an eager one reads the slots up to the furthest position
-        caches = self._cache(pool, width, shared, exact=compiled)
+        caches = self.cache.views(pool, width, shared, exact=compiled)
         layers = [layer.dequantized() for layer in self.layers]
         record = Record.start(self, params, pool, width)
         queue = deque(range(len(requests)))
-        clock = {
-            "prefill_s": 0.0,
-            "decode_s": 0.0,
-            "decode_steps": 0,
-            "busy": 0,
-            "tokens": 0,
-            "shrinks": 0,
-            "admissions": 0,
-            "sample_s": 0.0,
-            "sample_steps": 0,
-        }
-        while queue or bool((state.request >= 0).any()):
-            free = (state.request < 0).nonzero().flatten()
-            if queue and len(free):
+        clock = dict.fromkeys(("prefill_s", "decode_s", "sample_s"), 0.0)
+        clock.update(
+            dict.fromkeys(("decode_steps", "sample_steps", "busy", "tokens", "shrinks", "admissions"), 0)
+        )
+        rows: tuple[list[int], torch.Tensor] = ([], torch.zeros(0, dtype=torch.long, device=self.device))
+        while queue or state.active:
+            free = state.free
+            if queue and free:
                 admitted = [queue.popleft() for _ in range(min(len(free), len(queue)))]
                 tick = time.perf_counter()
                 self._prefill(
@@ -253,59 +225,62 @@ class NativeEngine:
                 )
                 clock["prefill_s"] += time.perf_counter() - tick
                 clock["admissions"] += 1
-            active = (state.request >= 0).nonzero().flatten()
+            active = state.active
+            if rows[0] != active:  # the device index of the active rows, rebuilt only when they change
+                rows = (active, on_device(active, self.device))
+            index = rows[1]
             tick = time.perf_counter()
+            step = state.step[index]
             sampled, logprobs, entropies = sample(
-                state.logits[active],
-                state.seed[active],
-                state.step[active],
-                params.temperature,
-                params.top_p,
-                params.greedy,
+                state.logits[index], state.seed[index], step, params.temperature, params.top_p, params.greedy
             )
-            state.tokens[active, state.step[active]] = sampled
-            state.logprobs[active, state.step[active]] = logprobs
-            state.entropies[active, state.step[active]] = entropies
-            state.step[active] += 1
+            state.logprobs[index, step] = logprobs
+            state.entropies[index, step] = entropies
+            state.step[index] += 1
+            tokens = sampled.tolist()  # the decode step's one read back from the device
             sampling = time.perf_counter() - tick
             clock["sample_s"] += sampling
             clock["sample_steps"] += 1
             clock["tokens"] += len(active)
-            finished = torch.isin(sampled, self.stop_ids) | (state.step[active] >= state.limit[active])
-            if stops.strings:
-                steps = state.step[active].tolist()
-                finished |= torch.tensor(
-                    [
-                        stops.hit(state.tokens[slot, max(0, step - stops.tail) : step].tolist())
-                        for slot, step in zip(active.tolist(), steps)
-                    ]
-                )
-            for slot in active[finished].tolist():
-                yield self._completion(requests[int(state.request[slot])], state, slot, record, began, stops)
-                state.request[slot] = -1
-            running = active[~finished]
-            if not len(running):
+            finished = []
+            for slot, token in zip(active, tokens):
+                state.tokens[slot].append(token)
+                done = token in self.stop_ids or len(state.tokens[slot]) >= state.limit[slot]
+                if done or stops.hit(state.tokens[slot]):
+                    finished.append(slot)
+            if finished:
+                yield from self._finish(requests, state, finished, record, began, stops)
+            running = [position for position, slot in enumerate(active) if state.request[slot] >= 0]
+            if not running:
                 continue
+            fed = sampled if len(running) == len(active) else sampled[on_device(running, self.device)]
+            running = [active[position] for position in running]
             if not queue and len(running) < len(state.request):
                 # nothing left to admit: move the running rows to the front and drop the idle ones (on
                 # CPU a decode step's cost follows its rows; copying the cache is cheaper than idle rows)
-                caches = self._compact(running, state, caches, record)
-                running = torch.arange(len(running))
+                caches = compact(caches, on_device(running, self.device))
+                state.select(running, self.device)
+                if record is not None:
+                    record.select(on_device(running, self.device))
+                running = list(range(len(running)))
                 clock["shrinks"] += 1
-            fed = sampled[~finished]
             tick = time.perf_counter()
-            tokens = torch.full((len(state.request),), self.pad_token_id, dtype=torch.long)
-            tokens[running] = fed
+            running_index = rows[1] if running == rows[0] else on_device(running, self.device)
+            fed_tokens = torch.full(
+                (len(state.request),), self.pad_token_id, dtype=torch.long, device=self.device
+            )
+            fed_tokens[running_index] = fed
             positions = state.length  # idle rows write at their own (free) row's stale length
             seen = caches
-            if not compiled:
-                width = int(positions.max()) + 1  # the cache slots this step reads
-                seen = [tuple(entry[:, :, :width] for entry in layer) for layer in caches]
-            logits, routes = forward(layers, tokens, positions, seen, record is not None)
-            state.logits[running] = logits[running]
+            if not compiled:  # the cache slots this step reads, known on the host
+                seen = readable(caches, max(state.host_length) + 1)  # idle rows write at theirs too
+            logits, routes = forward(layers, fed_tokens, positions, seen, record is not None)
+            state.logits[running_index] = logits[running_index]
             if record is not None:
-                record.store(routes, running, state.length[running], step=0)
-            state.length[running] += 1
+                record.store(routes, running_index, state.length[running_index], step=0)
+            state.length[running_index] += 1
+            for slot in running:
+                state.host_length[slot] += 1
             stepped = time.perf_counter() - tick
             clock["decode_s"] += stepped
             clock["decode_steps"] += 1
@@ -331,65 +306,60 @@ class NativeEngine:
         whole width when compiled) and, when `record`, each MoE layer's (experts, router logits)."""
         bias = self._decode_bias(positions, caches[0][0].shape[2])
         routes: list | None = [] if record else None
-        rows = torch.arange(tokens.shape[0])
+        rows = torch.arange(tokens.shape[0], device=tokens.device)
         logits = self._forward(layers, tokens[:, None], positions[:, None], caches, rows, bias, None, routes)
         return logits, routes
 
-    def _prefill(self, layers, requests, admitted, slots, state, caches, params, record):
+    def _prefill(self, layers, requests, admitted, slots: list[int], state, caches, params, record):
         """Run the admitted prompts (right-padded) into cache rows `slots`; their next-token logits become
         the rows' pending logits (and their routes go into `record`, when the call records)."""
         prompts = [requests[i].prompt_ids for i in admitted]
-        lengths = torch.tensor([len(p) for p in prompts])
-        tokens = torch.full((len(prompts), int(lengths.max())), self.pad_token_id, dtype=torch.long)
+        lengths = [len(p) for p in prompts]
+        tokens = torch.full((len(prompts), max(lengths)), self.pad_token_id, dtype=torch.long)
         for row, prompt in enumerate(prompts):
             tokens[row, : len(prompt)] = torch.tensor(prompt)
-        positions = torch.arange(tokens.shape[1]).expand_as(tokens)
+        tokens = tokens.to(self.device)
+        # the rows' slots, lengths and seeds: one host-to-device copy
+        per_row = on_device([slots, lengths, [requests[i].seed for i in admitted]], self.device)
+        rows, lengths_, seeds = per_row
+        positions = torch.arange(tokens.shape[1], device=self.device)
         routes: list | None = [] if record is not None else None
-        logits = self._forward(layers, tokens, positions, caches, slots, None, lengths - 1, routes)
-        if record is not None:
-            record.store(routes, slots, torch.arange(tokens.shape[1]))
-        state.request[slots] = torch.tensor(admitted)
-        state.length[slots] = lengths
-        state.step[slots] = 0
-        state.logits[slots] = logits
-        state.seed[slots] = torch.tensor([requests[i].seed for i in admitted], dtype=torch.long)
-        state.limit[slots] = torch.tensor(
-            [
-                min(params.max_new_tokens, requests[i].max_new_tokens or params.max_new_tokens)
-                for i in admitted
-            ]
+        logits = self._forward(
+            layers, tokens, positions.expand_as(tokens), caches, rows, None, lengths_ - 1, routes
         )
-
-    def _compact(self, running, state, caches, record):
-        """Move the running rows to cache rows [0, n) and shrink the pool to n rows."""
-        n = len(running)
-        compacted = []
-        for entry in caches:
-            for tensor in entry:
-                tensor[:n] = tensor[running]
-            compacted.append(tuple(tensor[:n] for tensor in entry))
-        state.select(running)
         if record is not None:
-            record.select(running)
-        return compacted
+            record.store(routes, rows, positions)
+        state.length[rows] = lengths_
+        state.step[rows] = 0
+        state.logits[rows] = logits
+        state.seed[rows] = seeds
+        for slot, request, length in zip(slots, admitted, lengths):
+            state.request[slot], state.host_length[slot], state.tokens[slot] = request, length, []
+            state.limit[slot] = min(
+                params.max_new_tokens, requests[request].max_new_tokens or params.max_new_tokens
+            )
 
-    def _completion(self, request, state, slot: int, record, began: float, stops: StopStrings) -> Completion:
-        length = int(state.step[slot])
-        token_ids = state.tokens[slot, :length].tolist()
-        if token_ids[-1] in self.stop_ids:
-            reason = "eos"
-        elif stops.hit(token_ids):
-            reason = "stop"
-        else:
-            reason = "length"
-        return Completion(
-            request_id=request.request_id,
-            prompt_ids=list(request.prompt_ids),
-            token_ids=token_ids,
-            logprobs=state.logprobs[slot, :length].clone(),
-            entropies=state.entropies[slot, :length].clone(),
-            # the last sampled token was never fed, so it has no route
-            **({} if record is None else record.take(slot, len(request.prompt_ids) + length - 1)),
-            finish_reason=reason,
-            timing={"finished_s": time.perf_counter() - began},
-        )
+    def _finish(self, requests, state, finished: list[int], record, began, stops):
+        """Yield the completions of the `finished` slots and free them: their log-probs, entropies and
+        recorded routes come to the host in one copy per kind."""
+        index = on_device(finished, self.device)
+        counts = [len(state.tokens[slot]) for slot in finished]
+        values = torch.stack([state.logprobs[index], state.entropies[index]]).cpu()
+        recorded = [{}] * len(finished)
+        if record is not None:  # the last sampled token was never fed, so it has no route
+            fed = [len(requests[state.request[slot]].prompt_ids) + n - 1 for slot, n in zip(finished, counts)]
+            recorded = record.take(index, fed)
+        for row, (slot, count, extra) in enumerate(zip(finished, counts, recorded)):
+            request, token_ids = requests[state.request[slot]], state.tokens[slot]
+            reason = "eos" if token_ids[-1] in self.stop_ids else "stop" if stops.hit(token_ids) else "length"
+            state.request[slot] = -1
+            yield Completion(
+                request_id=request.request_id,
+                prompt_ids=list(request.prompt_ids),
+                token_ids=list(token_ids),
+                logprobs=values[0, row, :count].clone(),
+                entropies=values[1, row, :count].clone(),
+                **extra,
+                finish_reason=reason,
+                timing={"finished_s": time.perf_counter() - began},
+            )

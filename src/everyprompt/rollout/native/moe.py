@@ -126,14 +126,22 @@ def experts_batched(gate_up, down, flat, weights, experts) -> torch.Tensor:
     num_experts, inner = down.shape[0], down.shape[1]
     flat_experts = experts.reshape(-1)
     order = torch.argsort(flat_experts, stable=True)  # (token, k) pairs grouped by expert
-    counts = torch.zeros(num_experts, dtype=torch.long).scatter_add_(0, flat_experts, torch.ones_like(order))
+    device = flat.device
+    counts = torch.zeros(num_experts, dtype=torch.long, device=device)
+    counts.scatter_add_(0, flat_experts, torch.ones_like(order))
     sorted_experts = flat_experts[order]
-    column = torch.arange(len(order)) - (torch.cumsum(counts, 0) - counts)[sorted_experts]
-    # the capacity is data-dependent: a compiled decode step keeps it as an unbacked size, which the
-    # bound (at least 2: a zero row more when no expert has two tokens) lets the bmm lowering reason about
-    capacity = int(counts.max().clamp(min=2))
-    torch._check(capacity >= 2)
-    index = torch.full((num_experts, capacity), tokens, dtype=torch.long)  # row `tokens`: zeros
+    column = torch.arange(len(order), device=device) - (torch.cumsum(counts, 0) - counts)[sorted_experts]
+    if device.type == "cpu":
+        # the busiest expert's count: reading it costs nothing on the CPU. A compiled decode step keeps it
+        # as an unbacked size, which the bound (at least 2: a zero row more when no expert has two
+        # tokens) lets the bmm lowering reason about
+        capacity = int(counts.max().clamp(min=2))
+        torch._check(capacity >= 2)
+    else:
+        # on an accelerator reading it back would stall every layer of every step: blocks as wide as the
+        # most any expert can get (each token picks an expert at most once), padding instead of a sync
+        capacity = max(tokens, 2)
+    index = torch.full((num_experts, capacity), tokens, dtype=torch.long, device=device)  # row `tokens`: 0
     index[sorted_experts, column] = order // top_k
     slot = torch.empty_like(order)
     slot[order] = sorted_experts * capacity + column  # each (token, k) pair's row of the [E * C] output
@@ -150,7 +158,7 @@ def experts_grouped(gate_up, down, flat, weights, experts) -> torch.Tensor:
     one expert's share can be far above the mean)."""
     top_k = experts.shape[1]
     out = torch.zeros_like(flat)
-    token_of_pair = torch.arange(flat.shape[0]).repeat_interleave(top_k)  # [N*k]
+    token_of_pair = torch.arange(flat.shape[0], device=flat.device).repeat_interleave(top_k)  # [N*k]
     flat_experts = experts.reshape(-1)
     order = torch.argsort(flat_experts, stable=True)
     counts = torch.bincount(flat_experts, minlength=down.shape[0]).tolist()

@@ -1,12 +1,22 @@
 """The state of one native `generate` call besides the KV cache: each slot's decoding state (`Slots`) and
 what the call records per fed position (`Record`: routed experts, router logits). Row i of every tensor
-is cache row i; `select(rows)` keeps rows as the pool shrinks."""
+is cache row i; `select(rows)` keeps rows as the pool shrinks.
+
+The tensors live on the engine's device. The loop decides (who is admitted, who finished, how wide a
+step reads the cache) from a host-side mirror in `Slots` that it keeps in step itself, so that a decode
+step reads back from the device only its sampled tokens (one sync), never the state it wrote.
+"""
 
 from __future__ import annotations
 
 import torch
 
 from everyprompt.rollout.base import SamplingParams, UnsupportedModelError
+
+
+def on_device(values: list, device: torch.device, dtype=torch.long) -> torch.Tensor:
+    """A host list as a tensor on `device` (one host-to-device copy)."""
+    return torch.tensor(values, dtype=dtype).to(device)
 
 
 class Record:
@@ -26,12 +36,14 @@ class Record:
         if not layers:
             wanted = "record_routes" if params.record_routes else "record_router_logits"
             raise UnsupportedModelError(f"{wanted} needs a mixture-of-experts model; this one has no router")
-        experts = routers[0].shape[1]
+        experts, device = routers[0].shape[1], engine.device
         return cls(
-            torch.zeros(slots, width, layers, engine.moe.routing.top_k, dtype=torch.int16)
+            torch.zeros(slots, width, layers, engine.moe.routing.top_k, dtype=torch.int16, device=device)
             if params.record_routes
             else None,
-            torch.zeros(slots, width, layers, experts) if params.record_router_logits else None,
+            torch.zeros(slots, width, layers, experts, device=device)
+            if params.record_router_logits
+            else None,
         )
 
     def store(
@@ -53,30 +65,50 @@ class Record:
         self.routes = None if self.routes is None else self.routes[rows]
         self.logits = None if self.logits is None else self.logits[rows]
 
-    def take(self, slot: int, length: int) -> dict[str, torch.Tensor]:
-        """A finished row's first `length` positions, as Completion fields."""
-        out = {}
-        if self.routes is not None:
-            out["routed_experts"] = self.routes[slot, :length].clone()
-        if self.logits is not None:
-            out["router_logits"] = self.logits[slot, :length].clone()
+    def take(self, rows: torch.Tensor, lengths: list[int]) -> list[dict[str, torch.Tensor]]:
+        """Finished rows' first `lengths` positions, as Completion fields on the host (one copy per
+        recorded kind for all the rows)."""
+        out: list[dict[str, torch.Tensor]] = [{} for _ in lengths]
+        for name, buffer in (("routed_experts", self.routes), ("router_logits", self.logits)):
+            if buffer is None:
+                continue
+            host = buffer[rows, : max(lengths)].cpu()
+            for fields, row, length in zip(out, host, lengths):
+                fields[name] = row[:length].clone()
         return out
 
 
 class Slots:
-    """Per-slot decoding state of one `generate` call (row i of every tensor is cache row i)."""
+    """Per-slot decoding state of one `generate` call (row i of every tensor is cache row i): tensors on
+    `device` for the step, and their host mirror for the loop's decisions."""
 
-    def __init__(self, slots: int, max_new_tokens: int, vocab_size: int):
-        self.request = torch.full((slots,), -1, dtype=torch.long)  # index into the call's requests; -1 free
-        self.length = torch.zeros(slots, dtype=torch.long)  # tokens in the cache (prompt + fed)
-        self.step = torch.zeros(slots, dtype=torch.long)  # tokens sampled so far
-        self.limit = torch.zeros(slots, dtype=torch.long)  # this request's max new tokens
-        self.seed = torch.zeros(slots, dtype=torch.long)
-        self.logits = torch.zeros(slots, vocab_size)  # pending next-token logits
-        self.tokens = torch.zeros(slots, max_new_tokens, dtype=torch.long)
-        self.logprobs = torch.zeros(slots, max_new_tokens)
-        self.entropies = torch.zeros(slots, max_new_tokens)
+    def __init__(self, slots: int, max_new_tokens: int, vocab_size: int, device: torch.device):
+        self.length = torch.zeros(slots, dtype=torch.long, device=device)  # tokens in the cache
+        self.step = torch.zeros(slots, dtype=torch.long, device=device)  # tokens sampled so far
+        self.seed = torch.zeros(slots, dtype=torch.long, device=device)
+        self.logits = torch.zeros(slots, vocab_size, device=device)  # pending next-token logits
+        self.logprobs = torch.zeros(slots, max_new_tokens, device=device)
+        self.entropies = torch.zeros(slots, max_new_tokens, device=device)
+        # the host mirror: index into the call's requests (-1: free), cache length, token limit, and the
+        # tokens sampled so far
+        self.request = [-1] * slots
+        self.host_length = [0] * slots
+        self.limit = [0] * slots
+        self.tokens: list[list[int]] = [[] for _ in range(slots)]
 
-    def select(self, rows: torch.Tensor) -> None:
-        for name, value in vars(self).items():
-            setattr(self, name, value[rows])
+    @property
+    def free(self) -> list[int]:
+        return [slot for slot, request in enumerate(self.request) if request < 0]
+
+    @property
+    def active(self) -> list[int]:
+        return [slot for slot, request in enumerate(self.request) if request >= 0]
+
+    def select(self, rows: list[int], device: torch.device) -> None:
+        """Keep `rows` (host indices), in that order, as rows [0, len(rows))."""
+        index = on_device(rows, device)
+        for name in ("length", "step", "seed", "logits", "logprobs", "entropies"):
+            setattr(self, name, getattr(self, name)[index])
+        for name in ("request", "host_length", "limit", "tokens"):
+            values = getattr(self, name)
+            setattr(self, name, [values[row] for row in rows])

@@ -84,10 +84,18 @@ def _dequantized(value):
 
 
 class StateDict:
-    """Reads a transformers state dict into the engine's layout at `dtype` (`fp8`: projections quantised)."""
+    """Reads a transformers state dict into the engine's layout at `dtype` on `device` (`fp8`: projections
+    quantised). The weights may come from anywhere (the learner's GPU, host memory after a transfer):
+    each is moved to `device` first, and the reordering and quantising happen there."""
 
-    def __init__(self, state_dict: dict[str, torch.Tensor], dtype: torch.dtype, fp8: bool):
-        self.state, self.dtype, self.fp8 = state_dict, dtype, fp8
+    def __init__(
+        self,
+        state_dict: dict[str, torch.Tensor],
+        dtype: torch.dtype,
+        fp8: bool,
+        device: torch.device | str = "cpu",
+    ):
+        self.state, self.dtype, self.fp8, self.device = state_dict, dtype, fp8, torch.device(device)
 
     def __contains__(self, name: str) -> bool:
         return name in self.state
@@ -95,7 +103,7 @@ class StateDict:
     def get(self, name: str) -> torch.Tensor:
         if name not in self.state:
             raise KeyError(f"weight {name!r} missing from the state dict given to load_weights")
-        return self.state[name].detach()
+        return self.state[name].detach().to(self.device)
 
     def plain(self, name: str) -> torch.Tensor:
         return self.get(name).to(self.dtype).clone()
@@ -110,7 +118,7 @@ class StateDict:
         output channels."""
         weight = torch.cat([self.get(n) for n in names]) if len(names) > 1 else self.get(names[0])
         if rows is not None:
-            weight = weight[rows]
+            weight = weight[rows.to(self.device)]
         if self.fp8:
             return FP8Weight.quantize(weight, self.dtype)
         return weight.to(self.dtype).T.contiguous()
@@ -130,7 +138,7 @@ class StateDict:
         if not all(present):
             raise KeyError(f"biases {', '.join(n for n, p in zip(names, present) if not p)} missing")
         bias = torch.cat([self.plain(n) for n in names])
-        return bias if rows is None else bias[rows]
+        return bias if rows is None else bias[rows.to(self.device)]
 
     def swiglu(self, prefix: str) -> tuple[Projection, Projection]:
         return (

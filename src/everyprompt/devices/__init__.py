@@ -1,0 +1,13 @@
+"""Where tensors live: the one owner of the device choice (`resolve_device`), of the default dtype per
+device, and of moving a batch's tensors (`to_device`). `fake_cuda` checks device discipline on a machine
+without a GPU (fake_cuda.py)."""
+
+from everyprompt.devices.placement import (
+    DEVICE_SETTINGS,
+    DeviceError,
+    default_dtype,
+    resolve_device,
+    to_device,
+)
+
+__all__ = ["DEVICE_SETTINGS", "DeviceError", "default_dtype", "resolve_device", "to_device"]

@@ -1,0 +1,66 @@
+"""The device a setting names (`model.device`, `rollout.device`): `auto` is the first CUDA device when
+torch sees one, else the CPU; `cpu`; `cuda` (the current CUDA device, or the one Ray gave the process);
+`cuda:N`. A CUDA setting on a machine without CUDA is an error before any work, never a quiet CPU run.
+
+A resolved CUDA device always carries its index (`cuda:0`, not `cuda`): tensors made on it compare equal
+to the model's own, and code that asks `tensor.device == device` means what it says.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from everyprompt.errors import InputError
+
+DEVICE_SETTINGS = ("auto", "cpu", "cuda", "cuda:N")
+_SETTING = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+class DeviceError(InputError):
+    """A device setting this machine cannot honour (CUDA asked for, none present) or cannot parse."""
+
+
+def resolve_device(setting: str, key: str = "model.device") -> torch.device:
+    """The torch device for `setting` (the config key `key`, named in errors)."""
+    if not isinstance(setting, str) or not _SETTING.match(setting):
+        raise DeviceError(
+            f"config key '{key}': expected one of {', '.join(DEVICE_SETTINGS)}, got {setting!r}"
+        )
+    if setting == "cpu" or (setting == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise DeviceError(
+            f"config key '{key}' is {setting!r} but torch sees no CUDA device here "
+            f"(torch {torch.__version__}, built {'with' if torch.backends.cuda.is_built() else 'without'} "
+            "CUDA); use cpu or auto, or run on a machine with a GPU"
+        )
+    index = torch.cuda.current_device() if setting in ("auto", "cuda") else int(setting.split(":")[1])
+    if index >= torch.cuda.device_count():
+        raise DeviceError(
+            f"config key '{key}' is {setting!r} but this machine has {torch.cuda.device_count()} CUDA device(s)"
+        )
+    return torch.device("cuda", index)
+
+
+def default_dtype(device: torch.device) -> str:
+    """The training dtype a device defaults to: bf16 on CUDA (tensor cores), fp32 on the CPU (bf16 there
+    is fast only where the CPU has AMX or AVX512-BF16: set `model.dtype=bf16` after measuring)."""
+    return "bf16" if device.type == "cuda" else "fp32"
+
+
+def to_device(tensors: dict, device: torch.device) -> dict:
+    """A copy of a dict of tensors (lists of tensors too) with each on `device` (non-blocking from pinned
+    memory; a no-op on the CPU)."""
+    if device.type == "cpu":
+        return tensors
+
+    def move(value):
+        if isinstance(value, torch.Tensor):
+            return value.to(device, non_blocking=True)
+        if isinstance(value, list):
+            return [move(v) for v in value]
+        return value
+
+    return {key: move(value) for key, value in tensors.items()}

@@ -1,0 +1,166 @@
+"""The fake CUDA device (devices/fake_cuda.py): what it catches, and the native engine's rollout on it.
+
+A rollout on "cuda:0" must equal the CPU one token for token (the same code, the same CPU kernels
+underneath), touch no CPU tensor on the way, and read back from the device at most a few times per
+decode step. Each check is shown able to fail: a CPU tensor planted in each path is named."""
+
+import pytest
+import torch
+
+from everyprompt.devices.fake_cuda import DeviceMismatch, FakeCudaTensor, fake_cuda, real
+from everyprompt.rollout import GenerationRequest, SamplingParams
+from everyprompt.rollout.native import NativeEngine
+from everyprompt.rollout.native import engine as engine_module
+from everyprompt.rollout.native import state as state_module
+from everyprompt.rollout.native import weights as weights_module
+from tests.conftest import make_tiny_model
+
+PROMPTS = ["37+48=", "1+2=", "123+456+789=", "9=", "5+5+5=", "800+1="]
+CUDA = torch.device("cuda", 0)
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    return make_tiny_model()
+
+
+def _requests(tokenizer):
+    return [GenerationRequest(i, tokenizer(p).input_ids, seed=i) for i, p in enumerate(PROMPTS)]
+
+
+def _generate(model, tokenizer, device, precision="fp32", **params):
+    engine = NativeEngine.from_model(model, tokenizer, batch_size=4, precision=precision, device=device)
+    completions = {
+        c.request_id: c for c in engine.generate(_requests(tokenizer), SamplingParams(16, **params))
+    }
+    return engine, completions
+
+
+# ------------------------------------------------------------------ the checker itself
+def test_a_mixed_operation_names_the_cpu_tensor_and_the_line():
+    with fake_cuda(), pytest.raises(DeviceMismatch) as raised:
+        on_device = torch.ones(3, device="cuda:0")
+        on_device + torch.arange(3)  # the planted CPU tensor
+    message = str(raised.value)
+    assert "add mixes cuda:0 (fake) tensors with cpu tensor [3] int64" in message
+    assert "test_fake_cuda.py" in message and "on_device + torch.arange(3)" in message
+
+
+def test_transfers_are_legal_zero_dim_cpu_tensors_too_and_reads_are_counted():
+    with fake_cuda() as check:
+        x = torch.arange(4).to("cuda:0")
+        x.copy_(torch.tensor([4, 5, 6, 7]))  # host to device: what copy_ is for
+        y = x * torch.tensor(2)  # a 0-dim CPU tensor mixes with CUDA tensors on a GPU too
+        assert isinstance(y, FakeCudaTensor) and y.device == CUDA
+        assert y.tolist() == [8, 10, 12, 14]
+        assert int(y[0]) == 8
+        host = y.cpu()
+        assert type(host) is torch.Tensor and host.device.type == "cpu"
+        (y > 9).nonzero()
+    kinds = sorted(site.split(" at ")[0] for site in check.syncs.elements())
+    assert kinds == ["__int__", "cpu", "nonzero", "tolist"]
+    assert torch.equal(real(y), torch.tensor([8, 10, 12, 14]))
+
+
+def test_a_module_moved_to_fake_cuda_trains_there():
+    torch.manual_seed(0)
+    reference = torch.nn.Linear(3, 2)
+    with fake_cuda():
+        module = torch.nn.Linear(3, 2)
+        module.load_state_dict(reference.state_dict())
+        module.to("cuda:0")
+        assert all(isinstance(p, FakeCudaTensor) and p.device == CUDA for p in module.parameters())
+        module(torch.ones(4, 3, device="cuda:0")).sum().backward()
+        assert module.weight.grad.device == CUDA
+        torch.optim.SGD(module.parameters(), lr=0.1).step()
+        moved = real(module.weight.detach())
+    reference(torch.ones(4, 3)).sum().backward()
+    torch.optim.SGD(reference.parameters(), lr=0.1).step()
+    torch.testing.assert_close(moved, reference.weight.detach(), atol=0, rtol=0)
+
+
+# ------------------------------------------------------------------ the native engine on it
+@pytest.mark.parametrize(
+    "precision,params",
+    [
+        ("fp32", {}),
+        ("fp32", {"record_routes": True, "record_router_logits": True}),
+        ("fp8", {"record_routes": True}),
+        ("fp32", {"greedy": True}),
+    ],
+    ids=["sampled", "routes", "fp8-routes", "greedy"],
+)
+def test_a_rollout_on_fake_cuda_equals_the_cpu_one(tiny_model, precision, params):
+    model, tokenizer = tiny_model
+    _, expected = _generate(model, tokenizer, "cpu", precision, **params)
+    with fake_cuda() as check:
+        engine, got = _generate(model, tokenizer, "cuda:0", precision, **params)
+        assert engine.lm_head.device == CUDA and engine.cache.views(1, 1)[0][0].device == CUDA
+        check.syncs.clear()
+        got = {c.request_id: c for c in engine.generate(_requests(tokenizer), SamplingParams(16, **params))}
+    for request_id, reference in expected.items():
+        completion = got[request_id]
+        assert completion.token_ids == reference.token_ids
+        assert completion.logprobs.device.type == "cpu"  # completions leave the engine on the host
+        torch.testing.assert_close(completion.logprobs, reference.logprobs, atol=1e-5, rtol=0)
+        if reference.routed_experts is not None:
+            assert torch.equal(completion.routed_experts, reference.routed_experts)
+        if reference.router_logits is not None:
+            torch.testing.assert_close(completion.router_logits, reference.router_logits, atol=1e-5, rtol=0)
+    steps = engine.stats["decode_steps"]
+    per_step = check.total_syncs / steps
+    print(
+        f"{precision} {params}: {check.total_syncs} host syncs over {steps:.0f} decode steps ({per_step:.2f})"
+    )
+    assert per_step < 2.0, check.syncs
+
+
+# ------------------------------------------------------------------ planted CPU tensors are named
+def _plant_decode_mask(monkeypatch):
+    def bias(self, positions, width):  # the mask built on the CPU, as the engine once did
+        visible = torch.arange(width)[None, :] <= positions[:, None]
+        return torch.zeros(visible.shape).masked_fill_(~visible, float("-inf"))
+
+    monkeypatch.setattr(engine_module.NativeEngine, "_decode_bias", bias)
+    return "visible = torch.arange(width)[None, :] <= positions[:, None]"
+
+
+def _plant_route_buffer(monkeypatch):
+    start = state_module.Record.start.__func__
+
+    def on_host(cls, engine, params, slots, width):
+        record = start(cls, engine, params, slots, width)
+        record.routes = real(record.routes).clone()  # the replay buffer left on the host
+        return record
+
+    monkeypatch.setattr(state_module.Record, "start", classmethod(on_host))
+    return "buffer[rows[:, None], columns[None, :]] = values.to(buffer.dtype)"
+
+
+def _plant_fp8_scale(monkeypatch):
+    quantize = weights_module.FP8Weight.quantize.__func__
+
+    def host_scale(cls, weight, dtype=torch.float32):
+        quantized = quantize(cls, weight, dtype)
+        quantized.scale = real(quantized.scale).clone()  # the scales left on the host
+        return quantized
+
+    monkeypatch.setattr(weights_module.FP8Weight, "quantize", classmethod(host_scale))
+    return "return (self.data.float() * self.scale).to(self.dtype)"
+
+
+@pytest.mark.parametrize(
+    "plant,precision,params",
+    [
+        (_plant_decode_mask, "fp32", {}),
+        (_plant_route_buffer, "fp32", {"record_routes": True}),
+        (_plant_fp8_scale, "fp8", {}),
+    ],
+    ids=["engine-mask", "replay-routes", "fp8-scales"],
+)
+def test_a_cpu_tensor_planted_in_a_path_is_named(tiny_model, monkeypatch, plant, precision, params):
+    model, tokenizer = tiny_model
+    line = plant(monkeypatch)
+    with fake_cuda(), pytest.raises(DeviceMismatch) as raised:
+        _generate(model, tokenizer, "cuda:0", precision, **params)
+    assert line in str(raised.value) and "cpu tensor" in str(raised.value)
