@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # No .pyc precompilation of every installed file: imports compile what they use (saves ~40 s).
 PIP := $(BIN)/pip install --quiet --no-compile --disable-pip-version-check
 
-.PHONY: demo test test-slow lint bench install chromium smollm2 smollm2-moe
+.PHONY: demo test test-slow test-gpu lint bench install chromium smollm2 smollm2-moe
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,9 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
+
+test-gpu: $(STAMP)
+	$(BIN)/python -m pytest -q -m gpu -rs
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

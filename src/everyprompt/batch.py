@@ -44,46 +44,67 @@ class RolloutBatch:
     def num_groups(self) -> int:
         return int(self.group_index.max()) + 1 if len(self) else 0
 
-    def padded(self, rows: list[int] | torch.Tensor, pad_id: int) -> dict[str, torch.Tensor]:
-        """Right-padded training tensors for `rows`.
+    def padded(
+        self, rows: list[int] | torch.Tensor, pad_id: int, device: torch.device | str = "cpu"
+    ) -> dict[str, torch.Tensor]:
+        """Right-padded training tensors for `rows`, on `device`.
 
-        input_ids [n, L]: prompt + completion; lengths [n]: its real tokens per row; the rest are
+        input_ids [n, L]: prompt + completion; lengths [n] (host): its real tokens per row; the rest are
         [n, L - 1], aligned with the *targets*
         input_ids[:, 1:]: mask (1 on completion tokens), rollout_logp (engine log-probs, 0 elsewhere),
-        old_logp / old_entropy (trainer's pre-update log-probs and entropies, when computed).
+        old_logp / old_entropy (trainer's pre-update log-probs and entropies, when computed). routes and
+        old_routes: lists of each row's [fed tokens, L_moe, k].
+
+        Token ids are laid out on the host and moved in one copy each; per-token values (which may live
+        on the device already, as the trainer's old log-probs do) are concatenated and scattered into
+        place on `device`, one operation per field whatever the row count.
         """
+        device = torch.device(device)
         rows = [int(r) for r in rows]
         lengths = [len(self.prompt_ids[r]) + len(self.completion_ids[r]) for r in rows]
         width = max(lengths)
         input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-        mask = torch.zeros(len(rows), width - 1)
-        rollout_logp = torch.zeros(len(rows), width - 1)
-        old_logp = torch.zeros(len(rows), width - 1) if self.old_logprobs is not None else None
-        old_entropy = torch.zeros(len(rows), width - 1) if self.old_entropies is not None else None
         for out, r in enumerate(rows):
-            prompt, completion = self.prompt_ids[r], self.completion_ids[r]
-            input_ids[out, : lengths[out]] = torch.tensor(prompt + completion)
-            start = len(prompt) - 1  # target index of the first completion token
-            mask[out, start : start + len(completion)] = 1.0
-            rollout_logp[out, start : start + len(completion)] = self.rollout_logprobs[r]
-            if old_logp is not None and self.old_logprobs[r] is not None:
-                old_logp[out, start : start + len(completion)] = self.old_logprobs[r]
-            if old_entropy is not None and self.old_entropies[r] is not None:
-                old_entropy[out, start : start + len(completion)] = self.old_entropies[r]
+            input_ids[out, : lengths[out]] = torch.tensor(self.prompt_ids[r] + self.completion_ids[r])
+        # the target positions of every completion token: (row, column) on the host, then on the device
+        row_index, column_index = [], []
+        for out, r in enumerate(rows):
+            start = len(self.prompt_ids[r]) - 1  # target index of the first completion token
+            row_index += [out] * len(self.completion_ids[r])
+            column_index += range(start, start + len(self.completion_ids[r]))
+        where = torch.tensor([row_index, column_index], dtype=torch.long).to(device)
+        shape = (len(rows), width - 1)
+
+        def scatter(values: list | None) -> torch.Tensor | None:
+            """Per-row completion values into a [n, L - 1] tensor (rows whose entry is None stay 0)."""
+            if values is None:
+                return None
+            out = torch.zeros(shape, device=device)
+            present = [values[r] is not None for r in rows]
+            if all(present):
+                out[where[0], where[1]] = torch.cat([values[r].to(device) for r in rows]).to(out.dtype)
+            elif any(present):
+                for position, r in enumerate(rows):
+                    if values[r] is not None:
+                        start = len(self.prompt_ids[r]) - 1
+                        out[position, start : start + len(values[r])] = values[r].to(device)
+            return out
+
+        mask = torch.zeros(shape, device=device)
+        mask[where[0], where[1]] = 1.0
         tensors = {
-            "input_ids": input_ids,
-            "lengths": torch.tensor(lengths),
+            "input_ids": input_ids.to(device),
+            "lengths": torch.tensor(lengths),  # on the host: it steers packing, not arithmetic
             "mask": mask,
-            "rollout_logp": rollout_logp,
+            "rollout_logp": scatter(self.rollout_logprobs),
         }
-        if self.routed_experts is not None:
-            tensors["routes"] = [self.routed_experts[r] for r in rows]  # a list: N x [length - 1, L_moe, k]
-        if self.old_routes is not None:
-            tensors["old_routes"] = [self.old_routes[r] for r in rows]
-        if old_logp is not None:
-            tensors["old_logp"] = old_logp
-        if old_entropy is not None:
-            tensors["old_entropy"] = old_entropy
+        for key, routes in (("routes", self.routed_experts), ("old_routes", self.old_routes)):
+            if routes is not None:  # N x [length - 1, L_moe, k] (None: a row not yet computed)
+                tensors[key] = [None if routes[r] is None else routes[r].to(device) for r in rows]
+        if self.old_logprobs is not None:
+            tensors["old_logp"] = scatter(self.old_logprobs)
+        if self.old_entropies is not None:
+            tensors["old_entropy"] = scatter(self.old_entropies)
         return tensors
 
     def completion_values(self, rows: list[int], padded_values: torch.Tensor) -> list[torch.Tensor]:

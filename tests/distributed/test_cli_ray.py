@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from everyprompt.cli import main
 from everyprompt.config import ConfigError
@@ -136,12 +137,24 @@ def test_backend_ray_without_ray_installed_is_a_config_error(monkeypatch, tmp_pa
     "bad, says",
     [
         ("cluster.rollout_workers=2", "need cluster.backend=ray"),
-        ("cluster.num_gpus=1", "do not place the model on a GPU yet"),
+        pytest.param(
+            "cluster.num_gpus=1",
+            "torch sees no CUDA device here",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU"),
+        ),
+        ("cluster.num_gpus=1 model.device=cpu", "reserved and left idle"),
+        pytest.param(
+            "cluster.backend=ray cluster.num_gpus=1",
+            "2 actors need 2 GPUs",
+            marks=pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="this machine has the GPUs"),
+        ),
+        ("model.device=tpu", "expected one of auto, cpu, cuda, cuda:N"),
         ("cluster.trainer_sharding=zero3", "'ddp' or 'fsdp2'"),
         ("cluster.backend=slurm", "'local' or 'ray'"),
     ],
 )
 def test_bad_cluster_settings_are_config_errors(bad, says, tmp_path, capsys):
-    assert main(["train", *TINY_OVERRIDES, bad, "--run-dir", str(tmp_path)]) == 2
+    assert main(["train", *TINY_OVERRIDES, *bad.split(), "--run-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "cluster" in err and says in err and "Traceback" not in err
+    assert ("cluster" in err or "device" in err) and says in err and "Traceback" not in err
+    assert not (tmp_path / "checkpoints").exists()  # stopped before any work

@@ -18,6 +18,7 @@ from everyprompt.algorithms.corrections import (
 from everyprompt.algorithms.losses import entropy_groups
 from everyprompt.algorithms.registry import (
     compute_advantages,
+    host_floats,
     policy_loss,
     policy_loss_spec,
     register_advantage,
@@ -34,6 +35,7 @@ __all__ = [
     "aggregate",
     "compute_advantages",
     "entropy_groups",
+    "host_floats",
     "kl_penalty",
     "policy_loss",
     "policy_loss_spec",

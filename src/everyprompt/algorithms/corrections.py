@@ -75,7 +75,7 @@ def rollout_correction(
         weight = weight * mask
         tokens = mask.sum().clamp(min=1)
         metrics = {
-            f"rollout_correction/{mode}_weight_mean": float(weight.sum() / tokens),
-            f"rollout_correction/{mode}_affected_fraction": float((affected * mask).sum() / tokens),
+            f"rollout_correction/{mode}_weight_mean": weight.sum() / tokens,
+            f"rollout_correction/{mode}_affected_fraction": (affected * mask).sum() / tokens,
         }
     return weight, metrics

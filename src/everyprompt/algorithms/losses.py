@@ -46,8 +46,10 @@ class ESPOOptions(LossOptions):
     )
 
 
-def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
-    return float((values * mask).sum() / mask.sum().clamp(min=1))
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """A metric: the mean of `values` where `mask` is 1, a detached 0-dim tensor on their device (read
+    back with the step's other metrics, not one by one)."""
+    return ((values * mask).sum() / mask.sum().clamp(min=1)).detach()
 
 
 def _clipped_objective(
@@ -212,7 +214,9 @@ def entropy_groups(
         valid, entropy.detach().double(), torch.full_like(entropy, -math.inf, dtype=torch.float64)
     )
     order = torch.sort(keyed, dim=-1, descending=True, stable=True).indices
-    rank = torch.empty_like(order).scatter_(-1, order, torch.arange(entropy.shape[-1]).expand_as(order))
+    rank = torch.empty_like(order).scatter_(
+        -1, order, torch.arange(entropy.shape[-1], device=entropy.device).expand_as(order)
+    )
     counts = valid.sum(-1, keepdim=True)
     if num_groups == 1:
         group = torch.zeros_like(rank)
@@ -261,7 +265,9 @@ def espo_loss(
     mask = mask.to(logp.dtype)
     entropy = entropy.detach().to(logp.dtype)
     group = entropy_groups(entropy, mask, num_groups, high_frac)
-    one_hot = torch.nn.functional.one_hot(group.clamp(min=0), num_groups).to(logp.dtype) * mask[..., None]
+    # a comparison, not F.one_hot: on a GPU one_hot checks its input's range, a device sync
+    groups = torch.arange(num_groups, device=group.device)
+    one_hot = (group.clamp(min=0)[..., None] == groups).to(logp.dtype) * mask[..., None]
     size = one_hot.sum(1)  # [B, K] tokens per group
     log_ratio = ((logp - old_logp) * mask).clamp(-20.0, 20.0)
     group_log_ratio = torch.einsum("bt,btk->bk", log_ratio, one_hot) / size.clamp(min=1)
@@ -277,16 +283,18 @@ def espo_loss(
     groups_present = (size > 0).sum(-1, keepdim=True).clamp(min=1)  # [B, 1]
     token_size = torch.einsum("bk,btk->bt", size, one_hot).clamp(min=1)
     weight = mask.sum(-1, keepdim=True) / (token_size * groups_present)
-    metrics: dict[str, float] = {}
+    metrics: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         for k in range(num_groups):
             name = ("high", "low")[k] if num_groups == 2 else str(k)
             in_group = one_hot[..., k]
             present = size[:, k] > 0
             metrics[f"espo/clip_fraction_{name}"] = _masked_mean(was_clipped.to(logp.dtype), in_group)
-            metrics[f"espo/group_size_{name}"] = float(size[:, k].mean())
+            metrics[f"espo/group_size_{name}"] = size[:, k].mean()
             metrics[f"espo/entropy_{name}"] = _masked_mean(entropy, in_group)
-            metrics[f"espo/epsilon_{name}"] = float(epsilon[:, k][present].mean()) if present.any() else 0.0
+            metrics[f"espo/epsilon_{name}"] = _masked_mean(
+                epsilon[:, k], present.to(epsilon.dtype)
+            )  # 0: none
         metrics["actor/clip_fraction"] = _masked_mean(was_clipped.to(logp.dtype), mask)
         metrics["actor/ratio_mean"] = _masked_mean(ratio, mask)
         metrics["actor/approx_kl"] = _masked_mean(0.5 * log_ratio.pow(2), mask)

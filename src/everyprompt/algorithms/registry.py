@@ -141,9 +141,11 @@ def policy_loss(
     correction_level: str = "token",
     correction_cap: float = 2.0,
     vocab_size: int | None = None,
+    host_metrics: bool = True,
     **options,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Scalar loss and detached metrics.
+    """Scalar loss and detached metrics: floats (`host_metrics`, read back in one go), or 0-dim tensors on
+    the loss's device for a caller that sums them over micro-batches and reads them back once.
 
     The registered per-token objective, times the rollout-correction weights when `correction` is
     "tis" or "mis", plus `kl_coef` times the `kl` estimator against `ref_logp`, reduced by `agg` (the
@@ -177,7 +179,7 @@ def policy_loss(
         token_loss = token_loss + kl_coef * penalty
         with torch.no_grad():
             m = mask.to(penalty.dtype)
-            metrics["actor/kl_ref"] = float((penalty * m).sum() / m.sum().clamp(min=1))
+            metrics["actor/kl_ref"] = (penalty * m).sum() / m.sum().clamp(min=1)
     loss = aggregate(
         token_loss,
         mask,
@@ -186,4 +188,14 @@ def policy_loss(
         num_tokens=num_tokens,
         num_sequences=num_sequences,
     )
-    return loss, metrics
+    return loss, (host_floats(metrics) if host_metrics else metrics)
+
+
+def host_floats(values: dict[str, torch.Tensor | float]) -> dict[str, float]:
+    """Metrics as floats: the tensors among them read back from their device in one copy."""
+    tensors = {key: value for key, value in values.items() if isinstance(value, torch.Tensor)}
+    out = {key: float(value) for key, value in values.items() if key not in tensors}
+    if tensors:
+        read = torch.stack([value.detach().double().reshape(()) for value in tensors.values()]).tolist()
+        out.update(zip(tensors, read))
+    return {key: out[key] for key in values}

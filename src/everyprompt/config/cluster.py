@@ -25,7 +25,9 @@ class ClusterConfig(Section):
     num_gpus: float = Field(
         0.0,
         ge=0,
-        description="GPUs each actor asks Ray for; 0 until GPU placement is built (docs/cluster.md).",
+        description="GPUs each actor asks Ray for (a learner rank or a rollout worker then runs on the one "
+        "Ray gives it; the learner group uses NCCL there); the local backend: > 0 asks for a GPU in this "
+        "process (docs/gpu.md).",
     )
     trainer_sharding: Literal["ddp", "fsdp2"] = Field(
         "ddp",
@@ -42,15 +44,5 @@ class ClusterConfig(Section):
             raise ValueError(
                 f"rollout_workers={self.rollout_workers} and trainer_ranks={self.trainer_ranks} need "
                 "cluster.backend=ray (the local backend is one process)"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _no_gpu_placement_yet(self) -> ClusterConfig:
-        if self.num_gpus > 0:
-            raise ValueError(
-                f"num_gpus={self.num_gpus:g}: the learner and the engines do not place the model on a GPU yet "
-                "(they would compute on the CPU with the GPUs reserved and idle); set cluster.num_gpus=0 "
-                "(docs/cluster.md)"
             )
         return self

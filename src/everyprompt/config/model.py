@@ -8,6 +8,7 @@ from pydantic import Field, field_validator, model_validator
 
 from everyprompt.choices import FIELDS, TASKS
 from everyprompt.config.base import Section
+from everyprompt.devices import check_device_setting
 
 
 class LoRAConfig(Section):
@@ -59,15 +60,25 @@ class ModelConfig(Section):
         "and gradients, faster backward on CPU) or transformers' own; models whose experts the kernel does "
         "not fit keep transformers'.",
     )
-    dtype: Literal["fp32", "bf16"] = Field(
-        "fp32",
+    dtype: Literal["auto", "fp32", "bf16"] = Field(
+        "auto",
         description="Training precision: bf16 runs the trainer's forwards under autocast, weights, gradients "
-        "and optimizer state staying fp32 (docs/training.md).",
+        "and optimizer state staying fp32 (docs/training.md); auto: bf16 on CUDA, fp32 on the CPU.",
+    )
+    device: str = Field(
+        "auto",
+        description="Where the learner's policy (and SFT) runs: auto (the first CUDA device when torch sees "
+        "one, else the CPU), cpu, cuda, or cuda:N; under Ray, the GPU the actor was given (docs/gpu.md).",
     )
     gradient_checkpointing: bool = Field(
         False, description="Recompute decoder layers' activations in the backward pass (less memory, slower)."
     )
     lora: LoRAConfig = Field(default_factory=LoRAConfig, description="LoRA adapters for RL (off by default).")
+
+    @field_validator("device")
+    @classmethod
+    def _a_device_setting(cls, value: str) -> str:
+        return check_device_setting(value)
 
 
 class DataConfig(Section):

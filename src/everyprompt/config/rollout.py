@@ -8,6 +8,7 @@ from pydantic import Field, field_validator, model_validator
 
 from everyprompt.choices import engine_choices
 from everyprompt.config.base import YAML_WORDS, Section
+from everyprompt.devices import check_device_setting
 
 
 class RolloutConfig(Section):
@@ -26,6 +27,11 @@ class RolloutConfig(Section):
         "auto",
         description="Native engine: run the decode step through torch.compile (`on`), eager (`off`), or "
         "compile once eager decoding has cost about what a compile does (`auto`; docs/rollout.md).",
+    )
+    device: str = Field(
+        "auto",
+        description="Where the native engine keeps its weights, KV cache and decoding state: auto (CUDA when "
+        "torch sees it, else the CPU), cpu, cuda, or cuda:N (docs/gpu.md).",
     )
     max_new_tokens: int = Field(64, gt=0, description="Completion length cap (tokens).")
     temperature: float = Field(
@@ -65,6 +71,11 @@ class RolloutConfig(Section):
         description="With `partial`: the most policy versions (steps) one sequence may span; in its last one "
         "it runs to its end.",
     )
+
+    @field_validator("device")
+    @classmethod
+    def _a_device_setting(cls, value: str) -> str:
+        return check_device_setting(value)
 
     @field_validator("engine")
     @classmethod

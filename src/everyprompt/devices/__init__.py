@@ -5,9 +5,17 @@ without a GPU (fake_cuda.py)."""
 from everyprompt.devices.placement import (
     DEVICE_SETTINGS,
     DeviceError,
+    check_device_setting,
     default_dtype,
     resolve_device,
     to_device,
 )
 
-__all__ = ["DEVICE_SETTINGS", "DeviceError", "default_dtype", "resolve_device", "to_device"]
+__all__ = [
+    "DEVICE_SETTINGS",
+    "DeviceError",
+    "check_device_setting",
+    "default_dtype",
+    "resolve_device",
+    "to_device",
+]

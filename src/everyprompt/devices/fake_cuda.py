@@ -75,13 +75,19 @@ class DeviceMismatch(RuntimeError):
 
 
 def caller() -> str:
-    """`file:line: source` of the innermost frame outside torch and this module: the code that ran the op."""
+    """`file:line: source` of the innermost frame outside torch and this module, the code that ran the op;
+    when that is a library's (transformers'), also the innermost of the caller's own code that led there."""
+    found = []
     for frame in reversed(traceback.extract_stack()):
         path = os.path.abspath(frame.filename)
         if path.startswith(_TORCH) or path.startswith(_HERE) or "/contextlib.py" in path:
             continue
-        return f"{_short(path)}:{frame.lineno}: {(frame.line or '').strip()}"
-    return "<unknown>"
+        if found and "site-packages" in path:
+            continue
+        found.append(f"{_short(path)}:{frame.lineno}: {(frame.line or '').strip()}")
+        if "site-packages" not in path:
+            break
+    return ", called from ".join(found) or "<unknown>"
 
 
 def _short(path: str) -> str:
@@ -126,10 +132,19 @@ class FakeCudaTensor(torch.Tensor):
                 check.count_sync(func.__name__)
             return func(_unwrap(args[0]), *args[1:], **kwargs)
         if func in (torch.Tensor.cpu, torch.Tensor.to) and _to_host(func, args[1:], kwargs):
+            if _from_torch():
+                # torch's own code moving a tensor to a device it read from the C++ side, which sees the
+                # CPU values here (clip_grad_norm_ groups gradients so): on a GPU that device is the
+                # GPU and the call a no-op, so it is one here too
+                return args[0]
             check = _ACTIVE[-1] if _ACTIVE else None
             if check is not None:
                 check.count_sync("cpu" if func is torch.Tensor.cpu else "to(cpu)")
             return func(_unwrap(args[0]).clone(), *args[1:], **kwargs)
+        if func is torch.Tensor.copy_ and not isinstance(args[1], FakeCudaTensor):
+            # host to device, what copy_ is for
+            _unwrap(args[0]).copy_(args[1], *args[2:], **kwargs)
+            return args[0]
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **kwargs)
 
@@ -147,6 +162,16 @@ def _to_host(func, args, kwargs) -> bool:
     if isinstance(target, torch.Tensor):
         target = target.device
     return isinstance(target, (str, torch.device)) and torch.device(target).type == "cpu"
+
+
+def _from_torch() -> bool:
+    """Whether the call being answered was made by torch's own code (not the caller's)."""
+    for frame in reversed(traceback.extract_stack()):
+        path = os.path.abspath(frame.filename)
+        if path.startswith(_HERE) or path.endswith(os.path.join("torch", "overrides.py")):
+            continue
+        return path.startswith(_TORCH)
+    return False
 
 
 def _unwrap(value):

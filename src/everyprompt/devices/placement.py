@@ -22,12 +22,19 @@ class DeviceError(InputError):
     """A device setting this machine cannot honour (CUDA asked for, none present) or cannot parse."""
 
 
+def check_device_setting(setting: str) -> str:
+    """`setting` if it is a device setting (a config validator: the key is named by the caller)."""
+    if not isinstance(setting, str) or not _SETTING.match(setting):
+        raise ValueError(f"expected one of {', '.join(DEVICE_SETTINGS)}, got {setting!r}")
+    return setting
+
+
 def resolve_device(setting: str, key: str = "model.device") -> torch.device:
     """The torch device for `setting` (the config key `key`, named in errors)."""
-    if not isinstance(setting, str) or not _SETTING.match(setting):
-        raise DeviceError(
-            f"config key '{key}': expected one of {', '.join(DEVICE_SETTINGS)}, got {setting!r}"
-        )
+    try:
+        check_device_setting(setting)
+    except ValueError as err:
+        raise DeviceError(f"config key '{key}': {err}") from None
     if setting == "cpu" or (setting == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():

@@ -1,5 +1,5 @@
-"""Learner ranks as Ray actors: one torch.distributed group (gloo: the policy lives on the CPU), driven as
-one learner.
+"""Learner ranks as Ray actors: one torch.distributed group (NCCL when the ranks hold GPUs, gloo on CPUs),
+driven as one learner.
 
 Each rank rebuilds the policy from its recipe and runs `Learner.update` on the same batch, taking its
 share of the micro-batches (`trainer/data_parallel.py`); the update equals one process's. Rank 0's
@@ -20,6 +20,7 @@ import socket
 
 import torch
 
+from everyprompt.devices import resolve_device
 from everyprompt.distributed.recipes import ModelRecipe
 from everyprompt.distributed.runtime import actor_options, require_ray
 from everyprompt.errors import ClusterError
@@ -30,6 +31,8 @@ from everyprompt.trainer.checkpoint import full_weights
 from everyprompt.trainer.data_parallel import DataParallel
 from everyprompt.trainer.interface import LearnerSide
 from everyprompt.trainer.learner import Learner
+
+GROUP_BACKENDS = {"cuda": "nccl", "cpu": "gloo"}  # the learner group's torch.distributed backend by device
 
 
 class LearnerRankLost(ClusterError):
@@ -56,19 +59,27 @@ class LearnerRank:
         import torch.distributed as dist
 
         os.environ.update(MASTER_ADDR=host, MASTER_PORT=str(port))
-        # gloo: the policy lives on the CPU (NCCL comes with GPU placement, docs/cluster.md)
+        # the GPU Ray gave this actor (cuda:0 of its visible devices) under `auto`, else the CPU; the
+        # group's backend follows the device: NCCL between GPUs, gloo between CPUs
+        device = resolve_device(config.model.device)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
         dist.init_process_group(
-            "gloo", rank=self.rank, world_size=self.world, timeout=datetime.timedelta(minutes=30)
+            GROUP_BACKENDS[device.type],
+            rank=self.rank,
+            world_size=self.world,
+            timeout=datetime.timedelta(minutes=30),
         )
         ray = require_ray()
         model = recipe.build(ray.get(recipe.weights) if not isinstance(recipe.weights, dict) else None)
+        model.to(device)
         select_moe_kernel(model, config.model.moe_kernel)
         if config.model.gradient_checkpointing:
             enable_gradient_checkpointing(model)
         if reference is not None:
             reference = reference.build(
                 ray.get(reference.weights) if not isinstance(reference.weights, dict) else None
-            )
+            ).to(device)
         self.learner = Learner(
             config, model, pad_id, reference, DataParallel(config.cluster.trainer_sharding)
         )
@@ -90,7 +101,8 @@ class LearnerRank:
         if self.rank != 0:
             return None, 0
         size = sum(t.numel() * t.element_size() for t in weights.values())
-        return require_ray().put(weights), size
+        # through host memory: the object store holds host tensors (docs/cluster.md, "Weight sync")
+        return require_ray().put({name: t.cpu() for name, t in weights.items()}), size
 
     def model_weights(self) -> dict[str, torch.Tensor]:
         """The policy's own state dict (a LoRA policy's adapters unmerged), whole, on rank 0."""

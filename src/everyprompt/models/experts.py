@@ -29,7 +29,9 @@ def sorted_experts_forward(
     flat_experts = top_k_index.reshape(-1)
     order = torch.argsort(flat_experts, stable=True)  # (token, k) pairs grouped by expert
     token_of_pair = order // top_k
-    counts = torch.bincount(flat_experts, minlength=module.num_experts)
+    # a scatter, not bincount: bincount sizes its output by the largest id, a device sync on a GPU
+    counts = torch.zeros(module.num_experts, dtype=torch.long, device=flat_experts.device)
+    counts.scatter_add_(0, flat_experts, torch.ones_like(flat_experts))
     offsets = torch.cumsum(counts, 0).to(torch.int32)  # end of each expert's rows
     rows = hidden_states.index_select(0, token_of_pair)
     weight_dtype = module.gate_up_proj.dtype

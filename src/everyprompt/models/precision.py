@@ -20,6 +20,7 @@ import contextlib
 import torch
 from torch import nn
 
+from everyprompt.devices import default_dtype
 from everyprompt.errors import InputError
 
 TRAINING_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}
@@ -29,15 +30,24 @@ class PrecisionError(InputError):
     """A training precision or memory setting this model cannot take."""
 
 
+def training_dtype(dtype: str, device: torch.device) -> str:
+    """`model.dtype` as it applies on `device`: `auto` is bf16 on CUDA, fp32 on the CPU."""
+    if dtype == "auto":
+        return default_dtype(device)
+    if dtype not in TRAINING_DTYPES:
+        raise PrecisionError(
+            f"model.dtype must be auto or one of {', '.join(TRAINING_DTYPES)}, got {dtype!r}"
+        )
+    return dtype
+
+
 def autocast(model: nn.Module, dtype: str):
     """The context the trainer's forwards of `model` run under for `model.dtype` = `dtype`."""
-    if dtype not in TRAINING_DTYPES:
-        raise PrecisionError(f"model.dtype must be one of {', '.join(TRAINING_DTYPES)}, got {dtype!r}")
-    low = TRAINING_DTYPES[dtype]
+    device = next(model.parameters()).device
+    low = TRAINING_DTYPES[training_dtype(dtype, device)]
     if low is None:
         return contextlib.nullcontext()
-    device = next(model.parameters()).device.type
-    return torch.autocast(device_type=device, dtype=low)
+    return torch.autocast(device_type=device.type, dtype=low)
 
 
 def enable_gradient_checkpointing(model: nn.Module) -> nn.Module:

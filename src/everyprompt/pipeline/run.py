@@ -21,6 +21,7 @@ from everyprompt.data import DataError
 from everyprompt.data.formatting import prompt_format_of
 from everyprompt.data.passrate import PassRateStore
 from everyprompt.data.rows import ConfigRows
+from everyprompt.devices import resolve_device
 from everyprompt.evaluate import evaluate_config
 from everyprompt.logs import quiet_libraries, record_warnings
 from everyprompt.models.experts import select_moe_kernel
@@ -57,6 +58,38 @@ def open_run_dir(run_dir: Path) -> RunLayout:
     return layout
 
 
+def learner_device(config: Config) -> torch.device:
+    """Where this process trains: `model.device` (local backend; the Ray backend's driver keeps its copy on
+    the CPU, its learner ranks place themselves). Every device setting is resolved now, so a CUDA device
+    that is not there, or GPUs reserved for actors that would leave them idle, stop the run before any
+    work with the key named."""
+    resolve_device(config.rollout.device, "rollout.device")  # the engine resolves it again where it is built
+    device = resolve_device(config.model.device, "model.device")
+    cluster = config.cluster
+    if cluster.num_gpus > 0:
+        settings = {"model.device": config.model.device, "rollout.device": config.rollout.device}
+        on_cpu = [key for key, value in settings.items() if value == "cpu"]
+        if on_cpu:
+            raise ConfigError(
+                f"config key 'cluster.num_gpus' is {cluster.num_gpus:g} but {' and '.join(on_cpu)} = cpu: the "
+                "GPUs would be reserved and left idle; set the devices to auto (or cuda) or num_gpus to 0"
+            )
+        if cluster.backend == "local" and not torch.cuda.is_available():
+            raise ConfigError(
+                f"config key 'cluster.num_gpus' is {cluster.num_gpus:g} but torch sees no CUDA device here "
+                "(the local backend runs both sides in this process); run on a GPU machine or set it to 0"
+            )
+        actors = cluster.rollout_workers + cluster.trainer_ranks
+        have = torch.cuda.device_count()
+        if cluster.backend == "ray" and cluster.address is None and have < actors * cluster.num_gpus:
+            raise ConfigError(
+                f"config key 'cluster.num_gpus' is {cluster.num_gpus:g}: {actors} actors need "
+                f"{actors * cluster.num_gpus:g} GPUs and this machine has {have} (a local Ray instance); "
+                "set cluster.address to a cluster that has them, or num_gpus to 0"
+            )
+    return torch.device("cpu") if cluster.backend == "ray" else device
+
+
 class Run:
     """One run directory and what a config needs: data rows, the model, evaluation."""
 
@@ -71,6 +104,7 @@ class Run:
             require_wandb()
         if config.threads:
             torch.set_num_threads(config.threads)
+        self.device = learner_device(config)  # CUDA asked for and absent: exit 2 now, before any work
         random.seed(config.seed)
         torch.manual_seed(config.seed)
         self.rows = ConfigRows(config)
@@ -118,7 +152,9 @@ class Run:
         return model, tokenizer
 
     def prepare_for_training(self, model):
-        """The policy with the configured training MoE kernel and gradient checkpointing."""
+        """The policy on the learner's device, with the configured training MoE kernel and gradient
+        checkpointing."""
+        model.to(self.device)
         select_moe_kernel(model, self.config.model.moe_kernel)
         if self.config.model.gradient_checkpointing:
             enable_gradient_checkpointing(model)

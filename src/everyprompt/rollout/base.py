@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol
 import torch
 
 from everyprompt.choices import AUTO_ENGINE, ENGINES, engine_choices
+from everyprompt.devices import resolve_device
 from everyprompt.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -213,24 +214,45 @@ def resolve_engine(name: str, model_config: Any, precision: str | None = None) -
 
 
 def build_engine(config, model, tokenizer) -> RolloutEngine:
-    """The engine a `RolloutConfig` names (`engine`, `batch_size`, `precision`, `compile`), over `model`'s
-    weights."""
+    """The engine a `RolloutConfig` names (`engine`, `batch_size`, `precision`, `compile`, `device`), over
+    `model`'s weights."""
     return make_engine(
-        config.engine, model, tokenizer, config.batch_size, config.precision, compile=config.compile
+        config.engine,
+        model,
+        tokenizer,
+        config.batch_size,
+        config.precision,
+        compile=config.compile,
+        device=resolve_device(config.device, "rollout.device"),
     )
 
 
 def make_engine(
-    name: str, model, tokenizer, batch_size: int, precision: str = "fp32", compile: str = "off"
+    name: str,
+    model,
+    tokenizer,
+    batch_size: int,
+    precision: str = "fp32",
+    compile: str = "off",
+    device: torch.device | str = "cpu",
 ) -> RolloutEngine:
-    """Engine `name` (or `auto`'s choice) over `model`'s weights; UnsupportedModelError if it cannot run
-    the model. `compile` goes to engines that compile their decode step (`compiles`); others run eager
-    under `auto` and refuse `on`."""
+    """Engine `name` (or `auto`'s choice) over `model`'s weights, on `device`; UnsupportedModelError if it
+    cannot run the model there. `compile` goes to engines that compile their decode step (`compiles`);
+    others run eager under `auto` and refuse `on`. `device` goes to engines that place themselves
+    (`places`); the others run on the CPU and refuse any other device."""
     chosen = resolve_engine(name, model.config, precision)
     if name == AUTO:
         log.info("rollout.engine=auto runs %s with the %s engine", model.config.model_type, chosen)
     cls = _spec(chosen).cls
     options = {}
+    device = torch.device(device)
+    if getattr(cls, "places", False):
+        options["device"] = device
+    elif device.type != "cpu":
+        raise UnsupportedModelError(
+            f"rollout.device={device}: the {chosen} engine runs on the CPU only so far; use the native "
+            "engine (rollout.engine=native, for the families in docs/models.md) or rollout.device=cpu"
+        )
     if getattr(cls, "compiles", False):
         options["compile"] = compile
     elif compile == "on":

@@ -86,7 +86,8 @@ class DataParallel:
         if not self.distributed or self.sharded:
             return
         params = [p for p in model.parameters() if p.requires_grad]
-        present = torch.tensor([float(p.grad is not None) for p in params], dtype=torch.float64)
+        device = params[0].device  # NCCL reduces tensors on the GPU, gloo on the CPU
+        present = torch.tensor([float(p.grad is not None) for p in params], dtype=torch.float64).to(device)
         dist.all_reduce(present)
         flat = torch.cat(
             [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in params]
@@ -105,7 +106,7 @@ class DataParallel:
         """Whether `flag` holds on any rank (every rank must call)."""
         if not self.distributed:
             return flag
-        value = torch.tensor([float(flag)])
+        value = torch.tensor([float(flag)]).to(_group_device())
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
         return bool(value.item() > 0)
 
@@ -128,5 +129,18 @@ class DataParallel:
     def in_order(self, pieces: list[tuple[tuple[int, int], list]]) -> list:
         """The ranks' `(micro-batch key, values)` pieces, gathered and concatenated in the keys' order: the
         lists a single process would have built."""
+        if self.distributed:  # host copies: gathered objects are pickled, and a GPU tensor's pickle copies
+            pieces = [(key, [_host(value) for value in values]) for key, values in pieces]
         every = sorted((piece for part in self.gather(pieces) for piece in part), key=lambda p: p[0])
         return [value for _, values in every for value in values]
+
+
+def _group_device() -> torch.device:
+    """Where the group's collectives take their tensors: the current GPU under NCCL, else the CPU."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _host(value):
+    return value.cpu() if isinstance(value, torch.Tensor) else value

@@ -27,7 +27,7 @@ import warnings
 
 import torch
 
-from everyprompt.algorithms import policy_loss, policy_loss_spec, zvp_token_advantages
+from everyprompt.algorithms import host_floats, policy_loss, policy_loss_spec, zvp_token_advantages
 from everyprompt.batch import RolloutBatch
 from everyprompt.config import Config
 from everyprompt.errors import RunError
@@ -76,6 +76,7 @@ class Learner(LearnerSide):
         if self.parallel.sharded and is_lora(model) and self.parallel.rank == 0:
             self._merge_copy = copy.deepcopy(model).requires_grad_(False)
         self.model = self.parallel.shard(model)  # fsdp2: sharded in place, before the optimizer sees it
+        self.device = next(self.model.parameters()).device  # batches come to the model's device
         self.optimizer = build_optimizer(self.model, self.rl.lr, self.rl.weight_decay)
         self.scheduler = build_scheduler(
             self.optimizer, self.rl.warmup_steps, self.rl.steps, self.rl.lr_schedule
@@ -217,7 +218,7 @@ class Learner(LearnerSide):
         for key, chunk in self.parallel.micro_batches(rows, self.rl.micro_batch_size):
             padding = chunk is None  # fsdp2: a pass that keeps the ranks' collectives in step
             chunk = rows[: self.rl.micro_batch_size] if padding else chunk
-            data = batch.padded(chunk, self.pad_id)
+            data = batch.padded(chunk, self.pad_id, self.device)
             needs_entropy = self.loss_spec.needs_entropy
             recorded = [] if self.router is not None else None
             logp, entropy = self.forward(data, slice(None), needs_entropy, recorded, routes_key)
@@ -266,13 +267,13 @@ class Learner(LearnerSide):
         over, so this forward is the old policy: it stands for the old values (unless the engine's do:
         `rl.old_logprobs=rollout`) and gives the old policy's mismatch on these rows."""
         measure = own_old
-        data = batch.padded(rows, self.pad_id)
+        data = batch.padded(rows, self.pad_id, self.device)
         if own_old:  # the old values of these rows are this forward's own (r2 then routes by itself)
             for key in ("old_logp", "old_entropy", "old_routes"):
                 if self.rl.old_logprobs == "recompute":
                     data.pop(key, None)
-        advantages = batch.advantages[rows]
-        num_tokens = float(data["mask"].sum().clamp(min=1))
+        advantages = batch.advantages[rows].to(self.device)
+        num_tokens = float(max(sum(len(batch.completion_ids[row]) for row in rows), 1))  # the mask's sum
         routes_key = REPLAYED_ROUTES[self.rl.router_replay]
         self.optimizer.zero_grad(set_to_none=True)
         # gradient checkpointing re-runs the routers in the backward pass: replay must still be in force
@@ -285,11 +286,14 @@ class Learner(LearnerSide):
 
     def _accumulate(self, batch, rows, data, advantages, num_tokens, routes_key, measure, held):
         """The micro-batches' forward and backward passes of a mini-batch step (this rank's share of
-        them), the gradients' reduction across ranks, then the optimizer step."""
-        sums = {"loss/policy": 0.0, "entropy_sum": 0.0}
+        them), the gradients' reduction across ranks, then the optimizer step. The step's figures stay on
+        the device until one read back after the optimizer step (two with the gradient norm, which decides
+        whether the step is taken)."""
+        zero = torch.zeros((), device=self.device)
+        sums: dict[str, torch.Tensor] = {"loss/policy": zero, "entropy_sum": zero}
         measured: list[tuple[int, list]] = []
         used: list[tuple[int, list]] = []
-        finite, bad = True, math.nan
+        finite = torch.ones((), dtype=torch.bool, device=self.device)
         size = self.rl.micro_batch_size
         for key, chunk in self.parallel.micro_batches(range(len(rows)), size):
             padding = chunk is None  # fsdp2: a zero-weighted pass that keeps the collectives in step
@@ -300,26 +304,25 @@ class Learner(LearnerSide):
             )
             if padding:
                 loss = loss * 0.0
-            elif not torch.isfinite(loss):
-                finite, bad = False, float(loss)
-                if not self.parallel.sharded:
-                    break  # no collective runs in a backward here: the rest can be skipped
+            else:
+                finite = finite & torch.isfinite(loss.detach())
             loss.backward()
             while held:  # this micro-batch's replay, kept through its backward's recomputation
                 held.pop()()
-            if padding or not finite:
+            if padding:
                 continue
             mask = data["mask"][part]
             if measure:
                 measured.append((key, batch.completion_values(rows[part], logp)))
                 used.append((key, fed_tokens(batch, rows[part], used_routes)))
-            sums["loss/policy"] += float(loss.detach())
-            sums["entropy_sum"] += float((entropy * mask).sum())
-            weight = float(mask.sum()) / num_tokens
-            for key, value in metrics.items():
-                sums[key] = sums.get(key, 0.0) + value * weight
-        if self.parallel.any(not finite):
-            return self._skip("loss" if not finite else "another rank's loss", bad)
+            weight = sum(len(batch.completion_ids[row]) for row in rows[part]) / num_tokens
+            part_sums = {"loss/policy": loss.detach(), "entropy_sum": (entropy * mask).sum(), **metrics}
+            for name, value in part_sums.items():
+                value = value if name in ("loss/policy", "entropy_sum") else value * weight
+                sums[name] = sums.get(name, zero) + value
+        if self.parallel.any(not bool(finite)):
+            bad = float(sums["loss/policy"])
+            return self._skip("loss" if not bool(finite) else "another rank's loss", bad)
         self.parallel.reduce_gradients(self.model)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.rl.max_grad_norm)
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
@@ -327,7 +330,7 @@ class Learner(LearnerSide):
             return self._skip("gradient norm", grad_norm)
         self.optimizer.step()
         self.consecutive_skips = 0
-        stats = self.parallel.sum(sums)
+        stats = self.parallel.sum(host_floats(sums))
         if measure:
             order = self.parallel.in_order
             logps, routes = order(measured), order(used)
@@ -348,7 +351,7 @@ class Learner(LearnerSide):
         logp, entropy = self.forward(data, part, True, used_routes, routes_key, held)
         part_advantages = advantages[part]
         if batch.zvp_sign is not None:  # RL-ZVP: token advantages from the current policy's entropies
-            sign = batch.zvp_sign[rows][part]
+            sign = batch.zvp_sign[rows][part].to(self.device)
             token_advantages = zvp_token_advantages(entropy, mask, sign, self.zve.zvp.alpha)
             part_advantages = torch.where(
                 (sign != 0)[:, None], token_advantages, part_advantages[:, None].expand_as(logp)
@@ -374,6 +377,7 @@ class Learner(LearnerSide):
             correction_level=self.rl.rollout_correction.level,
             correction_cap=self.rl.rollout_correction.cap,
             vocab_size=self.model.config.vocab_size,
+            host_metrics=False,
             **extra,
             **self.loss_options,
         )

@@ -44,7 +44,8 @@ def pack_layout(lengths: list[int], width: int) -> PackedLayout:
 
 
 def _gather_index(layout: PackedLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(sequence, target position, flat packed target index) of every real next-token target."""
+    """(sequence, target position, flat packed target index) of every real next-token target (on the
+    host, like the layout)."""
     targets = (layout.lengths - 1).clamp(min=0)
     sequence = torch.repeat_interleave(torch.arange(len(targets)), targets)
     starts = torch.cumsum(targets, 0) - targets
@@ -58,14 +59,15 @@ def pack(
 ) -> tuple[torch.Tensor, torch.Tensor, PackedLayout]:
     """Packed input_ids and position_ids [R, W] of right-padded `input_ids` [B, L] with true `lengths`."""
     layout = pack_layout(lengths, input_ids.shape[1])
-    packed = torch.full((layout.num_rows, layout.width), pad_id, dtype=input_ids.dtype)
+    device = input_ids.device
+    packed = torch.full((layout.num_rows, layout.width), pad_id, dtype=input_ids.dtype, device=device)
     # Unused tail columns count on from the row's last sequence; they form one more (ignored) segment.
     positions = torch.arange(layout.width).repeat(layout.num_rows, 1)
+    rows, offsets = layout.row.tolist(), layout.offset.tolist()  # the layout is made on the host
     for i, n in enumerate(lengths):
-        r, o = int(layout.row[i]), int(layout.offset[i])
-        packed[r, o : o + n] = input_ids[i, :n]
-        positions[r, o : o + n] = torch.arange(n)
-    return packed, positions, layout
+        packed[rows[i], offsets[i] : offsets[i] + n] = input_ids[i, :n]
+        positions[rows[i], offsets[i] : offsets[i] + n] = torch.arange(n)
+    return packed, positions.to(device), layout
 
 
 def token_logprobs(
@@ -105,7 +107,7 @@ def token_logprobs(
     logp, entropy = _logprobs_and_entropy(logits, forward_ids[:, 1:], temperature, with_entropy)
     if lengths is None:
         return logp, entropy
-    sequence, position, flat = _gather_index(layout)
+    sequence, position, flat = (index.to(logp.device) for index in _gather_index(layout))
     shape = (input_ids.shape[0], input_ids.shape[1] - 1)
     out = logp.new_zeros(shape)
     out[sequence, position] = logp.reshape(-1)[flat]
@@ -127,7 +129,9 @@ def _routing(router, routes, recorded, shape, rows, offsets, lengths, hold=None)
     with ExitStack() as stack:
         if routes is not None:
             layers, top_k = routes[0].shape[1:]
-            given = torch.full((num_rows, width, layers, top_k), -1, dtype=torch.long)
+            given = torch.full(
+                (num_rows, width, layers, top_k), -1, dtype=torch.long, device=routes[0].device
+            )
             for i, route in enumerate(routes):
                 count = min(len(route), lengths[i])
                 r, o = int(rows[i]), int(offsets[i])
@@ -174,6 +178,7 @@ def check_packing(model, tokens: list[list[int]], pad_id: int, tolerance: float 
     input_ids = torch.full((len(tokens), width), pad_id, dtype=torch.long)
     for i, t in enumerate(tokens):
         input_ids[i, : len(t)] = torch.tensor(t)
+    input_ids = input_ids.to(next(model.parameters()).device)
     was_training = model.training
     model.eval()
     try:
@@ -181,7 +186,7 @@ def check_packing(model, tokens: list[list[int]], pad_id: int, tolerance: float 
         error = 0.0
         for i, t in enumerate(tokens):
             alone, _ = token_logprobs(model, input_ids[i : i + 1, : len(t)])
-            error = max(error, float((packed[i, : len(t) - 1] - alone[0]).abs().max()))
+            error = max(error, float((packed[i, : len(t) - 1] - alone[0]).abs().max()))  # once a run
     finally:
         model.train(was_training)
     if error > tolerance:

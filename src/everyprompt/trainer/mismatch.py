@@ -29,32 +29,41 @@ def mismatch_metrics(
     was routed differently in some layer ("flipped") and on the rest."""
     if not trainer_logprobs:
         return {}
-    old, engine = torch.cat(list(trainer_logprobs)), torch.cat(list(engine_logprobs))
+    old = torch.cat(list(trainer_logprobs))
     if not old.numel():
         return {}
-    log_ratio = (old - engine).double()
-    metrics = {
-        "mismatch/logp_abs_diff": float(log_ratio.abs().mean()),
-        "mismatch/k3_kl": float((log_ratio.exp() - 1 - log_ratio).mean()),
-        "mismatch/ratio_above_2": float((log_ratio > math.log(2)).double().mean()),
+    device = old.device
+    log_ratio = (old - torch.cat(list(engine_logprobs)).to(device)).double()
+    # every figure stays a tensor on the device until one read back at the end
+    values = {
+        "mismatch/logp_abs_diff": log_ratio.abs().mean(),
+        "mismatch/k3_kl": (log_ratio.exp() - 1 - log_ratio).mean(),
+        "mismatch/ratio_above_2": (log_ratio > math.log(2)).double().mean(),
     }
-    if trainer_routes is None or engine_routes is None:
-        return metrics
-    same_pairs, pairs, flipped = 0, 0, []
-    for prompt_length, trainer, engine_route in zip(prompt_lengths, trainer_routes, engine_routes):
-        n = min(len(trainer), len(engine_route))
-        same = same_expert_sets(trainer[:n], engine_route[:n])  # [n, L]
-        same_pairs, pairs = same_pairs + int(same.sum()), pairs + same.numel()
-        # completion target j is predicted from input token prompt_length - 1 + j
-        flipped.append(~same[prompt_length - 1 :].all(-1))
-    flipped_tokens = torch.cat(flipped)
-    diff = log_ratio.abs()[: flipped_tokens.numel()]
-    metrics["mismatch/routing_agreement"] = same_pairs / max(pairs, 1)
-    metrics["mismatch/flipped_token_fraction"] = float(flipped_tokens.double().mean())
-    if bool(flipped_tokens.any()):
-        metrics["mismatch/logp_abs_diff_flipped"] = float(diff[flipped_tokens].mean())
-    if bool((~flipped_tokens).any()):
-        metrics["mismatch/logp_abs_diff_unflipped"] = float(diff[~flipped_tokens].mean())
+    if trainer_routes is not None and engine_routes is not None:
+        same_pairs, pairs, flipped = [], 0, []
+        for prompt_length, trainer, engine_route in zip(prompt_lengths, trainer_routes, engine_routes):
+            n = min(len(trainer), len(engine_route))
+            same = same_expert_sets(trainer[:n], engine_route[:n].to(device))  # [n, L]
+            same_pairs.append(same.sum())
+            pairs += same.numel()
+            # completion target j is predicted from input token prompt_length - 1 + j
+            flipped.append(~same[prompt_length - 1 :].all(-1))
+        flipped_tokens = torch.cat(flipped).double()
+        diff = log_ratio.abs()[: flipped_tokens.numel()]
+        values["mismatch/routing_agreement"] = torch.stack(same_pairs).sum().double() / max(pairs, 1)
+        values["mismatch/flipped_token_fraction"] = flipped_tokens.mean()
+        values["flipped"] = flipped_tokens.sum()
+        values["flipped_diff"] = (diff * flipped_tokens).sum()
+        values["unflipped_diff"] = (diff * (1 - flipped_tokens)).sum()
+    metrics = dict(zip(values, torch.stack(list(values.values())).tolist()))
+    if "flipped" in metrics:
+        count, total = metrics.pop("flipped"), len(flipped_tokens)
+        flipped_diff, unflipped_diff = metrics.pop("flipped_diff"), metrics.pop("unflipped_diff")
+        if count > 0:
+            metrics["mismatch/logp_abs_diff_flipped"] = flipped_diff / count
+        if count < total:
+            metrics["mismatch/logp_abs_diff_unflipped"] = unflipped_diff / (total - count)
     return metrics
 
 

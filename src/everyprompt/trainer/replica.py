@@ -32,7 +32,7 @@ class BehaviourReplica:
     def mismatch(self, batch: RolloutBatch, weights: dict[str, torch.Tensor], rows: list[int]) -> dict:
         """`mismatch/*` of `rows` of `batch` against `weights`, the policy that sampled them."""
         self.model.load_state_dict(weights)
-        data = batch.padded(rows, self.forward.pad_id)
+        data = batch.padded(rows, self.forward.pad_id, next(self.model.parameters()).device)
         recorded = [] if self.forward.router is not None else None
         logp, _ = self.forward(data, slice(None), recorded=recorded, routes_key=self.replayed)
         routes = fed_tokens(batch, rows, recorded) if recorded else None

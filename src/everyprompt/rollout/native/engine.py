@@ -52,6 +52,7 @@ class NativeEngine:
 
     PRECISIONS = tuple(PRECISIONS)
     compiles = True  # `compile`: the decode step through torch.compile (compiled.py)
+    places = True  # `device`: weights, cache and decoding state on that device
 
     def __init__(
         self,

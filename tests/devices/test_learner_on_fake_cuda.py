@@ -1,0 +1,102 @@
+"""A learner step with the policy on a fake CUDA device (devices/fake_cuda.py): every loss in the
+registry, LoRA on and off, router replay, the KL reference; each step's update must equal the CPU one, and
+a CPU tensor planted in the learner's path is named."""
+
+import pytest
+import torch
+
+from everyprompt.algorithms import registered_policy_losses
+from everyprompt.devices.fake_cuda import DeviceMismatch, FakeCudaTensor, fake_cuda, real
+from everyprompt.models.experts import use_sorted_experts
+from everyprompt.models.lora import apply_lora
+from everyprompt.trainer import Learner
+from tests.conftest import tiny_config
+from tests.trainer.test_sides import _forced_routes, _model, hand_batch
+
+REWARDS = [1.0, 0.0, 1.0, 1.0, 0.0, 1.0]
+CUDA = torch.device("cuda", 0)
+
+
+def _record_gradients(learner) -> list[dict[str, torch.Tensor]]:
+    """Each optimizer step's gradients, on the host (Adam's first steps divide a gradient by its own size,
+    so tiny gradients, as a router's under replay, turn last-bit differences into visible weight
+    differences: the gradients are what the two devices must agree on)."""
+    seen: list[dict[str, torch.Tensor]] = []
+    step = learner.optimizer.step
+
+    def recording(*args, **kwargs):
+        named = learner.model.named_parameters()
+        seen.append({name: real(p.grad).clone() for name, p in named if p.grad is not None})
+        return step(*args, **kwargs)
+
+    learner.optimizer.step = recording
+    return seen
+
+
+def _step(config, device: str):
+    """One update of a fresh policy on `device`: (each optimizer step's gradients, on the host; the
+    metrics; the fake-CUDA check, when on cuda)."""
+    model, tokenizer = _model(config)
+    use_sorted_experts(model)  # transformers' own kernel takes CUDA-only branches on a (fake) cuda device
+    if config.model.lora.enabled:
+        torch.manual_seed(0)  # the adapters' random init, alike on both devices
+        model = apply_lora(model, config.model.lora)
+    batch = hand_batch(_model(config)[0], tokenizer, REWARDS)
+    if config.rl.router_replay == "r3":
+        batch.routed_experts = _forced_routes(batch, model.config.num_hidden_layers)
+    if device == "cpu":
+        learner = Learner(config, model, tokenizer.pad_token_id)
+        gradients = _record_gradients(learner)
+        return gradients, learner.update(batch), None
+    with fake_cuda() as check:
+        model.to(device)
+        learner = Learner(config, model, tokenizer.pad_token_id)
+        assert all(isinstance(p, FakeCudaTensor) for p in learner.model.parameters())
+        gradients = _record_gradients(learner)
+        check.syncs.clear()
+        metrics = learner.update(batch)
+    return gradients, metrics, check
+
+
+def _losses_the_demo_can_use():
+    return sorted(registered_policy_losses())
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [[f"rl.loss={name}"] for name in _losses_the_demo_can_use()]
+    + [
+        ["model.lora.enabled=true", "model.lora.r=4"],
+        ["rl.router_replay=r3"],
+        ["rl.kl.estimator=k3", "rl.kl.coef=0.01", "rl.rollout_correction.mode=tis"],
+    ],
+    ids=lambda overrides: ",".join(o.split("=")[0].split(".")[-1] + "=" + o.split("=")[1] for o in overrides),
+)
+def test_a_learner_step_on_fake_cuda_equals_the_cpu_one(overrides):
+    config = tiny_config("rl.old_logprobs=recompute", "rl.lr=1e-2", *overrides)
+    expected, expected_metrics, _ = _step(config, "cpu")
+    got, metrics, check = _step(config, "cuda:0")
+    assert len(got) == len(expected) > 0
+    for step, (mine, reference) in enumerate(zip(got, expected)):
+        assert mine.keys() == reference.keys()
+        for name, value in reference.items():
+            torch.testing.assert_close(mine[name], value, atol=1e-6, rtol=1e-4, msg=f"step {step}: {name}")
+    assert metrics["loss/policy"] == pytest.approx(expected_metrics["loss/policy"], rel=1e-5, abs=1e-7)
+    print(f"{overrides}: {check.total_syncs} host syncs in the update")
+
+
+def test_a_cpu_tensor_planted_in_the_learner_is_named(monkeypatch):
+    from everyprompt import batch as batch_module
+
+    padded = batch_module.RolloutBatch.padded
+
+    def advantages_left_on_the_host(self, rows, pad_id, device="cpu"):
+        data = padded(self, rows, pad_id, device)
+        data["mask"] = real(data["mask"]).clone()  # the planted CPU tensor
+        return data
+
+    monkeypatch.setattr(batch_module.RolloutBatch, "padded", advantages_left_on_the_host)
+    config = tiny_config("rl.old_logprobs=recompute")
+    with pytest.raises(DeviceMismatch) as raised:
+        _step(config, "cuda:0")
+    assert "cpu tensor" in str(raised.value) and "src/everyprompt/" in str(raised.value)
