@@ -100,3 +100,26 @@ def test_a_cpu_tensor_planted_in_the_learner_is_named(monkeypatch):
     with pytest.raises(DeviceMismatch) as raised:
         _step(config, "cuda:0")
     assert "cpu tensor" in str(raised.value) and "src/everyprompt/" in str(raised.value)
+
+
+def test_an_sft_step_on_fake_cuda_equals_the_cpu_one():
+    from everyprompt.trainer.sft import _sft_loss
+
+    config = tiny_config()
+    rows = [{"prompt": "1+2=", "solution": "3"}, {"prompt": "12+30=", "solution": "42"}]
+    model, tokenizer = _model(config)
+    use_sorted_experts(model)
+    expected = _sft_loss(model, tokenizer, rows, True, None)
+    expected.backward()
+    with fake_cuda():
+        on_device, _ = _model(config)
+        use_sorted_experts(on_device)
+        on_device.to("cuda:0")
+        loss = _sft_loss(on_device, tokenizer, rows, True, None)
+        loss.backward()
+        assert loss.device == CUDA
+        grads = {name: real(p.grad) for name, p in on_device.named_parameters() if p.grad is not None}
+    assert float(real(loss)) == pytest.approx(float(expected), rel=1e-6)
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(grads[name], p.grad, atol=1e-6, rtol=1e-4, msg=name)

@@ -12,6 +12,7 @@ from rich.console import Console
 from everyprompt.config import Config
 from everyprompt.data import load_prompt_file
 from everyprompt.models.io import load_pretrained
+from everyprompt.models.precision import training_dtype
 from everyprompt.pipeline.run import Run
 from everyprompt.report.console import accuracy_table
 from everyprompt.rollout import build_engine
@@ -68,7 +69,7 @@ def demo(config: Config, run_dir: str | Path | None = None, console: Console | N
         "seed": config.seed,
         "wall_seconds": time.perf_counter() - started,
         "run_dir": str(run.run_dir.resolve()),
-        "machine": machine(config.model.dtype),
+        "machine": machine(training_dtype(config.model.dtype, run.device)),
     }
     write_json_atomic(run.layout.demo_summary, summary)
     out = console or Console()

@@ -134,6 +134,8 @@ def run_sft(
 def _sft_loss(model, tokenizer, rows, pack_sequences: bool, prompt_format) -> torch.Tensor:
     """The next-token loss on the worked solutions of `rows` (token mean)."""
     input_ids, mask, lengths = sft_batch(tokenizer, rows, prompt_format)
+    device = next(model.parameters()).device
+    input_ids, mask = input_ids.to(device), mask.to(device)
     logp, _ = token_logprobs(
         model, input_ids, lengths=lengths if pack_sequences else None, pad_id=tokenizer.pad_token_id
     )
@@ -147,11 +149,8 @@ def _sft_step(model, loss: torch.Tensor, optimizer, scheduler) -> dict[str, floa
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
     scheduler.step()
-    return {
-        "sft/loss": float(loss.detach()),
-        "sft/grad_norm": float(grad_norm),
-        "sft/lr": scheduler.get_last_lr()[0],
-    }
+    loss_value, norm = torch.stack([loss.detach().float(), grad_norm.float()]).tolist()  # one read back
+    return {"sft/loss": loss_value, "sft/grad_norm": norm, "sft/lr": scheduler.get_last_lr()[0]}
 
 
 def _python_state(state) -> tuple:
