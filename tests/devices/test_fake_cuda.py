@@ -29,7 +29,11 @@ def _requests(tokenizer):
 
 
 def _generate(model, tokenizer, device, precision="fp32", **params):
-    engine = NativeEngine.from_model(model, tokenizer, batch_size=4, precision=precision, device=device)
+    """`precision` "fp8 matmuls": fp8 weights multiplied by FP8 matmuls (as on an FP8 GPU)."""
+    fp8_matmul = precision == "fp8 matmuls"
+    engine = NativeEngine.from_model(
+        model, tokenizer, 4, "fp8" if fp8_matmul else precision, device=device, fp8_matmul=fp8_matmul
+    )
     completions = {
         c.request_id: c for c in engine.generate(_requests(tokenizer), SamplingParams(16, **params))
     }
@@ -86,9 +90,10 @@ def test_a_module_moved_to_fake_cuda_trains_there():
         ("fp32", {}),
         ("fp32", {"record_routes": True, "record_router_logits": True}),
         ("fp8", {"record_routes": True}),
+        ("fp8 matmuls", {"record_routes": True}),
         ("fp32", {"greedy": True}),
     ],
-    ids=["sampled", "routes", "fp8-routes", "greedy"],
+    ids=["sampled", "routes", "fp8-routes", "fp8-matmuls-routes", "greedy"],
 )
 def test_a_rollout_on_fake_cuda_equals_the_cpu_one(tiny_model, precision, params):
     model, tokenizer = tiny_model
@@ -149,14 +154,28 @@ def _plant_fp8_scale(monkeypatch):
     return "return (self.data.float() * self.scale).to(self.dtype)"
 
 
+def _plant_fp8_matmul_scale(monkeypatch):
+    quantize = weights_module.FP8Weight.quantize.__func__
+
+    def host_scale(cls, weight, dtype=torch.float32):
+        quantized = quantize(cls, weight, dtype)
+        if weight.dim() == 2:  # the attention projections, multiplied in FP8 (experts are dequantised)
+            quantized.scale = real(quantized.scale).clone()
+        return quantized
+
+    monkeypatch.setattr(weights_module.FP8Weight, "quantize", classmethod(host_scale))
+    return "out = torch._scaled_mm("
+
+
 @pytest.mark.parametrize(
     "plant,precision,params",
     [
         (_plant_decode_mask, "fp32", {}),
         (_plant_route_buffer, "fp32", {"record_routes": True}),
         (_plant_fp8_scale, "fp8", {}),
+        (_plant_fp8_matmul_scale, "fp8 matmuls", {}),
     ],
-    ids=["engine-mask", "replay-routes", "fp8-scales"],
+    ids=["engine-mask", "replay-routes", "fp8-scales", "fp8-matmul-scales"],
 )
 def test_a_cpu_tensor_planted_in_a_path_is_named(tiny_model, monkeypatch, plant, precision, params):
     model, tokenizer = tiny_model

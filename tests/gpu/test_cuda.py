@@ -12,10 +12,12 @@ import torch.multiprocessing as mp
 
 from everyprompt.rollout import GenerationRequest, SamplingParams
 from everyprompt.rollout.native import NativeEngine
+from everyprompt.rollout.native.weights import fp8_matmuls
 from everyprompt.trainer import Learner
 from everyprompt.trainer.data_parallel import DataParallel
 from everyprompt.trainer.logprobs import token_logprobs
 from tests.conftest import make_tiny_model, tiny_config
+from tests.rollout.test_fp8_matmul import _shared_prefix
 from tests.trainer.test_data_parallel import REWARDS, SETTINGS, _free_port, _train
 from tests.trainer.test_sides import _model, hand_batch
 
@@ -55,7 +57,8 @@ def test_low_precision_rollouts_on_cuda_agree_with_the_cpu(precision):
             _requests(tokenizer), params
         )
     }
-    engine = NativeEngine.from_model(model, tokenizer, 4, precision, device=CUDA)
+    # the CPU's path (fp8 weight-only) on CUDA too; FP8 matmuls are compared in the next test
+    engine = NativeEngine.from_model(model, tokenizer, 4, precision, device=CUDA, fp8_matmul=False)
     agree = 0
     for completion in engine.generate(_requests(tokenizer), params):
         reference = on_cpu[completion.request_id]
@@ -64,6 +67,28 @@ def test_low_precision_rollouts_on_cuda_agree_with_the_cpu(precision):
         gap = (completion.logprobs[:shared] - reference.logprobs[:shared]).abs().max()
         assert gap < 0.1, (completion.request_id, float(gap))  # bf16 / fp8 kernels round differently
     assert agree >= len(PROMPTS) // 2
+
+
+@pytest.mark.skipif(not fp8_matmuls(CUDA), reason="needs FP8 matmuls (compute capability 9.0+)")
+def test_fp8_matmuls_on_cuda_move_no_further_than_fp8_weights_do():
+    """As tests/rollout/test_fp8_matmul.py on the CPU: torch._scaled_mm's CUDA kernel against the
+    weight-only reference, on the same device."""
+    model, tokenizer = make_tiny_model()
+    params = SamplingParams(16, greedy=True)
+    runs = {}
+    for name, precision, fp8_matmul in (
+        ("fp32", "fp32", None),
+        ("fp8", "fp8", False),
+        ("fp8 matmuls", "fp8", True),
+    ):
+        engine = NativeEngine.from_model(model, tokenizer, 4, precision, device=CUDA, fp8_matmul=fp8_matmul)
+        assert engine.fp8_matmul is bool(fp8_matmul)
+        runs[name] = {c.request_id: c.token_ids for c in engine.generate(_requests(tokenizer), params)}
+
+    def mean_prefix(a, b):
+        return sum(_shared_prefix(runs[a][i], runs[b][i]) for i in runs[a]) / len(runs[a])
+
+    assert mean_prefix("fp8", "fp8 matmuls") >= mean_prefix("fp32", "fp8")
 
 
 def test_a_bf16_train_step_on_cuda():

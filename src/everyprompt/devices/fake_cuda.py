@@ -221,11 +221,18 @@ class FakeCuda(TorchDispatchMode):
         if func is _aten._local_scalar_dense.default:
             return out
 
+        # a view of a normal tensor taken in inference mode is a normal tensor (autograd shares its
+        # version counter with its base), so its wrapper is made outside inference mode too
+        normal_view = func.is_view and not all(x.is_inference() for x in fake)
+
         def wrap(value):
             if not isinstance(value, torch.Tensor) or isinstance(value, FakeCudaTensor):
                 return value
             same = inputs.get(id(value))  # an in-place op returns its input
-            return FakeCudaTensor(value) if same is None else same
+            if same is not None:
+                return same
+            with torch.inference_mode(False) if normal_view else contextlib.nullcontext():
+                return FakeCudaTensor(value)
 
         return tree_map(wrap, out)
 

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from everyprompt.rollout.native.families import Family, rope_tables
-from everyprompt.rollout.native.weights import Projection, StateDict
+from everyprompt.rollout.native.weights import Projection, StateDict, linear
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -106,7 +106,7 @@ class GroupedQueryAttention:
         """Self-attention of x [B, T, H] against cache rows `rows` (see the module docstring)."""
         batch, length, _ = x.shape
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
-        qkv = x @ w.qkv
+        qkv = linear(x, w.qkv)
         if w.qkv_bias is not None:
             qkv = qkv + w.qkv_bias
         qkv = qkv.view(batch, length, heads + 2 * kv_heads, dim)
@@ -302,7 +302,7 @@ def _add(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
 
 
 def _output(w, attended: torch.Tensor) -> torch.Tensor:
-    return _add(attended @ w.o, w.o_bias)
+    return _add(linear(attended, w.o), w.o_bias)
 
 
 ATTENTIONS = {"grouped": GroupedQueryAttention, "latent": LatentAttention}

@@ -39,7 +39,7 @@ from everyprompt.rollout.native.compiled import DecodeCompiler
 from everyprompt.rollout.native.families import FAMILIES, unsupported_settings
 from everyprompt.rollout.native.moe import MixtureOfExperts, swiglu
 from everyprompt.rollout.native.state import Record, Slots, on_device
-from everyprompt.rollout.native.weights import Layer, StateDict, read_layer
+from everyprompt.rollout.native.weights import Layer, StateDict, fp8_matmuls, read_layer
 from everyprompt.rollout.sampling import sample_tokens
 from everyprompt.rollout.stops import StopStrings, stop_token_ids
 
@@ -66,12 +66,15 @@ class NativeEngine:
         tokenizer=None,
         compile: str = "off",
         device: torch.device | str = "cpu",
+        fp8_matmul: bool | None = None,
     ):
         """`precision` (fp32 | bf16 | fp8) overrides `dtype`; fp8 keeps the attention and expert / MLP
         projections in float8_e4m3fn (per-output-channel scales, re-quantised by every `load_weights`),
         and embeddings, norms, routers and the LM head in float32. `compile` (off | on | auto): the
         decode step eager or through torch.compile (compiled.py). `device`: where the weights, the cache
-        and every per-call tensor live (a resolved device, devices/placement.py)."""
+        and every per-call tensor live (a resolved device, devices/placement.py). `fp8_matmul`: fp8
+        projections multiplied in FP8 (`FP8Weight.matmul`) rather than dequantised; None: where the
+        device has FP8 matmuls (weights.fp8_matmuls)."""
         if precision is not None:
             if precision not in PRECISIONS:
                 raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
@@ -81,6 +84,9 @@ class NativeEngine:
         self.config, self.family = config, FAMILIES[config.model_type]
         stops = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
         self.device = torch.device(device)
+        if fp8_matmul is None:
+            fp8_matmul = fp8_matmuls(self.device)
+        self.fp8_matmul = self.precision == "fp8" and fp8_matmul
         self.stop_ids = frozenset(stops)
         self.pad_token_id, self.tokenizer = pad_token_id, tokenizer
         self.batch_size, self.dtype = batch_size, dtype
@@ -120,6 +126,7 @@ class NativeEngine:
         precision: str = "fp32",
         compile: str = "off",
         device: torch.device | str = "cpu",
+        fp8_matmul: bool | None = None,
     ) -> NativeEngine:
         return cls(
             model.config,
@@ -131,6 +138,7 @@ class NativeEngine:
             tokenizer=tokenizer,
             compile=compile,
             device=device,
+            fp8_matmul=fp8_matmul,
         )
 
     # ---------------------------------------------------------------- weights
@@ -208,7 +216,7 @@ class NativeEngine:
         # a compiled step reads the call's whole cache width (masked), so its cache is contiguous and of
         # one layout for the whole call; an eager one reads the slots up to the furthest position
         caches = self.cache.views(pool, width, shared, exact=compiled)
-        layers = [layer.dequantized() for layer in self.layers]
+        layers = [layer.dequantized(keep_matmuls=self.fp8_matmul) for layer in self.layers]
         record = Record.start(self, params, pool, width)
         queue = deque(range(len(requests)))
         clock = dict.fromkeys(("prefill_s", "decode_s", "sample_s"), 0.0)

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from everyprompt.rollout.native.families import Family
-from everyprompt.rollout.native.weights import Layer
+from everyprompt.rollout.native.weights import Layer, linear
 
 
 @dataclass(frozen=True)
@@ -112,8 +112,8 @@ class MixtureOfExperts:
 
 def swiglu(pair, x: torch.Tensor) -> torch.Tensor:
     gate_up, down = pair
-    gate, up = (x @ gate_up).chunk(2, dim=-1)
-    return (F.silu(gate) * up) @ down
+    gate, up = linear(x, gate_up).chunk(2, dim=-1)
+    return linear(F.silu(gate) * up, down)
 
 
 def experts_batched(gate_up, down, flat, weights, experts) -> torch.Tensor:

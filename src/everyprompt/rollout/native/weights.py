@@ -39,12 +39,45 @@ class FP8Weight:
     def __getitem__(self, index) -> FP8Weight:
         return FP8Weight(self.data[index], self.scale[index], self.dtype)
 
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """`x @ w` as an FP8 matrix product (`torch._scaled_mm`): x quantised to e4m3 with one scale per
+        row (its absolute maximum / 448, computed now), the weight with its per-channel scales, products
+        accumulated in float32 and written in bfloat16. A 2-D weight whose sides are not multiples of 16
+        (the kernel's tiles) is multiplied dequantised instead."""
+        if self.data.dim() != 2 or self.data.shape[0] % 16 or self.data.shape[1] % 16:
+            return x @ self.operand()
+        rows = x.reshape(-1, x.shape[-1]).float()
+        x_scale = (rows.abs().amax(dim=-1, keepdim=True) / E4M3_MAX).clamp(min=1e-12)
+        quantized = (rows / x_scale).to(torch.float8_e4m3fn)
+        out = torch._scaled_mm(
+            quantized,
+            self.data.t(),  # [in, out], column-major as the kernel wants its second operand
+            scale_a=x_scale,
+            scale_b=self.scale.reshape(1, -1),
+            out_dtype=torch.bfloat16,
+        )
+        return out.to(x.dtype).reshape(*x.shape[:-1], -1)
+
     @property
     def shape(self) -> torch.Size:
         return self.data.shape
 
 
 Projection = torch.Tensor | FP8Weight
+
+
+def linear(x: torch.Tensor, w: Projection) -> torch.Tensor:
+    """`x @ w` for a projection: a plain operand, or an FP8Weight kept for FP8 matmuls."""
+    return w.matmul(x) if isinstance(w, FP8Weight) else x @ w
+
+
+def fp8_matmuls(device: torch.device) -> bool:
+    """Whether fp8 rollouts on `device` multiply in FP8 (`FP8Weight.matmul`): CUDA devices of compute
+    capability 9.0 or more (Hopper; per-row scales need it). Elsewhere FP8 is weight-only: the weights are
+    dequantised once per generate call and multiplied in the engine's dtype (the reference path)."""
+    if device.type != "cuda" or not torch.cuda.is_available():  # a fake CUDA device (tests) has none
+        return False
+    return torch.cuda.get_device_capability(device) >= (9, 0)
 
 
 @dataclass
@@ -61,12 +94,18 @@ class Layer:
     shared: tuple[Projection, Projection] | None = None  # shared expert (Qwen2-MoE, DeepSeek-V3), as `mlp`
     shared_gate: torch.Tensor | None = None  # [H, 1]: Qwen2-MoE's sigmoid gate on the shared expert
 
-    def dequantized(self) -> Layer:
+    def dequantized(self, keep_matmuls: bool = False) -> Layer:
         """This layer with every FP8Weight replaced by its dequantised operand (itself when none is):
-        a generate call takes it once, so decode steps multiply plain tensors."""
+        a generate call takes it once, so decode steps multiply plain tensors. `keep_matmuls`: the
+        grouped-query attention's and the dense or shared SwiGLU's projections stay FP8Weights, for FP8
+        matmuls (`linear`); routed experts (batched matmuls) and latent attention (absorbed forms) are
+        dequantised either way."""
         if not self.quantized:
             return self
-        return _dequantized(self)
+        if not keep_matmuls:
+            return _dequantized(self)
+        attention = self.attention if hasattr(self.attention, "qkv") else _dequantized(self.attention)
+        return replace(self, attention=attention, experts=_dequantized(self.experts))
 
     @property
     def quantized(self) -> bool:
