@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from everyprompt.devices.fake_cuda import DeviceMismatch, FakeCudaTensor, fake_cuda, real
+from everyprompt.models.experts import use_sorted_experts
 from everyprompt.rollout import GenerationRequest, SamplingParams
+from everyprompt.rollout.hf import HFEngine
 from everyprompt.rollout.native import NativeEngine
 from everyprompt.rollout.native import engine as engine_module
 from everyprompt.rollout.native import state as state_module
@@ -183,3 +185,32 @@ def test_a_cpu_tensor_planted_in_a_path_is_named(tiny_model, monkeypatch, plant,
     with fake_cuda(), pytest.raises(DeviceMismatch) as raised:
         _generate(model, tokenizer, "cuda:0", precision, **params)
     assert line in str(raised.value) and "cpu tensor" in str(raised.value)
+
+
+# ------------------------------------------------------------------ the hf engine on it
+@pytest.mark.parametrize("params", [{}, {"record_routes": True, "greedy": True}], ids=["sampled", "routes"])
+def test_an_hf_engine_rollout_on_fake_cuda_equals_the_cpu_one(params):
+    model, tokenizer = make_tiny_model()
+    use_sorted_experts(model)  # transformers' own experts kernel takes CUDA-only branches on (fake) cuda
+    sampling = SamplingParams(12, **params)
+    expected = {
+        c.request_id: c
+        for c in HFEngine.from_model(model, tokenizer, 4).generate(_requests(tokenizer), sampling)
+    }
+    with fake_cuda() as check:
+        engine = HFEngine.from_model(model, tokenizer, 4, device="cuda:0")
+        assert all(isinstance(p, FakeCudaTensor) for p in engine.model.parameters())
+        got = {c.request_id: c for c in engine.generate(_requests(tokenizer), sampling)}
+    for request_id, reference in expected.items():
+        completion = got[request_id]
+        assert completion.token_ids == reference.token_ids
+        torch.testing.assert_close(completion.logprobs, reference.logprobs, atol=1e-5, rtol=0)
+        if reference.routed_experts is not None:
+            assert completion.routed_experts.device.type == "cpu"
+            assert torch.equal(completion.routed_experts, reference.routed_experts)
+    steps = engine.stats["decode_steps"] + 1  # the steps sampling after each forward
+    own = sum(count for line, count in check.syncs.items() if " at src/everyprompt/" in line)
+    print(f"hf engine {params}: {check.total_syncs} host syncs over {steps:.0f} steps, {own} in its own code")
+    # its own: one read of the sampled tokens a step and one when rows leave; the rest is transformers'
+    # check of the padding mask in every forward (masking_utils), as generate() pays it too
+    assert own / steps < 1.5 and check.total_syncs / steps < 5, check.syncs

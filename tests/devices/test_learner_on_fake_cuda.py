@@ -2,6 +2,8 @@
 registry, LoRA on and off, router replay, the KL reference; each step's update must equal the CPU one, and
 a CPU tensor planted in the learner's path is named."""
 
+import sys
+
 import pytest
 import torch
 
@@ -123,3 +125,21 @@ def test_an_sft_step_on_fake_cuda_equals_the_cpu_one():
     for name, p in model.named_parameters():
         if p.grad is not None:
             torch.testing.assert_close(grads[name], p.grad, atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_engine_routes_out_of_range_are_refused_on_the_device_too(monkeypatch):
+    """Replay's value check reads the routes on the host once per update (no device sync per forward):
+    an expert id out of range still stops the update, naming the values."""
+    from everyprompt.models.replay import ReplayError
+
+    config = tiny_config("rl.old_logprobs=recompute", "rl.router_replay=r3")
+    forced = _forced_routes
+
+    def out_of_range(batch, layers):
+        routes = forced(batch, layers)
+        routes[0][0, 0, 0] = 99
+        return routes
+
+    monkeypatch.setattr(sys.modules[__name__], "_forced_routes", out_of_range)
+    with pytest.raises(ReplayError, match=r"expert ids in \[0, 4\) or -1, got values .*\.\.99"):
+        _step(config, "cuda:0")

@@ -4,10 +4,13 @@ when the model is loaded, by name."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from everyprompt.cli import main
 from everyprompt.config import ConfigError, RolloutConfig
 from everyprompt.rollout import (
+    GenerationRequest,
+    SamplingParams,
     UnsupportedModelError,
     build_engine,
     engines_for,
@@ -70,3 +73,40 @@ def test_train_refuses_an_unsupported_model_before_any_sft_step(tmp_path, tiny_m
     assert code == 2 and len(err) == 1 and "Traceback" not in err[0]
     assert "rollout.engine=native cannot run this gpt2 model" in err[0]
     assert not (run / "sft").exists() and not (run / "checkpoints").exists()  # refused before SFT
+
+
+@pytest.mark.parametrize("name", ["native", "hf"])
+def test_rollout_device_places_each_engine(name):
+    from everyprompt.devices.fake_cuda import fake_cuda
+    from everyprompt.models.experts import use_sorted_experts
+    from tests.conftest import make_tiny_model
+
+    model, tokenizer = make_tiny_model()
+    use_sorted_experts(model)
+    with fake_cuda(), pytest.MonkeyPatch.context() as patch:
+        # resolve_device asks torch whether CUDA is there; the fake device answers for the call
+        patch.setattr(torch.cuda, "is_available", lambda: True)
+        patch.setattr(torch.cuda, "device_count", lambda: 1)
+        engine = build_engine(RolloutConfig(engine=name, device="cuda:0"), model, tokenizer)
+        patch.undo()
+        assert engine.device == torch.device("cuda", 0)
+        completion = next(iter(engine.generate([GenerationRequest(0, [5, 6, 7])], SamplingParams(3))))
+    assert len(completion.token_ids) == 3
+
+
+def test_an_engine_that_does_not_place_itself_refuses_another_device(tiny_model, monkeypatch):
+    from everyprompt.rollout import base
+
+    model, tokenizer = tiny_model
+
+    class HostOnly:
+        @classmethod
+        def from_model(cls, *args, **kwargs):
+            return cls()
+
+    monkeypatch.setitem(base._ENGINES, "host_only", base.EngineSpec(HostOnly, (), 100))
+    assert isinstance(base.make_engine("host_only", model, tokenizer, 2), HostOnly)
+    with pytest.raises(
+        UnsupportedModelError, match=r"rollout.device=cuda:0: the host_only engine runs on the CPU only"
+    ):
+        base.make_engine("host_only", model, tokenizer, 2, device="cuda:0")

@@ -30,6 +30,7 @@ import traceback
 from collections import Counter
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
@@ -179,7 +180,11 @@ def _unwrap(value):
 
 
 def _is_cuda(device) -> bool:
-    return device is not None and torch.device(device).type == "cuda"
+    return isinstance(device, torch.device) and device.type == "cuda"
+
+
+def _on_host(value):
+    return torch.device("cpu") if _is_cuda(value) else value
 
 
 _ACTIVE: list[FakeCuda] = []
@@ -207,9 +212,11 @@ class FakeCuda(TorchDispatchMode):
         kwargs = dict(kwargs or {})
         leaves = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
         fake = [x for x in leaves if isinstance(x, FakeCudaTensor)]
-        to_cuda = _is_cuda(kwargs.get("device"))
+        # a CUDA device argument, by keyword (factories) or by position (`aten.to.device`, which reaches
+        # the mode undecomposed in inference mode), is answered on the CPU
+        to_cuda = any(_is_cuda(x) for x in tree_leaves((args, kwargs)))
         if to_cuda:
-            kwargs["device"] = torch.device("cpu")
+            args, kwargs = tree_map(_on_host, (args, kwargs))
         if not fake and not to_cuda:
             return func(*args, **kwargs)
         if fake and func not in _TRANSFERS:
@@ -260,6 +267,20 @@ def _bool_index(args) -> bool:
     return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices or ())
 
 
+class _DataFactories(TorchFunctionMode):
+    """`torch.tensor(data, device="cuda")` and its kin copy their data to the device inside their C++
+    binding, out of the dispatch mode's sight: here they are made on the CPU and moved (through the mode)."""
+
+    FACTORIES = frozenset({torch.tensor, torch.as_tensor, torch.asarray})
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        device = kwargs.get("device")
+        if func in self.FACTORIES and device is not None and torch.device(device).type == "cuda":
+            return func(*args, **{**kwargs, "device": "cpu"}).to(device)
+        return func(*args, **kwargs)
+
+
 @contextlib.contextmanager
 def fake_cuda():
     """A context in which "cuda:0" is a fake CUDA device on the CPU (see the module docstring); yields the
@@ -269,7 +290,7 @@ def fake_cuda():
     # change a tensor's type)
     torch.__future__.set_swap_module_params_on_conversion(True)
     try:
-        with FakeCuda() as mode:
+        with FakeCuda() as mode, _DataFactories():
             yield mode
     finally:
         torch.__future__.set_swap_module_params_on_conversion(previous)

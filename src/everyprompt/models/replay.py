@@ -120,11 +120,8 @@ class RouterReplay:
                 f"got {list(indices.shape)}"
             )
         indices = indices.long()
-        if bool(((indices < -1) | (indices >= self.num_experts)).any()):
-            raise ReplayError(
-                f"replay indices must be expert ids in [0, {self.num_experts}) or -1, got values "
-                f"{int(indices.min())}..{int(indices.max())}"
-            )
+        if indices.device.type == "cpu":  # on an accelerator the caller checked them on the host
+            self.check_values(indices)
         handles = [
             router.register_forward_hook(self._hook(indices[:, layer]))
             for layer, router in enumerate(self.routers)
@@ -134,6 +131,15 @@ class RouterReplay:
         finally:
             for handle in handles:
                 handle.remove()
+
+    def check_values(self, indices: torch.Tensor) -> None:
+        """ReplayError unless every index is an expert id or -1 (a read of the values: done on the host,
+        where it costs no device sync; `replay` checks CPU indices itself)."""
+        if len(indices) and bool(((indices < -1) | (indices >= self.num_experts)).any()):
+            raise ReplayError(
+                f"replay indices must be expert ids in [0, {self.num_experts}) or -1, got values "
+                f"{int(indices.min())}..{int(indices.max())}"
+            )
 
     @staticmethod
     def _hook(given: torch.Tensor):

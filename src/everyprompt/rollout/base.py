@@ -250,8 +250,8 @@ def make_engine(
         options["device"] = device
     elif device.type != "cpu":
         raise UnsupportedModelError(
-            f"rollout.device={device}: the {chosen} engine runs on the CPU only so far; use the native "
-            "engine (rollout.engine=native, for the families in docs/models.md) or rollout.device=cpu"
+            f"rollout.device={device}: the {chosen} engine runs on the CPU only (it does not declare "
+            "`places`); use the native or hf engine, or rollout.device=cpu"
         )
     if getattr(cls, "compiles", False):
         options["compile"] = compile

@@ -9,7 +9,9 @@ request's tokens are the same whichever batch it is decoded in.
 
 Continuous batching over transformers' `DynamicCache`: up to `batch_size` sequences decode together,
 left-padded to a common cache length (the attention mask hides the padding, position ids count only real
-tokens). A finished sequence's row is dropped; requests waiting in the queue are prefilled together and
+tokens). The model, its cache and the call's masks live on the engine's `device`; a decode step reads
+back one tensor (the sampled tokens with their log-probs and entropies), and recorded routes stay on the
+device until their sequence finishes. A finished sequence's row is dropped; requests waiting in the queue are prefilled together and
 their cache rows joined to the running ones (the shorter side padded on the left), so the pool refills
 before the next step. A model whose cache keeps anything but plain growing layers (sliding windows, linear
 attention) is refilled only when its batch has drained.
@@ -17,6 +19,7 @@ attention) is refilled only when its batch has drained.
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -92,6 +95,7 @@ class HFEngine:
     """RolloutEngine over a transformers causal LM (any architecture). Build it with :meth:`from_model`."""
 
     PRECISIONS = tuple(DTYPES)
+    places = True  # `device`: the model copy, its cache and the call's tensors on that device
 
     def __init__(
         self,
@@ -101,6 +105,7 @@ class HFEngine:
         batch_size: int = 64,
         precision: str = "fp32",
         tokenizer=None,
+        device: torch.device | str = "cpu",
     ):
         if precision not in DTYPES:
             raise UnsupportedModelError(
@@ -108,11 +113,15 @@ class HFEngine:
                 "(fp8 rollouts are the native engine's)"
             )
         self.precision, self.dtype = precision, DTYPES[precision]
-        self.model = model.to(self.dtype).eval().requires_grad_(False)
+        self.device = torch.device(device)
+        self.model = model.to(self.device, self.dtype).eval().requires_grad_(False)
         self.stop_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.pad_token_id, self.batch_size = pad_token_id, batch_size
         self.tokenizer = tokenizer
         self.routers = find_routers(self.model)
+        # transformers 5.24 renamed the forward's `past_key_values` to `cache` (the old name warns)
+        forward = inspect.signature(self.model.forward).parameters
+        self.cache_key = "cache" if "cache" in forward else "past_key_values"
         self.stats: dict[str, float] = {}
 
     @property
@@ -120,7 +129,14 @@ class HFEngine:
         return bool(self.routers)
 
     @classmethod
-    def from_model(cls, model, tokenizer, batch_size: int = 64, precision: str = "fp32") -> HFEngine:
+    def from_model(
+        cls,
+        model,
+        tokenizer,
+        batch_size: int = 64,
+        precision: str = "fp32",
+        device: torch.device | str = "cpu",
+    ) -> HFEngine:
         """An engine over a copy of `model` (the trainer's module is never touched by decoding)."""
         return cls(
             plain_copy(model),  # a LoRA policy's copy has its adapters merged in
@@ -129,6 +145,7 @@ class HFEngine:
             batch_size,
             precision,
             tokenizer,
+            device,
         )
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
@@ -163,7 +180,7 @@ class HFEngine:
         began = time.perf_counter()
         stops = StopStrings(self.tokenizer, params.stop)
         queue = deque(range(len(requests)))
-        batch = _Batch()
+        batch = _Batch(self.device)
         clock = dict(prefill_s=0.0, decode_s=0.0, decode_steps=0, busy=0.0, tokens=0, admissions=0)
         pool = min(self.batch_size, len(requests))
         while queue or batch.rows:
@@ -174,16 +191,18 @@ class HFEngine:
                 self._admit(batch, requests, admitted, params, captured)
                 clock["prefill_s"] += time.perf_counter() - tick
                 clock["admissions"] += 1
-            seeds = torch.tensor([requests[row.index].seed for row in batch.rows], dtype=torch.long)
-            steps = torch.tensor([len(row.tokens) for row in batch.rows], dtype=torch.long)
+            seeds = [requests[row.index].seed for row in batch.rows]
+            steps = [len(row.tokens) for row in batch.rows]
+            seeds, steps = torch.tensor([seeds, steps], dtype=torch.long).to(self.device, non_blocking=True)
             sampled, logprobs, entropies = sample_tokens(
                 batch.logits, seeds, steps, params.temperature, params.top_p, params.greedy
             )
             clock["tokens"] += len(batch.rows)
             keep = []
-            for i, (row, token, logprob, entropy) in enumerate(
-                zip(batch.rows, sampled.tolist(), logprobs.tolist(), entropies.tolist())
-            ):
+            # one read back a step: the tokens (exact in float64 below 2^53), log-probs and entropies
+            read = torch.stack([sampled.double(), logprobs.double(), entropies.double()]).tolist()
+            for i, (row, token, logprob, entropy) in enumerate(zip(batch.rows, *read)):
+                token = int(token)
                 row.tokens.append(token)
                 row.logprobs.append(logprob)
                 row.entropies.append(entropy)
@@ -202,7 +221,7 @@ class HFEngine:
             if not batch.rows:
                 continue
             tick = time.perf_counter()
-            fed = sampled[keep] if len(keep) < len(sampled) else sampled
+            fed = sampled[torch.tensor(keep, device=self.device)] if len(keep) < len(sampled) else sampled
             self._decode(batch, fed, captured)
             clock["decode_s"] += time.perf_counter() - tick
             clock["decode_steps"] += 1
@@ -219,15 +238,16 @@ class HFEngine:
         for r, prompt in enumerate(prompts):
             tokens[r, width - len(prompt) :] = torch.tensor(prompt)
             mask[r, width - len(prompt) :] = 1
+        tokens, mask = tokens.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
         out = self.model(
             input_ids=tokens,
             attention_mask=mask,
             position_ids=positions,
-            past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
+            **{self.cache_key: cache},
         )
         routes, logits = captured.take(len(prompts), width)
         rows = []
@@ -240,19 +260,19 @@ class HFEngine:
             if logits is not None:
                 row.router_logits.append(logits[r, width - n :])
             rows.append(row)
-        batch.join(rows, out.past_key_values, mask, positions[:, -1] + 1, out.logits[:, -1].float())
+        batch.join(rows, getattr(out, self.cache_key), mask, positions[:, -1] + 1, out.logits[:, -1].float())
 
     @torch.inference_mode()
     def _decode(self, batch: _Batch, fed: torch.Tensor, captured) -> None:
-        batch.mask = torch.cat([batch.mask, torch.ones((len(fed), 1), dtype=torch.long)], dim=1)
+        batch.mask = torch.cat([batch.mask, batch.mask.new_ones((len(fed), 1))], dim=1)
         out = self.model(
             input_ids=fed[:, None],
             attention_mask=batch.mask,
             position_ids=batch.next_position[:, None],
-            past_key_values=batch.cache,
             use_cache=True,
+            **{self.cache_key: batch.cache},
         )
-        batch.cache = out.past_key_values
+        batch.cache = getattr(out, self.cache_key)
         batch.next_position = batch.next_position + 1
         batch.logits = out.logits[:, -1].float()
         routes, logits = captured.take(len(fed), 1)
@@ -265,9 +285,9 @@ class HFEngine:
     def _completion(self, request: GenerationRequest, row: _Row, reason: str, began: float) -> Completion:
         extra = {}
         if row.routes:
-            extra["routed_experts"] = torch.cat(row.routes)
+            extra["routed_experts"] = torch.cat(row.routes).cpu()
         if row.router_logits:
-            extra["router_logits"] = torch.cat(row.router_logits)
+            extra["router_logits"] = torch.cat(row.router_logits).cpu()
         return Completion(
             request_id=request.request_id,
             prompt_ids=list(request.prompt_ids),
@@ -284,12 +304,14 @@ class _Batch:
     """The running rows of one generate call and their shared cache: row i of `cache`, `mask`,
     `next_position` and `logits` is `rows[i]`."""
 
-    def __init__(self):
+    def __init__(self, device: torch.device):
         self.rows: list[_Row] = []
         self.cache: DynamicCache | None = None
-        self.mask = torch.zeros((0, 0), dtype=torch.long)  # [B, S] 1 where the cache holds a real token
-        self.next_position = torch.zeros(0, dtype=torch.long)  # [B] the position id of the next fed token
-        self.logits = torch.zeros(0)  # [B, V] pending next-token logits
+        # [B, S] 1 where the cache holds a real token
+        self.mask = torch.zeros((0, 0), dtype=torch.long, device=device)
+        # [B] the position id of the next fed token
+        self.next_position = torch.zeros(0, dtype=torch.long, device=device)
+        self.logits = torch.zeros(0, device=device)  # [B, V] pending next-token logits
 
     @property
     def mergeable(self) -> bool:
@@ -321,7 +343,7 @@ class _Batch:
         if not keep:
             self.cache = None
             return
-        index = torch.tensor(keep)
+        index = torch.tensor(keep).to(self.mask.device, non_blocking=True)
         self.cache.batch_select_indices(index)
         self.mask, self.next_position, self.logits = (
             self.mask[index],

@@ -151,6 +151,8 @@ class Learner(LearnerSide):
     def _optimize(self, batch: RolloutBatch) -> dict[str, float]:
         self.model.train()
         self._check_packing(batch)
+        if self.rl.router_replay == "r3" and self.device.type != "cpu" and batch.routed_experts:
+            self.router.check_values(torch.cat([routes.reshape(-1) for routes in batch.routed_experts]))
         generator = torch.Generator().manual_seed(derive_seed(self.config.seed, self.version, 7))
         order = torch.randperm(len(batch), generator=generator)
         minis = [mini.tolist() for mini in order.chunk(self.rl.mini_batches)]

@@ -84,9 +84,9 @@ class NativeEngine:
         self.config, self.family = config, FAMILIES[config.model_type]
         stops = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
         self.device = torch.device(device)
-        if fp8_matmul is None:
-            fp8_matmul = fp8_matmuls(self.device)
-        self.fp8_matmul = self.precision == "fp8" and fp8_matmul
+        if self.precision != "fp8":
+            fp8_matmul = False
+        self.fp8_matmul = fp8_matmuls(self.device) if fp8_matmul is None else fp8_matmul
         self.stop_ids = frozenset(stops)
         self.pad_token_id, self.tokenizer = pad_token_id, tokenizer
         self.batch_size, self.dtype = batch_size, dtype
