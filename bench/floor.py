@@ -36,11 +36,13 @@ class Operand:
     dtype: torch.dtype
     values: torch.Tensor | None = None  # integer operands (grouped offsets) keep their values
 
-    def make(self) -> torch.Tensor:
+    def make(self, device: torch.device | str = "cpu") -> torch.Tensor:
         if self.values is not None:
-            return self.values.clone()
+            return self.values.clone().to(device)
         span = 1 + sum((size - 1) * step for size, step in zip(self.shape, self.stride) if size)
-        storage = torch.empty(span, dtype=self.dtype)  # expanded operands (stride 0) share elements
+        storage = torch.empty(
+            span, dtype=self.dtype, device=device
+        )  # expanded operands (stride 0) share elements
         storage = storage.normal_() if storage.is_floating_point() else storage.zero_()
         return storage.as_strided(self.shape, self.stride)
 
@@ -54,14 +56,14 @@ def _spec(value):
     return value
 
 
-def _make(value, made: dict, key):
+def _make(value, made: dict, key, device):
     if isinstance(value, Operand):
         slot = (key, value.shape, value.stride, value.dtype)
         if slot not in made:
-            made[slot] = value.make()
+            made[slot] = value.make(device)
         return made[slot]
     if isinstance(value, (list, tuple)):
-        return type(value)(_make(v, made, key) for v in value)
+        return type(value)(_make(v, made, key, device) for v in value)
     return value
 
 
@@ -101,17 +103,23 @@ class GemmRecorder(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def replay_seconds(calls: list[Gemm], distinct: bool = True, repeats: int = 7, loops: int = 20) -> float:
+def replay_seconds(
+    calls: list[Gemm],
+    distinct: bool = True,
+    repeats: int = 7,
+    loops: int = 20,
+    device: torch.device | str = "cpu",
+) -> float:
     """Seconds one pass over `calls` takes alone (the best of `repeats` means over `loops` passes).
     `distinct`: every call gets operands of its own (as in the computation, where each layer has its
     weights and cache); else calls of one shape share operands (less memory; a floor from warm caches,
-    so a lower one)."""
+    so a lower one). `device`: where the operands are made (the time includes waiting for the device)."""
     made: dict = {}
     prepared = [
         (
             call.op,
-            _make(call.args, made, i if distinct else 0),
-            _make(call.kwargs, made, i if distinct else 0),
+            _make(call.args, made, i if distinct else 0, device),
+            _make(call.kwargs, made, i if distinct else 0, device),
         )
         for i, call in enumerate(calls)
     ]
@@ -120,9 +128,16 @@ def replay_seconds(calls: list[Gemm], distinct: bool = True, repeats: int = 7, l
         for op, args, kwargs in prepared:  # warm up
             op(*args, **kwargs)
         for _ in range(repeats):
+            _synchronize(device)
             began = time.perf_counter()
             for _ in range(loops):
                 for op, args, kwargs in prepared:
                     op(*args, **kwargs)
+            _synchronize(device)
             best = min(best, (time.perf_counter() - began) / loops)
     return best
+
+
+def _synchronize(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)

@@ -16,6 +16,13 @@ Each comparison runs in one process on the same model, prompts and sampling sett
     python bench/throughput.py --tiny    # seconds: a smoke run on a 2-layer model (skips TRL unless --trl)
 
 Writes bench/results/throughput.json; prints the summary table last.
+
+With `--model PATH` (a checkpoint directory or a .gguf file) it measures that model instead
+(bench/throughput_model.py: decode at several batch sizes against `generate` and against its floor,
+long-tailed lengths, prefill), on `--device` (cpu, cuda, cuda:N) in `--dtype`:
+
+    python bench/throughput.py --model models/smollm2-135m-instruct            # bench/results/throughput_smollm2-135m-instruct.json
+    python bench/throughput.py --model models/smollm2-135m-instruct --device cuda --dtype bf16
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import RESULTS, write_results  # noqa: E402
+from common import RESULTS, repo_path, write_results  # noqa: E402
 from throughput_engine import engine_vs_hf, engine_vs_hf_rollout, short_op  # noqa: E402
 from throughput_floor import compile_cost, compile_probe, decode_floor, training_floor  # noqa: E402
 from throughput_rl import everyprompt_steps, trl_steps  # noqa: E402
@@ -62,10 +69,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sft-seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--compile-probe", help=argparse.SUPPRESS)  # compile_cost()'s child process
+    parser.add_argument("--model", type=Path, help="measure this model (a directory or .gguf) instead")
+    parser.add_argument("--device", default="cpu", help="with --model: cpu, cuda or cuda:N")
+    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="with --model")
+    parser.add_argument("--quick", action="store_true", help="with --model: every size shrunk (smoke runs)")
     args = parser.parse_args(argv)
     if args.compile_probe:
         print(json.dumps(compile_probe(*json.loads(args.compile_probe))))
         return 0
+    if args.model is not None:
+        return measure_model(args)
+    if args.device != "cpu" or args.quick:
+        parser.error("--device and --quick go with --model (the demo suite runs on the CPU)")
 
     from rich.console import Console
     from rich.table import Table
@@ -260,6 +275,33 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"wrote {args.out / 'throughput.json'}")
     console.print(profile)
     console.print(table)
+    return 0
+
+
+def measure_model(args) -> int:
+    from throughput_model import model_suite
+
+    from everyprompt.devices.placement import DeviceError, resolve_device
+
+    try:
+        device = resolve_device(args.device, "--device")
+    except DeviceError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if not args.model.exists():
+        print(f"error: --model {args.model}: no such file or directory", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    results = {"benchmark": "throughput_model", **model_suite(args.model, device, args.dtype, args.quick)}
+    results["model"] = repo_path(args.model)
+    results["wall_seconds"] = time.perf_counter() - started
+    name = args.model.name.removesuffix(".gguf")
+    out = write_results(
+        args.out / f"throughput_{name}{'_' + device.type if device.type != 'cpu' else ''}.json",
+        results,
+        dtype=args.dtype,
+    )
+    print(f"wrote {repo_path(out)}")
     return 0
 
 

@@ -221,6 +221,54 @@ def test_throughput_bench_smoke(tmp_path, capsys):
     assert "Rollout throughput" in capsys.readouterr().out
 
 
+def _saved_tiny_model(directory: Path) -> Path:
+    from tests.conftest import make_tiny_model
+
+    model, tokenizer = make_tiny_model()
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def test_throughput_bench_takes_a_model(tmp_path, capsys):
+    bench = _load("throughput")
+    model = _saved_tiny_model(tmp_path / "tiny")
+    assert bench.main(["--model", str(model), "--quick", "--out", str(tmp_path / "out")]) == 0
+    payload = json.loads((tmp_path / "out" / "throughput_tiny.json").read_text())
+    assert payload["model_type"] == "qwen3_moe" and payload["device"] == "cpu"
+    assert [row["batch"] for row in payload["decode"]] == [1, 4]
+    for row in payload["decode"]:
+        # equal work was checked inside; the decode step's own GEMMs alone take less than the step
+        assert row["native_tokens_per_s"] > 0 and row["generate_tokens_per_s"] > 0
+        assert row["gemms"] == 7 * 2 + 1 and 0 < row["floor_ms"] < row["step_ms"]
+    assert payload["bandwidth"]["weight_bytes"] == 4 * payload["parameters"]  # fp32
+    tail = payload["long_tail"]
+    assert tail["requests"] == 12 and 0 < tail["generate_useful_share"] < 1
+    assert [row["length"] for row in payload["prefill"]] == [16, 32]
+    assert payload["machine"]["dtype"] == "fp32"
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_throughput_bench_refuses_a_missing_model_and_a_device_it_lacks(tmp_path, capsys):
+    bench = _load("throughput")
+    assert bench.main(["--model", str(tmp_path / "nowhere")]) == 2
+    assert "no such file or directory" in capsys.readouterr().err
+    if not __import__("torch").cuda.is_available():
+        assert bench.main(["--model", str(tmp_path), "--device", "cuda"]) == 2
+        assert "torch sees no CUDA device" in capsys.readouterr().err
+
+
+def test_memory_bench_probe_measures_a_pass(tmp_path):
+    bench = _load("memory")
+    model = str(_saved_tiny_model(tmp_path / "tiny"))
+    for grad in (False, True):
+        for chunk in (0, 8):
+            row = bench.probe(model, 4, 32, 16, chunk, grad, "fp32")
+            assert row["peak_bytes"] >= 0 and row["seconds"] > 0 and row["grad"] is grad
+    with pytest.raises(SystemExit):
+        bench.main(["--model", str(tmp_path / "nowhere")])
+
+
 def test_sampling_bench_smoke(tmp_path, capsys):
     bench = _load("sampling")
     assert bench.main(["--vocab", "100", "--out", str(tmp_path)]) == 0

@@ -49,7 +49,8 @@ class RolloutBatch:
     ) -> dict[str, torch.Tensor]:
         """Right-padded training tensors for `rows`, on `device`.
 
-        input_ids [n, L]: prompt + completion; lengths [n] (host): its real tokens per row; the rest are
+        input_ids [n, L]: prompt + completion; lengths [n] and prompt_lengths [n] (host): its real tokens
+        and its prompt tokens per row; the rest are
         [n, L - 1], aligned with the *targets*
         input_ids[:, 1:]: mask (1 on completion tokens), rollout_logp (engine log-probs, 0 elsewhere),
         old_logp / old_entropy (trainer's pre-update log-probs and entropies, when computed). routes and
@@ -95,6 +96,8 @@ class RolloutBatch:
         tensors = {
             "input_ids": input_ids.to(device),
             "lengths": torch.tensor(lengths),  # on the host: it steers packing, not arithmetic
+            # on the host too: the first target the loss reads is row i's prompt_lengths[i] - 1
+            "prompt_lengths": torch.tensor([len(self.prompt_ids[r]) for r in rows]),
             "mask": mask,
             "rollout_logp": scatter(self.rollout_logprobs),
         }

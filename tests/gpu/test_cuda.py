@@ -3,6 +3,7 @@ sees no CUDA device. They have never run yet (docs/gpu.md says what has run wher
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -127,3 +128,14 @@ def test_two_nccl_ranks_update_as_one_process(tmp_path):
     ranks = torch.load(out)
     for key, value in weights.items():
         torch.testing.assert_close(ranks[key], value, rtol=0, atol=1e-4, msg=key)
+
+
+def test_the_throughput_bench_on_cuda(tmp_path):
+    from tests.test_bench import _load, _saved_tiny_model
+
+    bench = _load("throughput")
+    model = _saved_tiny_model(tmp_path / "tiny")
+    args = ["--model", str(model), "--quick", "--device", "cuda", "--dtype", "bf16", "--out", str(tmp_path)]
+    assert bench.main(args) == 0
+    payload = json.loads((tmp_path / "throughput_tiny_cuda.json").read_text())
+    assert payload["device"] == "cuda:0" and all(row["floor_ms"] > 0 for row in payload["decode"])

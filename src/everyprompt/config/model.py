@@ -54,6 +54,13 @@ class ModelConfig(Section):
         description="Training forwards pack sequences into shared rows (position_ids restart per sequence) "
         "instead of padding each; checked against unpacked log-probs when training starts.",
     )
+    logprob_chunk: int = Field(
+        512,
+        ge=0,
+        description="Training forwards run the LM head on the targets the loss reads only (completion tokens), "
+        "this many at a time, so no [batch, length, vocab] logits exist (docs/training.md); 0: the model's "
+        "full logits.",
+    )
     moe_kernel: Literal["everyprompt", "transformers"] = Field(
         "everyprompt",
         description="Training forwards' MoE experts: everyprompt's sorted grouped-matmul kernel (same outputs "

@@ -75,4 +75,6 @@ class PolicyForward:
                 routes=data[routes_key][rows] if policy and routes_key in data else None,
                 recorded=recorded if policy and self.router is not None else None,
                 hold=hold if policy else None,
+                chunk=self.config.model.logprob_chunk,
+                first_targets=(data["prompt_lengths"][rows] - 1).tolist(),
             )

@@ -36,6 +36,7 @@ from everyprompt.rollout import derive_seed
 from everyprompt.trainer.checkpoint import full_weights, load_optimizer_state, portable_optimizer_state
 from everyprompt.trainer.data_parallel import DataParallel
 from everyprompt.trainer.forward import PolicyForward, policy_router
+from everyprompt.trainer.head import check_head
 from everyprompt.trainer.interface import LearnerSide
 from everyprompt.trainer.logprobs import check_packing
 from everyprompt.trainer.mismatch import batch_mismatch, fed_tokens
@@ -90,7 +91,7 @@ class Learner(LearnerSide):
         self.last_sync_bytes = 0  # the size of the weights `state_dict` last handed over
         self.version = 0  # updates taken: the policy version of the weights handed to the rollout side
         self.consecutive_skips = 0  # mini-batch updates skipped in a row for non-finite numbers
-        self._packing_checked = not config.model.pack_sequences
+        self._forwards_checked = False
         self._replica: BehaviourReplica | None = None  # asynchronous runs: measures the behaviour mismatch
 
     # ------------------------------------------------------------ hand-off and state
@@ -150,7 +151,7 @@ class Learner(LearnerSide):
 
     def _optimize(self, batch: RolloutBatch) -> dict[str, float]:
         self.model.train()
-        self._check_packing(batch)
+        self._check_forwards(batch)
         if self.rl.router_replay == "r3" and self.device.type != "cpu" and batch.routed_experts:
             self.router.check_values(torch.cat([routes.reshape(-1) for routes in batch.routed_experts]))
         generator = torch.Generator().manual_seed(derive_seed(self.config.seed, self.version, 7))
@@ -188,13 +189,17 @@ class Learner(LearnerSide):
             )
         return {"actor/skipped_updates": 1.0}
 
-    def _check_packing(self, batch: RolloutBatch) -> None:
-        """Once, before the first packed forward: packed and one-by-one log-probs agree for this model."""
-        if self._packing_checked:
+    def _check_forwards(self, batch: RolloutBatch) -> None:
+        """Once, before the first training forward: packed and one-by-one log-probs agree for this model,
+        and so do the chunked head's and its own logits'."""
+        if self._forwards_checked:
             return
         sequences = [batch.prompt_ids[i] + batch.completion_ids[i] for i in range(min(2, len(batch)))]
-        check_packing(self.model, (sequences * 2)[:2], self.pad_id)
-        self._packing_checked = True
+        if self.config.model.pack_sequences:
+            check_packing(self.model, (sequences * 2)[:2], self.pad_id)
+        if self.config.model.logprob_chunk:
+            check_head(self.model, sequences[0], self.config.model.logprob_chunk)
+        self._forwards_checked = True
 
     def _rollout_as_old(self, batch: RolloutBatch) -> None:
         """`rl.old_logprobs=rollout`: the engine's log-probs (and entropies) stand for the old policy's."""

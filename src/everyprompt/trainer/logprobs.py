@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from everyprompt.trainer.head import hidden_states_of, selected_logprobs
+
 
 @dataclass(frozen=True)
 class PackedLayout:
@@ -81,6 +83,8 @@ def token_logprobs(
     routes: list[torch.Tensor] | None = None,
     recorded: list[torch.Tensor] | None = None,
     hold: list | None = None,
+    chunk: int = 0,
+    first_targets: list[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log softmax(logits / T) of each next token: [B, L - 1]; and its entropy [B, L - 1] (detached).
 
@@ -94,6 +98,10 @@ def token_logprobs(
     routes, the same shape. With `hold` (a list), the replay stays in force after the forward and a
     callable that ends it is appended to `hold`: a backward that recomputes the forward (gradient
     checkpointing) must replay the same routes, so the caller ends it after its backward.
+
+    With `chunk` > 0 the LM head runs only on the targets asked for, `chunk` positions at a time
+    (trainer/head.py: no [B, L, V] logits): each row's targets from `first_targets[i]` (default 0) to its
+    last; the other positions of the outputs are 0.
     """
     lengths_ = lengths if lengths is not None else [input_ids.shape[1]] * input_ids.shape[0]
     if lengths is None:
@@ -103,7 +111,17 @@ def token_logprobs(
         forward_ids, positions, layout = pack(input_ids, lengths, pad_id)
         rows, offsets = layout.row, layout.offset
     with _routing(router, routes, recorded, forward_ids.shape, rows, offsets, lengths_, hold):
-        logits = model(input_ids=forward_ids, position_ids=positions, use_cache=False).logits[:, :-1]
+        if chunk:
+            with hidden_states_of(model) as captured:
+                model(input_ids=forward_ids, position_ids=positions, use_cache=False)
+        else:
+            logits = model(input_ids=forward_ids, position_ids=positions, use_cache=False).logits[:, :-1]
+    if chunk:
+        where = _targets(rows, offsets, lengths_, first_targets, forward_ids.shape[1])
+        hidden = captured[-1]
+        return _scattered(
+            model, hidden, forward_ids, where, input_ids.shape, temperature, with_entropy, chunk
+        )
     logp, entropy = _logprobs_and_entropy(logits, forward_ids[:, 1:], temperature, with_entropy)
     if lengths is None:
         return logp, entropy
@@ -114,6 +132,37 @@ def token_logprobs(
     if entropy is not None:
         scattered = entropy.new_zeros(shape)
         scattered[sequence, position] = entropy.reshape(-1)[flat]
+        entropy = scattered
+    return out, entropy
+
+
+def _targets(rows, offsets, lengths: list[int], first: list[int] | None, width: int):
+    """(sequence, target position, flat index of the position's hidden state in the forward's [R, W]
+    rows) of every target asked for: row i's targets `first[i]`..`lengths[i] - 2` (on the host)."""
+    lengths = torch.as_tensor(lengths, dtype=torch.long)
+    first = torch.zeros_like(lengths) if first is None else torch.as_tensor(first, dtype=torch.long)
+    count = (lengths - 1 - first).clamp(min=0)
+    sequence = torch.repeat_interleave(torch.arange(len(count)), count)
+    starts = torch.cumsum(count, 0) - count
+    position = first[sequence] + torch.arange(int(count.sum())) - torch.repeat_interleave(starts, count)
+    flat = torch.as_tensor(rows)[sequence] * width + torch.as_tensor(offsets)[sequence] + position
+    return sequence, position, flat
+
+
+def _scattered(model, hidden, forward_ids, where, shape, temperature, with_entropy, chunk):
+    """The chunked head's log-probs (and entropies) of the targets `where` names, scattered into
+    [B, L - 1] outputs (0 elsewhere)."""
+    device = hidden.device
+    sequence, position, flat = (index.to(device, non_blocking=True) for index in where)
+    states = hidden.reshape(-1, hidden.shape[-1])[flat]
+    targets = forward_ids.reshape(-1)[flat + 1]
+    logp, entropy = selected_logprobs(model, states, targets, temperature, with_entropy, chunk)
+    size = (shape[0], shape[1] - 1)
+    out = logp.new_zeros(size)
+    out[sequence, position] = logp
+    if entropy is not None:
+        scattered = entropy.new_zeros(size)
+        scattered[sequence, position] = entropy
         entropy = scattered
     return out, entropy
 

@@ -1,0 +1,335 @@
+"""`bench/throughput.py --model PATH`: the native engine on a real model (a checkpoint directory or a
+`.gguf` file) against transformers' `generate` on the same device, dtype and prompts, in one process.
+
+  decode      tokens/s at several batch sizes, both sides decoding exactly `new_tokens` a sequence;
+  floor       the decode step against its own matrix products replayed alone (bench/floor.py), and at
+              batch 1 against the memory-bandwidth bound (every weight read once a step);
+  long_tail   a rollout's long-tailed lengths: the engine's continuous batching against `generate` in
+              static batches of the same size, each run until its longest request is done;
+  prefill     tokens/s of the engine's prefill for prompts of several lengths, against one forward of
+              the model over the same prompts.
+
+Prompts are the chat-formatted questions of configs/smollm2.yaml (the prefill lengths are reached by
+repeating a prompt's tokens). `--quick` shrinks every size for a smoke run on a tiny model.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+from common import ROOT
+
+SIZES = {  # (--quick, full)
+    "batches": ((1, 4), (1, 8, 32, 64)),
+    "new_tokens": (8, 64),
+    "prefill_lengths": ((16, 32), (64, 256, 1024)),
+    "prefill_batch": (2, 8),
+    "long_tail_requests": (12, 128),
+    "long_tail_slots": (4, 32),
+    "short": ((2, 4), (8, 24)),
+    "long": ((8, 12), (96, 160)),
+    "repeats": (1, 2),
+}
+
+
+def sizes(quick: bool) -> dict:
+    return {key: value[0 if quick else 1] for key, value in SIZES.items()}
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(device: torch.device, repeats: int, fn) -> tuple[float, object]:
+    """The fastest of `repeats` calls of `fn` (the first warms up), device work included."""
+    best, out = float("inf"), None
+    for _ in range(repeats):
+        synchronize(device)
+        began = time.perf_counter()
+        result = fn()
+        synchronize(device)
+        elapsed = time.perf_counter() - began
+        if elapsed < best:
+            best, out = elapsed, result
+    return best, out
+
+
+# ---------------------------------------------------------------- set-up
+def load(path: Path, device: torch.device, dtype: str):
+    """The model (eval mode, on `device`, in `dtype`), its tokenizer and the recipe's chat prompts' ids."""
+    from everyprompt.config import load_config
+    from everyprompt.data.formatting import prompt_format_of
+    from everyprompt.data.rows import ConfigRows
+    from everyprompt.models.io import load_model_and_tokenizer
+
+    config = load_config(ROOT / "configs" / "smollm2.yaml", [f"model.path={path}", "data.num_train=64"])
+    model, tokenizer = load_model_and_tokenizer(config.model, config.seed)
+    model = model.to(device, {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]).eval()
+    model.generation_config.eos_token_id = None  # both sides decode exactly the tokens asked for
+    form = prompt_format_of(config, tokenizer)
+    prompts = [form.prompt_ids(row) for row in ConfigRows(config).rl()]
+    return model, tokenizer, prompts
+
+
+def engine(model, tokenizer, slots: int, dtype: str, device: torch.device):
+    from everyprompt.rollout.native import NativeEngine
+
+    return NativeEngine(
+        model.config,
+        model.state_dict(),
+        eos_token_id=-1,  # never stop early: equal work
+        pad_token_id=tokenizer.pad_token_id,
+        batch_size=slots,
+        precision=dtype,
+        device=device,
+    )
+
+
+def requests(prompts: list[list[int]], count: int, lengths: list[int] | None = None):
+    from everyprompt.rollout import GenerationRequest
+
+    return [
+        GenerationRequest(
+            i, prompts[i % len(prompts)], seed=i, max_new_tokens=None if lengths is None else lengths[i]
+        )
+        for i in range(count)
+    ]
+
+
+def left_padded(tokenizer, prompts: list[list[int]], device: torch.device) -> dict[str, torch.Tensor]:
+    width = max(map(len, prompts))
+    ids = torch.full((len(prompts), width), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.tensor(prompt)
+        mask[row, width - len(prompt) :] = 1
+    return {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
+
+
+def generate(model, tokenizer, inputs: dict, new_tokens: int):
+    """transformers' `generate` sampling exactly `new_tokens` a row at temperature 1, as the engine does."""
+    with torch.inference_mode():
+        return model.generate(
+            **inputs,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+
+
+# ---------------------------------------------------------------- measurements
+def decode(model, tokenizer, prompts, batches, new_tokens, repeats, dtype, device) -> list[dict]:
+    """Tokens/s at each batch size, the engine against `generate`, equal work; the engine's step
+    against its GEMMs alone."""
+    rows = []
+    for batch in batches:
+        row = decode_at(model, tokenizer, requests(prompts, batch), new_tokens, repeats, dtype, device)
+        rows.append(row)
+        print(
+            f"  batch {batch}: {row['native_tokens_per_s']:.1f} tokens/s vs generate "
+            f"{row['generate_tokens_per_s']:.1f} ({row['speedup']:.2f}x); step {row['step_ms']:.1f} ms, "
+            f"floor {row['floor_ms']:.1f} ms"
+        )
+    return rows
+
+
+def decode_at(model, tokenizer, work, new_tokens, repeats, dtype, device) -> dict:
+    from everyprompt.rollout import SamplingParams
+
+    batch = len(work)
+    native = engine(model, tokenizer, batch, dtype, device)
+    params = SamplingParams(new_tokens)
+    native_s, completions = timed(device, repeats, lambda: list(native.generate(work, params)))
+    tokens = sum(len(c.token_ids) for c in completions)
+    assert tokens == batch * new_tokens, tokens
+    stats = dict(native.stats)
+    inputs = left_padded(tokenizer, [r.prompt_ids for r in work], device)
+    hf_s, out = timed(device, repeats, lambda: generate(model, tokenizer, inputs, new_tokens))
+    assert out.shape[1] - inputs["input_ids"].shape[1] == new_tokens
+    step_ms = stats["decode_step_ms"] + stats.get("sample_ms", 0.0)
+    floor = step_floor(native, work, new_tokens, device)
+    return {
+        "batch": batch,
+        "new_tokens": new_tokens,
+        "native_s": native_s,
+        "native_tokens_per_s": tokens / native_s,
+        "generate_s": hf_s,
+        "generate_tokens_per_s": tokens / hf_s,
+        "speedup": hf_s / native_s,
+        "step_ms": step_ms,
+        "prefill_s": stats["prefill_s"],
+        **floor,
+        "step_vs_floor": step_ms / floor["floor_ms"],
+    }
+
+
+def step_floor(native, work, new_tokens: int, device: torch.device) -> dict:
+    """The GEMMs of the engine's middle decode step (recorded during a call), replayed alone."""
+    from floor import GemmRecorder, replay_seconds
+
+    from everyprompt.rollout import SamplingParams
+
+    recorder, seen = GemmRecorder(), [0]
+    step = native._decode
+
+    def recorded(*args, **kwargs):
+        seen[0] += 1
+        if seen[0] != max(new_tokens // 2, 1):
+            return step(*args, **kwargs)
+        with recorder:
+            return step(*args, **kwargs)
+
+    native._decode = recorded
+    try:
+        list(native.generate(work, SamplingParams(new_tokens)))
+    finally:
+        del native._decode
+    seconds = replay_seconds(recorder.calls, device=device)
+    flops = sum(call.flops() for call in recorder.calls)
+    return {"gemms": len(recorder.calls), "gemm_gflop": flops / 1e9, "floor_ms": 1000 * seconds}
+
+
+def bandwidth_bound(model, device: torch.device) -> dict:
+    """Batch 1's floor from memory: every weight read once a step at the copy bandwidth measured here
+    (a 256 MiB buffer copied, read and written)."""
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    source = torch.empty(64 * 2**20, dtype=torch.float32, device=device).normal_()
+    target = torch.empty_like(source)
+    seconds, _ = timed(device, 5, lambda: target.copy_(source))
+    bandwidth = 2 * source.numel() * source.element_size() / seconds
+    return {
+        "weight_bytes": weight_bytes,
+        "copy_gb_per_s": bandwidth / 1e9,
+        "bound_ms": 1000 * weight_bytes / bandwidth,
+    }
+
+
+def long_tail(model, tokenizer, prompts, count, slots, short, long, repeats, dtype, device) -> dict:
+    """Useful tokens/s on a long-tailed length mix (10% long): continuous batching against static."""
+    import random
+
+    from everyprompt.rollout import SamplingParams
+    from everyprompt.rollout.scheduler import admission_order
+
+    rng = random.Random(1)
+    lengths = [rng.randint(*long) if rng.random() < 0.1 else rng.randint(*short) for _ in range(count)]
+    work = requests(prompts, count, lengths)
+    native = engine(model, tokenizer, slots, dtype, device)
+    order = admission_order([float(n) for n in lengths], "longest_first")  # lengths as predicted
+    params = SamplingParams(long[1])
+    native_s, done = timed(device, repeats, lambda: list(native.generate([work[i] for i in order], params)))
+    assert sorted(len(c.token_ids) for c in done) == sorted(lengths)
+    batches = [list(range(start, min(start + slots, count))) for start in range(0, count, slots)]
+    inputs = [left_padded(tokenizer, [work[i].prompt_ids for i in batch], device) for batch in batches]
+
+    def static():
+        for batch, encoded in zip(batches, inputs):
+            generate(model, tokenizer, encoded, max(lengths[i] for i in batch))
+
+    hf_s, _ = timed(device, repeats, static)
+    tokens = sum(lengths)
+    computed = sum(len(batch) * max(lengths[i] for i in batch) for batch in batches)
+    return {
+        "requests": count,
+        "slots": slots,
+        "tokens": tokens,
+        "native_s": native_s,
+        "native_tokens_per_s": tokens / native_s,
+        "native_slot_occupancy": native.stats["slot_occupancy"],
+        "generate_s": hf_s,
+        "generate_tokens_per_s": tokens / hf_s,
+        "generate_useful_share": tokens / computed,
+        "speedup": hf_s / native_s,
+    }
+
+
+def prefill(model, tokenizer, prompts, lengths, batch, repeats, dtype, device) -> list[dict]:
+    """Prefill tokens/s for prompts of each length: the engine (one new token, its prefill time)
+    against one forward of the model over the same batch (the last position's logits, as generate's
+    first step computes them)."""
+    source = [t for prompt in prompts for t in prompt]
+    rows = []
+    for length in lengths:
+        ids = [(source[i * 7 :] + source)[:length] for i in range(batch)]
+        row = prefill_at(model, tokenizer, ids, repeats, dtype, device)
+        rows.append(row)
+        print(
+            f"  prefill {batch} x {length}: {row['native_tokens_per_s']:.0f} tokens/s vs forward "
+            f"{row['forward_tokens_per_s']:.0f}"
+        )
+    return rows
+
+
+def prefill_at(model, tokenizer, ids: list[list[int]], repeats, dtype, device) -> dict:
+    from everyprompt.rollout import GenerationRequest, SamplingParams
+
+    batch, length = len(ids), len(ids[0])
+    work = [GenerationRequest(i, ids[i], seed=i) for i in range(batch)]
+    native = engine(model, tokenizer, batch, dtype, device)
+    list(native.generate(work, SamplingParams(1)))  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        list(native.generate(work, SamplingParams(1)))
+        best = min(best, native.stats["prefill_s"])
+    tensor = torch.tensor(ids, device=device)
+
+    def forward():
+        with torch.inference_mode():
+            return model(input_ids=tensor, use_cache=True, logits_to_keep=1).logits
+
+    hf_s, _ = timed(device, repeats + 1, forward)
+    tokens = batch * length
+    return {
+        "length": length,
+        "batch": batch,
+        "native_s": best,
+        "native_tokens_per_s": tokens / best,
+        "forward_s": hf_s,
+        "forward_tokens_per_s": tokens / hf_s,
+        "speedup": hf_s / best,
+    }
+
+
+def model_suite(path: Path, device: torch.device, dtype: str, quick: bool) -> dict:
+    size = sizes(quick)
+    model, tokenizer, prompts = load(path, device, dtype)
+    params = sum(p.numel() for p in model.parameters())
+    print(f"{path}: {model.config.model_type}, {params / 1e6:.1f}M parameters, {dtype} on {device}")
+    out: dict = {"model": str(path), "model_type": model.config.model_type, "parameters": params}
+    out["device"], out["quick"] = str(device), quick
+    print("decode: engine vs generate, equal work ...")
+    out["decode"] = decode(
+        model, tokenizer, prompts, size["batches"], size["new_tokens"], size["repeats"], dtype, device
+    )
+    out["bandwidth"] = bandwidth_bound(model, device)
+    print("long-tailed lengths: continuous vs static batching ...")
+    out["long_tail"] = long_tail(
+        model,
+        tokenizer,
+        prompts,
+        size["long_tail_requests"],
+        size["long_tail_slots"],
+        size["short"],
+        size["long"],
+        size["repeats"],
+        dtype,
+        device,
+    )
+    print("prefill ...")
+    out["prefill"] = prefill(
+        model,
+        tokenizer,
+        prompts,
+        size["prefill_lengths"],
+        size["prefill_batch"],
+        size["repeats"],
+        dtype,
+        device,
+    )
+    return out
