@@ -55,3 +55,19 @@ def test_bad_sampling_params_are_clear_errors(kwargs, needle):
     with pytest.raises(ValueError, match=needle):
         SamplingParams(**{"max_new_tokens": 8, **kwargs})
     SamplingParams(8, temperature=0.0, greedy=True)  # greedy ignores the temperature
+
+
+@pytest.mark.parametrize("vocab", [100, 2047, 2048, 2049, 4097, 49152])
+def test_blockwise_gumbel_argmax_draws_the_tokens_of_the_whole_row_noise(vocab):
+    """The CPU's block-by-block sampler against the plain formula: argmax(log-probs + Gumbel(noise of
+    the whole [B, V] row)), the same tokens bit for bit (temperature and nucleus included)."""
+    generator = torch.Generator().manual_seed(vocab)
+    for top_p in (1.0, 0.8):
+        logits = torch.randn(6, vocab, generator=generator) * 4
+        seeds = torch.randint(0, 2**62, (6,), generator=generator)
+        positions = torch.randint(0, 1000, (6,), generator=generator)
+        logprobs = torch.log_softmax(logits / 0.7, dim=-1)
+        gumbel = -torch.log(-torch.log(uniform_noise(seeds, positions, vocab)))
+        expected = (nucleus_filter(logprobs, top_p).double() + gumbel).argmax(dim=-1)
+        tokens, _, _ = sample_tokens(logits, seeds, positions, 0.7, top_p, greedy=False)
+        assert torch.equal(tokens, expected)

@@ -51,6 +51,48 @@ def uniform_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int)
     return (_shift_right(bits, 40).to(torch.float64) + 0.5) / float(1 << 24)
 
 
+def _vocab_hash(vocab_size: int, device: torch.device) -> torch.Tensor:
+    """splitmix64 of each vocabulary index [V] (the same every step: made once per size and device)."""
+    key = (vocab_size, device)
+    if key not in _VOCAB_HASHES:
+        _VOCAB_HASHES[key] = _splitmix64(torch.arange(vocab_size, dtype=torch.int64, device=device))
+    return _VOCAB_HASHES[key]
+
+
+_VOCAB_HASHES: dict[tuple[int, torch.device], torch.Tensor] = {}
+# columns per block of the CPU's noise: a [64, 2048] int64 block (1 MiB) stays in cache through the
+# hash's dozen passes, where a [64, 49152] one would go to memory and back each time
+_CPU_BLOCK = 2048
+
+
+def gumbel_argmax(logprobs: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """argmax(logprobs + Gumbel noise) [B] with the noise of `uniform_noise` (bit for bit the same
+    tokens), made block by block of the vocabulary on the CPU, keeping only each row's best so far; in
+    one block on other devices."""
+    vocab_size = logprobs.shape[-1]
+    block = _CPU_BLOCK if logprobs.device.type == "cpu" else vocab_size
+    key = _splitmix64(seeds[:, None] * _STEP + positions[:, None])
+    hashes = _vocab_hash(vocab_size, logprobs.device)
+    best_value = best_index = None
+    for start in range(0, vocab_size, block):
+        x = key ^ hashes[None, start : start + block]
+        # _splitmix64 and the uniform's arithmetic, in place (the same integer and float operations)
+        x.add_(_GOLDEN)
+        x.bitwise_xor_(_shift_right(x, 30)).mul_(_MIX1)
+        x.bitwise_xor_(_shift_right(x, 27)).mul_(_MIX2)
+        x.bitwise_xor_(_shift_right(x, 31))
+        noise = _shift_right(x, 40).to(torch.float64).add_(0.5).div_(float(1 << 24))
+        noise = noise.log_().neg_().log_().neg_()  # Gumbel: -log(-log(u))
+        value, index = noise.add_(logprobs[:, start : start + block]).max(dim=-1)  # added in float64
+        if best_value is None:
+            best_value, best_index = value, index
+        else:  # ties keep the earlier index, as one argmax over the whole row would
+            better = value > best_value
+            best_value = torch.where(better, value, best_value)
+            best_index = torch.where(better, index + start, best_index)
+    return best_index
+
+
 def nucleus_filter(logprobs: torch.Tensor, top_p: float) -> torch.Tensor:
     """Set to -inf the tokens outside the smallest set whose probability reaches `top_p`."""
     if top_p >= 1.0:
@@ -79,7 +121,6 @@ def sample_tokens(
     if greedy:
         tokens = logprobs.argmax(dim=-1)
     else:
-        gumbel = -torch.log(-torch.log(uniform_noise(seeds, positions, logits.shape[-1])))
-        tokens = (nucleus_filter(logprobs, top_p).double() + gumbel).argmax(dim=-1)
+        tokens = gumbel_argmax(nucleus_filter(logprobs, top_p), seeds, positions)
     entropy = -(logprobs.exp() * logprobs).sum(-1)
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1), entropy
