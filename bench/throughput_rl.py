@@ -9,11 +9,11 @@ from pathlib import Path
 
 
 # ---------------------------------------------------------------- (d) RL step vs TRL
-def everyprompt_steps(base: list[str], steps: int, run_dir: Path) -> dict:
+def everyprompt_steps(base: list[str], steps: int, run_dir: Path, config_path: Path | None = None) -> dict:
     from everyprompt.config import load_config
     from everyprompt.pipeline import Run
 
-    config = load_config(None, [*base, f"rl.steps={steps}", "checkpoint.every=0"])
+    config = load_config(config_path, [*base, f"rl.steps={steps}", "checkpoint.every=0"])
     run = Run(config, run_dir)
     trainer = run.trainer()
     history = trainer.train()
@@ -33,24 +33,38 @@ def everyprompt_steps(base: list[str], steps: int, run_dir: Path) -> dict:
     }
 
 
-def trl_steps(base: list[str], steps: int, run_dir: Path) -> dict:
+def trl_steps(base: list[str], steps: int, run_dir: Path, config_path: Path | None = None) -> dict:
     import torch
     from datasets import Dataset
     from transformers import PrinterCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from everyprompt.config import load_config
+    from everyprompt.data.formatting import ChatFormat, prompt_format_of
     from everyprompt.models.io import load_model_and_tokenizer
     from everyprompt.pipeline import Run
     from everyprompt.rewards import math_reward
 
-    config = load_config(None, base)
+    config = load_config(config_path, [*base, f"rl.steps={steps}"])
     model, tokenizer = load_model_and_tokenizer(config.model, config.seed)
     rows = Run(config, None).rows.rl()
-    dataset = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows])
+    # the prompts as everyprompt's data format gives them: a chat model's as conversations, which TRL
+    # renders with the same chat template
+    chat = isinstance(prompt_format_of(config, tokenizer), ChatFormat)
+
+    def prompt(text: str):
+        if not chat:
+            return text
+        system = (
+            [{"role": "system", "content": config.data.system_prompt}] if config.data.system_prompt else []
+        )
+        return [*system, {"role": "user", "content": text}]
+
+    dataset = Dataset.from_list([{"prompt": prompt(r["prompt"]), "answer": r["answer"]} for r in rows])
 
     def reward(prompts, completions, answer, **_):
-        return [0.0 if r is None else r for r in math_reward(completions, answer=answer)]
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return [0.0 if r is None else r for r in math_reward(texts, answer=answer)]
 
     rl = config.rl
     completions_per_step = rl.prompts_per_step * rl.group_size
@@ -71,7 +85,7 @@ def trl_steps(base: list[str], steps: int, run_dir: Path) -> dict:
         save_strategy="no",
         report_to="none",
         use_cpu=True,
-        bf16=False,
+        bf16=config.model.dtype == "bf16",  # autocast, as model.dtype=bf16 is
         seed=config.seed,
         dataloader_num_workers=0,
         disable_tqdm=True,

@@ -384,3 +384,12 @@ def test_smollm2_run_time_is_the_sum_of_its_steps(tmp_path):
     rows = [{"step": 1, "time/step_s": 50.5}, {"step": 2, "time/step_s": 49.5}, {"step": 3}]
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
     assert bench.step_seconds(tmp_path) == pytest.approx(100.0)
+
+
+def test_the_readme_speed_table_is_the_one_the_results_give():
+    """The README's speed table is generated (bench/speed_table.py); it must match the committed results."""
+    bench = _load("speed_table")
+    results = bench.model_results()
+    assert results, "no model benchmark results in bench/results"
+    readme = (ROOT / "README.md").read_text()
+    assert bench.section(readme) == bench.table(results), "run `python bench/speed_table.py`"

@@ -374,3 +374,19 @@ def test_recording_routes_of_a_dense_model_is_a_clear_error(tiny_model, flag):
     engine = NativeEngine.from_model(Qwen3ForCausalLM(config).eval(), tokenizer)
     with pytest.raises(UnsupportedModelError, match=f"{flag} needs a mixture-of-experts model"):
         list(engine.generate(_requests(tokenizer, PROMPTS[:1]), SamplingParams(4, **{flag: True})))
+
+
+def test_experts_too_large_for_the_cpu_caches_run_one_at_a_time(tiny_model):
+    """The CPU decodes experts of 1 MiB or more one at a time (only the chosen ones' weights are read);
+    small ones, as the tiny demo model's, stay batched; long prefills are grouped whatever the size."""
+    from everyprompt.rollout.native.families import FAMILIES
+    from everyprompt.rollout.native.moe import GROUPED_EXPERT_BYTES, MixtureOfExperts
+
+    model, _ = tiny_model
+    layer = MixtureOfExperts(model.config, FAMILIES[model.config.model_type])
+    flat = torch.zeros(4, 32)
+    small = (torch.zeros(8, 32, 64), torch.zeros(8, 32, 32))
+    hidden, inner = 256, GROUPED_EXPERT_BYTES // 4 // (3 * 256) + 1  # just over 1 MiB of fp32
+    large = (torch.zeros(8, hidden, 2 * inner), torch.zeros(8, inner, hidden))
+    assert layer._batched(flat, *small) and not layer._batched(flat, *large)
+    assert not layer._batched(torch.zeros(layer.batched_tokens + 1, 32), *small)

@@ -1,0 +1,100 @@
+"""One RL step on a real model: everyprompt against TRL's GRPOTrainer on the same model, prompts, group
+size, completion cap, learning rate and precision (the recipe `--config`, configs/smollm2.yaml by default,
+with `model.path=--model`), split by phase, with each trainer's peak resident memory.
+
+Each trainer runs in a process of its own (`--steps` steps, the first dropped as warm-up); its memory is
+that process's peak resident set (`ru_maxrss`), model loading included. TRL comes with the `bench` extra
+(`pip install -e .[bench]`).
+
+    python bench/rl_step.py --model models/smollm2-135m-instruct          # ~10 minutes on 2 cores
+    python bench/rl_step.py --model models/smollm2-135m-instruct --set rl.group_size=4
+
+Writes bench/results/rl_step_<model>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import RESULTS, ROOT, repo_path, write_results  # noqa: E402
+
+
+def probe(trainer: str, config: str, overrides: list[str], steps: int, run_dir: str) -> dict:
+    """One trainer's steps in this process, with its peak resident set."""
+    from throughput_rl import everyprompt_steps, trl_steps
+
+    run = everyprompt_steps if trainer == "everyprompt" else trl_steps
+    result = run(overrides, steps, Path(run_dir), Path(config))
+    result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return result
+
+
+def measure(trainer: str, config: Path, overrides: list[str], steps: int) -> dict:
+    with tempfile.TemporaryDirectory() as run_dir:
+        arguments = json.dumps([trainer, str(config), overrides, steps, run_dir])
+        done = subprocess.run(
+            [sys.executable, __file__, "--probe", arguments], capture_output=True, text=True
+        )
+    if done.returncode:
+        raise RuntimeError(f"{trainer} failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", type=Path)
+    parser.add_argument("--config", type=Path, default=ROOT / "configs" / "smollm2.yaml")
+    parser.add_argument("--steps", type=int, default=4, help="steps per trainer (the first is dropped)")
+    parser.add_argument("--set", action="append", default=[], help="a config override for both trainers")
+    parser.add_argument("--trainers", default="everyprompt,trl")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--probe", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.probe:
+        print(json.dumps(probe(*json.loads(args.probe))))
+        return 0
+    if args.model is None or not args.model.exists():
+        parser.error(f"--model {args.model}: no such file or directory")
+    overrides = [
+        f"model.path={args.model}",
+        "logging.progress=false",
+        "logging.tensorboard=false",
+        "data.num_eval=1",
+        "eval.every=0",
+        *args.set,
+    ]
+    started = time.perf_counter()
+    results: dict = {"benchmark": "rl_step", "model": repo_path(args.model), "config": repo_path(args.config)}
+    results["overrides"] = args.set
+    for trainer in args.trainers.split(","):
+        print(f"{trainer}: {args.steps} steps ...")
+        results[trainer] = measure(trainer, args.config, overrides, args.steps)
+        row = results[trainer]
+        print(f"  {row['step_s']:.1f} s a step, peak {row['peak_rss_bytes'] / 2**30:.2f} GiB")
+    if "everyprompt" in results and "trl" in results:
+        ours, theirs = results["everyprompt"], results["trl"]
+        results["step_ratio"] = ours["step_s"] / theirs["step_s"]
+        results["memory_ratio"] = ours["peak_rss_bytes"] / theirs["peak_rss_bytes"]
+        print(
+            f"everyprompt / TRL: {results['step_ratio']:.2f}x the time, {results['memory_ratio']:.2f}x the memory"
+        )
+    results["wall_seconds"] = time.perf_counter() - started
+    name = args.model.name.removesuffix(".gguf")
+    out = write_results(args.out / f"rl_step_{name}.json", results)
+    print(f"wrote {repo_path(out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

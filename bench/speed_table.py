@@ -1,0 +1,80 @@
+"""The README's speed table, generated from the model benchmarks' results (bench/results/throughput_*.json
+written by `bench/throughput.py --model PATH`); tests/test_bench.py fails when the README and the results
+disagree.
+
+    python bench/speed_table.py        # rewrites the table between the README's speed-table markers
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import RESULTS, ROOT  # noqa: E402
+
+README = ROOT / "README.md"
+MARKERS = ("<!-- speed-table -->", "<!-- /speed-table -->")
+
+
+def model_results(folder: Path = RESULTS) -> list[dict]:
+    """The full (not --quick) model benchmark results in `folder`, largest model last."""
+    found = []
+    for path in sorted(folder.glob("throughput_*.json")):
+        payload = json.loads(path.read_text())
+        if payload.get("benchmark") == "throughput_model" and not payload.get("quick"):
+            found.append(payload)
+    return sorted(found, key=lambda p: (p["parameters"], p["model"]))
+
+
+def _per_batch(rows: list[dict], key: str, fmt: str) -> str:
+    return " / ".join(format(row[key], fmt) for row in rows)
+
+
+def table(results: list[dict]) -> str:
+    lines = [
+        "| model | decode tokens/s at batch "
+        + " / ".join(str(r["batch"]) for r in results[0]["decode"])
+        + " | vs `generate`, equal work | decode step vs its matmuls alone | long-tailed rollout vs `generate` "
+        "| prefill tokens/s at " + " / ".join(str(r["length"]) for r in results[0]["prefill"]) + " tokens |",
+        "|---|---|---|---|---|---|",
+    ]
+    for result in results:
+        decode, prefill, tail = result["decode"], result["prefill"], result["long_tail"]
+        name = Path(result["model"]).name
+        lines.append(
+            f"| {name} ({result['parameters'] / 1e6:.0f}M, {result['model_type']}) "
+            f"| {_per_batch(decode, 'native_tokens_per_s', '.0f')} "
+            f"| {_per_batch(decode, 'speedup', '.2f')}x "
+            f"| {_per_batch(decode, 'step_vs_floor', '.2f')}x "
+            f"| {tail['speedup']:.1f}x ({tail['requests']} requests, {tail['slots']} slots) "
+            f"| {_per_batch(prefill, 'native_tokens_per_s', '.0f')} |"
+        )
+    machine = results[0]["machine"]
+    lines.append(
+        f"\n{machine.get('cpu', 'CPU')}, {machine.get('torch_threads')} torch threads, torch {machine.get('torch')}, "
+        f"{machine.get('dtype')}, device {results[0]['device']}; `python bench/throughput.py --model PATH`, "
+        "then `python bench/speed_table.py`."
+    )
+    return "\n".join(lines)
+
+
+def section(text: str) -> str:
+    start, end = (text.index(marker) for marker in MARKERS)
+    return text[start + len(MARKERS[0]) : end].strip("\n")
+
+
+def write_readme(results: list[dict], readme: Path = README) -> None:
+    text = readme.read_text()
+    start, end = (text.index(marker) for marker in MARKERS)
+    readme.write_text(text[: start + len(MARKERS[0])] + "\n" + table(results) + "\n" + text[end:])
+
+
+if __name__ == "__main__":
+    found = model_results()
+    if not found:
+        sys.exit("no model benchmark results in bench/results (run bench/throughput.py --model PATH)")
+    write_readme(found)
+    print(f"wrote the speed table of {len(found)} model(s) into README.md")
