@@ -196,15 +196,26 @@ def step_floor(native, work, new_tokens: int, device: torch.device) -> dict:
 
 
 def bandwidth_bound(model, device: torch.device) -> dict:
-    """Batch 1's floor from memory: every weight read once a step at the copy bandwidth measured here
-    (a 256 MiB buffer copied, read and written)."""
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    """Batch 1's floor from memory: every weight a token uses read once a step (of a mixture of
+    experts, its top-k experts' share of the expert weights) at the copy bandwidth measured here (a
+    256 MiB buffer copied, read and written)."""
+    total = expert = 0
+    for name, p in model.named_parameters():
+        total += p.numel() * p.element_size()
+        if ".experts." in name or name.endswith(".experts"):
+            expert += p.numel() * p.element_size()
+    config = model.config
+    share = getattr(config, "num_experts_per_tok", 1) / (
+        getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None) or 1
+    )
+    weight_bytes = int(total - expert * (1 - share)) if expert else total
     source = torch.empty(64 * 2**20, dtype=torch.float32, device=device).normal_()
     target = torch.empty_like(source)
     seconds, _ = timed(device, 5, lambda: target.copy_(source))
     bandwidth = 2 * source.numel() * source.element_size() / seconds
     return {
         "weight_bytes": weight_bytes,
+        "all_weight_bytes": total,
         "copy_gb_per_s": bandwidth / 1e9,
         "bound_ms": 1000 * weight_bytes / bandwidth,
     }
