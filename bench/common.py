@@ -6,6 +6,8 @@ names files by paths relative to the repository."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -38,3 +40,13 @@ def write_results(path: Path, payload: dict, dtype: str | None = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({**payload, "machine": machine(dtype)}, indent=1, default=str))
     return path
+
+
+def run_probe(script: str | Path, flag: str, arguments: list, env: dict | None = None) -> dict:
+    """Run `script flag JSON(arguments)` in a fresh Python process (a measurement that needs a process
+    of its own: peak memory, a cold cache) and return the JSON its last line of output prints."""
+    command = [sys.executable, str(script), flag, json.dumps(arguments, default=str)]
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    if done.returncode:
+        raise RuntimeError(f"{Path(script).name} {flag} {arguments} failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])

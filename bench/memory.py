@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import RESULTS, repo_path, write_results  # noqa: E402
+from common import RESULTS, repo_path, run_probe, write_results  # noqa: E402
 
 
 def _resident(field: str) -> int:
@@ -88,12 +87,7 @@ def probe(
 
 
 def measure(model: Path, rows: int, length: int, completion: int, chunk: int, grad: bool, dtype: str) -> dict:
-    arguments = json.dumps([str(model), rows, length, completion, chunk, grad, dtype])
-    command = [sys.executable, __file__, "--probe", arguments]
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode:
-        raise RuntimeError(f"probe {arguments} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_probe(__file__, "--probe", [str(model), rows, length, completion, chunk, grad, dtype])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import RESULTS, ROOT, repo_path, write_results  # noqa: E402
+from common import RESULTS, ROOT, repo_path, run_probe, write_results  # noqa: E402
 
 
 def probe(trainer: str, config: str, overrides: list[str], steps: int, run_dir: str) -> dict:
@@ -40,13 +39,7 @@ def probe(trainer: str, config: str, overrides: list[str], steps: int, run_dir: 
 
 def measure(trainer: str, config: Path, overrides: list[str], steps: int) -> dict:
     with tempfile.TemporaryDirectory() as run_dir:
-        arguments = json.dumps([trainer, str(config), overrides, steps, run_dir])
-        done = subprocess.run(
-            [sys.executable, __file__, "--probe", arguments], capture_output=True, text=True
-        )
-    if done.returncode:
-        raise RuntimeError(f"{trainer} failed:\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+        return run_probe(__file__, "--probe", [trainer, str(config), overrides, steps, run_dir])
 
 
 def main(argv: list[str] | None = None) -> int:

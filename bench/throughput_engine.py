@@ -4,28 +4,11 @@ and on a rollout's long-tailed lengths, and where each one's time goes (torch pr
 from __future__ import annotations
 
 from common import best_of
-from throughput_setup import fixed_batch, long_tailed, native_engine
+from throughput_setup import fixed_batch, hf_sample, long_tailed, native_engine
 from throughput_setup import hf_engine as build_hf_engine
 
 
 # ---------------------------------------------------------------- (a) engine vs transformers
-def _hf_sample(model, tokenizer, inputs, new_tokens: int):
-    """transformers' `generate` sampling exactly `new_tokens` per row (temperature 1, no top-k), as the
-    engine does."""
-    import torch
-
-    with torch.inference_mode():
-        return model.generate(
-            **inputs,
-            do_sample=True,
-            temperature=1.0,
-            top_k=0,
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-
-
 def engine_vs_hf(model, tokenizer, prompts: list[str], batch: int, new_tokens: int, repeats: int) -> dict:
 
     from everyprompt.rollout import SamplingParams
@@ -48,7 +31,7 @@ def engine_vs_hf(model, tokenizer, prompts: list[str], batch: int, new_tokens: i
     model.generation_config.eos_token_id = None  # both sides decode exactly `new_tokens` per sequence
 
     def hf():
-        return _hf_sample(model, tokenizer, encoded, new_tokens)
+        return hf_sample(model, tokenizer, encoded, new_tokens)
 
     hf_s, output = best_of(repeats, hf)
     hf_tokens = (output.shape[1] - encoded["input_ids"].shape[1]) * batch
@@ -112,7 +95,7 @@ def engine_vs_hf_rollout(
 
     def hf():
         for batch, inputs in zip(batches, encoded):
-            _hf_sample(model, tokenizer, inputs, max(lengths[i] for i in batch))
+            hf_sample(model, tokenizer, inputs, max(lengths[i] for i in batch))
 
     hf_s, _ = best_of(repeats, hf)
     tokens = sum(lengths)

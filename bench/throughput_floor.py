@@ -3,13 +3,11 @@ what compiling the decode step costs and when it pays."""
 
 from __future__ import annotations
 
-import json
 import math
-import sys
 import time
 from pathlib import Path
 
-from common import best_of
+from common import best_of, run_probe
 from throughput_setup import fixed_batch, load_demo_model, native_engine
 
 
@@ -19,16 +17,14 @@ def _step_ms(stats: dict) -> float:
     return stats["decode_step_ms"] + stats["sample_ms"]
 
 
-def decode_floor(model, tokenizer, prompts: list[str], batch: int, new_tokens: int, engine_vs: dict) -> dict:
-    """The decode step's GEMMs alone (recorded at the middle decode step of an eager call of (a)'s
-    workload, each with operands of its own), against the eager and the compiled engine's step in (a)."""
-    from floor import GemmRecorder, replay_seconds
+def middle_step_gemms(engine, requests, new_tokens: int) -> list:
+    """The GEMMs of an eager engine's middle decode step (bench/floor.py), recorded during one generate
+    call of `requests` decoding `new_tokens` each."""
+    from floor import GemmRecorder
 
     from everyprompt.rollout import SamplingParams
 
-    _, requests = fixed_batch(tokenizer, prompts, batch)
-    engine = native_engine(model, tokenizer, batch, eos=False)
-    recorder, middle, seen = GemmRecorder(), new_tokens // 2, [0]
+    recorder, middle, seen = GemmRecorder(), max(new_tokens // 2, 1), [0]
     decode = engine._decode
 
     def recorded(*args, **kwargs):
@@ -39,13 +35,26 @@ def decode_floor(model, tokenizer, prompts: list[str], batch: int, new_tokens: i
             return decode(*args, **kwargs)
 
     engine._decode = recorded
-    list(engine.generate(requests, SamplingParams(new_tokens)))
-    floor_ms = 1000 * replay_seconds(recorder.calls)
+    try:
+        list(engine.generate(requests, SamplingParams(new_tokens)))
+    finally:
+        del engine._decode
+    return recorder.calls
+
+
+def decode_floor(model, tokenizer, prompts: list[str], batch: int, new_tokens: int, engine_vs: dict) -> dict:
+    """The decode step's GEMMs alone (recorded at the middle decode step of an eager call of (a)'s
+    workload, each with operands of its own), against the eager and the compiled engine's step in (a)."""
+    from floor import replay_seconds
+
+    _, requests = fixed_batch(tokenizer, prompts, batch)
+    calls = middle_step_gemms(native_engine(model, tokenizer, batch, eos=False), requests, new_tokens)
+    floor_ms = 1000 * replay_seconds(calls)
     eager_ms = _step_ms(engine_vs["engine_stats"])
     compiled_ms = _step_ms(engine_vs["compiled_stats"])
-    flops = sum(call.flops() for call in recorder.calls)
+    flops = sum(call.flops() for call in calls)
     return {
-        "gemms_per_step": len(recorder.calls),
+        "gemms_per_step": len(calls),
         "gemm_gflop_per_step": flops / 1e9,
         "floor_ms": floor_ms,
         "floor_gflops_per_s": flops / 1e9 / (floor_ms / 1000),
@@ -79,17 +88,14 @@ def compile_cost(base: list[str], batch: int, new_tokens: int, floor: dict, cold
     at which compiling pays: compile_s over the saving per decode step. Without `cold` (the --tiny
     smoke run) only the warm probe runs, on this process's own cache (filled by (a))."""
     import os
-    import subprocess
     import tempfile
 
     out = {}
     script = Path(__file__).with_name("throughput.py")  # its hidden --compile-probe runs compile_probe
-    command = [sys.executable, str(script), "--compile-probe", json.dumps([base, batch, new_tokens])]
     with tempfile.TemporaryDirectory() as cache:
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache} if cold else dict(os.environ)
         for name in ("cold", "warm") if cold else ("warm",):
-            done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
-            out[name] = json.loads(done.stdout.strip().splitlines()[-1])
+            out[name] = run_probe(script, "--compile-probe", [base, batch, new_tokens], env)
     saving_ms = floor["eager_step_ms"] - floor["compiled_step_ms"]
     for name in ("cold", "warm"):
         probe = out.setdefault(name, {"compile_s": math.nan})

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 from common import ROOT
+from throughput_floor import middle_step_gemms
+from throughput_setup import draw_lengths, hf_sample, native_engine
 
 SIZES = {  # (--quick, full)
     "batches": ((1, 4), (1, 8, 32, 64)),
@@ -75,17 +77,8 @@ def load(path: Path, device: torch.device, dtype: str):
 
 
 def engine(model, tokenizer, slots: int, dtype: str, device: torch.device):
-    from everyprompt.rollout.native import NativeEngine
-
-    return NativeEngine(
-        model.config,
-        model.state_dict(),
-        eos_token_id=-1,  # never stop early: equal work
-        pad_token_id=tokenizer.pad_token_id,
-        batch_size=slots,
-        precision=dtype,
-        device=device,
-    )
+    """The native engine over `model`, never stopping early (equal work)."""
+    return native_engine(model, tokenizer, slots, eos=False, precision=dtype, device=device)
 
 
 def requests(prompts: list[list[int]], count: int, lengths: list[int] | None = None):
@@ -100,27 +93,10 @@ def requests(prompts: list[list[int]], count: int, lengths: list[int] | None = N
 
 
 def left_padded(tokenizer, prompts: list[list[int]], device: torch.device) -> dict[str, torch.Tensor]:
-    width = max(map(len, prompts))
-    ids = torch.full((len(prompts), width), tokenizer.pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt) :] = torch.tensor(prompt)
-        mask[row, width - len(prompt) :] = 1
-    return {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
-
-
-def generate(model, tokenizer, inputs: dict, new_tokens: int):
-    """transformers' `generate` sampling exactly `new_tokens` a row at temperature 1, as the engine does."""
-    with torch.inference_mode():
-        return model.generate(
-            **inputs,
-            do_sample=True,
-            temperature=1.0,
-            top_k=0,
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
-            pad_token_id=tokenizer.pad_token_id,
-        )
+    """Token-id prompts padded on the left, as `generate` wants them, on `device`."""
+    tokenizer.padding_side = "left"
+    padded = tokenizer.pad({"input_ids": prompts}, return_tensors="pt")
+    return {key: value.to(device) for key, value in padded.items()}
 
 
 # ---------------------------------------------------------------- measurements
@@ -150,7 +126,7 @@ def decode_at(model, tokenizer, work, new_tokens, repeats, dtype, device) -> dic
     assert tokens == batch * new_tokens, tokens
     stats = dict(native.stats)
     inputs = left_padded(tokenizer, [r.prompt_ids for r in work], device)
-    hf_s, out = timed(device, repeats, lambda: generate(model, tokenizer, inputs, new_tokens))
+    hf_s, out = timed(device, repeats, lambda: hf_sample(model, tokenizer, inputs, new_tokens))
     assert out.shape[1] - inputs["input_ids"].shape[1] == new_tokens
     step_ms = stats["decode_step_ms"] + stats.get("sample_ms", 0.0)
     floor = step_floor(native, work, new_tokens, device)
@@ -170,29 +146,16 @@ def decode_at(model, tokenizer, work, new_tokens, repeats, dtype, device) -> dic
 
 
 def step_floor(native, work, new_tokens: int, device: torch.device) -> dict:
-    """The GEMMs of the engine's middle decode step (recorded during a call), replayed alone."""
-    from floor import GemmRecorder, replay_seconds
+    """The GEMMs of the engine's middle decode step, replayed alone on `device`."""
+    from floor import replay_seconds
 
-    from everyprompt.rollout import SamplingParams
-
-    recorder, seen = GemmRecorder(), [0]
-    step = native._decode
-
-    def recorded(*args, **kwargs):
-        seen[0] += 1
-        if seen[0] != max(new_tokens // 2, 1):
-            return step(*args, **kwargs)
-        with recorder:
-            return step(*args, **kwargs)
-
-    native._decode = recorded
-    try:
-        list(native.generate(work, SamplingParams(new_tokens)))
-    finally:
-        del native._decode
-    seconds = replay_seconds(recorder.calls, device=device)
-    flops = sum(call.flops() for call in recorder.calls)
-    return {"gemms": len(recorder.calls), "gemm_gflop": flops / 1e9, "floor_ms": 1000 * seconds}
+    calls = middle_step_gemms(native, work, new_tokens)
+    flops = sum(call.flops() for call in calls)
+    return {
+        "gemms": len(calls),
+        "gemm_gflop": flops / 1e9,
+        "floor_ms": 1000 * replay_seconds(calls, device=device),
+    }
 
 
 def bandwidth_bound(model, device: torch.device) -> dict:
@@ -228,8 +191,7 @@ def long_tail(model, tokenizer, prompts, count, slots, short, long, repeats, dty
     from everyprompt.rollout import SamplingParams
     from everyprompt.rollout.scheduler import admission_order
 
-    rng = random.Random(1)
-    lengths = [rng.randint(*long) if rng.random() < 0.1 else rng.randint(*short) for _ in range(count)]
+    lengths = draw_lengths(random.Random(1), count, short, long, 0.1)
     work = requests(prompts, count, lengths)
     native = engine(model, tokenizer, slots, dtype, device)
     order = admission_order([float(n) for n in lengths], "longest_first")  # lengths as predicted
@@ -241,7 +203,7 @@ def long_tail(model, tokenizer, prompts, count, slots, short, long, repeats, dty
 
     def static():
         for batch, encoded in zip(batches, inputs):
-            generate(model, tokenizer, encoded, max(lengths[i] for i in batch))
+            hf_sample(model, tokenizer, encoded, max(lengths[i] for i in batch))
 
     hf_s, _ = timed(device, repeats, static)
     tokens = sum(lengths)

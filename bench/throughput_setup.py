@@ -28,7 +28,15 @@ def load_demo_model(overrides: list[str]):
     return model.eval(), tokenizer, [row["prompt"] for row in ConfigRows(config).rl()]
 
 
-def native_engine(model, tokenizer, slots: int, eos: bool = True, compile: str = "off"):
+def native_engine(
+    model,
+    tokenizer,
+    slots: int,
+    eos: bool = True,
+    compile: str = "off",
+    precision: str = "fp32",
+    device="cpu",
+):
     from everyprompt.rollout.native import NativeEngine
 
     return NativeEngine(
@@ -37,8 +45,32 @@ def native_engine(model, tokenizer, slots: int, eos: bool = True, compile: str =
         eos_token_id=tokenizer.eos_token_id if eos else -1,  # -1: never stop early
         pad_token_id=tokenizer.pad_token_id,
         batch_size=slots,
+        precision=precision,
         compile=compile,
+        device=device,
     )
+
+
+def hf_sample(model, tokenizer, inputs, new_tokens: int):
+    """transformers' `generate` sampling exactly `new_tokens` per row (temperature 1, no top-k), as the
+    engine does."""
+    import torch
+
+    with torch.inference_mode():
+        return model.generate(
+            **inputs,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+
+
+def draw_lengths(rng: random.Random, count: int, short: tuple, long: tuple, long_share: float) -> list[int]:
+    """`count` completion lengths: a `long_share` of them drawn from `long`, the rest from `short`."""
+    return [rng.randint(*long) if rng.random() < long_share else rng.randint(*short) for _ in range(count)]
 
 
 def hf_engine(model, tokenizer, slots: int):
@@ -69,7 +101,7 @@ def long_tailed(tokenizer, prompts: list[str], count: int, short: tuple, long: t
 
     rng = random.Random(1)
     texts = [f"{prompts[i % len(prompts)]} #{i}" for i in range(count)]
-    lengths = [rng.randint(*long) if rng.random() < long_share else rng.randint(*short) for _ in texts]
+    lengths = draw_lengths(rng, count, short, long, long_share)
     store = PassRateStore()
     store.record([(t, 1, 0, n * rng.uniform(0.75, 1.25)) for t, n in zip(texts, lengths)], step=0)
     predicted = [LengthPredictor(store, default=long[1]).predict(t) for t in texts]

@@ -64,7 +64,7 @@ FAMILY_CONFIGS: dict[str, dict] = {
         layer_types=["sliding_attention", "full_attention"],
     ),
 }
-EAGER_ONLY = ("gpt_oss",)  # transformers has no sdpa path for these (attention sinks)
+EAGER_ONLY = ("gpt_oss", "gemma2")  # transformers has no sdpa path for these (attention sinks, soft-capping)
 MOE_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v3", "gpt_oss")
 
 
@@ -76,7 +76,8 @@ def family_config(model_type: str, **overrides):
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
     )
-    return AutoConfig.for_model(model_type, **{**_LAYERS, **FAMILY_CONFIGS[model_type], **ids, **overrides})
+    family = FAMILY_CONFIGS.get(model_type, {})  # a family not listed: the shared stack and `overrides`
+    return AutoConfig.for_model(model_type, **{**_LAYERS, **family, **ids, **overrides})
 
 
 def family_model(model_type: str, seed: int = 0, **overrides):

@@ -144,28 +144,27 @@ def _plant_route_buffer(monkeypatch):
     return "buffer[rows[:, None], columns[None, :]] = values.to(buffer.dtype)"
 
 
-def _plant_fp8_scale(monkeypatch):
+def _plant_host_scales(monkeypatch, two_dimensional_only: bool = False) -> None:
+    """FP8 scales left on the host (of every weight, or of the 2-D ones: the attention projections,
+    which FP8 matmuls multiply; the experts are dequantised either way)."""
     quantize = weights_module.FP8Weight.quantize.__func__
 
     def host_scale(cls, weight, dtype=torch.float32):
         quantized = quantize(cls, weight, dtype)
-        quantized.scale = real(quantized.scale).clone()  # the scales left on the host
-        return quantized
-
-    monkeypatch.setattr(weights_module.FP8Weight, "quantize", classmethod(host_scale))
-    return "return (self.data.float() * self.scale).to(self.dtype)"
-
-
-def _plant_fp8_matmul_scale(monkeypatch):
-    quantize = weights_module.FP8Weight.quantize.__func__
-
-    def host_scale(cls, weight, dtype=torch.float32):
-        quantized = quantize(cls, weight, dtype)
-        if weight.dim() == 2:  # the attention projections, multiplied in FP8 (experts are dequantised)
+        if weight.dim() == 2 or not two_dimensional_only:
             quantized.scale = real(quantized.scale).clone()
         return quantized
 
     monkeypatch.setattr(weights_module.FP8Weight, "quantize", classmethod(host_scale))
+
+
+def _plant_fp8_scale(monkeypatch):
+    _plant_host_scales(monkeypatch)
+    return "return (self.data.float() * self.scale).to(self.dtype)"
+
+
+def _plant_fp8_matmul_scale(monkeypatch):
+    _plant_host_scales(monkeypatch, two_dimensional_only=True)
     return "out = torch._scaled_mm("
 
 

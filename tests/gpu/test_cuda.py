@@ -18,7 +18,7 @@ from everyprompt.trainer import Learner
 from everyprompt.trainer.data_parallel import DataParallel
 from everyprompt.trainer.logprobs import token_logprobs
 from tests.conftest import make_tiny_model, tiny_config
-from tests.rollout.test_fp8_matmul import _shared_prefix
+from tests.rollout.test_fp8_matmul import fp8_comparison
 from tests.trainer.test_data_parallel import REWARDS, SETTINGS, _free_port, _train
 from tests.trainer.test_sides import _model, hand_batch
 
@@ -74,22 +74,8 @@ def test_low_precision_rollouts_on_cuda_agree_with_the_cpu(precision):
 def test_fp8_matmuls_on_cuda_move_no_further_than_fp8_weights_do():
     """As tests/rollout/test_fp8_matmul.py on the CPU: torch._scaled_mm's CUDA kernel against the
     weight-only reference, on the same device."""
-    model, tokenizer = make_tiny_model()
-    params = SamplingParams(16, greedy=True)
-    runs = {}
-    for name, precision, fp8_matmul in (
-        ("fp32", "fp32", None),
-        ("fp8", "fp8", False),
-        ("fp8 matmuls", "fp8", True),
-    ):
-        engine = NativeEngine.from_model(model, tokenizer, 4, precision, device=CUDA, fp8_matmul=fp8_matmul)
-        assert engine.fp8_matmul is bool(fp8_matmul)
-        runs[name] = {c.request_id: c.token_ids for c in engine.generate(_requests(tokenizer), params)}
-
-    def mean_prefix(a, b):
-        return sum(_shared_prefix(runs[a][i], runs[b][i]) for i in runs[a]) / len(runs[a])
-
-    assert mean_prefix("fp8", "fp8 matmuls") >= mean_prefix("fp32", "fp8")
+    found = fp8_comparison(CUDA)
+    assert found["fp8 matmuls vs fp8 weights"][0] >= found["fp8 weights vs fp32"][0], found
 
 
 def test_a_bf16_train_step_on_cuda():

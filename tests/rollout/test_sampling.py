@@ -71,3 +71,11 @@ def test_blockwise_gumbel_argmax_draws_the_tokens_of_the_whole_row_noise(vocab):
         expected = (nucleus_filter(logprobs, top_p).double() + gumbel).argmax(dim=-1)
         tokens, _, _ = sample_tokens(logits, seeds, positions, 0.7, top_p, greedy=False)
         assert torch.equal(tokens, expected)
+
+
+def test_the_noise_stream_is_pinned():
+    """Runs resume and reproduce through this stream: its top-24-bit values for two (seed, position)
+    rows, as the first implementation (commit 18a7143) drew them, must never change."""
+    noise = uniform_noise(torch.tensor([1, 2**40 + 7]), torch.tensor([0, 5]), 3)
+    integers = (noise * 2**24 - 0.5).round().long().tolist()
+    assert integers == [[3877810, 5025935, 13442832], [4515954, 8640188, 16430149]]

@@ -36,30 +36,34 @@ def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
     return (x >> bits) & ((1 << (64 - bits)) - 1)
 
 
-def _splitmix64(x: torch.Tensor) -> torch.Tensor:
-    x = x + _GOLDEN
-    x = (x ^ _shift_right(x, 30)) * _MIX1
-    x = (x ^ _shift_right(x, 27)) * _MIX2
-    return x ^ _shift_right(x, 31)
+def _splitmix64_(x: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser of each element, in place (callers pass a tensor of their own)."""
+    x.add_(_GOLDEN)
+    x.bitwise_xor_(_shift_right(x, 30)).mul_(_MIX1)
+    x.bitwise_xor_(_shift_right(x, 27)).mul_(_MIX2)
+    return x.bitwise_xor_(_shift_right(x, 31))
+
+
+def _uniform(bits: torch.Tensor) -> torch.Tensor:
+    """Uniforms in (0, 1) from the top 24 bits of each hash."""
+    return _shift_right(bits, 40).to(torch.float64).add_(0.5).div_(float(1 << 24))
+
+
+def _hashes(
+    seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's key [B, 1] and each vocabulary index's hash [1, V]: a (row, token) noise is the hash of
+    their xor."""
+    vocab = torch.arange(vocab_size, dtype=torch.int64, device=seeds.device)
+    return _splitmix64_(seeds[:, None] * _STEP + positions[:, None]), _splitmix64_(vocab[None, :])
 
 
 def uniform_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[B, V] uniforms in (0, 1) from int64 seeds [B] and positions [B]."""
-    vocab = torch.arange(vocab_size, dtype=torch.int64, device=seeds.device)
-    key = _splitmix64(seeds[:, None] * _STEP + positions[:, None])
-    bits = _splitmix64(key ^ _splitmix64(vocab[None, :]))
-    return (_shift_right(bits, 40).to(torch.float64) + 0.5) / float(1 << 24)
+    key, vocab = _hashes(seeds, positions, vocab_size)
+    return _uniform(_splitmix64_(key ^ vocab))
 
 
-def _vocab_hash(vocab_size: int, device: torch.device) -> torch.Tensor:
-    """splitmix64 of each vocabulary index [V] (the same every step: made once per size and device)."""
-    key = (vocab_size, device)
-    if key not in _VOCAB_HASHES:
-        _VOCAB_HASHES[key] = _splitmix64(torch.arange(vocab_size, dtype=torch.int64, device=device))
-    return _VOCAB_HASHES[key]
-
-
-_VOCAB_HASHES: dict[tuple[int, torch.device], torch.Tensor] = {}
 # columns per block of the CPU's noise: a [64, 2048] int64 block (1 MiB) stays in cache through the
 # hash's dozen passes, where a [64, 49152] one would go to memory and back each time
 _CPU_BLOCK = 2048
@@ -71,17 +75,10 @@ def gumbel_argmax(logprobs: torch.Tensor, seeds: torch.Tensor, positions: torch.
     one block on other devices."""
     vocab_size = logprobs.shape[-1]
     block = _CPU_BLOCK if logprobs.device.type == "cpu" else vocab_size
-    key = _splitmix64(seeds[:, None] * _STEP + positions[:, None])
-    hashes = _vocab_hash(vocab_size, logprobs.device)
+    key, vocab = _hashes(seeds, positions, vocab_size)
     best_value = best_index = None
     for start in range(0, vocab_size, block):
-        x = key ^ hashes[None, start : start + block]
-        # _splitmix64 and the uniform's arithmetic, in place (the same integer and float operations)
-        x.add_(_GOLDEN)
-        x.bitwise_xor_(_shift_right(x, 30)).mul_(_MIX1)
-        x.bitwise_xor_(_shift_right(x, 27)).mul_(_MIX2)
-        x.bitwise_xor_(_shift_right(x, 31))
-        noise = _shift_right(x, 40).to(torch.float64).add_(0.5).div_(float(1 << 24))
+        noise = _uniform(_splitmix64_(key ^ vocab[:, start : start + block]))
         noise = noise.log_().neg_().log_().neg_()  # Gumbel: -log(-log(u))
         value, index = noise.add_(logprobs[:, start : start + block]).max(dim=-1)  # added in float64
         if best_value is None:

@@ -45,15 +45,27 @@ def pack_layout(lengths: list[int], width: int) -> PackedLayout:
     return PackedLayout(torch.tensor(row), torch.tensor(offset), torch.tensor(lengths), len(free), width)
 
 
-def _gather_index(layout: PackedLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(sequence, target position, flat packed target index) of every real next-token target (on the
-    host, like the layout)."""
-    targets = (layout.lengths - 1).clamp(min=0)
-    sequence = torch.repeat_interleave(torch.arange(len(targets)), targets)
-    starts = torch.cumsum(targets, 0) - targets
-    position = torch.arange(int(targets.sum())) - torch.repeat_interleave(starts, targets)
-    flat = layout.row[sequence] * (layout.width - 1) + layout.offset[sequence] + position
+def _target_index(rows, offsets, lengths, first, width: int):
+    """(sequence, target position, flat index) of every next-token target asked for, on the host: row
+    i's targets `first[i]` (0 when `first` is None) to `lengths[i] - 2`, sequence i laid out in forward
+    row `rows[i]` from column `offsets[i]`, flat indices into [R, width]."""
+    lengths = torch.as_tensor(lengths, dtype=torch.long)
+    first = torch.zeros_like(lengths) if first is None else torch.as_tensor(first, dtype=torch.long)
+    count = (lengths - 1 - first).clamp(min=0)
+    sequence = torch.repeat_interleave(torch.arange(len(count)), count)
+    starts = torch.cumsum(count, 0) - count
+    position = first[sequence] + torch.arange(int(count.sum())) - torch.repeat_interleave(starts, count)
+    flat = torch.as_tensor(rows)[sequence] * width + torch.as_tensor(offsets)[sequence] + position
     return sequence, position, flat
+
+
+def _scatter(values: torch.Tensor | None, sequence, position, shape) -> torch.Tensor | None:
+    """Per-target `values` into a zero [B, L - 1] tensor at (sequence, position)."""
+    if values is None:
+        return None
+    out = values.new_zeros(shape)
+    out[sequence, position] = values
+    return out
 
 
 def pack(
@@ -116,55 +128,24 @@ def token_logprobs(
                 model(input_ids=forward_ids, position_ids=positions, use_cache=False)
         else:
             logits = model(input_ids=forward_ids, position_ids=positions, use_cache=False).logits[:, :-1]
-    if chunk:
-        where = _targets(rows, offsets, lengths_, first_targets, forward_ids.shape[1])
-        hidden = captured[-1]
-        return _scattered(
-            model, hidden, forward_ids, where, input_ids.shape, temperature, with_entropy, chunk
-        )
-    logp, entropy = _logprobs_and_entropy(logits, forward_ids[:, 1:], temperature, with_entropy)
-    if lengths is None:
-        return logp, entropy
-    sequence, position, flat = (index.to(logp.device) for index in _gather_index(layout))
     shape = (input_ids.shape[0], input_ids.shape[1] - 1)
-    out = logp.new_zeros(shape)
-    out[sequence, position] = logp.reshape(-1)[flat]
-    if entropy is not None:
-        scattered = entropy.new_zeros(shape)
-        scattered[sequence, position] = entropy.reshape(-1)[flat]
-        entropy = scattered
-    return out, entropy
-
-
-def _targets(rows, offsets, lengths: list[int], first: list[int] | None, width: int):
-    """(sequence, target position, flat index of the position's hidden state in the forward's [R, W]
-    rows) of every target asked for: row i's targets `first[i]`..`lengths[i] - 2` (on the host)."""
-    lengths = torch.as_tensor(lengths, dtype=torch.long)
-    first = torch.zeros_like(lengths) if first is None else torch.as_tensor(first, dtype=torch.long)
-    count = (lengths - 1 - first).clamp(min=0)
-    sequence = torch.repeat_interleave(torch.arange(len(count)), count)
-    starts = torch.cumsum(count, 0) - count
-    position = first[sequence] + torch.arange(int(count.sum())) - torch.repeat_interleave(starts, count)
-    flat = torch.as_tensor(rows)[sequence] * width + torch.as_tensor(offsets)[sequence] + position
-    return sequence, position, flat
-
-
-def _scattered(model, hidden, forward_ids, where, shape, temperature, with_entropy, chunk):
-    """The chunked head's log-probs (and entropies) of the targets `where` names, scattered into
-    [B, L - 1] outputs (0 elsewhere)."""
-    device = hidden.device
-    sequence, position, flat = (index.to(device, non_blocking=True) for index in where)
-    states = hidden.reshape(-1, hidden.shape[-1])[flat]
-    targets = forward_ids.reshape(-1)[flat + 1]
-    logp, entropy = selected_logprobs(model, states, targets, temperature, with_entropy, chunk)
-    size = (shape[0], shape[1] - 1)
-    out = logp.new_zeros(size)
-    out[sequence, position] = logp
-    if entropy is not None:
-        scattered = entropy.new_zeros(size)
-        scattered[sequence, position] = entropy
-        entropy = scattered
-    return out, entropy
+    if chunk:  # the hidden states [R, W, H] of the targets asked for, through the head in chunks
+        hidden = captured[-1]
+        width = forward_ids.shape[1]
+        where = _target_index(rows, offsets, lengths_, first_targets, width)
+        sequence, position, flat = (index.to(hidden.device, non_blocking=True) for index in where)
+        states, targets = hidden.reshape(-1, hidden.shape[-1])[flat], forward_ids.reshape(-1)[flat + 1]
+        logp, entropy = selected_logprobs(model, states, targets, temperature, with_entropy, chunk)
+    else:
+        logp, entropy = _logprobs_and_entropy(logits, forward_ids[:, 1:], temperature, with_entropy)
+        if lengths is None:
+            return logp, entropy
+        # packed rows' [R, W - 1] targets back to their sequences
+        where = _target_index(layout.row, layout.offset, layout.lengths, None, layout.width - 1)
+        sequence, position, flat = (index.to(logp.device) for index in where)
+        logp = logp.reshape(-1)[flat]
+        entropy = None if entropy is None else entropy.reshape(-1)[flat]
+    return _scatter(logp, sequence, position, shape), _scatter(entropy, sequence, position, shape)
 
 
 @contextmanager

@@ -224,7 +224,7 @@ class NativeEngine:
             dict.fromkeys(("decode_steps", "sample_steps", "busy", "tokens", "shrinks", "admissions"), 0)
         )
         rows: tuple[list[int], torch.Tensor] = ([], torch.zeros(0, dtype=torch.long, device=self.device))
-        while queue or state.active:
+        while True:
             free = state.free
             if queue and free:
                 admitted = [queue.popleft() for _ in range(min(len(free), len(queue)))]
@@ -235,6 +235,8 @@ class NativeEngine:
                 clock["prefill_s"] += time.perf_counter() - tick
                 clock["admissions"] += 1
             active = state.active
+            if not active:  # nothing running and (after the admission above) nothing queued
+                break
             if rows[0] != active:  # the device index of the active rows, rebuilt only when they change
                 rows = (active, on_device(active, self.device))
             index = rows[1]
@@ -275,10 +277,13 @@ class NativeEngine:
                 clock["shrinks"] += 1
             tick = time.perf_counter()
             running_index = rows[1] if running == rows[0] else on_device(running, self.device)
-            fed_tokens = torch.full(
-                (len(state.request),), self.pad_token_id, dtype=torch.long, device=self.device
-            )
-            fed_tokens[running_index] = fed
+            if len(running) == len(state.request):  # every row runs (slots ascend): fed is in row order
+                fed_tokens = fed
+            else:
+                fed_tokens = torch.full(
+                    (len(state.request),), self.pad_token_id, dtype=torch.long, device=self.device
+                )
+                fed_tokens[running_index] = fed
             positions = state.length  # idle rows write at their own (free) row's stale length
             seen = caches
             if not compiled:  # the cache slots this step reads, known on the host
