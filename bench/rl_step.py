@@ -37,7 +37,17 @@ def probe(trainer: str, config: str, overrides: list[str], steps: int, run_dir: 
     return result
 
 
-def measure(trainer: str, config: Path, overrides: list[str], steps: int) -> dict:
+def bench_overrides(model: Path, extra: list[str]) -> list[str]:
+    """The recipe's overrides for a benchmark step: the model, quiet logs, no held-out evaluation."""
+    quiet = ["logging.progress=false", "logging.tensorboard=false", "data.num_eval=1", "eval.every=0"]
+    return [f"model.path={model}", *quiet, *extra]
+
+
+def measure(trainer: str, config: Path, overrides: list[str], steps: int, trl_allocator="default") -> dict:
+    """One trainer's figures from a process of its own. TRL as it ships: glibc's allocator defaults
+    (everyprompt's own `keep_freed_memory` speeds it up too; `trl_allocator="kept"` measures that)."""
+    if trainer == "trl" and trl_allocator == "default":
+        overrides = [*overrides, "keep_freed_memory=false"]
     with tempfile.TemporaryDirectory() as run_dir:
         return run_probe(__file__, "--probe", [trainer, str(config), overrides, steps, run_dir])
 
@@ -52,6 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], help="a config override for both trainers")
     parser.add_argument("--trainers", default="everyprompt,trl")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--trl-allocator",
+        choices=["default", "kept"],
+        default="default",
+        help="TRL's process with glibc's malloc defaults (as it ships) or with everyprompt's keep_freed_memory",
+    )
     parser.add_argument("--probe", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.probe:
@@ -59,20 +75,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.model is None or not args.model.exists():
         parser.error(f"--model {args.model}: no such file or directory")
-    overrides = [
-        f"model.path={args.model}",
-        "logging.progress=false",
-        "logging.tensorboard=false",
-        "data.num_eval=1",
-        "eval.every=0",
-        *args.set,
-    ]
+    overrides = bench_overrides(args.model, args.set)
     started = time.perf_counter()
     results: dict = {"benchmark": "rl_step", "model": repo_path(args.model), "config": repo_path(args.config)}
     results["overrides"] = args.set
+    kept = args.trl_allocator == "kept"
+    results["trl_allocator"] = "everyprompt's keep_freed_memory" if kept else "glibc defaults"
     for trainer in args.trainers.split(","):
         print(f"{trainer}: {args.steps} steps ...")
-        results[trainer] = measure(trainer, args.config, overrides, args.steps)
+        results[trainer] = measure(trainer, args.config, overrides, args.steps, args.trl_allocator)
         row = results[trainer]
         print(f"  {row['step_s']:.1f} s a step, peak {row['peak_rss_bytes'] / 2**30:.2f} GiB")
     if "everyprompt" in results and "trl" in results:
@@ -84,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     results["wall_seconds"] = time.perf_counter() - started
     name = args.model.name.removesuffix(".gguf")
-    out = write_results(args.out / f"rl_step_{name}.json", results)
+    suffix = "_trl_allocator_kept" if kept else ""
+    out = write_results(args.out / f"rl_step_{name}{suffix}.json", results)
     print(f"wrote {repo_path(out)}")
     return 0
 

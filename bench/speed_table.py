@@ -1,6 +1,6 @@
 """The README's speed table, generated from the model benchmarks' results (bench/results/throughput_*.json
-written by `bench/throughput.py --model PATH`); tests/test_bench.py fails when the README and the results
-disagree.
+written by `bench/throughput.py --model PATH`, and the RL step against TRL from rl_step_*.json written by
+`bench/rl_step.py --model PATH`); tests/test_bench.py fails when the README and the results disagree.
 
     python bench/speed_table.py        # rewrites the table between the README's speed-table markers
 """
@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, ROOT  # noqa: E402
 
 README = ROOT / "README.md"
+KEPT = "everyprompt's keep_freed_memory"  # TRL measured with our allocator setting: not the table's
 MARKERS = ("<!-- speed-table -->", "<!-- /speed-table -->")
 
 
@@ -27,6 +28,43 @@ def model_results(folder: Path = RESULTS) -> list[dict]:
         if payload.get("benchmark") == "throughput_model" and not payload.get("quick"):
             found.append(payload)
     return sorted(found, key=lambda p: (p["parameters"], p["model"]))
+
+
+def rl_step_results(folder: Path = RESULTS) -> list[dict]:
+    """The RL-step benchmark results (both trainers measured) in `folder`, by model."""
+    found = [json.loads(path.read_text()) for path in sorted(folder.glob("rl_step_*.json"))]
+    return [
+        p
+        for p in found
+        if p.get("benchmark") == "rl_step" and "step_ratio" in p and p.get("trl_allocator") != KEPT
+    ]
+
+
+def rl_step_table(results: list[dict]) -> str:
+    lines = [
+        "| model | RL step, s: everyprompt / TRL `GRPOTrainer` | time | peak memory, GiB: everyprompt / TRL "
+        "| memory | set-up |",
+        "|---|---|---|---|---|---|",
+    ]
+    for result in results:
+        ours, trl = result["everyprompt"], result["trl"]
+        gib = 2**30
+        lines.append(
+            f"| {Path(result['model']).name} | {ours['step_s']:.1f} / {trl['step_s']:.1f} "
+            f"| **{result['step_ratio']:.2f}x** | {ours['peak_rss_bytes'] / gib:.2f} / "
+            f"{trl['peak_rss_bytes'] / gib:.2f} | **{result['memory_ratio']:.2f}x** "
+            f"| {ours['prompts_per_step']} prompts x {ours['group_size']} samples, {ours['max_new_tokens']} "
+            f"new tokens at most, `{result['config']}` |"
+        )
+    lines.append(
+        "\n`python bench/rl_step.py --model PATH` (each trainer in its own process, first step dropped)."
+    )
+    return "\n".join(lines)
+
+
+def readme_section(results: list[dict], rl_steps: list[dict]) -> str:
+    """What goes between the README's markers: the engine table, then the RL-step table if measured."""
+    return table(results) + ("\n\n" + rl_step_table(rl_steps) if rl_steps else "")
 
 
 def _per_batch(rows: list[dict], key: str, fmt: str) -> str:
@@ -66,15 +104,16 @@ def section(text: str) -> str:
     return text[start + len(MARKERS[0]) : end].strip("\n")
 
 
-def write_readme(results: list[dict], readme: Path = README) -> None:
+def write_readme(results: list[dict], rl_steps: list[dict], readme: Path = README) -> None:
     text = readme.read_text()
     start, end = (text.index(marker) for marker in MARKERS)
-    readme.write_text(text[: start + len(MARKERS[0])] + "\n" + table(results) + "\n" + text[end:])
+    body = readme_section(results, rl_steps)
+    readme.write_text(text[: start + len(MARKERS[0])] + "\n" + body + "\n" + text[end:])
 
 
 if __name__ == "__main__":
     found = model_results()
     if not found:
         sys.exit("no model benchmark results in bench/results (run bench/throughput.py --model PATH)")
-    write_readme(found)
+    write_readme(found, rl_step_results())
     print(f"wrote the speed table of {len(found)} model(s) into README.md")

@@ -393,4 +393,32 @@ def test_the_readme_speed_table_is_the_one_the_results_give():
     results = bench.model_results()
     assert results, "no model benchmark results in bench/results"
     readme = (ROOT / "README.md").read_text()
-    assert bench.section(readme) == bench.table(results), "run `python bench/speed_table.py`"
+    expected = bench.readme_section(results, bench.rl_step_results())
+    assert bench.section(readme) == expected, "run `python bench/speed_table.py`"
+
+
+def test_rl_growth_grid_table_and_plot(tmp_path):
+    bench = _load("rl_growth")
+    grid = bench.points(ROOT / "configs" / "smollm2.yaml", [4, 8], [48, 96])
+    held = [(p["axis"], p["group_size"], p["max_new_tokens"]) for p in grid]
+    # each axis moves while the other stays at the recipe's (group size 8, cap 96)
+    assert held == [
+        ("group_size", 4, 96),
+        ("group_size", 8, 96),
+        ("max_new_tokens", 8, 48),
+        ("max_new_tokens", 8, 96),
+    ]
+    gib = 2**30
+    results = [
+        {
+            **p,
+            "everyprompt": {"step_s": 10.0 * i, "peak_rss_bytes": 4 * gib, "mean_length": 50.0},
+            "trl": {"step_s": 40.0 * i, "peak_rss_bytes": 16 * gib, "mean_length": 52.0},
+        }
+        for i, p in enumerate(grid, start=1)
+    ]
+    rows = bench.table(results).splitlines()
+    assert rows[2] == "| 4 | 96 | 50 / 52 | 10.0 / 40.0 | 0.25x | 4.00 / 16.00 | 0.25x |"
+    assert len(rows) == 2 + len(grid)
+    bench.plot(results, tmp_path / "growth.png")
+    assert (tmp_path / "growth.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -24,6 +24,14 @@ def _hf_logprobs(model, completion, temperature=1.0, entropy=False):
 PROMPTS = ["37+48=", "1+2=", "123+456+789=", "9="]
 
 
+def _assert_same_completion(completion, reference):
+    """Tokens and recorded routes equal; log-probs and entropies within fp32 rounding."""
+    assert completion.token_ids == reference.token_ids
+    torch.testing.assert_close(completion.logprobs, reference.logprobs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(completion.entropies, reference.entropies, atol=1e-5, rtol=0)
+    assert torch.equal(completion.routed_experts, reference.routed_experts)
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_engine_logprobs_match_hf_forward(tiny_model, temperature):
     model, tokenizer = tiny_model
@@ -226,10 +234,7 @@ def test_continuous_batching_equals_one_at_a_time(tiny_model):
     alone = NativeEngine.from_model(model, tokenizer, batch_size=1)
     for completion in streamed:
         reference = next(iter(alone.generate([requests[completion.request_id]], params)))
-        assert completion.token_ids == reference.token_ids
-        torch.testing.assert_close(completion.logprobs, reference.logprobs, atol=1e-5, rtol=0)
-        torch.testing.assert_close(completion.entropies, reference.entropies, atol=1e-5, rtol=0)
-        assert torch.equal(completion.routed_experts, reference.routed_experts)
+        _assert_same_completion(completion, reference)
 
 
 def test_completions_stream_out_as_they_finish(tiny_model):
@@ -390,3 +395,34 @@ def test_experts_too_large_for_the_cpu_caches_run_one_at_a_time(tiny_model):
     large = (torch.zeros(8, hidden, 2 * inner), torch.zeros(8, inner, hidden))
     assert layer._batched(flat, *small) and not layer._batched(flat, *large)
     assert not layer._batched(torch.zeros(layer.batched_tokens + 1, 32), *small)
+
+
+def test_a_groups_prompt_is_prefilled_once_and_its_samples_equal_decoding_alone(tiny_model, monkeypatch):
+    """3 prompts x 4 samples (a group's requests share their prompt): the prefill computes each distinct
+    prompt once, and every completion (tokens, log-probs, entropies, routes) equals that request decoded
+    alone with the same seed."""
+    model, tokenizer = tiny_model
+    prompts = [PROMPTS[0], PROMPTS[2], PROMPTS[1]]
+    requests = [
+        GenerationRequest(4 * g + k, tokenizer(p).input_ids, seed=70 + 4 * g + k)
+        for g, p in enumerate(prompts)
+        for k in range(4)
+    ]
+    params = SamplingParams(10, record_routes=True)
+    engine = NativeEngine.from_model(model, tokenizer, batch_size=12)
+    prefilled: list[int] = []
+    forward = engine._forward
+
+    def counting(layers, tokens, *args, **kwargs):
+        if tokens.shape[1] > 1:  # a prefill (a decode step feeds one token a row)
+            prefilled.append(tokens.shape[0])
+        return forward(layers, tokens, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "_forward", counting)
+    grouped = list(engine.generate(requests, params))
+    assert prefilled == [3]  # one admission of 12 requests; 3 distinct prompts computed
+    assert len({tuple(c.token_ids) for c in grouped}) > 3  # the samples of a group differ
+    alone = NativeEngine.from_model(model, tokenizer, batch_size=1)
+    for completion in grouped:
+        reference = next(iter(alone.generate([requests[completion.request_id]], params)))
+        _assert_same_completion(completion, reference)

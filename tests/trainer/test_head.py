@@ -1,15 +1,18 @@
 """The chunked LM head (trainer/head.py): the log-probs, entropies and gradients of the targets asked for
-equal the full-logits path's; no head call sees more than a chunk of positions; a logit transform after
-the head is applied, and an unknown one is caught by the once-a-run check."""
+equal the full-logits path's, by the fused linear head and by the checkpointed one; no tensor as wide as
+the vocabulary has more rows than a chunk; the fused head agrees with the checkpointed one under bf16
+autocast and is used only for the heads it computes; a logit transform after the head is applied, and an
+unknown one is caught by the once-a-run check."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from everyprompt.trainer import head as head_module
 from everyprompt.trainer.head import HeadError, check_head
-from everyprompt.trainer.logprobs import token_logprobs
+from everyprompt.trainer.logprobs import pack_layout, token_logprobs
 from tests.families import family_model
 from tests.trainer.test_packing import _ragged_batch
 
@@ -37,9 +40,23 @@ def _run(model, input_ids, lengths, packed: bool, chunk: int, temperature=0.7):
     return logp, entropy, mask, grads
 
 
+@pytest.fixture(params=["fused", "checkpointed"])
+def head_path(request, monkeypatch):
+    """Each test below runs through both implementations of the chunked head."""
+    if request.param == "checkpointed":
+        monkeypatch.setattr(head_module, "fused_head_fits", lambda *_: False)
+    calls: list[int] = []
+    original = head_module.LinearLogSoftmax.apply
+    monkeypatch.setattr(
+        head_module.LinearLogSoftmax, "apply", lambda *args: calls.append(1) or original(*args)
+    )
+    yield request.param
+    assert bool(calls) == (request.param == "fused")  # the path named is the path taken
+
+
 @pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
 @pytest.mark.parametrize("chunk", [3, 512])
-def test_chunked_head_equals_the_full_logits(tiny_model, packed, chunk):
+def test_chunked_head_equals_the_full_logits(tiny_model, packed, chunk, head_path):
     model, tokenizer = tiny_model
     input_ids, lengths = _ragged_batch(tokenizer, TEXTS)
     full_logp, full_entropy, mask, full_grads = _run(model, input_ids, lengths, packed, chunk=0)
@@ -54,22 +71,71 @@ def test_chunked_head_equals_the_full_logits(tiny_model, packed, chunk):
         torch.testing.assert_close(grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
-def test_no_head_call_sees_more_than_a_chunk(tiny_model):
+class _VocabularyRows(TorchDispatchMode):
+    """Rows of every tensor an operator makes whose last dimension is the vocabulary."""
+
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.vocab, self.rows = vocab, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(tensor, torch.Tensor) and tensor.dim() > 1 and tensor.shape[-1] == self.vocab:
+                self.rows.append(tensor.numel() // self.vocab)  # (weight-shaped ones filtered below)
+        return out
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+def test_no_vocabulary_wide_tensor_has_more_rows_than_a_chunk(tiny_model, head_path, temperature):
     model, tokenizer = tiny_model
     input_ids, lengths = _ragged_batch(tokenizer, TEXTS)
-    rows: list[int] = []
-    handle = model.get_output_embeddings().register_forward_hook(
-        lambda _m, args, _out: rows.append(args[0].reshape(-1, args[0].shape[-1]).shape[0])
-    )
-    try:
-        _run(model, input_ids, lengths, packed=True, chunk=4)
-    finally:
-        handle.remove()
-    asked = sum(n - p for n, p in zip(lengths, PROMPT))  # the completion targets
-    # the model's own head call sees one position per packed row; then only chunks of at most 4, each
-    # target's logits made twice (forward, and again in the backward) and never more
-    assert rows[0] < len(TEXTS) and all(n <= 4 for n in rows[1:])
-    assert sum(rows[1:]) == 2 * asked
+    model(input_ids=input_ids[:1, :2])  # (a first call's lazy set-up is not the pass measured)
+    with _VocabularyRows(model.config.vocab_size) as seen:
+        _run(model, input_ids, lengths, packed=True, chunk=4, temperature=temperature)
+    packed_rows = pack_layout(lengths, input_ids.shape[1]).num_rows
+    hidden = model.config.hidden_size  # the head's weight and its gradient, [H, V] seen transposed
+    rows = [n for n in seen.rows if n != hidden]
+    # the model's own head call makes [packed rows, 1, V]; everything else at most a chunk of 4 rows
+    assert packed_rows in rows and all(n <= 4 for n in rows if n != packed_rows)
+    assert rows.count(4) >= 2  # the chunks were seen (forward and backward)
+
+
+def test_the_fused_head_agrees_with_the_checkpointed_one_under_bf16_autocast(tiny_model, monkeypatch):
+    model, tokenizer = tiny_model
+    input_ids, lengths = _ragged_batch(tokenizer, TEXTS)
+    exact = _run(model, input_ids, lengths, packed=True, chunk=5)  # fp32 throughout
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fused = _run(model, input_ids, lengths, packed=True, chunk=5)
+        monkeypatch.setattr(head_module, "fused_head_fits", lambda *_: False)
+        checkpointed = _run(model, input_ids, lengths, packed=True, chunk=5)
+    mask = fused[2]
+    # the same bf16 products, the same fp32 softmax: equal up to the order of fp32 sums
+    torch.testing.assert_close(fused[0] * mask, checkpointed[0] * mask, atol=1e-5, rtol=0)
+    torch.testing.assert_close(fused[1] * mask, checkpointed[1] * mask, atol=1e-5, rtol=0)
+    head = "lm_head.weight"
+    for name, grad in checkpointed[3].items():
+        if name != head:
+            torch.testing.assert_close(fused[3][name], grad, atol=1e-5, rtol=1e-4, msg=name)
+    # the head's weight gradient: the fused head sums its chunks' bf16 products in fp32, autograd sums
+    # them in bf16 (autocast casts the weight once, and its gradient accumulates in that dtype)
+    error = (fused[3][head] - exact[3][head]).abs().max()
+    assert error <= (checkpointed[3][head] - exact[3][head]).abs().max()
+    assert error < 0.02 * exact[3][head].abs().max()
+
+
+def test_the_fused_head_takes_only_plain_linear_heads():
+    hidden = torch.zeros(2, 8)
+    assert head_module.fused_head_fits(torch.nn.Linear(8, 16, bias=False), hidden)
+    assert not head_module.fused_head_fits(torch.nn.Linear(8, 16, bias=True), hidden)
+
+    class Wrapped(torch.nn.Linear):  # e.g. a LoRA layer: its forward is not weight @ h
+        pass
+
+    assert not head_module.fused_head_fits(Wrapped(8, 16, bias=False), hidden)
+    hooked = torch.nn.Linear(8, 16, bias=False)
+    hooked.register_forward_hook(lambda *_: None)
+    assert not head_module.fused_head_fits(hooked, hidden)
 
 
 def _softcapped_gemma2():

@@ -5,10 +5,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.utils._python_dispatch
 from safetensors.torch import load_file
 
 from everyprompt.models.experts import select_moe_kernel
-from everyprompt.models.precision import PrecisionError, autocast, enable_gradient_checkpointing
+from everyprompt.models.precision import (
+    PrecisionError,
+    autocast,
+    cpu_attention_in_fp32,
+    enable_gradient_checkpointing,
+)
 from everyprompt.pipeline import train
 from tests.conftest import tiny_config
 
@@ -87,3 +93,48 @@ def test_a_bf16_run_trains_end_to_end(tmp_path):
     trainer = train(tiny_config("sft.steps=2", "rl.steps=2", "model.dtype=bf16"), run_dir=tmp_path)
     assert trainer.step == 2
     assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
+
+
+class _AttentionDtypes(torch.utils._python_dispatch.TorchDispatchMode):
+    """The dtype of the queries of every scaled-dot-product attention kernel called."""
+
+    def __init__(self):
+        super().__init__()
+        self.dtypes: list[torch.dtype] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if "scaled_dot_product" in func.name() and "backward" not in func.name():
+            self.dtypes.append(args[0].dtype)
+        return func(*args, **(kwargs or {}))
+
+
+def test_cpu_attention_runs_in_fp32_under_bf16_autocast_and_is_unchanged_outside_it(tiny_model):
+    model, tokenizer = tiny_model
+    batch, lengths = _batch(tokenizer)
+    with torch.no_grad():
+        plain = model(input_ids=batch).logits
+        with torch.autocast("cpu", dtype=torch.bfloat16), _AttentionDtypes() as before:
+            model(input_ids=batch)
+    assert not cpu_attention_in_fp32(model, "fp32")  # nothing to do without bf16
+    try:
+        assert cpu_attention_in_fp32(model, "bf16")
+        with torch.no_grad():
+            assert torch.equal(model(input_ids=batch).logits, plain)  # outside autocast: the same kernel
+            with torch.autocast("cpu", dtype=torch.bfloat16), _AttentionDtypes() as after:
+                model(input_ids=batch)
+        _, grads = _loss_and_grads(model, batch, lengths, "bf16")  # and it trains
+        assert torch.isfinite(grads).all()
+    finally:
+        model.set_attn_implementation("sdpa")
+    assert before.dtypes and set(before.dtypes) == {torch.bfloat16}
+    assert after.dtypes and set(after.dtypes) == {torch.float32}
+
+
+def test_fp32_cpu_attention_is_only_for_sdpa_models_on_the_cpu(tiny_model):
+    model, _ = tiny_model
+    model.set_attn_implementation("eager")
+    try:
+        assert not cpu_attention_in_fp32(model, "bf16")
+        assert model.config._attn_implementation == "eager"
+    finally:
+        model.set_attn_implementation("sdpa")

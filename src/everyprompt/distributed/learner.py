@@ -20,13 +20,12 @@ import socket
 
 import torch
 
-from everyprompt.devices import resolve_device
+from everyprompt.devices import keep_freed_memory, release_freed_memory, resolve_device
 from everyprompt.distributed.recipes import ModelRecipe
 from everyprompt.distributed.runtime import actor_options, require_ray
 from everyprompt.errors import ClusterError
 from everyprompt.logs import quiet_libraries
-from everyprompt.models.experts import select_moe_kernel
-from everyprompt.models.precision import enable_gradient_checkpointing
+from everyprompt.models.precision import training_kernels
 from everyprompt.trainer.checkpoint import full_weights
 from everyprompt.trainer.data_parallel import DataParallel
 from everyprompt.trainer.interface import LearnerSide
@@ -47,6 +46,7 @@ class LearnerRank:
         torch.set_num_threads(max(1, threads))
         self.rank, self.world = rank, world
         self.learner = None
+        self.keep_freed = False
 
     def address(self) -> tuple[str, int]:
         """Where rank 0 listens for the group: this node's address and a free port."""
@@ -59,6 +59,9 @@ class LearnerRank:
         import torch.distributed as dist
 
         os.environ.update(MASTER_ADDR=host, MASTER_PORT=str(port))
+        self.keep_freed = config.keep_freed_memory
+        if self.keep_freed:
+            keep_freed_memory()
         # the GPU Ray gave this actor (cuda:0 of its visible devices) under `auto`, else the CPU; the
         # group's backend follows the device: NCCL between GPUs, gloo between CPUs
         device = resolve_device(config.model.device)
@@ -72,10 +75,7 @@ class LearnerRank:
         )
         ray = require_ray()
         model = recipe.build(ray.get(recipe.weights) if not isinstance(recipe.weights, dict) else None)
-        model.to(device)
-        select_moe_kernel(model, config.model.moe_kernel)
-        if config.model.gradient_checkpointing:
-            enable_gradient_checkpointing(model)
+        training_kernels(model.to(device), config.model)
         if reference is not None:
             reference = reference.build(
                 ray.get(reference.weights) if not isinstance(reference.weights, dict) else None
@@ -86,7 +86,10 @@ class LearnerRank:
         return True
 
     def update(self, batch) -> dict[str, float]:
-        return self.learner.update(batch)
+        metrics = self.learner.update(batch)
+        if self.keep_freed:
+            release_freed_memory()  # reuse within an update, not across (devices/host.py)
+        return metrics
 
     def _only_rank_0_works(self) -> bool:
         """Whether this rank has nothing to do for a whole-model call: ddp's replicas are identical, so rank

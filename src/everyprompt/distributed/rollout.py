@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from everyprompt.devices import keep_freed_memory
 from everyprompt.distributed.recipes import ModelRecipe
 from everyprompt.distributed.runtime import actor_options, require_ray
 from everyprompt.errors import ClusterError
@@ -40,9 +41,11 @@ class _CallDone:
 class RolloutWorker:
     """One engine (built by the engine factory) over a model rebuilt from a recipe."""
 
-    def __init__(self, recipe: ModelRecipe, tokenizer, rollout_config, threads: int):
+    def __init__(self, recipe: ModelRecipe, tokenizer, rollout_config, threads: int, keep_freed: bool):
         quiet_libraries()
         torch.set_num_threads(max(1, threads))
+        if keep_freed:
+            keep_freed_memory()
         weights = recipe.weights
         if not isinstance(weights, dict):  # a reference inside the recipe: Ray does not resolve it
             weights = require_ray().get(weights)
@@ -76,7 +79,10 @@ class RayEngine:
     def _spawn(self):
         cluster = self.config.cluster
         actor = self.ray.remote(RolloutWorker).options(**actor_options(cluster, max_concurrency=2))
-        return actor.remote(self.recipe, self.tokenizer, self.config.rollout, max(1, int(cluster.num_cpus)))
+        threads = max(1, int(cluster.num_cpus))
+        return actor.remote(
+            self.recipe, self.tokenizer, self.config.rollout, threads, self.config.keep_freed_memory
+        )
 
     def _await_ready(self, workers) -> bool:
         refs = [worker.ready.remote() for worker in workers]

@@ -9,6 +9,11 @@ optimizer, because it keeps one copy of the weights, checkpoints stay fp32 and e
 weight sync hands the engine the same tensors as in fp32; what it saves is activation memory and matmul
 time where bf16 kernels are fast, not weight memory (docs/training.md has the measurements).
 
+On the CPU under bf16 autocast the attention itself (softmax(QK^T)V) runs in float32 (`cpu_attention_in_fp32`):
+torch's CPU flash-attention backward is about three times slower in bf16 than in fp32 (SmolLM2's shapes,
+16 x 143 tokens: 36.7 ms against 12.5 ms a layer), and the float32 softmax is the more precise one. The
+projections around it stay bf16. GPUs keep bf16 attention.
+
 Gradient checkpointing is transformers' own (`activation_checkpointing_enable`, non-reentrant): each decoder
 layer's activations are recomputed in the backward pass instead of kept.
 """
@@ -50,6 +55,38 @@ def autocast(model: nn.Module, dtype: str):
     return torch.autocast(device_type=device.type, dtype=low)
 
 
+FP32_CPU_SDPA = "everyprompt_sdpa_fp32_cpu"  # the attention implementation `cpu_attention_in_fp32` selects
+
+
+def _sdpa_fp32_under_cpu_autocast(module, query, key, value, attention_mask, *args, **kwargs):
+    """transformers' SDPA attention, in float32 when called on the CPU under autocast (else unchanged)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if query.device.type != "cpu" or not torch.is_autocast_enabled("cpu"):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, *args, **kwargs)
+    with torch.autocast("cpu", enabled=False):
+        query, key, value = query.float(), key.float(), value.float()
+        return sdpa_attention_forward(module, query, key, value, attention_mask, *args, **kwargs)
+
+
+def cpu_attention_in_fp32(model: nn.Module, dtype: str) -> bool:
+    """Give `model` (on the CPU, trained in bf16, with SDPA attention) float32 attention under autocast
+    (see the module docstring); True if it did. Its forwards outside autocast are unchanged."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    device = next(model.parameters()).device
+    config = getattr(model, "config", None)
+    if device.type != "cpu" or training_dtype(dtype, device) != "bf16":
+        return False
+    if getattr(config, "_attn_implementation", None) != "sdpa":
+        return False
+    AttentionInterface.register(FP32_CPU_SDPA, _sdpa_fp32_under_cpu_autocast)
+    AttentionMaskInterface.register(FP32_CPU_SDPA, sdpa_mask)
+    model.set_attn_implementation(FP32_CPU_SDPA)
+    return True
+
+
 def enable_gradient_checkpointing(model: nn.Module) -> nn.Module:
     """Recompute each decoder layer's activations in the backward pass (transformers' non-reentrant
     checkpointing); a PrecisionError naming the architecture if it has none."""
@@ -62,4 +99,16 @@ def enable_gradient_checkpointing(model: nn.Module) -> nn.Module:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    return model
+
+
+def training_kernels(model: nn.Module, model_config) -> nn.Module:
+    """`model` (already on its training device) with the kernels `model_config` trains it with: the MoE
+    experts' (`model.moe_kernel`), float32 attention on the CPU under bf16, and gradient checkpointing."""
+    from everyprompt.models.experts import select_moe_kernel
+
+    select_moe_kernel(model, model_config.moe_kernel)
+    cpu_attention_in_fp32(model, model_config.dtype)
+    if model_config.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
     return model

@@ -21,13 +21,12 @@ from everyprompt.data import DataError
 from everyprompt.data.formatting import prompt_format_of
 from everyprompt.data.passrate import PassRateStore
 from everyprompt.data.rows import ConfigRows
-from everyprompt.devices import resolve_device
+from everyprompt.devices import keep_freed_memory, resolve_device
 from everyprompt.evaluate import evaluate_config
 from everyprompt.logs import quiet_libraries, record_warnings
-from everyprompt.models.experts import select_moe_kernel
 from everyprompt.models.io import load_model_and_tokenizer, load_pretrained
 from everyprompt.models.lora import load_adapter
-from everyprompt.models.precision import enable_gradient_checkpointing
+from everyprompt.models.precision import training_kernels
 from everyprompt.pipeline.backends import build_trainer
 from everyprompt.rollout import resolve_engine
 from everyprompt.rollout.stops import stop_token_ids
@@ -104,6 +103,8 @@ class Run:
             require_wandb()
         if config.threads:
             torch.set_num_threads(config.threads)
+        if config.keep_freed_memory:
+            keep_freed_memory()
         self.device = learner_device(config)  # CUDA asked for and absent: exit 2 now, before any work
         random.seed(config.seed)
         torch.manual_seed(config.seed)
@@ -152,13 +153,8 @@ class Run:
         return model, tokenizer
 
     def prepare_for_training(self, model):
-        """The policy on the learner's device, with the configured training MoE kernel and gradient
-        checkpointing."""
-        model.to(self.device)
-        select_moe_kernel(model, self.config.model.moe_kernel)
-        if self.config.model.gradient_checkpointing:
-            enable_gradient_checkpointing(model)
-        return model
+        """The policy on the learner's device, with the kernels it trains with (`training_kernels`)."""
+        return training_kernels(model.to(self.device), self.config.model)
 
     def announce_engine(self, model_config) -> str:
         """The engine that will decode this model (UnsupportedModelError if the configured one cannot),

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from everyprompt.config import Config
+from everyprompt.devices import release_freed_memory
 from everyprompt.errors import ClusterError
 from everyprompt.processes import GracefulStop, StopRequested
 from everyprompt.run.layout import RunLayout
@@ -303,6 +304,8 @@ class RLTrainer:
         started = time.perf_counter()
         try:
             metrics = self.train_step()
+            if self.config.keep_freed_memory:  # reuse within a step, not across (devices/host.py)
+                release_freed_memory()
         except NumericsError as err:
             raise NumericsError(f"{err}. The last good state is {self._last_checkpoint()}") from None
         except ClusterError as err:  # a learner rank lost: the others were stopped, nothing waits on them

@@ -65,3 +65,10 @@ def compact(caches: list[tuple[torch.Tensor, ...]], running: torch.Tensor) -> li
 def readable(caches: list[tuple[torch.Tensor, ...]], width: int) -> list[tuple[torch.Tensor, ...]]:
     """The first `width` positions of every cache view (what an eager decode step reads)."""
     return [tuple(entry[:, :, :width] for entry in layer) for layer in caches]
+
+
+def copy_rows(caches: list[tuple[torch.Tensor, ...]], source: torch.Tensor, target: torch.Tensor, width: int):
+    """Copy the first `width` positions of cache rows `source` into rows `target` (device indices)."""
+    for entry in caches:
+        for tensor in entry:
+            tensor[target, :, :width] = tensor[source, :, :width]

@@ -34,7 +34,7 @@ from everyprompt.rollout.base import (
     register_engine,
 )
 from everyprompt.rollout.native.attention import ATTENTIONS, rms_norm
-from everyprompt.rollout.native.cache import KVCache, compact, readable
+from everyprompt.rollout.native.cache import KVCache, compact, copy_rows, readable
 from everyprompt.rollout.native.compiled import DecodeCompiler
 from everyprompt.rollout.native.families import FAMILIES, unsupported_settings
 from everyprompt.rollout.native.moe import MixtureOfExperts, swiglu
@@ -326,21 +326,37 @@ class NativeEngine:
 
     def _prefill(self, layers, requests, admitted, slots: list[int], state, caches, params, record):
         """Run the admitted prompts (right-padded) into cache rows `slots`; their next-token logits become
-        the rows' pending logits (and their routes go into `record`, when the call records)."""
+        the rows' pending logits (and their routes go into `record`, when the call records). A prompt
+        admitted more than once (a group's samples) is computed once and its cache rows copied."""
         prompts = [requests[i].prompt_ids for i in admitted]
+        first: dict[tuple[int, ...], int] = {}  # each distinct prompt's first row
+        source = [first.setdefault(tuple(prompt), row) for row, prompt in enumerate(prompts)]
+        unique = list(first.values())
         lengths = [len(p) for p in prompts]
-        tokens = torch.full((len(prompts), max(lengths)), self.pad_token_id, dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            tokens[row, : len(prompt)] = torch.tensor(prompt)
+        tokens = torch.full((len(unique), max(lengths)), self.pad_token_id, dtype=torch.long)
+        for row, prompt in enumerate(unique):
+            tokens[row, : lengths[prompt]] = torch.tensor(prompts[prompt])
         tokens = tokens.to(self.device)
-        # the rows' slots, lengths and seeds: one host-to-device copy
-        per_row = on_device([slots, lengths, [requests[i].seed for i in admitted]], self.device)
-        rows, lengths_, seeds = per_row
+        which = {row: k for k, row in enumerate(unique)}
+        shared = [which[row] for row in source]  # each admitted row's row of the forward
+        # the rows' slots, lengths, seeds and forward rows, the forward's slots and lengths: one copy
+        seeds = [requests[i].seed for i in admitted]
+        n = len(prompts)
+        flat = on_device(
+            [*slots, *lengths, *seeds, *shared, *[slots[r] for r in unique], *[lengths[r] for r in unique]],
+            self.device,
+        )
+        rows, lengths_, seeds, shared_ = flat[: 4 * n].view(4, n)
+        computed, computed_lengths = flat[4 * n :].view(2, len(unique))
         positions = torch.arange(tokens.shape[1], device=self.device)
         routes: list | None = [] if record is not None else None
         logits = self._forward(
-            layers, tokens, positions.expand_as(tokens), caches, rows, None, lengths_ - 1, routes
+            layers, tokens, positions.expand_as(tokens), caches, computed, None, computed_lengths - 1, routes
         )
+        if len(unique) < len(prompts):  # copies of the computed prompts' rows for the repeated ones
+            copy_rows(caches, computed[shared_], rows, tokens.shape[1])
+            logits = logits[shared_]
+            routes = None if routes is None else [tuple(t[shared_] for t in layer) for layer in routes]
         if record is not None:
             record.store(routes, rows, positions)
         state.length[rows] = lengths_
