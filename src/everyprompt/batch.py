@@ -36,9 +36,19 @@ class RolloutBatch:
     timing: dict[str, float] = field(default_factory=dict)
     versions: list[torch.Tensor] | None = None  # N x [len(completion)] int32: policy version per token
     max_new_tokens: int = 0  # the completion cap the batch was sampled with (the curriculum stage's)
+    # N x [len(completion)] bool, True on the model's own tokens: a multi-turn episode's completion holds
+    # environment tokens too (observations, tool output), which are never trained (docs/environments.md).
+    # None: every completion token is the model's.
+    completion_mask: list[torch.Tensor] | None = None
 
     def __len__(self) -> int:
         return len(self.completion_ids)
+
+    def trained_tokens(self, rows: list[int]) -> int:
+        """The model's own completion tokens of `rows` (what the loss averages over)."""
+        if self.completion_mask is None:
+            return sum(len(self.completion_ids[r]) for r in rows)
+        return int(sum(int(self.completion_mask[r].sum()) for r in rows))
 
     @property
     def num_groups(self) -> int:
@@ -52,7 +62,7 @@ class RolloutBatch:
         input_ids [n, L]: prompt + completion; lengths [n] and prompt_lengths [n] (host): its real tokens
         and its prompt tokens per row; the rest are
         [n, L - 1], aligned with the *targets*
-        input_ids[:, 1:]: mask (1 on completion tokens), rollout_logp (engine log-probs, 0 elsewhere),
+        input_ids[:, 1:]: mask (1 on the model's completion tokens; 0 on environment tokens), rollout_logp (engine log-probs, 0 elsewhere),
         old_logp / old_entropy (trainer's pre-update log-probs and entropies, when computed). routes and
         old_routes: lists of each row's [fed tokens, L_moe, k].
 
@@ -92,7 +102,11 @@ class RolloutBatch:
             return out
 
         mask = torch.zeros(shape, device=device)
-        mask[where[0], where[1]] = 1.0
+        if self.completion_mask is None:
+            mask[where[0], where[1]] = 1.0
+        else:  # an episode's environment tokens are inputs, never targets of the loss
+            trained = torch.cat([self.completion_mask[r] for r in rows]).to(device, torch.float32)
+            mask[where[0], where[1]] = trained
         tensors = {
             "input_ids": input_ids.to(device),
             "lengths": torch.tensor(lengths),  # on the host: it steers packing, not arithmetic

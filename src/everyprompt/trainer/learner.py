@@ -280,7 +280,7 @@ class Learner(LearnerSide):
                 if self.rl.old_logprobs == "recompute":
                     data.pop(key, None)
         advantages = batch.advantages[rows].to(self.device)
-        num_tokens = float(max(sum(len(batch.completion_ids[row]) for row in rows), 1))  # the mask's sum
+        num_tokens = float(max(batch.trained_tokens(rows), 1))  # the mask's sum
         routes_key = REPLAYED_ROUTES[self.rl.router_replay]
         self.optimizer.zero_grad(set_to_none=True)
         # gradient checkpointing re-runs the routers in the backward pass: replay must still be in force
@@ -322,7 +322,7 @@ class Learner(LearnerSide):
             if measure:
                 measured.append((key, batch.completion_values(rows[part], logp)))
                 used.append((key, fed_tokens(batch, rows[part], used_routes)))
-            weight = sum(len(batch.completion_ids[row]) for row in rows[part]) / num_tokens
+            weight = batch.trained_tokens(rows[part]) / num_tokens
             part_sums = {"loss/policy": loss.detach(), "entropy_sum": (entropy * mask).sum(), **metrics}
             for name, value in part_sums.items():
                 value = value if name in ("loss/policy", "entropy_sum") else value * weight

@@ -22,11 +22,13 @@ def mismatch_metrics(
     engine_logprobs: Sequence[torch.Tensor],  # N x [completion]: the engine's
     trainer_routes: Sequence[torch.Tensor] | None = None,  # N x [fed tokens, L_moe, k]: routes it used
     engine_routes: Sequence[torch.Tensor] | None = None,  # N x [fed tokens, L_moe, k]: the engine's
+    masks: Sequence[torch.Tensor] | None = None,  # N x [completion] bool: the model's own tokens
 ) -> dict[str, float]:
     """Over completion tokens: mean |logp_trainer - logp_engine|, the k3 estimate of KL(engine || trainer),
     the share of tokens whose ratio pi_trainer / pi_engine exceeds 2; with both sides' routes: the share
     of (token, MoE layer) pairs routed to the same expert set, and |dlogp| on tokens whose input token
-    was routed differently in some layer ("flipped") and on the rest."""
+    was routed differently in some layer ("flipped") and on the rest. With `masks`, over the model's own
+    completion tokens only (an episode's environment tokens have no engine log-prob)."""
     if not trainer_logprobs:
         return {}
     old = torch.cat(list(trainer_logprobs))
@@ -34,6 +36,11 @@ def mismatch_metrics(
         return {}
     device = old.device
     log_ratio = (old - torch.cat(list(engine_logprobs)).to(device)).double()
+    kept = None if masks is None else torch.cat(list(masks)).to(device)
+    if kept is not None:
+        log_ratio = log_ratio[kept]
+        if not log_ratio.numel():
+            return {}
     # every figure stays a tensor on the device until one read back at the end
     values = {
         "mismatch/logp_abs_diff": log_ratio.abs().mean(),
@@ -49,7 +56,8 @@ def mismatch_metrics(
             pairs += same.numel()
             # completion target j is predicted from input token prompt_length - 1 + j
             flipped.append(~same[prompt_length - 1 :].all(-1))
-        flipped_tokens = torch.cat(flipped).double()
+        flipped_tokens = torch.cat(flipped)
+        flipped_tokens = (flipped_tokens if kept is None else flipped_tokens[kept]).double()
         diff = log_ratio.abs()[: flipped_tokens.numel()]
         values["mismatch/routing_agreement"] = torch.stack(same_pairs).sum().double() / max(pairs, 1)
         values["mismatch/flipped_token_fraction"] = flipped_tokens.mean()
@@ -86,4 +94,5 @@ def batch_mismatch(
         [batch.rollout_logprobs[r] for r in rows],
         trainer_routes,
         [engine_routes[r] for r in rows] if engine_routes is not None else None,
+        None if batch.completion_mask is None else [batch.completion_mask[r] for r in rows],
     )

@@ -1,0 +1,62 @@
+"""The environment contract, at the level of text: `init(row)` gives the episode's first messages,
+`step(action)` takes the model's turn and answers with observation messages, a reward and whether the
+episode is done. It follows skyrl-gym's (`env.init(prompt) -> (prompt, info)`, `env.step(action) ->
+{observations, reward, done, metadata}`), so an adapter to it is thin. Tokens, loss masks and the
+engine's pausing live elsewhere (docs/environments.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from everyprompt.errors import InputError
+
+Message = dict[str, str]  # {"role": ..., "content": ...}
+
+
+@dataclass
+class StepResult:
+    observations: list[Message]  # appended to the conversation before the model's next turn (none: done)
+    reward: float | None = None  # this turn's reward; the episode's is the last non-None one, or the sum
+    done: bool = False
+    metadata: dict = field(default_factory=dict)
+
+
+class Environment(Protocol):
+    def init(self, row: dict) -> list[Message]:
+        """The episode's first messages for data row `row` (its prompt, the tools it offers)."""
+
+    def step(self, action: str) -> StepResult:
+        """The environment's answer to the model's turn `action` (its text)."""
+
+
+class EnvironmentSetupError(InputError):
+    """An environment name the registry does not know, or a data row an environment cannot start from."""
+
+
+_ENVIRONMENTS: dict[str, Callable[..., Environment]] = {}
+
+
+def register_environment(name: str) -> Callable:
+    """Decorator: register an environment factory `factory(**options) -> Environment` as `name`."""
+
+    def add(factory):
+        if name in _ENVIRONMENTS:
+            raise ValueError(f"environment {name!r} is already registered")
+        _ENVIRONMENTS[name] = factory
+        return factory
+
+    return add
+
+
+def registered_environments() -> list[str]:
+    return sorted(_ENVIRONMENTS)
+
+
+def make_environment(name: str, **options) -> Environment:
+    """A fresh environment `name` (one per episode: environments keep the episode's state)."""
+    if name not in _ENVIRONMENTS:
+        known = ", ".join(registered_environments()) or "none"
+        raise EnvironmentSetupError(f"unknown environment {name!r} (registered: {known})")
+    return _ENVIRONMENTS[name](**options)

@@ -1,0 +1,80 @@
+"""Multi-turn episodes in the rollout batch (docs/environments.md): a completion may hold environment tokens
+(an observation, a tool's output) between the model's turns. They are inputs, never targets: the loss's
+mask is 0 there, the token count the loss averages over leaves them out, the engine's log-probs there
+(which do not exist) weigh nothing in the ratio, and the mismatch figures skip them."""
+
+from __future__ import annotations
+
+import torch
+
+from everyprompt.trainer.mismatch import batch_mismatch
+from tests.trainer.test_sides import _learner, hand_batch
+
+REWARDS = [1.0, 0.0, 1.0, 0.0, 0.0, 1.0]
+
+
+def _environment_tokens(batch) -> list[torch.Tensor]:
+    """Mark the middle third of every completion as environment tokens (False)."""
+    masks = []
+    for completion in batch.completion_ids:
+        mask = torch.ones(len(completion), dtype=torch.bool)
+        third = len(completion) // 3
+        mask[third : 2 * third] = False
+        masks.append(mask)
+    return masks
+
+
+def test_the_padded_mask_and_the_token_count_leave_environment_tokens_out():
+    learner, model, tokenizer = _learner()
+    batch = hand_batch(model, tokenizer, REWARDS)
+    plain = batch.padded(range(len(batch)), 0)["mask"]
+    batch.completion_mask = _environment_tokens(batch)
+    masked = batch.padded(range(len(batch)), 0)["mask"]
+    for row, completion_mask in enumerate(batch.completion_mask):
+        start = len(batch.prompt_ids[row]) - 1
+        span = masked[row, start : start + len(completion_mask)]
+        assert torch.equal(span, completion_mask.float())
+    assert torch.equal(masked, plain * masked)  # nothing outside the completions is added
+    rows = list(range(len(batch)))
+    assert batch.trained_tokens(rows) == int(masked.sum()) < int(plain.sum())
+
+
+def _update(batch, learner) -> dict[str, torch.Tensor]:
+    learner.update(batch)
+    return {name: value.clone() for name, value in learner.state_dict().items()}
+
+
+def test_environment_tokens_weigh_nothing_in_the_update():
+    """Two updates from the same state, whose batches differ only in the engine's log-probs at environment
+    positions (old = rollout log-probs, so a weight there would move the ratio): the same weights after."""
+    overrides = ("rl.old_logprobs=rollout", "rl.mini_batches=1", "rl.lr=1e-2")
+    weights = []
+    for garbage in (0.0, -7.5):
+        learner, model, tokenizer = _learner(*overrides)
+        batch = hand_batch(model, tokenizer, REWARDS)
+        batch.completion_mask = _environment_tokens(batch)
+        for logprobs, mask in zip(batch.rollout_logprobs, batch.completion_mask):
+            logprobs[~mask] = garbage
+        weights.append(_update(batch, learner))
+    for name, value in weights[0].items():
+        assert torch.equal(value, weights[1][name]), name
+    # and the environment tokens are not trained: without the mask the same garbage moves the weights
+    learner, model, tokenizer = _learner(*overrides)
+    batch = hand_batch(model, tokenizer, REWARDS)
+    for logprobs, mask in zip(batch.rollout_logprobs, _environment_tokens(batch)):
+        logprobs[~mask] = -7.5
+    unmasked = _update(batch, learner)
+    assert any(not torch.equal(value, unmasked[name]) for name, value in weights[0].items())
+
+
+def test_mismatch_figures_skip_environment_tokens():
+    learner, model, tokenizer = _learner()
+    batch = hand_batch(model, tokenizer, REWARDS)
+    batch.completion_mask = _environment_tokens(batch)
+    trainer = [logprobs.clone() for logprobs in batch.rollout_logprobs]  # the engine's own values
+    for logprobs, mask in zip(batch.rollout_logprobs, batch.completion_mask):
+        logprobs[~mask] = 0.0  # no engine log-prob exists for an environment token
+    rows = list(range(len(batch)))
+    assert batch_mismatch(batch, rows, trainer, None)["mismatch/logp_abs_diff"] == 0.0
+    batch.completion_mask = None
+    assert batch_mismatch(batch, rows, trainer, None)["mismatch/logp_abs_diff"] > 0.1
