@@ -42,11 +42,22 @@ def write_results(path: Path, payload: dict, dtype: str | None = None) -> Path:
     return path
 
 
+class ProbeFailed(RuntimeError):
+    """A probe process that did not finish (`how`: its exit status or the signal that killed it)."""
+
+    def __init__(self, message: str, how: str):
+        super().__init__(message)
+        self.how = how
+
+
 def run_probe(script: str | Path, flag: str, arguments: list, env: dict | None = None) -> dict:
     """Run `script flag JSON(arguments)` in a fresh Python process (a measurement that needs a process
     of its own: peak memory, a cold cache) and return the JSON its last line of output prints."""
     command = [sys.executable, str(script), flag, json.dumps(arguments, default=str)]
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode:
-        raise RuntimeError(f"{Path(script).name} {flag} {arguments} failed:\n{done.stderr[-4000:]}")
+        how = f"killed by signal {-done.returncode}" if done.returncode < 0 else f"exit {done.returncode}"
+        raise ProbeFailed(
+            f"{Path(script).name} {flag} {arguments} failed ({how}):\n{done.stderr[-4000:]}", how
+        )
     return json.loads(done.stdout.strip().splitlines()[-1])

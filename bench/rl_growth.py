@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import RESULTS, ROOT, repo_path, write_results  # noqa: E402
+from common import RESULTS, ROOT, ProbeFailed, repo_path, write_results  # noqa: E402
 from rl_step import bench_overrides, measure  # noqa: E402
 
 TRAINERS = ("everyprompt", "trl")
@@ -41,20 +41,45 @@ def points(config: Path, groups: list[int], lengths: list[int]) -> list[dict]:
     return grid
 
 
+def attempt(trainer: str, config: Path, overrides: list[str], steps: int) -> dict:
+    """`measure`, or what stopped it: a trainer that runs out of memory at a point is a finding, not
+    the end of the benchmark (the kernel's OOM killer ends it with signal 9)."""
+    try:
+        return measure(trainer, config, overrides, steps)
+    except ProbeFailed as err:
+        print(f"  {trainer} failed: {err.how}", flush=True)
+        return {"failed": err.how}
+
+
+def _cells(ours: dict, trl: dict) -> list[str]:
+    """The row's measured cells; a failed trainer's cells say so."""
+    gib = 2**30
+
+    def each(key, fmt, scale=1.0):
+        return " / ".join(
+            "failed" if "failed" in side else format(side[key] / scale, fmt) for side in (ours, trl)
+        )
+
+    def ratio(key):
+        return "" if "failed" in ours or "failed" in trl else f"{ours[key] / trl[key]:.2f}x"
+
+    return [
+        each("mean_length", ".0f"),
+        each("step_s", ".1f"),
+        ratio("step_s"),
+        each("peak_rss_bytes", ".2f", gib),
+        ratio("peak_rss_bytes"),
+    ]
+
+
 def table(results: list[dict]) -> str:
     lines = [
         "| group size | cap | mean length (ours / TRL) | step s (ours / TRL) | ratio | peak GiB (ours / TRL) | ratio |",
         "|---|---|---|---|---|---|---|",
     ]
     for row in results:
-        ours, trl = row["everyprompt"], row["trl"]
-        gib = 2**30
-        lines.append(
-            f"| {row['group_size']} | {row['max_new_tokens']} | {ours['mean_length']:.0f} / "
-            f"{trl['mean_length']:.0f} | {ours['step_s']:.1f} / {trl['step_s']:.1f} | "
-            f"{ours['step_s'] / trl['step_s']:.2f}x | {ours['peak_rss_bytes'] / gib:.2f} / "
-            f"{trl['peak_rss_bytes'] / gib:.2f} | {ours['peak_rss_bytes'] / trl['peak_rss_bytes']:.2f}x |"
-        )
+        cells = [str(row["group_size"]), str(row["max_new_tokens"]), *_cells(row["everyprompt"], row["trl"])]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -69,8 +94,23 @@ def plot(results: list[dict], path: Path) -> None:
         rows = sorted((r for r in results if r["axis"] == axis), key=lambda r: r["value"])
         x = [r["value"] for r in rows]
         for trainer in TRAINERS:
-            axes[0, column].plot(x, [r[trainer]["step_s"] for r in rows], "o-", label=trainer)
-            axes[1, column].plot(x, [r[trainer]["peak_rss_bytes"] / 2**30 for r in rows], "o-", label=trainer)
+            done = [r for r in rows if "failed" not in r[trainer]]
+            xs = [r["value"] for r in done]
+            axes[0, column].plot(xs, [r[trainer]["step_s"] for r in done], "o-", label=trainer)
+            axes[1, column].plot(
+                xs, [r[trainer]["peak_rss_bytes"] / 2**30 for r in done], "o-", label=trainer
+            )
+            for r in rows:
+                if "failed" in r[trainer]:  # where a trainer could not run the point
+                    for axis_ in axes[:, column]:  # (signal 9: the kernel's out-of-memory killer)
+                        axis_.annotate(
+                            f"{trainer}: {r[trainer]['failed']}",
+                            (r["value"], 0.92),
+                            xycoords=("data", "axes fraction"),
+                            ha="right",
+                            fontsize=8,
+                            color="tab:red",
+                        )
         axes[0, column].set_ylabel("seconds a step")
         axes[1, column].set_ylabel("peak resident memory, GiB")
         axes[1, column].set_xlabel("group size" if axis == "group_size" else "completion cap, tokens")
@@ -108,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         key = (point["group_size"], point["max_new_tokens"])
         if key not in measured:
             print(f"group size {key[0]}, cap {key[1]} ...", flush=True)
-            measured[key] = {t: measure(t, args.config, [*base, *point["set"]], args.steps) for t in TRAINERS}
+            measured[key] = {t: attempt(t, args.config, [*base, *point["set"]], args.steps) for t in TRAINERS}
         results.append({**point, **measured[key]})
         print(table(results[-1:]).splitlines()[-1], flush=True)
     name = args.model.name.removesuffix(".gguf")

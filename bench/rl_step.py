@@ -27,12 +27,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, ROOT, repo_path, run_probe, write_results  # noqa: E402
 
 
-def probe(trainer: str, config: str, overrides: list[str], steps: int, run_dir: str) -> dict:
+def probe(trainer: str, config: str, overrides: list[str], steps: int, run_dir: str, matched=False) -> dict:
     """One trainer's steps in this process, with its peak resident set."""
     from throughput_rl import everyprompt_steps, trl_steps
 
-    run = everyprompt_steps if trainer == "everyprompt" else trl_steps
-    result = run(overrides, steps, Path(run_dir), Path(config))
+    if trainer == "everyprompt":
+        result = everyprompt_steps(overrides, steps, Path(run_dir), Path(config))
+    else:
+        result = trl_steps(overrides, steps, Path(run_dir), Path(config), matched=matched)
     result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return result
 
@@ -43,13 +45,22 @@ def bench_overrides(model: Path, extra: list[str]) -> list[str]:
     return [f"model.path={model}", *quiet, *extra]
 
 
-def measure(trainer: str, config: Path, overrides: list[str], steps: int, trl_allocator="default") -> dict:
+def measure(
+    trainer: str,
+    config: Path,
+    overrides: list[str],
+    steps: int,
+    trl_allocator: str = "default",
+    trl_micro_batch: str = "matched",
+) -> dict:
     """One trainer's figures from a process of its own. TRL as it ships: glibc's allocator defaults
-    (everyprompt's own `keep_freed_memory` speeds it up too; `trl_allocator="kept"` measures that)."""
+    (everyprompt's own `keep_freed_memory` speeds it up too; `trl_allocator="kept"` measures that), with
+    the recipe's micro-batch size (`trl_micro_batch="step"`: all of a mini-batch in one micro-batch)."""
     if trainer == "trl" and trl_allocator == "default":
         overrides = [*overrides, "keep_freed_memory=false"]
+    matched = trl_micro_batch == "matched"
     with tempfile.TemporaryDirectory() as run_dir:
-        return run_probe(__file__, "--probe", [trainer, str(config), overrides, steps, run_dir])
+        return run_probe(__file__, "--probe", [trainer, str(config), overrides, steps, run_dir, matched])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,6 +79,13 @@ def main(argv: list[str] | None = None) -> int:
         default="default",
         help="TRL's process with glibc's malloc defaults (as it ships) or with everyprompt's keep_freed_memory",
     )
+    parser.add_argument(
+        "--trl-micro-batch",
+        choices=["matched", "step"],
+        default="matched",
+        help="TRL's micro-batch: the recipe's rl.micro_batch_size with gradient accumulation (matched), or "
+        "a whole mini-batch at once (step)",
+    )
     parser.add_argument("--probe", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.probe:
@@ -81,9 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     results["overrides"] = args.set
     kept = args.trl_allocator == "kept"
     results["trl_allocator"] = "everyprompt's keep_freed_memory" if kept else "glibc defaults"
+    results["trl_micro_batch"] = args.trl_micro_batch
     for trainer in args.trainers.split(","):
         print(f"{trainer}: {args.steps} steps ...")
-        results[trainer] = measure(trainer, args.config, overrides, args.steps, args.trl_allocator)
+        results[trainer] = measure(
+            trainer, args.config, overrides, args.steps, args.trl_allocator, args.trl_micro_batch
+        )
         row = results[trainer]
         print(f"  {row['step_s']:.1f} s a step, peak {row['peak_rss_bytes'] / 2**30:.2f} GiB")
     if "everyprompt" in results and "trl" in results:
@@ -95,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     results["wall_seconds"] = time.perf_counter() - started
     name = args.model.name.removesuffix(".gguf")
-    suffix = "_trl_allocator_kept" if kept else ""
+    suffix = ("_trl_allocator_kept" if kept else "") + (
+        "_trl_whole_batch" if args.trl_micro_batch == "step" else ""
+    )
     out = write_results(args.out / f"rl_step_{name}{suffix}.json", results)
     print(f"wrote {repo_path(out)}")
     return 0

@@ -16,7 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, ROOT  # noqa: E402
 
 README = ROOT / "README.md"
-KEPT = "everyprompt's keep_freed_memory"  # TRL measured with our allocator setting: not the table's
+# the table's TRL: glibc's allocator defaults and the recipe's micro-batch (other runs are kept apart)
+KEPT = "everyprompt's keep_freed_memory"
 MARKERS = ("<!-- speed-table -->", "<!-- /speed-table -->")
 
 
@@ -36,7 +37,10 @@ def rl_step_results(folder: Path = RESULTS) -> list[dict]:
     return [
         p
         for p in found
-        if p.get("benchmark") == "rl_step" and "step_ratio" in p and p.get("trl_allocator") != KEPT
+        if p.get("benchmark") == "rl_step"
+        and "step_ratio" in p
+        and p.get("trl_allocator") != KEPT
+        and p.get("trl_micro_batch") == "matched"
     ]
 
 
@@ -57,7 +61,8 @@ def rl_step_table(results: list[dict]) -> str:
             f"new tokens at most, `{result['config']}` |"
         )
     lines.append(
-        "\n`python bench/rl_step.py --model PATH` (each trainer in its own process, first step dropped)."
+        "\n`python bench/rl_step.py --model PATH` (each trainer in its own process, micro-batches of the "
+        "recipe's size on both sides, first step dropped)."
     )
     return "\n".join(lines)
 

@@ -33,7 +33,12 @@ def everyprompt_steps(base: list[str], steps: int, run_dir: Path, config_path: P
     }
 
 
-def trl_steps(base: list[str], steps: int, run_dir: Path, config_path: Path | None = None) -> dict:
+def trl_steps(
+    base: list[str], steps: int, run_dir: Path, config_path: Path | None = None, matched: bool = False
+) -> dict:
+    """TRL's GRPOTrainer on the recipe. `matched`: its micro-batch is the recipe's `rl.micro_batch_size`
+    (gradient accumulation up to the mini-batch, as everyprompt's learner does); else one micro-batch
+    holds a whole mini-batch."""
     import torch
     from datasets import Dataset
     from transformers import PrinterCallback, TrainerCallback
@@ -68,11 +73,14 @@ def trl_steps(base: list[str], steps: int, run_dir: Path, config_path: Path | No
 
     rl = config.rl
     completions_per_step = rl.prompts_per_step * rl.group_size
+    mini_batch = completions_per_step // rl.mini_batches
+    micro = min(rl.micro_batch_size, mini_batch) if matched else mini_batch
     args = GRPOConfig(
         output_dir=str(run_dir),
-        per_device_train_batch_size=completions_per_step // rl.mini_batches,
-        steps_per_generation=rl.mini_batches,  # one generation, `mini_batches` optimizer steps: as ours
-        gradient_accumulation_steps=1,
+        per_device_train_batch_size=micro,
+        # one generation of the whole step, `mini_batches` optimizer steps over it: as ours
+        steps_per_generation=completions_per_step // micro,
+        gradient_accumulation_steps=mini_batch // micro,
         num_generations=rl.group_size,
         max_completion_length=config.rollout.max_new_tokens,
         temperature=config.rollout.temperature,
@@ -134,6 +142,7 @@ def trl_steps(base: list[str], steps: int, run_dir: Path, config_path: Path | No
         "step_s_all": cycles,
         "mean_length": statistics.mean(lengths) if lengths else float("nan"),
         "optimizer_steps_per_step": per,
+        "micro_batch": micro,
         "generate_s": statistics.median(generate_s[1:] if len(generate_s) > 1 else generate_s)
         if generate_s
         else float("nan"),

@@ -417,8 +417,10 @@ def test_rl_growth_grid_table_and_plot(tmp_path):
         }
         for i, p in enumerate(grid, start=1)
     ]
+    results[-1]["trl"] = {"failed": "killed by signal 9"}  # e.g. out of memory at the largest point
     rows = bench.table(results).splitlines()
     assert rows[2] == "| 4 | 96 | 50 / 52 | 10.0 / 40.0 | 0.25x | 4.00 / 16.00 | 0.25x |"
+    assert rows[-1] == "| 8 | 96 | 50 / failed | 40.0 / failed |  | 4.00 / failed |  |"
     assert len(rows) == 2 + len(grid)
     bench.plot(results, tmp_path / "growth.png")
     assert (tmp_path / "growth.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
