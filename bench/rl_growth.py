@@ -3,8 +3,9 @@ everyprompt against TRL's GRPOTrainer at each point, each trainer in a process o
 measures one point), on the recipe `--config` (configs/smollm2.yaml) with `model.path=--model`.
 
 The points: group sizes `--groups` at the recipe's completion cap, and completion caps `--lengths` at the
-recipe's group size. A chat model stops on its own, so a cap bounds the length without setting it: the
-table and the plot give the mean length each trainer actually generated.
+recipe's group size; both trainers with the recipe's micro-batch size (TRL by gradient accumulation). A
+chat model stops on its own, so a cap bounds the length without setting it: the table and the plot give
+the mean length each trainer actually generated.
 
     python bench/rl_growth.py --model models/smollm2-135m-instruct     # ~30 minutes on 2 cores
 
@@ -160,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         "overrides": args.set,
         "steps": args.steps,
         "trl_allocator": "glibc defaults",
+        "trl_micro_batch": "matched",  # measure()'s default: TRL's micro-batch is the recipe's
         "points": results,
         "wall_seconds": time.perf_counter() - started,
     }

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, ROOT, repo_path, run_probe, write_results  # noqa: E402
 
 
-def probe(trainer: str, config: str, overrides: list[str], steps: int, run_dir: str, matched=False) -> dict:
+def probe(trainer: str, config: str, overrides: list[str], steps: int, run_dir: str, matched: bool) -> dict:
     """One trainer's steps in this process, with its peak resident set."""
     from throughput_rl import everyprompt_steps, trl_steps
 

@@ -62,8 +62,9 @@ class RolloutBatch:
         input_ids [n, L]: prompt + completion; lengths [n] and prompt_lengths [n] (host): its real tokens
         and its prompt tokens per row; the rest are
         [n, L - 1], aligned with the *targets*
-        input_ids[:, 1:]: mask (1 on the model's completion tokens; 0 on environment tokens), rollout_logp (engine log-probs, 0 elsewhere),
-        old_logp / old_entropy (trainer's pre-update log-probs and entropies, when computed). routes and
+        input_ids[:, 1:]: mask (1 on the model's completion tokens, 0 on environment tokens and elsewhere),
+        rollout_logp (engine log-probs, 0 elsewhere), old_logp / old_entropy (trainer's pre-update
+        log-probs and entropies, when computed). routes and
         old_routes: lists of each row's [fed tokens, L_moe, k].
 
         Token ids are laid out on the host and moved in one copy each; per-token values (which may live

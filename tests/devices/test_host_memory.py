@@ -12,7 +12,7 @@ import pytest
 
 PROBE = """
 import json, sys, torch
-from everyprompt.devices import keep_freed_memory
+from everyprompt.devices import keep_freed_memory, release_freed_memory
 kept = keep_freed_memory() if sys.argv[1] == "keep" else None
 heap = []
 for line in open("/proc/self/maps"):
@@ -22,7 +22,8 @@ block = torch.empty(96 * 2**20, dtype=torch.uint8)  # a chunk of LM-head logits'
 for line in open("/proc/self/maps"):  # the heap grew to hold it, or it got a mapping of its own
     if line.rstrip().endswith("[heap]"):
         heap = [int(bound, 16) for bound in line.split()[0].split("-")]
-print(json.dumps({"kept": kept, "in_heap": bool(heap) and heap[0] <= block.data_ptr() < heap[1]}))
+in_heap = bool(heap) and heap[0] <= block.data_ptr() < heap[1]
+print(json.dumps({"kept": kept, "in_heap": in_heap, "released": release_freed_memory()}))
 """
 
 
@@ -38,6 +39,7 @@ def test_large_tensors_come_from_the_heap_where_freed_memory_is_kept():
     default, kept = _probe("default"), _probe("keep")
     assert kept["kept"] is True
     assert not default["in_heap"] and kept["in_heap"]
+    assert not default["released"] and kept["released"]  # a step's end trims only where memory is kept
 
 
 RELEASE = """

@@ -5,9 +5,12 @@ mask is 0 there, the token count the loss averages over leaves them out, the eng
 
 from __future__ import annotations
 
+import math
+
+import pytest
 import torch
 
-from everyprompt.trainer.mismatch import batch_mismatch
+from everyprompt.trainer.mismatch import batch_mismatch, mismatch_metrics
 from tests.trainer.test_sides import _learner, hand_batch
 
 REWARDS = [1.0, 0.0, 1.0, 0.0, 0.0, 1.0]
@@ -78,3 +81,24 @@ def test_mismatch_figures_skip_environment_tokens():
     assert batch_mismatch(batch, rows, trainer, None)["mismatch/logp_abs_diff"] == 0.0
     batch.completion_mask = None
     assert batch_mismatch(batch, rows, trainer, None)["mismatch/logp_abs_diff"] > 0.1
+
+
+def test_masked_mismatch_by_hand_with_routes():
+    """A prompt of 2 tokens and a completion of 3 whose middle token is the environment's: the figures
+    count the two model tokens only, the flipped-routing ones too."""
+    engine_routes = [torch.tensor([[[0, 1]], [[2, 3]], [[0, 2]], [[1, 3]]], dtype=torch.int16)]
+    trainer_routes = [torch.tensor([[[0, 1]], [[2, 1]], [[0, 2]], [[1, 3]]], dtype=torch.int16)]
+    metrics = mismatch_metrics(
+        [2],
+        [torch.tensor([-1.0 + math.log(3), -5.0, -2.0])],  # first model token: ratio 3
+        [torch.tensor([-1.0, 0.0, -2.0])],  # no engine log-prob at the environment token
+        trainer_routes,
+        engine_routes,
+        masks=[torch.tensor([True, False, True])],
+    )
+    # the targets are predicted from fed tokens 1, 2, 3: token 1 flipped -> the first (model) target
+    assert metrics["mismatch/logp_abs_diff"] == pytest.approx(math.log(3) / 2)
+    assert metrics["mismatch/flipped_token_fraction"] == 0.5
+    assert metrics["mismatch/logp_abs_diff_flipped"] == pytest.approx(math.log(3))
+    assert metrics["mismatch/logp_abs_diff_unflipped"] == 0.0
+    assert metrics["mismatch/routing_agreement"] == pytest.approx(3 / 4)  # over every fed token

@@ -97,9 +97,9 @@ class Config(Section):
     )
     keep_freed_memory: bool = Field(
         True,
-        description="Large CPU tensors reuse the process's freed memory instead of fresh pages from the OS "
-        "(glibc malloc's thresholds raised; devices/host.py): no page faults per step, resident memory "
-        "kept near its peak.",
+        description="Large CPU tensors reuse the process's freed memory within a step instead of fresh "
+        "pages from the OS (glibc malloc's thresholds raised, the free pages handed back at each step's "
+        "end; devices/host.py).",
     )
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)

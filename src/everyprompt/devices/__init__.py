@@ -1,6 +1,6 @@
 """Where tensors live: the one owner of the device choice (`resolve_device`), of the default dtype per
-device, and of moving a batch's tensors (`to_device`), and of the host allocator's setting (host.py). `fake_cuda` checks device discipline on a machine
-without a GPU (fake_cuda.py)."""
+device, of moving a batch's tensors (`to_device`), and of the host allocator's setting (host.py).
+`fake_cuda` checks device discipline on a machine without a GPU (fake_cuda.py)."""
 
 from everyprompt.devices.host import keep_freed_memory, release_freed_memory
 from everyprompt.devices.placement import (

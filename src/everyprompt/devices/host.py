@@ -9,9 +9,10 @@ them: SmolLM2-135M's training micro-batch (16 sequences, bf16 autocast) took 5.0
 blocks stay in the process for the next tensor, as PyTorch's CUDA caching allocator does on a GPU and
 jemalloc or tcmalloc (preloaded) do on the CPU. Kept blocks can fragment, so the resident memory would creep
 up over a run (SmolLM2's recipe: +2.3 GiB over 12 steps with freed blocks kept for the whole run);
-`release_freed_memory` hands the free pages back to the OS, and the trainer calls it once a step: reuse
-within a step, where the same shapes recur (micro-batches, chunks, decode steps), none across steps. Off
-with `keep_freed_memory: false` in the config.
+`release_freed_memory` hands the free pages back to the OS, and every process that keeps them calls it
+where its step ends (an RL step, an SFT step, a learner rank's update, a rollout worker's generate call):
+reuse within a step, where the same shapes recur (micro-batches, chunks, decode steps), none across
+steps. Off with `keep_freed_memory: false` in the config.
 """
 
 from __future__ import annotations
@@ -22,29 +23,34 @@ import sys
 M_TRIM_THRESHOLD = -1  # malloc.h
 M_MMAP_THRESHOLD = -3
 THRESHOLD = 1 << 30  # blocks up to 1 GiB come from (and return to) the heap
+_kept = False  # whether this process keeps freed memory (release is a no-op otherwise)
+
+
+def _glibc(name: str):
+    """glibc's function `name` through ctypes, or None where the C library is not glibc."""
+    if not sys.platform.startswith("linux"):
+        return None
+    return getattr(ctypes.CDLL(None), name, None)  # (musl has neither mallopt nor malloc_trim)
 
 
 def keep_freed_memory() -> bool:
     """Raise glibc malloc's mmap and trim thresholds for this process; False where the C library is not
     glibc (nothing changed there)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except AttributeError:  # not glibc (musl has no mallopt)
+    global _kept
+    mallopt = _glibc("mallopt")
+    if mallopt is None:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    return bool(mallopt(M_MMAP_THRESHOLD, THRESHOLD)) and bool(mallopt(M_TRIM_THRESHOLD, THRESHOLD))
+    _kept = bool(mallopt(M_MMAP_THRESHOLD, THRESHOLD)) and bool(mallopt(M_TRIM_THRESHOLD, THRESHOLD))
+    return _kept
 
 
 def release_freed_memory() -> bool:
-    """Return the free pages of the heap to the OS (glibc's `malloc_trim`); False where the C library is
-    not glibc. A few milliseconds; the next large tensors fault their pages in again."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except AttributeError:
+    """At the end of a step: return the free pages of the heap to the OS (glibc's `malloc_trim`) if this
+    process keeps freed memory; True if it did. A few milliseconds; the next large tensors fault their
+    pages in again."""
+    trim = _glibc("malloc_trim") if _kept else None
+    if trim is None:
         return False
     trim.argtypes = [ctypes.c_size_t]
     trim(0)

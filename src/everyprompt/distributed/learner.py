@@ -46,7 +46,6 @@ class LearnerRank:
         torch.set_num_threads(max(1, threads))
         self.rank, self.world = rank, world
         self.learner = None
-        self.keep_freed = False
 
     def address(self) -> tuple[str, int]:
         """Where rank 0 listens for the group: this node's address and a free port."""
@@ -59,8 +58,7 @@ class LearnerRank:
         import torch.distributed as dist
 
         os.environ.update(MASTER_ADDR=host, MASTER_PORT=str(port))
-        self.keep_freed = config.keep_freed_memory
-        if self.keep_freed:
+        if config.keep_freed_memory:
             keep_freed_memory()
         # the GPU Ray gave this actor (cuda:0 of its visible devices) under `auto`, else the CPU; the
         # group's backend follows the device: NCCL between GPUs, gloo between CPUs
@@ -87,8 +85,7 @@ class LearnerRank:
 
     def update(self, batch) -> dict[str, float]:
         metrics = self.learner.update(batch)
-        if self.keep_freed:
-            release_freed_memory()  # reuse within an update, not across (devices/host.py)
+        release_freed_memory()  # reuse within an update, not across (devices/host.py)
         return metrics
 
     def _only_rank_0_works(self) -> bool:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from everyprompt.devices import keep_freed_memory
+from everyprompt.devices import keep_freed_memory, release_freed_memory
 from everyprompt.distributed.recipes import ModelRecipe
 from everyprompt.distributed.runtime import actor_options, require_ray
 from everyprompt.errors import ClusterError
@@ -55,7 +55,10 @@ class RolloutWorker:
         return bool(self.engine.can_record_routes)
 
     def generate(self, requests: list[GenerationRequest], params: SamplingParams):
-        yield from self.engine.generate(requests, params)
+        try:
+            yield from self.engine.generate(requests, params)
+        finally:
+            release_freed_memory()  # reuse within a call, not across (devices/host.py)
         yield _CallDone(dict(self.engine.stats))
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:

@@ -27,6 +27,7 @@ from torch import nn
 
 from everyprompt.devices import default_dtype
 from everyprompt.errors import InputError
+from everyprompt.models.experts import select_moe_kernel
 
 TRAINING_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}
 
@@ -105,8 +106,6 @@ def enable_gradient_checkpointing(model: nn.Module) -> nn.Module:
 def training_kernels(model: nn.Module, model_config) -> nn.Module:
     """`model` (already on its training device) with the kernels `model_config` trains it with: the MoE
     experts' (`model.moe_kernel`), float32 attention on the CPU under bf16, and gradient checkpointing."""
-    from everyprompt.models.experts import select_moe_kernel
-
     select_moe_kernel(model, model_config.moe_kernel)
     cpu_attention_in_fp32(model, model_config.dtype)
     if model_config.gradient_checkpointing:

@@ -151,7 +151,7 @@ class LinearLogSoftmax(torch.autograd.Function):
             for rows, z in logits:
                 top = z.amax(-1, keepdim=True)
                 z.sub_(top)
-                e = torch.exp(z, out=logits.spare(rows))
+                e = torch.exp(z, out=logits.spare(z))
                 total = e.sum(-1)
                 log_total = total.log()
                 chosen[rows] = z.gather(-1, targets[rows, None]).squeeze(-1) - log_total
@@ -191,7 +191,7 @@ class LinearLogSoftmax(torch.autograd.Function):
 
 class _Logits:
     """Iterates (rows, logits / T) over `chunk`-row slices of h W^T in fp32, all in buffers made once: the
-    product in `w`'s dtype, then its fp32 copy. `spare(rows)` is a second fp32 buffer of the same shape;
+    product in `w`'s dtype, then its fp32 copy. `spare(z)` is a second fp32 buffer of z's shape;
     `low(t)` is `t` in the matmul dtype, in the product's buffer."""
 
     def __init__(self, h: torch.Tensor, w: torch.Tensor, temperature: float, chunk: int):
@@ -215,10 +215,10 @@ class _Logits:
                 z.div_(self.temperature)
             yield rows, z
 
-    def spare(self, rows: slice) -> torch.Tensor:
+    def spare(self, z: torch.Tensor) -> torch.Tensor:
         if self._spare is None:
             self._spare = torch.empty_like(self.fp32)
-        return self._spare[: self.h[rows].shape[0]]
+        return self._spare[: z.shape[0]]
 
     def low(self, t: torch.Tensor) -> torch.Tensor:
         if self.product is self.fp32:

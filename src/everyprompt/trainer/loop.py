@@ -304,8 +304,7 @@ class RLTrainer:
         started = time.perf_counter()
         try:
             metrics = self.train_step()
-            if self.config.keep_freed_memory:  # reuse within a step, not across (devices/host.py)
-                release_freed_memory()
+            release_freed_memory()  # reuse within a step, not across (devices/host.py)
         except NumericsError as err:
             raise NumericsError(f"{err}. The last good state is {self._last_checkpoint()}") from None
         except ClusterError as err:  # a learner rank lost: the others were stopped, nothing waits on them

@@ -12,6 +12,7 @@ import torch
 from everyprompt.config import LoggingConfig, SFTConfig
 from everyprompt.data.datasets import DataError
 from everyprompt.data.formatting import PlainFormat
+from everyprompt.devices import release_freed_memory
 from everyprompt.models.precision import autocast
 from everyprompt.processes import GracefulStop, StopRequested
 from everyprompt.run.layout import RunLayout
@@ -99,6 +100,7 @@ def run_sft(
                 with autocast(model, dtype):  # the backward runs outside: autocast records the casts it needs
                     loss = _sft_loss(model, tokenizer, batch, pack_sequences, prompt_format)
                 metrics = _sft_step(model, loss, optimizer, scheduler)
+                release_freed_memory()  # reuse within a step, not across (devices/host.py)
                 metrics["time/step_s"] = time.perf_counter() - started
                 logger.log(step, metrics)
                 history.append(metrics)

@@ -329,16 +329,14 @@ class NativeEngine:
         the rows' pending logits (and their routes go into `record`, when the call records). A prompt
         admitted more than once (a group's samples) is computed once and its cache rows copied."""
         prompts = [requests[i].prompt_ids for i in admitted]
-        first: dict[tuple[int, ...], int] = {}  # each distinct prompt's first row
-        source = [first.setdefault(tuple(prompt), row) for row, prompt in enumerate(prompts)]
-        unique = list(first.values())
         lengths = [len(p) for p in prompts]
+        forward_row: dict[tuple[int, ...], int] = {}  # each distinct prompt's row of the forward
+        shared = [forward_row.setdefault(tuple(prompt), len(forward_row)) for prompt in prompts]
+        unique = [shared.index(k) for k in range(len(forward_row))]  # the admitted row computing each
         tokens = torch.full((len(unique), max(lengths)), self.pad_token_id, dtype=torch.long)
-        for row, prompt in enumerate(unique):
-            tokens[row, : lengths[prompt]] = torch.tensor(prompts[prompt])
+        for k, row in enumerate(unique):
+            tokens[k, : lengths[row]] = torch.tensor(prompts[row])
         tokens = tokens.to(self.device)
-        which = {row: k for k, row in enumerate(unique)}
-        shared = [which[row] for row in source]  # each admitted row's row of the forward
         # the rows' slots, lengths, seeds and forward rows, the forward's slots and lengths: one copy
         seeds = [requests[i].seed for i in admitted]
         n = len(prompts)
