@@ -62,7 +62,8 @@ def router_perturbation(trainer, batch, engine_logits: dict, replayed: bool = Tr
     replay, out = RouterReplay(model), []
     trainer_logits: list = []
     hooks = [
-        r.register_forward_hook(lambda _m, _i, o: trainer_logits.append(o[0].float())) for r in replay.routers
+        r.register_forward_hook(lambda _m, _i, o: trainer_logits.append(o[0].float().cpu()))
+        for r in replay.routers
     ]
     try:
         for prompt, completion, routes in zip(batch.prompt_ids, batch.completion_ids, batch.routed_experts):
@@ -70,7 +71,7 @@ def router_perturbation(trainer, batch, engine_logits: dict, replayed: bool = Tr
             engine = engine_logits[(tuple(prompt), tuple(completion))]  # [len(ids) - 1, L_moe, E]
             trainer_logits.clear()
             with torch.no_grad(), replay.replay(routes) if replayed else nullcontext():
-                model(input_ids=torch.tensor([ids[:-1]]))
+                model(input_ids=torch.tensor([ids[:-1]], device=model.device))
             distance = torch.stack(
                 [
                     (engine[:, layer] - t.reshape(engine[:, layer].shape)).norm(dim=-1)

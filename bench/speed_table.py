@@ -21,12 +21,14 @@ KEPT = "everyprompt's keep_freed_memory"
 MARKERS = ("<!-- speed-table -->", "<!-- /speed-table -->")
 
 
-def model_results(folder: Path = RESULTS) -> list[dict]:
-    """The full (not --quick) model benchmark results in `folder`, largest model last."""
+def model_results(folder: Path = RESULTS, device: str = "cpu") -> list[dict]:
+    """The full (not --quick) model benchmark results in `folder` measured on `device` (its type: the
+    README's table is the CPU's; GPU figures are in docs/gpu.md), largest model last."""
     found = []
     for path in sorted(folder.glob("throughput_*.json")):
         payload = json.loads(path.read_text())
-        if payload.get("benchmark") == "throughput_model" and not payload.get("quick"):
+        on = payload.get("device", "cpu").split(":")[0]
+        if payload.get("benchmark") == "throughput_model" and not payload.get("quick") and on == device:
             found.append(payload)
     return sorted(found, key=lambda p: (p["parameters"], p["model"]))
 

@@ -395,6 +395,9 @@ def test_the_readme_speed_table_is_the_one_the_results_give():
     readme = (ROOT / "README.md").read_text()
     expected = bench.readme_section(results, bench.rl_step_results())
     assert bench.section(readme) == expected, "run `python bench/speed_table.py`"
+    # the README's table is one machine's: the CPU's; the GPU's results are kept apart (docs/gpu.md)
+    assert {r["device"] for r in results} == {"cpu"}
+    assert [r["device"] for r in bench.model_results(device="cuda")] == ["cuda:0"]
 
 
 def test_rl_growth_grid_table_and_plot(tmp_path):

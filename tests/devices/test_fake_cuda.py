@@ -16,6 +16,7 @@ from everyprompt.rollout.native import engine as engine_module
 from everyprompt.rollout.native import state as state_module
 from everyprompt.rollout.native import weights as weights_module
 from tests.conftest import make_tiny_model
+from tests.rollout.test_fp8_matmul import needs_scaled_mm
 
 PROMPTS = ["37+48=", "1+2=", "123+456+789=", "9=", "5+5+5=", "800+1="]
 CUDA = torch.device("cuda", 0)
@@ -50,6 +51,17 @@ def test_a_mixed_operation_names_the_cpu_tensor_and_the_line():
     message = str(raised.value)
     assert "add mixes cuda:0 (fake) tensors with cpu tensor [3] int64" in message
     assert "test_fake_cuda.py" in message and "on_device + torch.arange(3)" in message
+
+
+def test_inside_the_check_real_cuda_is_not_available_even_on_a_gpu_machine(monkeypatch):
+    """On a machine with a GPU, code asking for real CUDA kernels (FP8 matmuls) must hear no about the
+    fake device's CPU tensors, as it does on a machine without one (seen on an H100: an FP8 matmul
+    on fake CUDA tensors reached the CPU's kernel)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with fake_cuda():
+        assert not torch.cuda.is_available()
+        assert not weights_module.fp8_matmuls(CUDA)
+    assert torch.cuda.is_available()
 
 
 def test_transfers_are_legal_zero_dim_cpu_tensors_too_and_reads_are_counted():
@@ -92,7 +104,7 @@ def test_a_module_moved_to_fake_cuda_trains_there():
         ("fp32", {}),
         ("fp32", {"record_routes": True, "record_router_logits": True}),
         ("fp8", {"record_routes": True}),
-        ("fp8 matmuls", {"record_routes": True}),
+        pytest.param("fp8 matmuls", {"record_routes": True}, marks=needs_scaled_mm),
         ("fp32", {"greedy": True}),
     ],
     ids=["sampled", "routes", "fp8-routes", "fp8-matmuls-routes", "greedy"],

@@ -143,3 +143,20 @@ def test_engine_routes_out_of_range_are_refused_on_the_device_too(monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "_forced_routes", out_of_range)
     with pytest.raises(ReplayError, match=r"expert ids in \[0, 4\) or -1, got values .*\.\.99"):
         _step(config, "cuda:0")
+
+
+def test_the_startup_parity_check_runs_with_the_policy_on_the_device():
+    """The first run on a real GPU (an H100) stopped here: the check made its token ids on the host."""
+    from everyprompt.trainer.parity import parity_gap
+
+    config = tiny_config()
+    model, tokenizer = _model(config)
+    use_sorted_experts(model)  # as the run selects it (model.moe_kernel)
+    prompts = [tokenizer(p).input_ids for p in ("1+2=", "37+48=", "9=")]
+    options = dict(temperature=1.0, max_new_tokens=8, seed=0)
+    expected = parity_gap(model, tokenizer, "native", prompts, **options)
+    with fake_cuda():
+        model.to(CUDA)
+        got = parity_gap(model, tokenizer, "native", prompts, **options)
+    assert expected["parity/tokens"] > 0
+    assert got == pytest.approx(expected, abs=1e-6)

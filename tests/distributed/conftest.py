@@ -3,10 +3,16 @@ nothing of it may outlive the tests."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import time
 
 import pytest
+
+# for tests that start Ray in a child process (the `ray_instance` fixture skips by itself)
+needs_ray = pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None, reason="the ray extra is not installed (it is part of dev)"
+)
 
 
 @pytest.fixture(scope="package")

@@ -17,6 +17,7 @@ from everyprompt.cli import main
 from everyprompt.config import ConfigError
 from everyprompt.distributed.runtime import require_ray
 from tests.conftest import TINY_OVERRIDES
+from tests.distributed.conftest import needs_ray
 
 RAY_RUN = (
     *TINY_OVERRIDES,
@@ -81,6 +82,7 @@ def _kill_and_check_nothing_is_left(child, started: dict[int, int]) -> None:
 ONE_EACH = [*TINY_OVERRIDES, "sft.steps=0", "cluster.backend=ray", "rl.steps=200", "checkpoint.every=0"]
 
 
+@needs_ray
 def test_a_ray_run_killed_with_sigkill_leaves_nothing(tmp_path):
     before = _ray_processes()  # another test's Ray instance may be up: only new processes count
     run = tmp_path / "run"
@@ -98,6 +100,7 @@ def test_a_ray_run_killed_with_sigkill_leaves_nothing(tmp_path):
 
 
 @pytest.mark.slow
+@needs_ray
 def test_a_ray_run_stops_on_ctrl_c_and_resumes(tmp_path):
     """Ctrl-C (SIGINT to the run's process group) ends the step and checkpoints, as in one process; the
     run resumes from it on the Ray backend."""

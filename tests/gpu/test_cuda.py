@@ -1,5 +1,5 @@
 """Checks that wait for a GPU (`make test-gpu`, `pytest -m gpu`): collected everywhere, skipped where torch
-sees no CUDA device. They have never run yet (docs/gpu.md says what has run where)."""
+sees no CUDA device. They passed on an H100 once (docs/gpu.md says what has run where)."""
 
 from __future__ import annotations
 

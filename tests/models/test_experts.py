@@ -77,6 +77,32 @@ def test_kernel_selection_follows_the_config_and_skips_dense_models():
         load_config(None, ["model.moe_kernel=fast"])
 
 
+def _experts_modules(model) -> list:
+    return [m for m in model.modules() if hasattr(m, "gate_up_proj")]
+
+
+@pytest.mark.parametrize("flag", ["has_post_expert_norm", "_is_expert_parallel"])
+def test_a_feature_flag_the_experts_lack_is_off(flag):
+    """transformers 5.17 (the version on the GPU image this first ran on) has neither flag: the kernel
+    fits there; where the flag says the feature is on, it does not."""
+    model = _qwen3_moe()
+    for module in _experts_modules(model):
+        vars(module).pop(flag, None)
+        assert not hasattr(module, flag)
+    assert use_sorted_experts(model)
+    for module in _experts_modules(model):
+        setattr(module, flag, True)
+    assert not use_sorted_experts(model)
+
+
+def test_a_layout_flag_the_experts_lack_is_refused():
+    model = _qwen3_moe()
+    for module in _experts_modules(model):
+        vars(module).pop("is_transposed", None)
+        assert not hasattr(module, "is_transposed")
+    assert not use_sorted_experts(model)
+
+
 def test_checkpoints_do_not_name_the_kernel(tmp_path):
     """A saved policy loads anywhere with stock transformers: the choice is not written to config.json."""
     from transformers import AutoModelForCausalLM

@@ -15,7 +15,9 @@ a GPU. What a GPU would refuse or pay for is caught on the way:
 
 Explicit transfers stay legal: `cpu_tensor.to(cuda)` and `cuda_tensor.copy_(cpu_tensor)` are how data is
 meant to reach the device. Autocast on `cuda` is off on a CPU-only build (torch warns and disables it),
-so the check runs the fp32 path.
+so the check runs the fp32 path. Inside the context `torch.cuda.is_available()` is False also on a machine
+with a GPU: code that asks whether real CUDA kernels exist (FP8 matmuls, say) must not be told yes about
+tensors that live on the CPU.
 
 This is how tests prove that a path places every tensor where its inputs are (tests/devices/); it
 proves placement, not speed, and not CUDA numerics.
@@ -28,6 +30,7 @@ import os
 import sys
 import traceback
 from collections import Counter
+from unittest import mock
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -290,7 +293,11 @@ def fake_cuda():
     # change a tensor's type)
     torch.__future__.set_swap_module_params_on_conversion(True)
     try:
-        with FakeCuda() as mode, _DataFactories():
+        with (
+            mock.patch.object(torch.cuda, "is_available", return_value=False),
+            FakeCuda() as mode,
+            _DataFactories(),
+        ):
             yield mode
     finally:
         torch.__future__.set_swap_module_params_on_conversion(previous)

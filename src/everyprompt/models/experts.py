@@ -44,14 +44,15 @@ def sorted_experts_forward(
 
 def _fits(module: nn.Module) -> bool:
     """The layout the kernel assumes: gate and up concatenated, [E, out, in] weights, no bias, no
-    post-expert norm, all experts local."""
+    post-expert norm, all experts local. A layout flag the module lacks is refused; a feature flag it
+    lacks is off: transformers 5.17 (a GPU image's) has no post-expert norm or expert parallelism flag."""
     return (
         getattr(module, "has_gate", False)
         and getattr(module, "is_concatenated", False)
         and not getattr(module, "has_bias", True)
         and not getattr(module, "is_transposed", True)
-        and not getattr(module, "has_post_expert_norm", True)
-        and not getattr(module, "_is_expert_parallel", True)
+        and not getattr(module, "has_post_expert_norm", False)
+        and not getattr(module, "_is_expert_parallel", False)
     )
 
 

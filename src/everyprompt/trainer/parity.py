@@ -28,8 +28,9 @@ class ParityError(UnsupportedModelError):
 
 def _trainer_logprobs(model, prompt_ids: list[int], token_ids: list[int], temperature: float) -> torch.Tensor:
     """The completion's log-probs as the learner computes them (`trainer.logprobs.token_logprobs`)."""
-    logprobs, _ = token_logprobs(model, torch.tensor([prompt_ids + token_ids]), temperature)
-    return logprobs[0, len(prompt_ids) - 1 :]
+    ids = torch.tensor([prompt_ids + token_ids], device=next(model.parameters()).device)
+    logprobs, _ = token_logprobs(model, ids, temperature)
+    return logprobs[0, len(prompt_ids) - 1 :].cpu()
 
 
 @torch.no_grad()
@@ -44,7 +45,8 @@ def parity_gap(
     seed: int,
 ) -> dict[str, float]:
     """Mean |engine - trainer| log-prob over the completion tokens of `prompt_ids`, both in fp32."""
-    fp32 = make_engine(engine, model, tokenizer, batch_size=len(prompt_ids), precision="fp32")
+    device = next(model.parameters()).device
+    fp32 = make_engine(engine, model, tokenizer, len(prompt_ids), precision="fp32", device=device)
     requests = [
         GenerationRequest(i, ids, seed=derive_seed(seed, 7919, i)) for i, ids in enumerate(prompt_ids)
     ]
