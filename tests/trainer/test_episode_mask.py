@@ -102,3 +102,22 @@ def test_masked_mismatch_by_hand_with_routes():
     assert metrics["mismatch/logp_abs_diff_flipped"] == pytest.approx(math.log(3))
     assert metrics["mismatch/logp_abs_diff_unflipped"] == 0.0
     assert metrics["mismatch/routing_agreement"] == pytest.approx(3 / 4)  # over every fed token
+
+
+def test_the_rollout_side_carries_each_completions_mask_into_the_batch():
+    """An episode's Completion.completion_mask becomes the batch's; a plain completion beside it is all
+    model tokens; a batch without episodes has no mask at all."""
+    from everyprompt.rollout import Completion
+    from everyprompt.trainer.rollout_side import RolloutSide
+    from everyprompt.zve.expansion import Group
+
+    def completion(n, mask=None):
+        return Completion(0, [1, 2], list(range(3, 3 + n)), torch.zeros(n), "eos", completion_mask=mask)
+
+    episode = completion(4, torch.tensor([True, False, False, True]))
+    groups = [Group(0, 0, [(episode, "a"), (completion(3), "b")], [1.0, 0.0])]
+    batch = RolloutSide._assemble(groups, max_new_tokens=8, version=0)
+    assert [m.tolist() for m in batch.completion_mask] == [[True, False, False, True], [True, True, True]]
+    assert batch.trained_tokens([0, 1]) == 5
+    plain = RolloutSide._assemble([Group(0, 0, [(completion(3), "b")], [1.0])], max_new_tokens=8, version=0)
+    assert plain.completion_mask is None

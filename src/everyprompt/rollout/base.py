@@ -48,6 +48,17 @@ class SamplingParams:
             raise ValueError(f"stop strings must be non-empty, got {list(self.stop)}")
 
 
+class Episode(Protocol):
+    """The other side of a multi-turn completion. A model turn ends where a completion would stop (one of
+    the model's end-of-sequence ids, or a string of `SamplingParams.stop`); the engine then calls
+    `turn_ended` with the completion's tokens so far, and either feeds the tokens it returns (the
+    environment's observation, wrapped as the chat template wraps a message) into the same sequence and
+    lets the model go on, or, given None, finishes the completion. Fed tokens are part of the completion
+    but not the model's: `Completion.completion_mask` is False there, their log-probs and entropies 0."""
+
+    def turn_ended(self, token_ids: list[int]) -> list[int] | None: ...
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     request_id: int
@@ -57,6 +68,9 @@ class GenerationRequest:
     # the length scheduler's guess of this completion's length (tokens): several rollout workers are dealt
     # requests by it (longest first, to the least-loaded worker); one engine may ignore it
     predicted_length: float | None = None
+    # a multi-turn request's other side (an environment's episode, generation/episodes.py): engines with
+    # `episodes = True` call it at the end of each model turn and feed what it returns before the next
+    episode: Episode | None = None
 
 
 @dataclass
@@ -78,6 +92,9 @@ class Completion:
     # [len(token_ids)] int32: the policy version that sampled each token; set by the rollout side (an engine
     # leaves it None), for completions that span a weight update (partial rollouts)
     versions: torch.Tensor | None = None
+    # [len(token_ids)] bool for an episode's completion: True at the model's own tokens, False at the tokens
+    # its environment fed (their log-probs and entropies are 0); None when every token is the model's
+    completion_mask: torch.Tensor | None = None
 
 
 def call_stats(clock: dict[str, float], wall: float, slots: int) -> dict[str, float]:

@@ -164,6 +164,10 @@ class HFEngine:
         for request in requests:
             if not request.prompt_ids:
                 raise ValueError(f"generation request {request.request_id} has an empty prompt")
+        if any(request.episode is not None for request in requests):
+            raise UnsupportedModelError(
+                "the hf engine runs single-turn requests; episodes need rollout.engine=native"
+            )
         if (params.record_routes or params.record_router_logits) and not self.routers:
             wanted = "record_routes" if params.record_routes else "record_router_logits"
             raise UnsupportedModelError(f"{wanted} needs a mixture-of-experts model; this one has no router")

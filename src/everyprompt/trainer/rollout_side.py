@@ -377,6 +377,14 @@ class RolloutSide:
             completion_text=[t for _, t in completions],
             rewards=torch.tensor([math.nan if r is None else r for r in rewards], dtype=torch.float32),
             max_new_tokens=max_new_tokens,
+            completion_mask=[
+                c.completion_mask
+                if c.completion_mask is not None
+                else torch.ones(len(c.token_ids), dtype=torch.bool)
+                for c in every
+            ]
+            if any(c.completion_mask is not None for c in every)
+            else None,
             versions=[
                 c.versions
                 if c.versions is not None

@@ -12,7 +12,9 @@ prefilled at cache positions [0, len) (prompts admitted together are right-padde
 real tokens from seeing the padding), and its t-th generated token is fed at position len + t. A decode
 step runs every row at once, each at its own position, attending to its positions <= that one. When a
 sequence finishes, its row is refilled from the queue before the next step; once the queue is empty,
-the running rows move to the front and the pool shrinks to them.
+the running rows move to the front and the pool shrinks to them. A multi-turn request (its `episode`)
+stays in its row across turns: at a turn's end the environment's observation is fed into the same
+sequence, one token a decode step in place of the sample (turns.py).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from everyprompt.rollout.native.compiled import DecodeCompiler
 from everyprompt.rollout.native.families import FAMILIES, unsupported_settings
 from everyprompt.rollout.native.moe import MixtureOfExperts, swiglu
 from everyprompt.rollout.native.state import Record, Slots, on_device
+from everyprompt.rollout.native.turns import ending, force, take_tokens
 from everyprompt.rollout.native.weights import Layer, StateDict, fp8_matmuls, read_layer
 from everyprompt.rollout.sampling import sample_tokens
 from everyprompt.rollout.stops import StopStrings, stop_token_ids
@@ -52,6 +55,7 @@ class NativeEngine:
 
     PRECISIONS = tuple(PRECISIONS)
     compiles = True  # `compile`: the decode step through torch.compile (compiled.py)
+    episodes = True  # multi-turn requests (GenerationRequest.episode): observations fed into the sequence
     places = True  # `device`: weights, cache and decoding state on that device
 
     def __init__(
@@ -253,12 +257,9 @@ class NativeEngine:
             clock["sample_s"] += sampling
             clock["sample_steps"] += 1
             clock["tokens"] += len(active)
-            finished = []
-            for slot, token in zip(active, tokens):
-                state.tokens[slot].append(token)
-                done = token in self.stop_ids or len(state.tokens[slot]) >= state.limit[slot]
-                if done or stops.hit(state.tokens[slot]):
-                    finished.append(slot)
+            finished, forced = take_tokens(tokens, active, state, requests, self.stop_ids, stops)
+            if forced:
+                sampled = force(sampled, forced, index, step, state)
             if finished:
                 yield from self._finish(requests, state, finished, record, began, stops)
             running = [position for position, slot in enumerate(active) if state.request[slot] >= 0]
@@ -379,8 +380,8 @@ class NativeEngine:
             recorded = record.take(index, fed)
         for row, (slot, count, extra) in enumerate(zip(finished, counts, recorded)):
             request, token_ids = requests[state.request[slot]], state.tokens[slot]
-            reason = "eos" if token_ids[-1] in self.stop_ids else "stop" if stops.hit(token_ids) else "length"
-            state.request[slot] = -1
+            reason, mask = ending(token_ids, state.fed[slot], self.stop_ids, stops)
+            state.request[slot], state.feed[slot], state.fed[slot] = -1, [], []
             yield Completion(
                 request_id=request.request_id,
                 prompt_ids=list(request.prompt_ids),
@@ -388,6 +389,7 @@ class NativeEngine:
                 logprobs=values[0, row, :count].clone(),
                 entropies=values[1, row, :count].clone(),
                 **extra,
+                completion_mask=mask,
                 finish_reason=reason,
                 timing={"finished_s": time.perf_counter() - began},
             )

@@ -89,12 +89,15 @@ class Slots:
         self.logits = torch.zeros(slots, vocab_size, device=device)  # pending next-token logits
         self.logprobs = torch.zeros(slots, max_new_tokens, device=device)
         self.entropies = torch.zeros(slots, max_new_tokens, device=device)
-        # the host mirror: index into the call's requests (-1: free), cache length, token limit, and the
-        # tokens sampled so far
+        # the host mirror: index into the call's requests (-1: free), cache length, token limit, the
+        # completion's tokens so far, and, for episodes (GenerationRequest.episode), the observation tokens
+        # still to feed and the indices of the completion's tokens that are not the model's
         self.request = [-1] * slots
         self.host_length = [0] * slots
         self.limit = [0] * slots
         self.tokens: list[list[int]] = [[] for _ in range(slots)]
+        self.feed: list[list[int]] = [[] for _ in range(slots)]
+        self.fed: list[list[int]] = [[] for _ in range(slots)]
 
     @property
     def free(self) -> list[int]:
@@ -109,6 +112,6 @@ class Slots:
         index = on_device(rows, device)
         for name in ("length", "step", "seed", "logits", "logprobs", "entropies"):
             setattr(self, name, getattr(self, name)[index])
-        for name in ("request", "host_length", "limit", "tokens"):
+        for name in ("request", "host_length", "limit", "tokens", "feed", "fed"):
             values = getattr(self, name)
             setattr(self, name, [values[row] for row in rows])

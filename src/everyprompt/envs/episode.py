@@ -1,0 +1,69 @@
+"""An environment's episode as the rollout engine sees it (`rollout.base.Episode`): text in, tokens out.
+
+The environment speaks messages (envs/base.py); the engine speaks tokens. `TokenEpisode` renders the
+episode's first messages into the prompt with the tokenizer's chat template, and at the end of each model
+turn decodes the turn, asks the environment, and renders its answer the same way: the tokens fed are
+exactly the characters the chat template writes after the model's turn (closing the turn, the tool or user
+message, the opening of the next assistant turn), so the sequence the model sees is the one the template
+would render for the whole conversation. A template that rewrites earlier turns when a conversation grows
+(some strip past reasoning) cannot be fed incrementally and is refused, naming the first difference.
+"""
+
+from __future__ import annotations
+
+from everyprompt.envs.base import Environment, EnvironmentSetupError, Message
+
+
+class TokenEpisode:
+    """One episode of `env` on data row `row`, tokenised by `tokenizer` (which must have a chat template).
+
+    `prompt_ids` is the request's prompt; pass the episode as `GenerationRequest.episode`. After the engine
+    finishes the completion, `reward` is the episode's (the last non-None reward a step gave; None if none
+    did), `turns` the number of model turns and `messages` the whole conversation."""
+
+    def __init__(self, env: Environment, tokenizer, row: dict, template_kwargs: dict | None = None):
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise EnvironmentSetupError("multi-turn environments need a tokenizer with a chat template")
+        self.env, self.tokenizer, self.options = env, tokenizer, dict(template_kwargs or {})
+        self.messages: list[Message] = list(env.init(row))
+        self.rendered = self._render(self.messages, generation_prompt=True)
+        self.prompt_ids: list[int] = self._ids(self.rendered)
+        self.consumed = 0  # completion tokens already part of earlier turns and observations
+        self.reward: float | None = None
+        self.turns = 0
+        self.metadata: dict = {}
+
+    def turn_ended(self, token_ids: list[int]) -> list[int] | None:
+        """`token_ids`: the completion so far; its tokens after `consumed` are the model's new turn."""
+        turn = token_ids[self.consumed :]
+        self.turns += 1
+        action = self.tokenizer.decode(turn, skip_special_tokens=True)
+        result = self.env.step(action)
+        if result.reward is not None:
+            self.reward = result.reward
+        self.metadata = result.metadata
+        self.messages.append({"role": "assistant", "content": action})
+        if result.done or not result.observations:
+            return None
+        written = self.rendered + self.tokenizer.decode(turn, skip_special_tokens=False)
+        self.messages.extend(result.observations)
+        rendered = self._render(self.messages, generation_prompt=True)
+        if not rendered.startswith(written):
+            at = next((i for i, (a, b) in enumerate(zip(rendered, written)) if a != b), len(written))
+            raise EnvironmentSetupError(
+                "the chat template renders the conversation differently once it grows (at character "
+                f"{at}: {written[at : at + 40]!r} became {rendered[at : at + 40]!r}); an episode's turns "
+                "can only be fed to the model if each rendering extends the last"
+            )
+        observation = self._ids(rendered[len(written) :])
+        self.rendered = rendered
+        self.consumed = len(token_ids) + len(observation)
+        return observation
+
+    def _render(self, messages: list[Message], generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=generation_prompt, **self.options
+        )
+
+    def _ids(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False).input_ids
