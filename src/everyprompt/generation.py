@@ -52,6 +52,8 @@ def sample_and_score(
         raise ValueError(f"request ids must be 0..{len(requests) - 1}, got {ids[:5]}...")
     done: dict[int, tuple[Completion, str]] = {}
     scored: list[int] = []
+    episodes = {r.request_id: r.episode for r in requests if r.episode is not None}
+    judged: dict[int, float] = {}  # episodes: their environment's reward, not the pool's
     began = time.perf_counter()
     for completion in engine.generate(requests, params):
         number = completion.request_id
@@ -63,11 +65,16 @@ def sample_and_score(
         tokens = completion.token_ids if prefixes is None else [*prefixes[number], *completion.token_ids]
         text = tokenizer.decode(tokens, skip_special_tokens=True)
         done[number] = (completion, text)
+        if number in episodes:  # an episode the cap cut before the environment judged it: reward 0
+            reward = episodes[number].reward
+            judged[number] = 0.0 if reward is None else reward
+            continue
         rewards.submit((call, number), text, rows[number])
         scored.append(number)
     generated = time.perf_counter()
     scored.sort()
     values = dict(zip(scored, rewards.wait([(call, i) for i in scored])))
+    values.update(judged)
     components = dict(zip(scored, rewards.last_components))
     return ScoredSamples(
         completions=[done[i][0] for i in range(len(requests))],
@@ -77,5 +84,5 @@ def sample_and_score(
         generate_s=generated - began,
         reward_wait_s=time.perf_counter() - generated,
         engine_stats=dict(engine.stats),
-        scored=len(scored),
+        scored=len(scored) + len(judged),
     )

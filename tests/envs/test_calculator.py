@@ -18,7 +18,17 @@ from everyprompt.envs.calculator import CalculatorError, format_value
 
 @pytest.mark.parametrize(
     ("text", "value"),
-    [("37*48", 1776), ("(2+3)**2", 25), ("7/2", 3.5), ("-3+1", -2), (" 17 // 5 % 3 ", 0), ("2.5*4", 10.0)],
+    [
+        ("37*48", 1776),
+        ("(2+3)**2", 25),
+        ("7/2", 3.5),
+        ("-3+1", -2),
+        (" 17 // 5 % 3 ", 0),
+        ("2.5*4", 10.0),
+        ("6 × 7", 42),
+        ("8 ÷ 2", 4.0),
+        ("3 − 1", 2),  # the signs SmolLM2 writes in its calls
+    ],
 )
 def test_arithmetic_by_hand(text, value):
     assert evaluate_expression(text) == value
@@ -85,3 +95,12 @@ def test_the_registry_names_what_it_knows():
         make_environment("nope")
     with pytest.raises(ValueError, match="already registered"):
         register_environment("calculator")(CalculatorEnv)
+
+
+def test_the_example_is_one_worked_exchange_before_the_question():
+    env = CalculatorEnv(example=True)
+    messages = env.init({"prompt": "What is 6 × 7?", "answer": "42"})
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant", "user"]
+    shown = CalculatorEnv().step(messages[2]["content"])  # the example's call computes the example's value
+    assert shown.observations == [{"role": "tool", "content": messages[3]["content"]}]
+    assert len(CalculatorEnv().init({"prompt": "q", "answer": "1"})) == 2

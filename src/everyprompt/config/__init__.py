@@ -24,6 +24,7 @@ from everyprompt.config.model import DataConfig, LoRAConfig, ModelConfig, SFTCon
 from everyprompt.config.rl import KLConfig, RLConfig, RolloutCorrectionConfig
 from everyprompt.config.rollout import (
     DEFAULT_JUDGE_TEMPLATE,
+    EnvConfig,
     GenRMConfig,
     RewardComponentConfig,
     RewardsConfig,
@@ -106,6 +107,7 @@ class Config(Section):
     sft: SFTConfig = Field(default_factory=SFTConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     rewards: RewardsConfig = Field(default_factory=RewardsConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
     rl: RLConfig = Field(default_factory=RLConfig)
     zve: ZVEConfig = Field(default_factory=ZVEConfig)
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
@@ -113,6 +115,22 @@ class Config(Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+
+    @model_validator(mode="after")
+    def _episodes_need_a_native_chat_setup(self) -> Config:
+        if self.env.name is None:
+            return self
+        if self.rollout.engine == "hf" or self.rollout.partial:
+            setting = "rollout.engine=hf" if self.rollout.engine == "hf" else "rollout.partial=true"
+            raise ValueError(
+                f"env.name={self.env.name} runs episodes in the native engine, without {setting}"
+            )
+        if self.data.format == "plain" or self.data.system_prompt is not None:
+            raise ValueError(
+                f"env.name={self.env.name}: the environment writes the episode's first messages in the chat "
+                "template; data.format=plain and data.system_prompt do not apply"
+            )
+        return self
 
     @model_validator(mode="after")
     def _rollout_logprobs_need_fp32(self) -> Config:
@@ -272,6 +290,7 @@ __all__ = [
     "DataConfig",
     "EvalConfig",
     "ExpansionConfig",
+    "EnvConfig",
     "GenRMConfig",
     "KLConfig",
     "LoRAConfig",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -98,6 +98,19 @@ DEFAULT_JUDGE_TEMPLATE = (
     "Question: {question}\nReference answer: {reference}\nResponse: {response}\n"
     "Think step by step, then end with one line: Verdict: correct, Verdict: partial or Verdict: incorrect.\n"
 )
+
+
+class EnvConfig(Section):
+    name: str | None = Field(
+        None,
+        description="Multi-turn episodes: the environment every RL prompt runs in (a registered name, e.g. "
+        "`calculator`; docs/environments.md). Its first messages replace the prompt's formatting and its "
+        "reward replaces `rewards`. None: single-turn completions.",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword options of the environment (calculator: max_calls, example).",
+    )
 
 
 class GenRMConfig(Section):

@@ -27,6 +27,15 @@ SYSTEM = (
     "and its value comes back. When you know the answer, state it plainly."
 )
 
+# `example=True`: one worked exchange before the question (a small model given only the system message
+# never calls the tool: SmolLM2-135M made 0 calls in 16 episodes; with this example, 3)
+EXAMPLE = [
+    {"role": "user", "content": "What is 12 × 13?"},
+    {"role": "assistant", "content": "<calc>12*13</calc>"},
+    {"role": "tool", "content": "156"},
+    {"role": "assistant", "content": "12 × 13 = 156."},
+]
+
 _BINARY = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
@@ -37,6 +46,8 @@ _BINARY = {
     ast.Pow: operator.pow,
 }
 _UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos}
+# the signs people (and SmolLM2) write for these operators: 6 × 7, 8 ÷ 2, 3 − 1
+_SIGNS = str.maketrans({"×": "*", "÷": "/", "−": "-"})
 
 
 class CalculatorError(ValueError):
@@ -45,7 +56,7 @@ class CalculatorError(ValueError):
 
 def evaluate_expression(text: str) -> int | float:
     """The value of arithmetic expression `text`; CalculatorError for anything else."""
-    text = text.strip()
+    text = text.strip().translate(_SIGNS)
     if not text:
         raise CalculatorError("empty expression")
     if len(text) > MAX_EXPRESSION:
@@ -93,12 +104,12 @@ def format_value(value: int | float) -> str:
 @register_environment("calculator")
 class CalculatorEnv:
     """One episode of a question with the calculator tool: at most `max_calls` calls are answered (a
-    call beyond them is judged as the final answer)."""
+    call beyond them is judged as the final answer); `example`: a worked exchange before the question."""
 
     stop = (CALL_END,)
 
-    def __init__(self, max_calls: int = 4):
-        self.max_calls, self.calls, self.answer = max_calls, 0, None
+    def __init__(self, max_calls: int = 4, example: bool = False):
+        self.max_calls, self.example, self.calls, self.answer = max_calls, example, 0, None
 
     def init(self, row: dict) -> list[Message]:
         if "prompt" not in row or "answer" not in row:
@@ -106,7 +117,12 @@ class CalculatorEnv:
                 f"the calculator environment needs 'prompt' and 'answer' in each data row, got {sorted(row)}"
             )
         self.answer, self.calls = str(row["answer"]), 0
-        return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": str(row["prompt"])}]
+        shown = EXAMPLE if self.example else []
+        return [
+            {"role": "system", "content": SYSTEM},
+            *shown,
+            {"role": "user", "content": str(row["prompt"])},
+        ]
 
     def step(self, action: str) -> StepResult:
         call = CALL.search(action)

@@ -11,7 +11,7 @@ would render for the whole conversation. A template that rewrites earlier turns 
 
 from __future__ import annotations
 
-from everyprompt.envs.base import Environment, EnvironmentSetupError, Message
+from everyprompt.envs.base import Environment, EnvironmentSetupError, Message, make_environment
 
 
 class TokenEpisode:
@@ -67,3 +67,31 @@ class TokenEpisode:
 
     def _ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False).input_ids
+
+
+class Episodes:
+    """The configured environment's episodes (config `env`): one fresh environment and `TokenEpisode` per
+    request (an environment keeps its episode's state), and the stop strings that end its model turns."""
+
+    def __init__(self, name: str, options: dict, tokenizer, template_kwargs: dict | None = None):
+        self.name, self.options = name, dict(options)
+        self.tokenizer, self.template_kwargs = tokenizer, dict(template_kwargs or {})
+        try:
+            probe = make_environment(name, **self.options)  # an unknown name lists the registered ones
+        except TypeError as err:  # an option the environment does not take
+            raise EnvironmentSetupError(
+                f"env.options {self.options} for environment {name!r}: {err}"
+            ) from None
+        self.stop: tuple[str, ...] = tuple(getattr(probe, "stop", ()))
+
+    @classmethod
+    def from_config(cls, config, tokenizer) -> Episodes | None:
+        """`config.env`'s episodes, or None for single-turn runs."""
+        if config.env.name is None:
+            return None
+        return cls(config.env.name, config.env.options, tokenizer, config.data.template_kwargs)
+
+    def start(self, row: dict) -> TokenEpisode:
+        """A new episode on data row `row` (EnvironmentSetupError if the environment cannot start from it)."""
+        env = make_environment(self.name, **self.options)
+        return TokenEpisode(env, self.tokenizer, row, self.template_kwargs)

@@ -21,6 +21,7 @@ from everyprompt.data.curriculum import Curriculum
 from everyprompt.data.formatting import prompt_format_of
 from everyprompt.data.passrate import PassRateStore
 from everyprompt.data.source import ALL, PromptSource, buckets_by_field, buckets_by_pass_rate
+from everyprompt.envs.episode import Episodes
 from everyprompt.generation import ScoredSamples, sample_and_score
 from everyprompt.rewards import build_reward
 from everyprompt.rewards.health import RewardHealth
@@ -29,7 +30,7 @@ from everyprompt.rollout import GenerationRequest, RolloutEngine, SamplingParams
 from everyprompt.rollout.scheduler import LengthPredictor, admission_order
 from everyprompt.trainer.partial import PartialRollouts, tag
 from everyprompt.trainer.tally import StepTally
-from everyprompt.zve import Collection, Group, collect_groups, group_zero_variance
+from everyprompt.zve import Group, collect_groups, group_zero_variance
 from everyprompt.zve.expansion import InFlight
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,11 @@ class RolloutSide:
         self.retired_total = 0
         self.health = RewardHealth(config.rewards.max_error_fraction, config.rewards.error_window)
         self.prompt_format = prompt_format_of(config, tokenizer)
-        self.prompt_ids = [self.prompt_format.prompt_ids(p) for p in prompts]
+        self.episodes = Episodes.from_config(config, tokenizer)  # multi-turn: the environment's prompts
+        if self.episodes is not None:
+            self.prompt_ids = [self.episodes.start(p).prompt_ids for p in prompts]
+        else:
+            self.prompt_ids = [self.prompt_format.prompt_ids(p) for p in prompts]
         keys = sorted({key for row in prompts for key in row})
         self._reward_rows = [{key: row.get(key) for key in keys} for row in prompts]
         self._calls = 0  # generate calls so far: keeps each call's reward keys apart
@@ -143,7 +148,7 @@ class RolloutSide:
             settings["rollout.temperature"],
             settings["rollout.top_p"],
             record_routes=self.engine.can_record_routes,  # replay and the routing-mismatch metrics
-            stop=tuple(self.config.rollout.stop),
+            stop=(*self.config.rollout.stop, *(self.episodes.stop if self.episodes else ())),
         )
         tally = StepTally()
         errors_before = self.rewards.stats.errors
@@ -169,7 +174,7 @@ class RolloutSide:
         batch.stats = {
             **self._record_pass_rates(finished + collection.all_groups, step),
             **self._partial_stats(batch),
-            **self._collection_stats(collection),
+            **collection.metrics(),
             **self._reward_stats(batch, collection.generated),
             **tally.metrics(),
             "reward/errors": float(self.rewards.stats.errors - errors_before),
@@ -255,7 +260,11 @@ class RolloutSide:
         predicted = [self.lengths.predict(self.prompts[i]["prompt"], self._bucket(i)) for i, _, _ in specs]
         requests = [
             GenerationRequest(
-                i, self.prompt_ids[index], derive_seed(seed, step, slot, s), predicted_length=predicted[i]
+                i,
+                self.prompt_ids[index],
+                derive_seed(seed, step, slot, s),
+                predicted_length=predicted[i],
+                episode=self.episodes.start(self.prompts[index]) if self.episodes else None,
             )
             for i, (index, slot, s) in enumerate(specs)
         ]
@@ -318,17 +327,6 @@ class RolloutSide:
             "zve/deferred_now": float(self.store.counts()["deferred"]),
         }
 
-    @staticmethod
-    def _collection_stats(collection: Collection) -> dict[str, float]:
-        return {
-            "zve/generated_rollouts": float(collection.generated),
-            "zve/expansion_rounds": float(collection.rounds),
-            "zve/sampled_groups": float(collection.sampled_groups),
-            "zve/dropped_groups": float(collection.dropped_groups),
-            "zve/zero_variance_rate": collection.zv_sampled,
-            "zve/zero_variance_rate_expanded": collection.zv_expanded,
-        }
-
     def _reward_stats(self, batch: RolloutBatch, generated: int) -> dict[str, float]:
         """reward/* and rollout/* of the batch, and how many of the `generated` rollouts carry a signal.
         A batch can be empty with partial rollouts (every group still in flight): its figures are NaN."""
@@ -350,6 +348,7 @@ class RolloutSide:
             "zve/signal_groups": float(signal_groups),
             "zve/rollouts_per_signal_group": generated / signal_groups if signal_groups else math.inf,
             "rollout/tokens": float(tokens),
+            "rollout/environment_tokens": float(tokens - batch.trained_tokens(list(range(rows)))),
             "rollout/mean_length": tokens / rows if rows else nan,
             "rollout/truncated_fraction": batch.finish_reason.count("length") / rows if rows else nan,
         }

@@ -71,6 +71,17 @@ class Collection:
     dropped_groups: int  # groups sampled but left out of the update
     in_flight: list[Group] = field(default_factory=list)  # groups with unfinished samples (partial rollouts)
 
+    def metrics(self) -> dict[str, float]:
+        """The step's zve/* figures of how its groups were obtained."""
+        return {
+            "zve/generated_rollouts": float(self.generated),
+            "zve/expansion_rounds": float(self.rounds),
+            "zve/sampled_groups": float(self.sampled_groups),
+            "zve/dropped_groups": float(self.dropped_groups),
+            "zve/zero_variance_rate": self.zv_sampled,
+            "zve/zero_variance_rate_expanded": self.zv_expanded,
+        }
+
 
 Sampler = Callable[[list[tuple[int, int, int]]], list[tuple[object, float | None]]]
 

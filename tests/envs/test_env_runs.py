@@ -1,0 +1,85 @@
+"""`env.name` in a run: RL on episodes end to end (tiny chat model), and the settings it refuses."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from everyprompt.cli import main
+from everyprompt.config import ConfigError
+from everyprompt.envs import StepResult, register_environment
+from everyprompt.pipeline import train
+from tests.conftest import TINY_OVERRIDES, tiny_config
+
+
+@register_environment("test-answer-once")
+class AnswerOnce:
+    """Ends the model's first turn at a space (a random model writes one within a few tokens), answers it
+    once with a tool message, and rewards the second turn by its length's parity (a signal that varies)."""
+
+    stop = (" ",)
+
+    def __init__(self, reply: str = "ok"):
+        self.reply, self.turns = reply, 0
+
+    def init(self, row):
+        return [{"role": "user", "content": row["prompt"]}]
+
+    def step(self, action):
+        self.turns += 1
+        if self.turns == 1:
+            return StepResult([{"role": "tool", "content": self.reply}])
+        return StepResult([], reward=float(len(action) % 2), done=True)
+
+
+EPISODES = (
+    "model.preset=tiny-chat-moe",
+    "env.name=test-answer-once",
+    "sft.steps=0",
+    "rollout.max_new_tokens=24",
+)
+
+
+def test_rl_on_episodes_trains_on_the_model_tokens_with_the_environments_reward(tmp_path):
+    train(tiny_config(*EPISODES, "rl.steps=2", "rl.group_size=4"), run_dir=tmp_path)
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == 2
+    assert any(line["rollout/environment_tokens"] > 0 for line in lines)  # observations were fed
+    assert all(line["rollout/environment_tokens"] < line["rollout/tokens"] for line in lines)
+    assert all(0.0 <= line["reward/mean"] <= 1.0 for line in lines)  # the environment's reward
+    assert all(line["reward/none_fraction"] == 0.0 for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("setting", "says"),
+    [
+        ("rollout.engine=hf", "native engine, without rollout.engine=hf"),
+        ("rollout.partial=true", "without rollout.partial=true"),
+        ("data.format=plain", "data.format=plain and data.system_prompt do not apply"),
+    ],
+)
+def test_settings_episodes_cannot_run_with_are_config_errors(setting, says):
+    with pytest.raises(ConfigError, match=says):
+        tiny_config(*EPISODES, setting)
+
+
+def test_an_unknown_environment_or_option_stops_the_run_with_exit_2(tmp_path, capsys):
+    code = main(
+        [
+            "train",
+            *TINY_OVERRIDES,
+            *EPISODES[:1],
+            "sft.steps=0",
+            "env.name=nope",
+            "--run-dir",
+            str(tmp_path / "a"),
+        ]
+    )
+    assert code == 2 and "unknown environment 'nope'" in capsys.readouterr().err
+    bad = ["env.name=test-answer-once", "env.options={colour: red}"]
+    code = main(
+        ["train", *TINY_OVERRIDES, *EPISODES[:1], "sft.steps=0", *bad, "--run-dir", str(tmp_path / "b")]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "env.options" in err and "colour" in err and "Traceback" not in err
