@@ -52,7 +52,6 @@ def sample_and_score(
         raise ValueError(f"request ids must be 0..{len(requests) - 1}, got {ids[:5]}...")
     done: dict[int, tuple[Completion, str]] = {}
     scored: list[int] = []
-    episodes = {r.request_id: r.episode for r in requests if r.episode is not None}
     judged: dict[int, float] = {}  # episodes: their environment's reward, not the pool's
     began = time.perf_counter()
     for completion in engine.generate(requests, params):
@@ -65,8 +64,8 @@ def sample_and_score(
         tokens = completion.token_ids if prefixes is None else [*prefixes[number], *completion.token_ids]
         text = tokenizer.decode(tokens, skip_special_tokens=True)
         done[number] = (completion, text)
-        if number in episodes:  # an episode the cap cut before the environment judged it: reward 0
-            reward = episodes[number].reward
+        if completion.episode is not None:  # an episode the cap cut before its environment judged it: 0
+            reward = completion.episode.reward
             judged[number] = 0.0 if reward is None else reward
             continue
         rewards.submit((call, number), text, rows[number])

@@ -54,8 +54,9 @@ def test_rl_on_episodes_trains_on_the_model_tokens_with_the_environments_reward(
 @pytest.mark.parametrize(
     ("setting", "says"),
     [
-        ("rollout.engine=hf", "native engine, without rollout.engine=hf"),
-        ("rollout.partial=true", "without rollout.partial=true"),
+        ("rollout.engine=hf", "local native engine, not with rollout.engine=hf"),
+        ("rollout.partial=true", "not with rollout.partial=true"),
+        ("cluster.backend=ray", "not with cluster.backend=ray"),
         ("data.format=plain", "data.format=plain and data.system_prompt do not apply"),
     ],
 )

@@ -120,11 +120,16 @@ class Config(Section):
     def _episodes_need_a_native_chat_setup(self) -> Config:
         if self.env.name is None:
             return self
-        if self.rollout.engine == "hf" or self.rollout.partial:
-            setting = "rollout.engine=hf" if self.rollout.engine == "hf" else "rollout.partial=true"
-            raise ValueError(
-                f"env.name={self.env.name} runs episodes in the native engine, without {setting}"
-            )
+        refused = {
+            "rollout.engine=hf": self.rollout.engine == "hf",
+            "rollout.partial=true": self.rollout.partial,
+            "cluster.backend=ray": self.cluster.backend == "ray",  # not yet run with episodes
+        }
+        for setting, present in refused.items():
+            if present:
+                raise ValueError(
+                    f"env.name={self.env.name} runs episodes in the local native engine, not with {setting}"
+                )
         if self.data.format == "plain" or self.data.system_prompt is not None:
             raise ValueError(
                 f"env.name={self.env.name}: the environment writes the episode's first messages in the chat "

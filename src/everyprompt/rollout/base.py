@@ -95,6 +95,9 @@ class Completion:
     # [len(token_ids)] bool for an episode's completion: True at the model's own tokens, False at the tokens
     # its environment fed (their log-probs and entropies are 0); None when every token is the model's
     completion_mask: torch.Tensor | None = None
+    # the request's episode once the completion finished (an engine in another process returns its own copy,
+    # the one the environment stepped): its reward is the completion's
+    episode: Episode | None = None
 
 
 def call_stats(clock: dict[str, float], wall: float, slots: int) -> dict[str, float]:

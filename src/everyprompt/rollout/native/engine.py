@@ -390,6 +390,7 @@ class NativeEngine:
                 entropies=values[1, row, :count].clone(),
                 **extra,
                 completion_mask=mask,
+                episode=request.episode,
                 finish_reason=reason,
                 timing={"finished_s": time.perf_counter() - began},
             )
