@@ -27,6 +27,7 @@ class ScoredSamples:
     reward_wait_s: float = 0.0  # then waiting for the last rewards
     engine_stats: dict[str, float] = field(default_factory=dict)  # the engine's figures of this call
     scored: int = 0  # completions sent to the reward (all but unfinished partial rollouts)
+    environment_errors: list[str] = field(default_factory=list)  # episodes ended by their environment raising
 
 
 def sample_and_score(
@@ -53,6 +54,7 @@ def sample_and_score(
     done: dict[int, tuple[Completion, str]] = {}
     scored: list[int] = []
     judged: dict[int, float] = {}  # episodes: their environment's reward, not the pool's
+    errors: list[str] = []  # episodes whose environment raised
     began = time.perf_counter()
     for completion in engine.generate(requests, params):
         number = completion.request_id
@@ -64,9 +66,12 @@ def sample_and_score(
         tokens = completion.token_ids if prefixes is None else [*prefixes[number], *completion.token_ids]
         text = tokenizer.decode(tokens, skip_special_tokens=True)
         done[number] = (completion, text)
-        if completion.episode is not None:  # an episode the cap cut before its environment judged it: 0
-            reward = completion.episode.reward
-            judged[number] = 0.0 if reward is None else reward
+        if completion.episode is not None:  # its environment's reward; 0 if the cap cut it before judging
+            episode = completion.episode
+            if getattr(episode, "error", None):  # an environment that failed: no reward, as a failed reward
+                errors.append(episode.error)
+            else:
+                judged[number] = 0.0 if episode.reward is None else episode.reward
             continue
         rewards.submit((call, number), text, rows[number])
         scored.append(number)
@@ -84,4 +89,5 @@ def sample_and_score(
         reward_wait_s=time.perf_counter() - generated,
         engine_stats=dict(engine.stats),
         scored=len(scored) + len(judged),
+        environment_errors=errors,
     )

@@ -84,3 +84,24 @@ def test_an_unknown_environment_or_option_stops_the_run_with_exit_2(tmp_path, ca
     )
     err = capsys.readouterr().err
     assert code == 2 and "env.options" in err and "colour" in err and "Traceback" not in err
+
+
+@register_environment("test-raises")
+class Raises(AnswerOnce):
+    """Answers the first turn, then raises: every episode that reaches a second turn fails."""
+
+    def step(self, action):
+        if self.turns:
+            raise ValueError("broken tool")
+        return super().step(action)
+
+
+def test_an_environment_that_raises_costs_its_episodes_reward_never_the_run(tmp_path, caplog):
+    train(tiny_config(*EPISODES, "env.name=test-raises", "rl.steps=2", "rl.group_size=4"), run_dir=tmp_path)
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == 2 and sum(line.get("env/errors", 0) for line in lines) > 0
+    assert any(line["reward/none_fraction"] > 0 for line in lines)
+    assert (
+        "ended by their environment raising, the first: Raises.step raised ValueError: broken tool"
+        in caplog.text
+    )

@@ -133,3 +133,35 @@ def test_the_engine_feeds_the_rendered_answer_and_masks_it(tokenizer):
     assert episode.messages[1]["role"] == "assistant"
     assert text == tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
     assert episode.reward == (0.5 if episode.turns == 2 else None)
+
+
+class _Raises:
+    def init(self, row):
+        return [{"role": "user", "content": row["prompt"]}]
+
+    def step(self, action):
+        raise RuntimeError("the sandbox is gone")
+
+
+class _Endless:
+    def init(self, row):
+        return [{"role": "user", "content": row["prompt"]}]
+
+    def step(self, action):
+        return StepResult([{"role": "user", "content": "more"}], reward=0.25)
+
+
+def test_an_environment_that_raises_ends_its_episode_with_the_error_recorded(tokenizer):
+    episode = TokenEpisode(_Raises(), tokenizer, ROW)
+    assert episode.turn_ended(_ids(tokenizer, "hello")) is None
+    assert episode.error == "_Raises.step raised RuntimeError: the sandbox is gone"
+    assert episode.reward is None and episode.turns == 1
+
+
+def test_an_episode_ends_after_max_turns_whatever_the_environment_says(tokenizer):
+    episode = TokenEpisode(_Endless(), tokenizer, ROW, max_turns=2)
+    tokens = _ids(tokenizer, "a")
+    observation = episode.turn_ended(tokens)
+    assert observation
+    assert episode.turn_ended(tokens + observation + _ids(tokenizer, "b")) is None
+    assert episode.turns == 2 and episode.reward == 0.25 and episode.error is None

@@ -111,6 +111,7 @@ class EnvConfig(Section):
         default_factory=dict,
         description="Keyword options of the environment (calculator: max_calls, example).",
     )
+    max_turns: int = Field(8, ge=1, description="Model turns an episode may take; it ends after the last.")
 
 
 class GenRMConfig(Section):

@@ -19,12 +19,18 @@ class TokenEpisode:
 
     `prompt_ids` is the request's prompt; pass the episode as `GenerationRequest.episode`. After the engine
     finishes the completion, `reward` is the episode's (the last non-None reward a step gave; None if none
-    did), `turns` the number of model turns and `messages` the whole conversation."""
+    did), `turns` the number of model turns and `messages` the whole conversation; `error` what the
+    environment raised, if it did. After `max_turns` model turns the episode ends whatever the environment
+    says."""
 
-    def __init__(self, env: Environment, tokenizer, row: dict, template_kwargs: dict | None = None):
+    def __init__(
+        self, env: Environment, tokenizer, row: dict, template_kwargs: dict | None = None, max_turns: int = 8
+    ):
         if getattr(tokenizer, "chat_template", None) is None:
             raise EnvironmentSetupError("multi-turn environments need a tokenizer with a chat template")
         self.env, self.tokenizer, self.options = env, tokenizer, dict(template_kwargs or {})
+        self.max_turns = max_turns
+        self.error: str | None = None  # what the environment raised, if it did (the episode ended there)
         self.messages: list[Message] = list(env.init(row))
         self.rendered = self._render(self.messages, generation_prompt=True)
         self.prompt_ids: list[int] = self._ids(self.rendered)
@@ -38,12 +44,16 @@ class TokenEpisode:
         turn = token_ids[self.consumed :]
         self.turns += 1
         action = self.tokenizer.decode(turn, skip_special_tokens=True)
-        result = self.env.step(action)
+        self.messages.append({"role": "assistant", "content": action})
+        try:
+            result = self.env.step(action)
+        except Exception as err:  # the environment's failure ends its episode, never the run
+            self.error = f"{type(self.env).__name__}.step raised {type(err).__name__}: {err}"
+            return None
         if result.reward is not None:
             self.reward = result.reward
         self.metadata = result.metadata
-        self.messages.append({"role": "assistant", "content": action})
-        if result.done or not result.observations:
+        if result.done or not result.observations or self.turns >= self.max_turns:
             return None
         written = self.rendered + self.tokenizer.decode(turn, skip_special_tokens=False)
         self.messages.extend(result.observations)
@@ -73,8 +83,10 @@ class Episodes:
     """The configured environment's episodes (config `env`): one fresh environment and `TokenEpisode` per
     request (an environment keeps its episode's state), and the stop strings that end its model turns."""
 
-    def __init__(self, name: str, options: dict, tokenizer, template_kwargs: dict | None = None):
-        self.name, self.options = name, dict(options)
+    def __init__(
+        self, name: str, options: dict, tokenizer, template_kwargs: dict | None = None, max_turns: int = 8
+    ):
+        self.name, self.options, self.max_turns = name, dict(options), max_turns
         self.tokenizer, self.template_kwargs = tokenizer, dict(template_kwargs or {})
         try:
             probe = make_environment(name, **self.options)  # an unknown name lists the registered ones
@@ -89,9 +101,10 @@ class Episodes:
         """`config.env`'s episodes, or None for single-turn runs."""
         if config.env.name is None:
             return None
-        return cls(config.env.name, config.env.options, tokenizer, config.data.template_kwargs)
+        env = config.env
+        return cls(env.name, env.options, tokenizer, config.data.template_kwargs, env.max_turns)
 
     def start(self, row: dict) -> TokenEpisode:
         """A new episode on data row `row` (EnvironmentSetupError if the environment cannot start from it)."""
         env = make_environment(self.name, **self.options)
-        return TokenEpisode(env, self.tokenizer, row, self.template_kwargs)
+        return TokenEpisode(env, self.tokenizer, row, self.template_kwargs, self.max_turns)

@@ -170,6 +170,9 @@ class RolloutSide:
         if self.partial is not None:
             self.partial.hold(collection.in_flight, step, self.config.seed, settings["max_new_tokens"])
         self.health.check(step, self.rewards.take_failures(), tally.scored)
+        if tally.environment_errors:  # their episodes have no reward; the run goes on
+            log.warning("step %d: %d episode(s) ended by their environment raising, the first: %s",
+                        step, len(tally.environment_errors), tally.environment_errors[0])  # fmt: skip
         batch = self._assemble(finished + collection.groups, settings["max_new_tokens"], self.version)
         batch.stats = {
             **self._record_pass_rates(finished + collection.all_groups, step),

@@ -16,9 +16,11 @@ class StepTally:
     scored: int = 0  # completions sent to the reward (unfinished partial rollouts are not)
     engine_calls: list[dict[str, float]] = field(default_factory=list)
     components: dict[str, list[float | None]] = field(default_factory=dict)
+    environment_errors: list[str] = field(default_factory=list)  # episodes whose environment raised
 
     def add(self, scored) -> None:
         self.generate_s += scored.generate_s
+        self.environment_errors.extend(scored.environment_errors)
         self.scored += scored.scored
         self.reward_wait_s += scored.reward_wait_s
         if scored.engine_stats:
@@ -36,6 +38,8 @@ class StepTally:
             else math.nan
             for name, values in self.components.items()
         }
+        if self.environment_errors:
+            out["env/errors"] = float(len(self.environment_errors))
         calls = self.engine_calls
         for call in calls:  # namespaced figures an engine adds (cluster/*): summed over the step's calls
             for key, value in call.items():
