@@ -1,4 +1,5 @@
-"""Held-out evaluation: greedy pass@1 and sampled pass@k, overall and per difficulty level.
+"""Held-out evaluation: greedy pass@1 and sampled pass@k, overall and per difficulty level; with an
+environment (config `env`), of its episodes.
 
 A completion passes when its reward is at least 1.0 (full marks of a verifiable reward).
 """
@@ -10,6 +11,7 @@ from math import comb
 
 from everyprompt.config import Config
 from everyprompt.data.formatting import PlainFormat, prompt_format_of
+from everyprompt.envs.episode import Episodes
 from everyprompt.generation import sample_and_score
 from everyprompt.logs import progress_bar
 from everyprompt.rewards import build_reward
@@ -37,17 +39,24 @@ def _passes(
     pool,
     kept: list | None = None,
     progress: bool = False,
+    episodes: Episodes | None = None,
 ) -> list[list[bool]]:
     """Per row, whether each of its `samples` completions passes; with `kept`, each completion's record
     (prompt as the model saw it, completion, extracted answer, reward) is appended to it. `progress`: a
-    bar over the prompts (greedy) or the samples, with their rate."""
-    prompts = [prompt_format.prompt_ids(row) for row in rows]
-    requests = [
-        GenerationRequest(i * samples + j, prompts[i], derive_seed(seed, i, j))
-        for i in range(len(rows))
-        for j in range(samples)
-    ]
+    bar over the prompts (greedy) or the samples, with their rate. `episodes`: each completion is an
+    episode of that environment, judged by it."""
     expanded = [rows[i] for i in range(len(rows)) for _ in range(samples)]
+    started = [episodes.start(row) for row in expanded] if episodes is not None else None
+    prompts = [prompt_format.prompt_ids(row) for row in rows] if started is None else None
+    requests = [
+        GenerationRequest(
+            n,
+            prompts[n // samples] if started is None else started[n].prompt_ids,
+            derive_seed(seed, n // samples, n % samples),
+            episode=None if started is None else started[n],
+        )
+        for n in range(len(expanded))
+    ]
     unit, label = (
         ("prompts", "eval (greedy)") if samples == 1 else ("samples", f"eval ({samples} samples each)")
     )
@@ -62,7 +71,9 @@ def _passes(
             row = expanded[index]
             kept.append(
                 {
-                    "prompt": prompt_format.text(row),
+                    "prompt": prompt_format.text(row)
+                    if started is None
+                    else tokenizer.decode(started[index].prompt_ids),
                     "completion": text,
                     "extracted_answer": extract_answer(text),
                     "answer": row.get("answer"),
@@ -100,14 +111,18 @@ def evaluate(
     timeout_s: float = 30.0,
     completions: list | None = None,
     progress: bool = False,
+    episodes: Episodes | None = None,
 ) -> dict[str, float]:
     """Greedy accuracy (and pass@k when `num_samples` > 0) of `engine` on `rows`, prompts rendered by
     `prompt_format` (data.formatting; default: plain text). Rewards are scored as in training: in
     `workers` processes with a `timeout_s` per call (a reward that hangs or fails scores the completion
     as not passing), or inline with `workers` 0 (the whole call in one reward call, no timeout). With
     `completions` (a list), the greedy completions' records are appended to it, in row order; `progress`
-    shows a bar with prompts/s."""
+    shows a bar with prompts/s. `episodes`: every completion is an episode of that environment (config
+    `env`; envs/episode.py), judged by it rather than by `reward_fn`, with its stop strings added."""
     prompt_format = prompt_format or PlainFormat(tokenizer)
+    if episodes is not None:
+        stop = (*stop, *episodes.stop)
     pool = {"workers": workers, "timeout_s": timeout_s}
     greedy = SamplingParams(max_new_tokens, greedy=True, stop=stop)
     results = _summarise(
@@ -126,6 +141,7 @@ def evaluate(
                 pool,
                 completions,
                 progress,
+                episodes,
             )
         ],
         "greedy_accuracy",
@@ -144,6 +160,7 @@ def evaluate(
             pool,
             None,
             progress,
+            episodes,
         )
         results.update(
             _summarise(rows, [pass_at_k(num_samples, sum(f), pass_k) for f in flags], f"pass@{pass_k}")
@@ -179,4 +196,5 @@ def evaluate_config(
         timeout_s=config.rewards.timeout_s,
         completions=completions,
         progress=progress and config.logging.progress,
+        episodes=Episodes.from_config(config, tokenizer),
     )

@@ -105,3 +105,28 @@ def test_an_environment_that_raises_costs_its_episodes_reward_never_the_run(tmp_
         "ended by their environment raising, the first: Raises.step raised ValueError: broken tool"
         in caplog.text
     )
+
+
+def test_held_out_evaluation_runs_the_episodes_and_takes_their_reward():
+    from everyprompt.envs.episode import Episodes
+    from everyprompt.evaluate import evaluate
+    from everyprompt.models import load_model_and_tokenizer
+    from everyprompt.rollout.native import NativeEngine
+
+    config = tiny_config(*EPISODES)
+    model, tokenizer = load_model_and_tokenizer(config.model, seed=0)
+    engine = NativeEngine.from_model(model, tokenizer, 4)
+    rows = [{"prompt": f"{a}+{a}=", "answer": str(2 * a)} for a in range(6)]
+    kept: list = []
+
+    def never_called(*_a, **_k):
+        raise AssertionError("an episode's reward is its environment's")
+
+    episodes = Episodes("test-answer-once", {"reply": "okay"}, tokenizer)
+    results = evaluate(
+        engine, tokenizer, rows, never_called, max_new_tokens=24, completions=kept, episodes=episodes
+    )
+    assert results["num_prompts"] == 6 and 0.0 <= results["greedy_accuracy"] <= 1.0
+    assert [r["prompt"] for r in kept] == [tokenizer.decode(episodes.start(row).prompt_ids) for row in rows]
+    assert any("okay" in r["completion"] for r in kept)  # the tool's reply was fed
+    assert all(r["reward"] in (0.0, 1.0) for r in kept)

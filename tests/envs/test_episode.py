@@ -165,3 +165,34 @@ def test_an_episode_ends_after_max_turns_whatever_the_environment_says(tokenizer
     assert observation
     assert episode.turn_ended(tokens + observation + _ids(tokenizer, "b")) is None
     assert episode.turns == 2 and episode.reward == 0.25 and episode.error is None
+
+
+def test_a_turn_with_special_tokens_or_closed_by_the_model_gets_the_same_answer_text(tokenizer):
+    """Seen in a run: a random model wrote `</think>` inside its turn, which the action text drops; the fed
+    answer must not depend on the turn's text. A turn the model closed with EOS is not closed twice."""
+    think = tokenizer.convert_tokens_to_ids("</think>")
+    answer = "<|im_end|>\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n"
+    episode = TokenEpisode(CalculatorEnv(), tokenizer, ROW)
+    assert (
+        tokenizer.decode(
+            episode.turn_ended(_ids(tokenizer, "<calc>6*7") + [think] + _ids(tokenizer, "</calc>"))
+        )
+        == answer
+    )
+    closed = TokenEpisode(CalculatorEnv(), tokenizer, ROW)
+    fed = closed.turn_ended(_ids(tokenizer, "<calc>6*7</calc>") + [tokenizer.eos_token_id])
+    assert tokenizer.decode(fed) == answer.removeprefix("<|im_end|>")
+
+
+def test_episodes_refuse_a_template_that_cannot_be_fed_before_any_episode_runs(tokenizer):
+    import copy
+
+    from everyprompt.envs.episode import Episodes
+
+    hiding = copy.deepcopy(tokenizer)
+    hiding.chat_template = tokenizer.chat_template.replace(  # past model turns rendered unlike the live one
+        "{{ message['content'] }}",
+        "{% if message['role'] == 'assistant' %}A: {% endif %}{{ message['content'] }}",
+    )
+    with pytest.raises(EnvironmentSetupError, match="renders the conversation differently"):
+        Episodes("calculator", {}, hiding)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from everyprompt.envs.base import Environment, EnvironmentSetupError, Message, make_environment
 
+TURN = "<<everyprompt: the model's turn>>"  # stands for a model turn's text when the template is rendered
+
 
 class TokenEpisode:
     """One episode of `env` on data row `row`, tokenised by `tokenizer` (which must have a chat template).
@@ -21,7 +23,12 @@ class TokenEpisode:
     finishes the completion, `reward` is the episode's (the last non-None reward a step gave; None if none
     did), `turns` the number of model turns and `messages` the whole conversation; `error` what the
     environment raised, if it did. After `max_turns` model turns the episode ends whatever the environment
-    says."""
+    says.
+
+    The tokens fed after a turn are the characters the template writes after an assistant message's
+    content up to the next assistant opening. They are found by rendering the conversation with `TURN` in
+    place of each model turn's text (the model's own tokens are never re-tokenised, and a turn that holds
+    special tokens renders like any other); the rendering before `TURN` must be the last one (checked)."""
 
     def __init__(
         self, env: Environment, tokenizer, row: dict, template_kwargs: dict | None = None, max_turns: int = 8
@@ -32,7 +39,8 @@ class TokenEpisode:
         self.max_turns = max_turns
         self.error: str | None = None  # what the environment raised, if it did (the episode ended there)
         self.messages: list[Message] = list(env.init(row))
-        self.rendered = self._render(self.messages, generation_prompt=True)
+        self.template: list[Message] = list(self.messages)  # the conversation with TURN for model turns
+        self.rendered = self._render(self.template)
         self.prompt_ids: list[int] = self._ids(self.rendered)
         self.consumed = 0  # completion tokens already part of earlier turns and observations
         self.reward: float | None = None
@@ -55,28 +63,38 @@ class TokenEpisode:
         self.metadata = result.metadata
         if result.done or not result.observations or self.turns >= self.max_turns:
             return None
-        written = self.rendered + self.tokenizer.decode(turn, skip_special_tokens=False)
         self.messages.extend(result.observations)
-        rendered = self._render(self.messages, generation_prompt=True)
-        if not rendered.startswith(written):
-            at = next((i for i, (a, b) in enumerate(zip(rendered, written)) if a != b), len(written))
-            raise EnvironmentSetupError(
-                "the chat template renders the conversation differently once it grows (at character "
-                f"{at}: {written[at : at + 40]!r} became {rendered[at : at + 40]!r}); an episode's turns "
-                "can only be fed to the model if each rendering extends the last"
-            )
-        observation = self._ids(rendered[len(written) :])
+        self.template += [{"role": "assistant", "content": TURN}, *result.observations]
+        rendered = self._render(self.template)
+        after = continuation(self.rendered, rendered)
+        if turn and turn[-1] == self.tokenizer.eos_token_id:  # the model closed its turn itself
+            after = after.removeprefix(self.tokenizer.decode(turn[-1:], skip_special_tokens=False))
+        observation = self._ids(after)
         self.rendered = rendered
         self.consumed = len(token_ids) + len(observation)
         return observation
 
-    def _render(self, messages: list[Message], generation_prompt: bool) -> str:
+    def _render(self, messages: list[Message]) -> str:
         return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=generation_prompt, **self.options
+            messages, tokenize=False, add_generation_prompt=True, **self.options
         )
 
     def _ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False).input_ids
+
+
+def continuation(before: str, rendered: str) -> str:
+    """What `rendered` (a conversation ending in a model turn `TURN`, then other messages, then the next
+    assistant opening) writes after the turn; EnvironmentSetupError unless `before + TURN` starts it."""
+    start = before + TURN
+    if not rendered.startswith(start):
+        at = next((i for i, (a, b) in enumerate(zip(rendered, start)) if a != b), len(start))
+        raise EnvironmentSetupError(
+            "the chat template renders the conversation differently once it grows (at character "
+            f"{at}: {start[at : at + 40]!r} became {rendered[at : at + 40]!r}); an episode's turns can "
+            "only be fed to the model if each rendering extends the last"
+        )
+    return rendered[len(start) :]
 
 
 class Episodes:
@@ -95,6 +113,21 @@ class Episodes:
                 f"env.options {self.options} for environment {name!r}: {err}"
             ) from None
         self.stop: tuple[str, ...] = tuple(getattr(probe, "stop", ()))
+        self._check_template()
+
+    def _check_template(self) -> None:
+        """Refuse, before any episode runs, a template that cannot be fed turn by turn (see TokenEpisode)."""
+        if getattr(self.tokenizer, "chat_template", None) is None:
+            raise EnvironmentSetupError("multi-turn environments need a tokenizer with a chat template")
+        first = [{"role": "user", "content": "?"}]
+        grown = [*first, {"role": "assistant", "content": TURN}, {"role": "user", "content": "!"}]
+
+        def render(messages):
+            return self.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True, **self.template_kwargs
+            )
+
+        continuation(render(first), render(grown))
 
     @classmethod
     def from_config(cls, config, tokenizer) -> Episodes | None:
