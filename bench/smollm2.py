@@ -47,19 +47,19 @@ def run_cli(argv: list[str], log: Path) -> float:
     return time.perf_counter() - started
 
 
-def before_rl(work: Path, overrides: list[str]) -> dict:
+def before_rl(work: Path, overrides: list[str], config: Path = CONFIG) -> dict:
     """The model's held-out results before RL (evaluated once, then read)."""
     base = work / "before_rl"
     results = base / "eval.json"
     if not results.is_file():
         from everyprompt.config import load_config
 
-        model = load_config(CONFIG, overrides).model.path
-        run_cli(["eval", model, str(CONFIG), *overrides, "--run-dir", str(base)], work / "before_rl.log")
+        model = load_config(config, overrides).model.path
+        run_cli(["eval", model, str(config), *overrides, "--run-dir", str(base)], work / "before_rl.log")
     return json.loads(results.read_text())
 
 
-def seed_run(work: Path, seed: int, overrides: list[str]) -> dict:
+def seed_run(work: Path, seed: int, overrides: list[str], config: Path = CONFIG) -> dict:
     """One seed's run: trained (or resumed, or read when finished); its results and wall time."""
     run = work / f"seed{seed}"
     timing = work / f"seed{seed}.timing.json"
@@ -68,7 +68,7 @@ def seed_run(work: Path, seed: int, overrides: list[str]) -> dict:
         argv = (
             ["train", "--resume", str(run), *overrides]
             if (run / "config.yaml").is_file()
-            else ["train", str(CONFIG), f"seed={seed}", *overrides, "--run-dir", str(run)]
+            else ["train", str(config), f"seed={seed}", *overrides, "--run-dir", str(run)]
         )
         print(f"seed {seed}: {'resuming' if argv[1] == '--resume' else 'training'} ({run})", flush=True)
         spent += run_cli(argv, work / f"seed{seed}.log")

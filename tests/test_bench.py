@@ -427,3 +427,30 @@ def test_rl_growth_grid_table_and_plot(tmp_path):
     assert len(rows) == 2 + len(grid)
     bench.plot(results, tmp_path / "growth.png")
     assert (tmp_path / "growth.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_tools_arm_summary_hand_computed_and_its_runs_read_back():
+    bench = _load("tools")
+    before = {"greedy_accuracy": 0.2, "num_prompts": 150.0}
+    runs = {
+        1: {"results": {"greedy_accuracy": 0.5}, "rl_step_seconds": 60.0, "run_dir": "r1"},
+        0: {"results": {"greedy_accuracy": 0.3}, "rl_step_seconds": 50.0, "run_dir": "r0"},
+    }
+    arm = bench.arm_summary(before, runs)
+    assert [s["seed"] for s in arm["seeds"]] == [0, 1] and arm["held_out_prompts"] == 150
+    assert arm["mean_gain"] == pytest.approx((0.1 + 0.3) / 2)
+    assert arm["mean_accuracy_after"] == pytest.approx(0.4)
+    assert bench.arm_summary(before, bench._runs_of(arm)) == arm  # a summary's runs give it back
+    assert bench.arm_summary(before, {})["mean_gain"] is None
+    assert bench.ARMS["no_tool"] == ["env.name=null"]  # the same config, the environment off
+
+
+def test_tools_call_fraction_counts_completions_that_call(tmp_path):
+    bench = _load("tools")
+    rows = [
+        {"completion": "<calc>6*7</calc>\ntool\n42"},
+        {"completion": "42."},
+        {"completion": "x <calc>1</calc>"},
+    ]
+    (tmp_path / "c.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert bench.call_fraction(tmp_path / "c.jsonl") == pytest.approx(2 / 3)

@@ -14,7 +14,7 @@ def test_the_registered_tasks_are_the_ones_the_config_accepts():
     assert set(TASKS) == set(choices.TASKS)
 
 
-@pytest.mark.parametrize("level", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("level", [1, 2, 3, 4, 5, 6])
 def test_each_level_asks_a_question_whose_worked_solution_earns_the_reward(level):
     task, rng = get_task("questions"), random.Random(level)
     for _ in range(50):
@@ -56,9 +56,9 @@ def test_unknown_task_or_level_exits_2_naming_the_key(tmp_path, capsys):
     assert main(["train", "data.task=poetry", "--run-dir", str(tmp_path / "a")]) == 2
     err = capsys.readouterr().err
     assert "data.task" in err and "arithmetic, questions" in err and "Traceback" not in err
-    assert main(["train", "data.task=questions", "data.levels=[1,6]", "--run-dir", str(tmp_path / "b")]) == 2
+    assert main(["train", "data.task=questions", "data.levels=[1,7]", "--run-dir", str(tmp_path / "b")]) == 2
     err = capsys.readouterr().err
-    assert "config key 'data.levels'" in err and "no level 6" in err and "Traceback" not in err
+    assert "config key 'data.levels'" in err and "no level 7" in err and "Traceback" not in err
     assert main(["train", "data.task=questions", "data.levels=[2]", "--run-dir", str(tmp_path / "c")]) == 2
     err = capsys.readouterr().err
     assert "level 2 of the built-in task 'questions' has 100 distinct problems" in err

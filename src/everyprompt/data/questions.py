@@ -30,6 +30,11 @@ def _sum(low: int, high: int):
     return draw
 
 
+def _product(rng: random.Random) -> tuple[str, str, str]:
+    a, b = rng.randint(13, 99), rng.randint(13, 99)
+    return f"What is {a} × {b}?", str(a * b), f"{a} × {b} = {a * b}. The answer is {a * b}."
+
+
 def _word(rng: random.Random) -> tuple[str, str, str]:
     problem = word_problem(rng)
     steps, answer = problem["answer"].split("\n#### ")
@@ -54,6 +59,8 @@ QUESTIONS = register_task(
             3: Level("sums of two numbers of 1-2 digits", 100 * 100, _sum(0, 99)),
             4: Level("word problems (one +, -, or × step)", _word_problems(), _word),
             5: Level("sums of two 3-digit numbers", 900 * 900, _sum(100, 999)),
+            # beyond a small model's head: the calculator environment's task (docs/environments.md)
+            6: Level("products of two 2-digit numbers (13..99)", 87 * 87, _product),
         },
     )
 )
