@@ -41,8 +41,13 @@ EPISODES = (
 )
 
 
-def test_rl_on_episodes_trains_on_the_model_tokens_with_the_environments_reward(tmp_path):
-    train(tiny_config(*EPISODES, "rl.steps=2", "rl.group_size=4"), run_dir=tmp_path)
+def test_rl_on_episodes_trains_on_the_model_tokens_with_the_environments_reward(tmp_path, capsys):
+    train(
+        tiny_config(*EPISODES, "rl.steps=2", "rl.group_size=4", "env.options={reply: fine}"), run_dir=tmp_path
+    )
+    captured = capsys.readouterr()
+    shown = captured.out + captured.err
+    assert "RL prompt 1 as the model sees it (env.name=test-answer-once):" in shown
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert len(lines) == 2
     assert any(line["rollout/environment_tokens"] > 0 for line in lines)  # observations were fed

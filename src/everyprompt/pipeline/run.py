@@ -187,7 +187,9 @@ class Run:
                 rows, filter_rollouts = self.offline_filter(model, tokenizer, rows, store)
         trainer = build_trainer(self.config, model, tokenizer, rows, self.run_dir, store=store)
         trainer.rollouts_total = filter_rollouts  # the filter's samples count against rl.max_rollouts
-        self.show_format(trainer.rollout.prompt_format, "RL", rows[0])
+        episode = trainer.rollout.prompt_ids[0] if trainer.rollout.episodes is not None else None
+        shown = None if episode is None else tokenizer.decode(episode)  # the environment's first messages
+        self.show_format(trainer.rollout.prompt_format, "RL", rows[0], shown)
         return trainer
 
     def _resumed_trainer(self, checkpoint: Path, store: PassRateStore) -> RLTrainer:
@@ -209,12 +211,15 @@ class Run:
         self.console.print(f"resumed from {checkpoint} at step {trainer.step}")
         return trainer
 
-    def show_format(self, prompt_format, stage: str, row: dict):
-        """Print once per stage how the first prompt is rendered (what the model sees); returns the format."""
+    def show_format(self, prompt_format, stage: str, row: dict, text: str | None = None):
+        """Print once per stage how the first prompt is rendered (what the model sees: `text` when given,
+        an episode's); returns the format."""
         if stage not in self._shown:
             self._shown.add(stage)
-            self.console.print(f"{stage} prompt 1 as the model sees it (data.format={prompt_format.name}):")
-            self.console.print(repr(prompt_format.text(row)), markup=False, highlight=False)
+            how = f"data.format={prompt_format.name}" if text is None else f"env.name={self.config.env.name}"
+            self.console.print(f"{stage} prompt 1 as the model sees it ({how}):")
+            shown = prompt_format.text(row) if text is None else text
+            self.console.print(repr(shown), markup=False, highlight=False)
         return prompt_format
 
     # ------------------------------------------------------------ zero-variance elimination
