@@ -238,9 +238,11 @@ def test_throughput_bench_takes_a_model(tmp_path, capsys):
     assert payload["model_type"] == "qwen3_moe" and payload["device"] == "cpu"
     assert [row["batch"] for row in payload["decode"]] == [1, 4]
     for row in payload["decode"]:
-        # equal work was checked inside; the decode step's own GEMMs alone take less than the step
+        # equal work was checked inside; both times are measured (how they compare is the bench's figure,
+        # not a test's: on a loaded machine the GEMMs alone once timed slower than the whole step)
         assert row["native_tokens_per_s"] > 0 and row["generate_tokens_per_s"] > 0
-        assert row["gemms"] == 7 * 2 + 1 and 0 < row["floor_ms"] < row["step_ms"]
+        assert row["gemms"] == 7 * 2 + 1 and row["floor_ms"] > 0 and row["step_ms"] > 0
+        assert row["step_vs_floor"] == pytest.approx(row["step_ms"] / row["floor_ms"])
     bandwidth = payload["bandwidth"]  # fp32; a token reads its top-2 experts of 4 only
     assert bandwidth["all_weight_bytes"] == 4 * payload["parameters"] > bandwidth["weight_bytes"]
     tail = payload["long_tail"]
