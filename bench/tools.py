@@ -9,7 +9,9 @@ results are written after every run, so a session cut short keeps what finished.
 
     make smollm2                                          # once: the model
     python bench/tools.py --before-only                   # the held-out accuracy before RL, both arms
-    python bench/tools.py --seeds 0 1 2                   # and RL, 3 seeds per arm (~30 min a run here)
+    python bench/tools.py --seeds 0 1 2                   # and RL, 3 seeds per arm (~25 min a run here)
+
+With the tool, each trained checkpoint is evaluated once more to count how often it calls the calculator.
 
 Writes bench/results/tools.json (runs under bench/results/tools_runs/<arm>/).
 """
@@ -24,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import RESULTS, ROOT, repo_path, write_results  # noqa: E402
-from smollm2 import before_rl, seed_run  # noqa: E402
+from smollm2 import before_rl, run_cli, seed_run  # noqa: E402
 
 CONFIG = ROOT / "configs" / "smollm2-tools.yaml"
 ARMS = {"tool": [], "no_tool": ["env.name=null"]}
@@ -88,10 +90,25 @@ def main(argv: list[str] | None = None) -> int:
                 run = seed_run(work, seed, [*overrides, *args.set], CONFIG)
                 runs = {**_runs_of(summary["arms"][arm]), seed: run}
                 summary["arms"][arm] = {**summary["arms"][arm], **arm_summary(befores[arm], runs)}
+                if arm == "tool":  # how often the trained model calls (its checkpoint's greedy eval)
+                    calls = calls_after(work, seed, [*overrides, *args.set])
+                    summary["arms"][arm].setdefault("call_fraction_after", {})[str(seed)] = calls
                 write_results(results, summary)
                 print(f"{arm} seed {seed}: after RL {run['results']['greedy_accuracy']:.1%}", flush=True)
     print(f"wrote {repo_path(results)}")
     return 0
+
+
+def calls_after(work: Path, seed: int, overrides: list[str]) -> float:
+    """The call fraction of seed `seed`'s final checkpoint on the held-out questions (evaluated once)."""
+    run = work / f"seed{seed}"
+    step = json.loads((run / "eval.json").read_text())["step"]
+    out = work / f"seed{seed}_eval"
+    if not (out / "completions.jsonl").is_file():
+        checkpoint = run / "checkpoints" / f"step_{step}"
+        argv = ["eval", str(checkpoint), str(CONFIG), *overrides, "--run-dir", str(out)]
+        run_cli(argv, work / f"seed{seed}_eval.log")
+    return call_fraction(out / "completions.jsonl")
 
 
 def call_fraction(completions: Path) -> float:
