@@ -68,7 +68,7 @@ def sample_and_score(
         done[number] = (completion, text)
         if completion.episode is not None:  # its environment's reward; 0 if the cap cut it before judging
             episode = completion.episode
-            if getattr(episode, "error", None):  # an environment that failed: no reward, as a failed reward
+            if episode.error:  # an environment that failed: no reward, as a failed reward
                 errors.append(episode.error)
             else:
                 judged[number] = 0.0 if episode.reward is None else episode.reward

@@ -28,6 +28,7 @@ class Scripted:
 
     def __init__(self, *observations: list[int]):
         self.observations, self.turns = list(observations), []
+        self.reward, self.error = None, None  # the Episode protocol's (nothing judges these turns)
 
     def turn_ended(self, token_ids: list[int]) -> list[int] | None:
         self.turns.append(list(token_ids))

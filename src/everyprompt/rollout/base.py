@@ -54,7 +54,12 @@ class Episode(Protocol):
     `turn_ended` with the completion's tokens so far, and either feeds the tokens it returns (the
     environment's observation, wrapped as the chat template wraps a message) into the same sequence and
     lets the model go on, or, given None, finishes the completion. Fed tokens are part of the completion
-    but not the model's: `Completion.completion_mask` is False there, their log-probs and entropies 0."""
+    but not the model's: `Completion.completion_mask` is False there, their log-probs and entropies 0.
+    Once the completion finishes, `reward` is the episode's (None: never judged) and `error` what its
+    environment raised, if anything (generation.py reads both)."""
+
+    reward: float | None
+    error: str | None
 
     def turn_ended(self, token_ids: list[int]) -> list[int] | None: ...
 
