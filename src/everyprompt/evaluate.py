@@ -46,15 +46,15 @@ def _passes(
     bar over the prompts (greedy) or the samples, with their rate. `episodes`: each completion is an
     episode of that environment, judged by it."""
     expanded = [rows[i] for i in range(len(rows)) for _ in range(samples)]
-    started = [episodes.start(row) for row in expanded] if episodes is not None else None
-    prompts = [prompt_format.prompt_ids(row) for row in rows] if started is None else None
+    if episodes is None:
+        started = [None] * len(expanded)
+        formatted = [prompt_format.prompt_ids(row) for row in rows]
+        prompts = [formatted[n // samples] for n in range(len(expanded))]
+    else:  # one episode (a fresh environment) per completion; its prompt is the environment's
+        started = [episodes.start(row) for row in expanded]
+        prompts = [episode.prompt_ids for episode in started]
     requests = [
-        GenerationRequest(
-            n,
-            prompts[n // samples] if started is None else started[n].prompt_ids,
-            derive_seed(seed, n // samples, n % samples),
-            episode=None if started is None else started[n],
-        )
+        GenerationRequest(n, prompts[n], derive_seed(seed, n // samples, n % samples), episode=started[n])
         for n in range(len(expanded))
     ]
     unit, label = (
@@ -72,8 +72,8 @@ def _passes(
             kept.append(
                 {
                     "prompt": prompt_format.text(row)
-                    if started is None
-                    else tokenizer.decode(started[index].prompt_ids),
+                    if episodes is None
+                    else tokenizer.decode(prompts[index]),
                     "completion": text,
                     "extracted_answer": extract_answer(text),
                     "answer": row.get("answer"),
@@ -196,5 +196,5 @@ def evaluate_config(
         timeout_s=config.rewards.timeout_s,
         completions=completions,
         progress=progress and config.logging.progress,
-        episodes=Episodes.from_config(config, tokenizer),
+        episodes=Episodes.from_config(config, tokenizer, engine),
     )

@@ -16,9 +16,11 @@ from tests.conftest import TINY_OVERRIDES, tiny_config
 @register_environment("test-answer-once")
 class AnswerOnce:
     """Ends the model's first turn at a space (a random model writes one within a few tokens), answers it
-    once with a tool message, and rewards the second turn by its length's parity (a signal that varies)."""
+    once with a tool message, and rewards the second turn by its length's parity (a signal that varies),
+    scaled to 0.01: a value no 0/1 reward of the configured `rewards` could average to in a step of 8."""
 
     stop = (" ",)
+    REWARD = 0.01
 
     def __init__(self, reply: str = "ok"):
         self.reply, self.turns = reply, 0
@@ -30,7 +32,7 @@ class AnswerOnce:
         self.turns += 1
         if self.turns == 1:
             return StepResult([{"role": "tool", "content": self.reply}])
-        return StepResult([], reward=float(len(action) % 2), done=True)
+        return StepResult([], reward=self.REWARD * (len(action) % 2), done=True)
 
 
 EPISODES = (
@@ -43,7 +45,14 @@ EPISODES = (
 
 def test_rl_on_episodes_trains_on_the_model_tokens_with_the_environments_reward(tmp_path, capsys):
     train(
-        tiny_config(*EPISODES, "rl.steps=2", "rl.group_size=4", "env.options={reply: fine}"), run_dir=tmp_path
+        tiny_config(
+            *EPISODES,
+            "rl.steps=2",
+            "rl.group_size=4",
+            "env.options={reply: fine}",
+            "rollout.max_new_tokens=40",
+        ),
+        run_dir=tmp_path,
     )
     captured = capsys.readouterr()
     shown = captured.out + captured.err
@@ -52,7 +61,9 @@ def test_rl_on_episodes_trains_on_the_model_tokens_with_the_environments_reward(
     assert len(lines) == 2
     assert any(line["rollout/environment_tokens"] > 0 for line in lines)  # observations were fed
     assert all(line["rollout/environment_tokens"] < line["rollout/tokens"] for line in lines)
-    assert all(0.0 <= line["reward/mean"] <= 1.0 for line in lines)  # the environment's reward
+    # the environment's reward (0 or 0.01 an episode), not the math reward's 0 or 1
+    assert all(0.0 <= line["reward/mean"] <= AnswerOnce.REWARD for line in lines)
+    assert any(line["reward/mean"] > 0 for line in lines)
     assert all(line["reward/none_fraction"] == 0.0 for line in lines)
 
 
@@ -62,6 +73,7 @@ def test_rl_on_episodes_trains_on_the_model_tokens_with_the_environments_reward(
         ("rollout.engine=hf", "local native engine, not with rollout.engine=hf"),
         ("rollout.partial=true", "not with rollout.partial=true"),
         ("cluster.backend=ray", "not with cluster.backend=ray"),
+        ("zve.filter.enabled=true", "not with zve.filter.enabled=true"),
         ("data.format=plain", "data.format=plain and data.system_prompt do not apply"),
     ],
 )
@@ -131,7 +143,26 @@ def test_held_out_evaluation_runs_the_episodes_and_takes_their_reward():
     results = evaluate(
         engine, tokenizer, rows, never_called, max_new_tokens=24, completions=kept, episodes=episodes
     )
-    assert results["num_prompts"] == 6 and 0.0 <= results["greedy_accuracy"] <= 1.0
+    assert results["num_prompts"] == 6
     assert [r["prompt"] for r in kept] == [tokenizer.decode(episodes.start(row).prompt_ids) for row in rows]
     assert any("okay" in r["completion"] for r in kept)  # the tool's reply was fed
-    assert all(r["reward"] in (0.0, 1.0) for r in kept)
+    assert all(r["reward"] in (0.0, AnswerOnce.REWARD) for r in kept)
+    assert results["greedy_accuracy"] == 0.0  # a pass needs a reward of 1
+
+
+def test_an_engine_that_cannot_run_episodes_is_refused_before_any_runs():
+    """`rollout.engine=auto` picks hf for a model the native engine does not run: the episodes would be
+    refused at the first generate call; they are refused when the run builds them."""
+    from everyprompt.envs import EnvironmentSetupError
+    from everyprompt.envs.episode import Episodes
+    from everyprompt.models import load_model_and_tokenizer
+    from everyprompt.rollout.hf import HFEngine
+    from everyprompt.rollout.native import NativeEngine
+
+    config = tiny_config(*EPISODES)
+    model, tokenizer = load_model_and_tokenizer(config.model, seed=0)
+    with pytest.raises(EnvironmentSetupError, match="needs a rollout engine that runs episodes.*HFEngine"):
+        Episodes.from_config(config, tokenizer, HFEngine.from_model(model, tokenizer, 1))
+    assert Episodes.from_config(config, tokenizer, NativeEngine.from_model(model, tokenizer, 1)).stop == (
+        " ",
+    )

@@ -128,15 +128,10 @@ def test_episodes_share_the_batch_with_plain_requests_and_each_gets_what_it_woul
             expected = alone[completion.request_id]
             assert completion.token_ids == expected.token_ids and completion.completion_mask is None
             torch.testing.assert_close(completion.logprobs, expected.logprobs, atol=1e-5, rtol=0)
-        else:  # the first turn is the plain request's up to the stop: same seed, same positions
-            before = alone[completion.request_id - 10].token_ids
-            turn = (
-                completion.completion_mask.tolist().index(False)
-                if completion.completion_mask is not None
-                else None
-            )
-            if turn is not None:
-                assert completion.token_ids[:turn] == before[:turn]
+        else:  # up to its first observation (or whole, if it had none) the plain request's completion
+            before, mask = alone[completion.request_id - 10].token_ids, completion.completion_mask
+            turn = len(completion.token_ids) if mask is None else mask.tolist().index(False)
+            assert turn > 0 and completion.token_ids[:turn] == before[:turn]
 
 
 def test_the_cap_inside_an_observation_ends_the_completion_at_length(tiny):

@@ -124,6 +124,7 @@ class Config(Section):
             "rollout.engine=hf": self.rollout.engine == "hf",
             "rollout.partial=true": self.rollout.partial,
             "cluster.backend=ray": self.cluster.backend == "ray",  # not yet run with episodes
+            "zve.filter.enabled=true": self.zve.filter.enabled,  # its pass rates are single-turn
         }
         for setting, present in refused.items():
             if present:

@@ -33,14 +33,13 @@ class TokenEpisode:
     def __init__(
         self, env: Environment, tokenizer, row: dict, template_kwargs: dict | None = None, max_turns: int = 8
     ):
-        if getattr(tokenizer, "chat_template", None) is None:
-            raise EnvironmentSetupError("multi-turn environments need a tokenizer with a chat template")
+        require_chat_template(tokenizer)
         self.env, self.tokenizer, self.options = env, tokenizer, dict(template_kwargs or {})
         self.max_turns = max_turns
         self.error: str | None = None  # what the environment raised, if it did (the episode ended there)
         self.messages: list[Message] = list(env.init(row))
         self.template: list[Message] = list(self.messages)  # the conversation with TURN for model turns
-        self.rendered = self._render(self.template)
+        self.rendered = render(tokenizer, self.template, self.options)
         self.prompt_ids: list[int] = self._ids(self.rendered)
         self.consumed = 0  # completion tokens already part of earlier turns and observations
         self.reward: float | None = None
@@ -65,7 +64,7 @@ class TokenEpisode:
             return None
         self.messages.extend(result.observations)
         self.template += [{"role": "assistant", "content": TURN}, *result.observations]
-        rendered = self._render(self.template)
+        rendered = render(self.tokenizer, self.template, self.options)
         after = continuation(self.rendered, rendered)
         if turn and turn[-1] == self.tokenizer.eos_token_id:  # the model closed its turn itself
             after = after.removeprefix(self.tokenizer.decode(turn[-1:], skip_special_tokens=False))
@@ -74,13 +73,18 @@ class TokenEpisode:
         self.consumed = len(token_ids) + len(observation)
         return observation
 
-    def _render(self, messages: list[Message]) -> str:
-        return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True, **self.options
-        )
-
     def _ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False).input_ids
+
+
+def require_chat_template(tokenizer) -> None:
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise EnvironmentSetupError("multi-turn environments need a tokenizer with a chat template")
+
+
+def render(tokenizer, messages: list[Message], options: dict) -> str:
+    """`messages` as the chat template writes them, the next assistant turn opened."""
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **options)
 
 
 def continuation(before: str, rendered: str) -> str:
@@ -117,23 +121,23 @@ class Episodes:
 
     def _check_template(self) -> None:
         """Refuse, before any episode runs, a template that cannot be fed turn by turn (see TokenEpisode)."""
-        if getattr(self.tokenizer, "chat_template", None) is None:
-            raise EnvironmentSetupError("multi-turn environments need a tokenizer with a chat template")
+        require_chat_template(self.tokenizer)
         first = [{"role": "user", "content": "?"}]
         grown = [*first, {"role": "assistant", "content": TURN}, {"role": "user", "content": "!"}]
-
-        def render(messages):
-            return self.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True, **self.template_kwargs
-            )
-
-        continuation(render(first), render(grown))
+        tokenizer, options = self.tokenizer, self.template_kwargs
+        continuation(render(tokenizer, first, options), render(tokenizer, grown, options))
 
     @classmethod
-    def from_config(cls, config, tokenizer) -> Episodes | None:
-        """`config.env`'s episodes, or None for single-turn runs."""
+    def from_config(cls, config, tokenizer, engine) -> Episodes | None:
+        """`config.env`'s episodes for `engine`'s completions, or None for single-turn runs;
+        EnvironmentSetupError if the engine cannot run episodes (`rollout.engine=auto` may pick hf)."""
         if config.env.name is None:
             return None
+        if not getattr(engine, "episodes", False):
+            raise EnvironmentSetupError(
+                f"env.name={config.env.name} needs a rollout engine that runs episodes (the native one); "
+                f"this run's is {type(engine).__name__} (rollout.engine={config.rollout.engine})"
+            )
         env = config.env
         return cls(env.name, env.options, tokenizer, config.data.template_kwargs, env.max_turns)
 

@@ -187,9 +187,9 @@ class Run:
                 rows, filter_rollouts = self.offline_filter(model, tokenizer, rows, store)
         trainer = build_trainer(self.config, model, tokenizer, rows, self.run_dir, store=store)
         trainer.rollouts_total = filter_rollouts  # the filter's samples count against rl.max_rollouts
-        episode = trainer.rollout.prompt_ids[0] if trainer.rollout.episodes is not None else None
-        shown = None if episode is None else tokenizer.decode(episode)  # the environment's first messages
-        self.show_format(trainer.rollout.prompt_format, "RL", rows[0], shown)
+        rollout = trainer.rollout  # with an environment, the prompt is its first messages
+        shown = tokenizer.decode(rollout.prompt_ids[0]) if rollout.episodes is not None else None
+        self.show_format(rollout.prompt_format, "RL", rows[0], shown)
         return trainer
 
     def _resumed_trainer(self, checkpoint: Path, store: PassRateStore) -> RLTrainer:

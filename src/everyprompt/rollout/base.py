@@ -73,7 +73,7 @@ class GenerationRequest:
     # the length scheduler's guess of this completion's length (tokens): several rollout workers are dealt
     # requests by it (longest first, to the least-loaded worker); one engine may ignore it
     predicted_length: float | None = None
-    # a multi-turn request's other side (an environment's episode, generation/episodes.py): engines with
+    # a multi-turn request's other side (an environment's episode, envs/episode.py): engines with
     # `episodes = True` call it at the end of each model turn and feed what it returns before the next
     episode: Episode | None = None
 

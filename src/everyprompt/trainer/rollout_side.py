@@ -57,7 +57,7 @@ class RolloutSide:
         self.retired_total = 0
         self.health = RewardHealth(config.rewards.max_error_fraction, config.rewards.error_window)
         self.prompt_format = prompt_format_of(config, tokenizer)
-        self.episodes = Episodes.from_config(config, tokenizer)  # multi-turn: the environment's prompts
+        self.episodes = Episodes.from_config(config, tokenizer, engine)  # multi-turn: the env's prompts
         if self.episodes is not None:
             self.prompt_ids = [self.episodes.start(p).prompt_ids for p in prompts]
         else:

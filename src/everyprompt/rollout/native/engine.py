@@ -380,8 +380,8 @@ class NativeEngine:
             recorded = record.take(index, fed)
         for row, (slot, count, extra) in enumerate(zip(finished, counts, recorded)):
             request, token_ids = requests[state.request[slot]], state.tokens[slot]
-            reason, mask = ending(token_ids, state.fed[slot], self.stop_ids, stops)
-            state.request[slot], state.feed[slot], state.fed[slot] = -1, [], []
+            reason, mask = ending(token_ids, state.observed[slot], self.stop_ids, stops)
+            state.request[slot], state.observation[slot], state.observed[slot] = -1, [], []
             yield Completion(
                 request_id=request.request_id,
                 prompt_ids=list(request.prompt_ids),

@@ -91,13 +91,13 @@ class Slots:
         self.entropies = torch.zeros(slots, max_new_tokens, device=device)
         # the host mirror: index into the call's requests (-1: free), cache length, token limit, the
         # completion's tokens so far, and, for episodes (GenerationRequest.episode), the observation tokens
-        # still to feed and the indices of the completion's tokens that are not the model's
+        # still to feed and the indices of the completion's tokens that are observation tokens
         self.request = [-1] * slots
         self.host_length = [0] * slots
         self.limit = [0] * slots
         self.tokens: list[list[int]] = [[] for _ in range(slots)]
-        self.feed: list[list[int]] = [[] for _ in range(slots)]
-        self.fed: list[list[int]] = [[] for _ in range(slots)]
+        self.observation: list[list[int]] = [[] for _ in range(slots)]
+        self.observed: list[list[int]] = [[] for _ in range(slots)]
 
     @property
     def free(self) -> list[int]:
@@ -112,6 +112,6 @@ class Slots:
         index = on_device(rows, device)
         for name in ("length", "step", "seed", "logits", "logprobs", "entropies"):
             setattr(self, name, getattr(self, name)[index])
-        for name in ("request", "host_length", "limit", "tokens", "feed", "fed"):
+        for name in ("request", "host_length", "limit", "tokens", "observation", "observed"):
             values = getattr(self, name)
             setattr(self, name, [values[row] for row in rows])

@@ -15,11 +15,11 @@ def take_tokens(tokens: list[int], active: list[int], state: Slots, requests, st
     slots that finished and the (position among the active rows, token) pairs fed in place of a sample."""
     finished, forced = [], []
     for position, (slot, token) in enumerate(zip(active, tokens)):
-        observing = bool(state.feed[slot])
+        observing = bool(state.observation[slot])
         if observing:  # an environment's observation: its next token replaces the sample
-            token = state.feed[slot].pop(0)
+            token = state.observation[slot].pop(0)
             forced.append((position, token))
-            state.fed[slot].append(len(state.tokens[slot]))
+            state.observed[slot].append(len(state.tokens[slot]))
         state.tokens[slot].append(token)
         if len(state.tokens[slot]) >= state.limit[slot]:
             finished.append(slot)
@@ -36,16 +36,15 @@ def _next_turn(request, state: Slots, slot: int) -> bool:
     observation = request.episode.turn_ended(list(state.tokens[slot]))
     if not observation:
         return False
-    state.feed[slot] = list(observation)
+    state.observation[slot] = list(observation)
     return True
 
 
 def force(sampled: torch.Tensor, forced: list[tuple[int, int]], index, step, state: Slots) -> torch.Tensor:
     """The step's tokens with the fed observation tokens in place of the samples at their positions (of
     the active rows `index`); their log-prob and entropy entries zeroed (they are not the model's)."""
-    where = on_device([position for position, _ in forced], sampled.device)
-    sampled = sampled.clone()
-    sampled[where] = on_device([token for _, token in forced], sampled.device)
+    where, tokens = on_device(forced, sampled.device).T  # one host-to-device copy
+    sampled[where] = tokens
     state.logprobs[index[where], step[where]] = 0.0
     state.entropies[index[where], step[where]] = 0.0
     return sampled
