@@ -142,7 +142,8 @@ def load_prompt_file(
 ) -> list[dict]:
     """Prompt rows of a data file, with `prompt` (str), `answer` (str), `level` and, where present,
     `solution` and `messages` set from the file's columns by `columns` (field -> the file's column
-    name; e.g. {"prompt": "question"}). Every row needs a prompt (or `messages`) and the fields of
+    name; e.g. {"prompt": "question"}). A prompt column that holds a list of messages (as verl's and
+    skyrl-gym's datasets do) is the row's `messages`, and its last user message the `prompt`. Every row needs a prompt (or `messages`) and the fields of
     `require`; a missing column is a DataError naming the file and the columns it has."""
     path = Path(path)
     columns = dict(columns or {})
@@ -181,11 +182,13 @@ def _normalise(row: dict, where: str, source, require) -> dict:
     for field in ("answer", "solution", "level", "messages"):
         if source(field) in row:
             out[field] = row[source(field)]
+    if isinstance(row.get(source("prompt")), list) and out.get("messages") is None:
+        out["messages"] = row[source("prompt")]  # a conversation (verl's and skyrl-gym's layout)
     messages = out.get("messages")
     if messages is not None:
         _check_messages(messages, where)
     prompt = row.get(source("prompt"))
-    if prompt is None and messages is not None:
+    if (prompt is None or isinstance(prompt, list)) and messages is not None:
         prompt = next((m["content"] for m in reversed(messages) if m["role"] == "user"), None)
     if not isinstance(prompt, str) or not prompt:
         raise DataError(f"{where}: field {source('prompt')!r} must be a non-empty string")

@@ -47,11 +47,16 @@ class ConfigRows:
             self._splits = make_splits(data.split_seed, data.num_train, data.num_eval, data.levels, task)
         return self._splits
 
+    def _required(self) -> tuple[str, ...]:
+        """The fields every prompt row needs: an `answer` for the rewards, unless an environment judges
+        the episodes (config `env`; it checks the rows it needs when the run starts)."""
+        return () if self.config.env.name else ("answer",)
+
     def rl(self) -> list[dict]:
         """The RL prompts: `data.train_file`, else the built-in train split at `rl.levels` (or data's)."""
         data = self.config.data
         if data.train_file:
-            return load_prompt_file(data.train_file, data.columns)
+            return load_prompt_file(data.train_file, data.columns, self._required())
         levels = set(self.config.rl.levels or data.levels)
         return [p.as_row() for p in self._builtin()[0] if p.level in levels]
 
@@ -76,5 +81,5 @@ class ConfigRows:
         """The held-out prompts: `data.eval_file`, else the built-in held-out split."""
         data = self.config.data
         if data.eval_file:
-            return load_prompt_file(data.eval_file, data.columns)
+            return load_prompt_file(data.eval_file, data.columns, self._required())
         return [p.as_row() for p in self._builtin()[1]]

@@ -1,5 +1,5 @@
 """Environments for multi-turn episodes (docs/environments.md): the text-level contract an episode's
-environment keeps, the registry that names environments in configs, and the built-in calculator tool."""
+environment keeps, the registry that names environments in configs, the built-in calculator tool and skyrl-gym's environments."""
 
 from everyprompt.envs.base import (
     Environment,
@@ -7,9 +7,11 @@ from everyprompt.envs.base import (
     StepResult,
     make_environment,
     register_environment,
+    register_environment_family,
     registered_environments,
 )
 from everyprompt.envs.calculator import CalculatorEnv, evaluate_expression
+from everyprompt.envs.skyrl import SkyrlEnvironment
 
 __all__ = [
     "CalculatorEnv",
@@ -18,6 +20,8 @@ __all__ = [
     "StepResult",
     "evaluate_expression",
     "make_environment",
+    "SkyrlEnvironment",
     "register_environment",
+    "register_environment_family",
     "registered_environments",
 ]

@@ -36,6 +36,7 @@ class EnvironmentSetupError(InputError):
 
 
 _ENVIRONMENTS: dict[str, Callable[..., Environment]] = {}
+_FAMILIES: dict[str, Callable[..., Environment]] = {}  # "family:id" names: factory(id, **options)
 
 
 def register_environment(name: str) -> Callable:
@@ -50,12 +51,28 @@ def register_environment(name: str) -> Callable:
     return add
 
 
+def register_environment_family(prefix: str) -> Callable:
+    """Decorator: register a factory `factory(id, **options) -> Environment` for the names `prefix:ID`
+    (another library's registry, e.g. `skyrl:gsm8k`); the factory refuses an id it does not know."""
+
+    def add(factory):
+        if prefix in _FAMILIES:
+            raise ValueError(f"environment family {prefix!r} is already registered")
+        _FAMILIES[prefix] = factory
+        return factory
+
+    return add
+
+
 def registered_environments() -> list[str]:
-    return sorted(_ENVIRONMENTS)
+    return sorted([*_ENVIRONMENTS, *(f"{prefix}:ID" for prefix in _FAMILIES)])
 
 
 def make_environment(name: str, **options) -> Environment:
     """A fresh environment `name` (one per episode: environments keep the episode's state)."""
+    prefix, colon, ident = name.partition(":")
+    if colon and prefix in _FAMILIES:
+        return _FAMILIES[prefix](ident, **options)
     if name not in _ENVIRONMENTS:
         known = ", ".join(registered_environments()) or "none"
         raise EnvironmentSetupError(f"unknown environment {name!r} (registered: {known})")

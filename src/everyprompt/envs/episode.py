@@ -56,12 +56,12 @@ class TokenEpisode:
             result = self.env.step(action)
         except Exception as err:  # the environment's failure ends its episode, never the run
             self.error = f"{type(self.env).__name__}.step raised {type(err).__name__}: {err}"
-            return None
+            return self._end()
         if result.reward is not None:
             self.reward = result.reward
         self.metadata = result.metadata
         if result.done or not result.observations or self.turns >= self.max_turns:
-            return None
+            return self._end()
         self.messages.extend(result.observations)
         self.template += [{"role": "assistant", "content": TURN}, *result.observations]
         rendered = render(self.tokenizer, self.template, self.options)
@@ -72,6 +72,18 @@ class TokenEpisode:
         self.rendered = rendered
         self.consumed = len(token_ids) + len(observation)
         return observation
+
+    def _end(self) -> None:
+        """The episode is over: the environment's `close()`, where it has one, frees what it holds."""
+        close = getattr(self.env, "close", None)
+        if close is not None:
+            try:
+                close()
+            except Exception as err:
+                self.error = (
+                    self.error or f"{type(self.env).__name__}.close raised {type(err).__name__}: {err}"
+                )
+        return None
 
     def _ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False).input_ids
