@@ -90,9 +90,10 @@ def gumbel_argmax(logprobs: torch.Tensor, seeds: torch.Tensor, positions: torch.
     return best_index
 
 
-def nucleus_filter(logprobs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Set to -inf the tokens outside the smallest set whose probability reaches `top_p`."""
-    if top_p >= 1.0:
+def nucleus_filter(logprobs: torch.Tensor, top_p: float | torch.Tensor) -> torch.Tensor:
+    """Set to -inf the tokens outside the smallest set whose probability reaches `top_p` (a float, or
+    one per row [B, 1])."""
+    if isinstance(top_p, float) and top_p >= 1.0:
         return logprobs
     sorted_lp, order = logprobs.sort(dim=-1, descending=True)
     mass_before = sorted_lp.exp().cumsum(dim=-1) - sorted_lp.exp()
@@ -105,17 +106,21 @@ def sample_tokens(
     logits: torch.Tensor,  # [B, V]
     seeds: torch.Tensor,  # [B] int64
     positions: torch.Tensor,  # [B] int64, index of the token being sampled within its completion
-    temperature: float,
-    top_p: float,
-    greedy: bool,
+    temperature: float | torch.Tensor,
+    top_p: float | torch.Tensor,
+    greedy: bool | torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sampled token ids [B], their log-probs [B] and the entropy [B] of softmax(logits / temperature).
 
     Log-probs and entropy are of the untruncated distribution (as the trainer sees it), from one
-    log-softmax.
+    log-softmax. The settings are the call's, or each row's (`temperature`, `top_p` [B, 1], `greedy` [B]:
+    a server's requests each ask their own).
     """
     logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
-    if greedy:
+    if isinstance(greedy, torch.Tensor):
+        sampled = gumbel_argmax(nucleus_filter(logprobs, top_p), seeds, positions)
+        tokens = torch.where(greedy, logprobs.argmax(dim=-1), sampled)
+    elif greedy:
         tokens = logprobs.argmax(dim=-1)
     else:
         tokens = gumbel_argmax(nucleus_filter(logprobs, top_p), seeds, positions)

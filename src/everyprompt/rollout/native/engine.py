@@ -20,7 +20,6 @@ sequence, one token a decode step in place of the sample (turns.py).
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -40,6 +39,7 @@ from everyprompt.rollout.native.cache import KVCache, compact, copy_rows, readab
 from everyprompt.rollout.native.compiled import DecodeCompiler
 from everyprompt.rollout.native.families import FAMILIES, unsupported_settings
 from everyprompt.rollout.native.moe import MixtureOfExperts, swiglu
+from everyprompt.rollout.native.queue import LiveRequests, Queue
 from everyprompt.rollout.native.state import Record, Slots, on_device
 from everyprompt.rollout.native.turns import ending, force, take_tokens
 from everyprompt.rollout.native.weights import Layer, StateDict, fp8_matmuls, read_layer
@@ -190,30 +190,29 @@ class NativeEngine:
         return (rms_norm(x, self.final_norm, self.eps) @ self.lm_head).float()
 
     # ---------------------------------------------------------------- decoding
-    def generate(self, requests: Iterable[GenerationRequest], params: SamplingParams) -> Iterator[Completion]:
+    def generate(
+        self, requests: Iterable[GenerationRequest] | LiveRequests, params: SamplingParams
+    ) -> Iterator[Completion]:
         """Continuous batching: up to `batch_size` sequences decode together in cache slots; a finished
         sequence's slot is refilled from the queue (in the order given) before the next decode step.
         Each completion is yielded the moment it finishes. `self.stats` holds the call's throughput
         figures once the iterator is exhausted. A call made while another call's iterator is still open
-        gets a cache of its own, so interleaved iterators do not corrupt each other."""
-        requests = list(requests)
-        for request in requests:
-            if not request.prompt_ids:
-                raise ValueError(f"generation request {request.request_id} has an empty prompt")
+        gets a cache of its own, so interleaved iterators do not corrupt each other. `requests` may be
+        a `LiveRequests` (queue.py): requests that arrive while the call runs, until it is closed."""
+        source = requests if isinstance(requests, LiveRequests) else Queue(list(requests))
         self.stats = {}
-        if not requests:
+        if not (source.requests or source.live):
             return
         self._open_calls += 1
         try:
-            yield from self._generate(requests, params, shared=self._open_calls == 1)
+            yield from self._generate(source, params, shared=self._open_calls == 1)
         finally:
             self._open_calls -= 1
 
     @torch.inference_mode()
-    def _generate(self, requests: list[GenerationRequest], params: SamplingParams, shared: bool):
-        began = time.perf_counter()
-        pool = min(self.batch_size, len(requests))
-        width = max(len(r.prompt_ids) for r in requests) + params.max_new_tokens
+    def _generate(self, source: Queue | LiveRequests, params: SamplingParams, shared: bool):
+        began, requests = time.perf_counter(), source.requests
+        pool, width = source.pool(self.batch_size), source.width(params)
         state = Slots(pool, params.max_new_tokens, self.config.vocab_size, self.device)
         stops = StopStrings(self.tokenizer, params.stop)
         forward, sample, compiled = self._step_functions()
@@ -222,7 +221,6 @@ class NativeEngine:
         caches = self.cache.views(pool, width, shared, exact=compiled)
         layers = [layer.dequantized(keep_matmuls=self.fp8_matmul) for layer in self.layers]
         record = Record.start(self, params, pool, width)
-        queue = deque(range(len(requests)))
         clock = dict.fromkeys(("prefill_s", "decode_s", "sample_s"), 0.0)
         clock.update(
             dict.fromkeys(("decode_steps", "sample_steps", "busy", "tokens", "shrinks", "admissions"), 0)
@@ -230,16 +228,19 @@ class NativeEngine:
         rows: tuple[list[int], torch.Tensor] = ([], torch.zeros(0, dtype=torch.long, device=self.device))
         while True:
             free = state.free
-            if queue and free:
-                admitted = [queue.popleft() for _ in range(min(len(free), len(queue)))]
+            admitted = source.take(len(free)) if free else []
+            if admitted:
                 tick = time.perf_counter()
                 self._prefill(
                     layers, requests, admitted, free[: len(admitted)], state, caches, params, record
                 )
+                source.admitted(state, free[: len(admitted)], admitted)
                 clock["prefill_s"] += time.perf_counter() - tick
                 clock["admissions"] += 1
             active = state.active
             if not active:  # nothing running and (after the admission above) nothing queued
+                if source.wait():  # a live source: the next arrival
+                    continue
                 break
             if rows[0] != active:  # the device index of the active rows, rebuilt only when they change
                 rows = (active, on_device(active, self.device))
@@ -247,7 +248,7 @@ class NativeEngine:
             tick = time.perf_counter()
             step = state.step[index]
             sampled, logprobs, entropies = sample(
-                state.logits[index], state.seed[index], step, params.temperature, params.top_p, params.greedy
+                state.logits[index], state.seed[index], step, *source.sampling(state, index, params)
             )
             state.logprobs[index, step] = logprobs
             state.entropies[index, step] = entropies
@@ -257,7 +258,9 @@ class NativeEngine:
             clock["sample_s"] += sampling
             clock["sample_steps"] += 1
             clock["tokens"] += len(active)
+            cancelled = source.sampled(active, tokens, logprobs, state)  # live: streamed, given up
             finished, forced = take_tokens(tokens, active, state, requests, self.stop_ids, stops)
+            finished += [slot for slot in cancelled if slot not in finished]
             if forced:
                 sampled = force(sampled, forced, index, step, state)
             if finished:
@@ -267,7 +270,7 @@ class NativeEngine:
                 continue
             fed = sampled if len(running) == len(active) else sampled[on_device(running, self.device)]
             running = [active[position] for position in running]
-            if not queue and len(running) < len(state.request):
+            if source.drained and len(running) < len(state.request):
                 # nothing left to admit: move the running rows to the front and drop the idle ones (on
                 # CPU a decode step's cost follows its rows; copying the cache is cheaper than idle rows)
                 caches = compact(caches, on_device(running, self.device))
