@@ -166,3 +166,26 @@ def test_an_engine_that_cannot_run_episodes_is_refused_before_any_runs():
     assert Episodes.from_config(config, tokenizer, NativeEngine.from_model(model, tokenizer, 1)).stop == (
         " ",
     )
+
+
+@register_environment("test-sleeps")
+class Sleeps(AnswerOnce):
+    """Takes 3 s over every turn: past a time limit of 0.3 s."""
+
+    def step(self, action):
+        import time
+
+        time.sleep(3)
+        return super().step(action)
+
+
+def test_an_environment_past_env_time_limit_s_costs_its_episode_never_the_run(tmp_path, caplog):
+    train(
+        tiny_config(
+            *EPISODES, "env.name=test-sleeps", "env.time_limit_s=0.3", "rl.steps=1", "rl.group_size=4"
+        ),
+        run_dir=tmp_path,
+    )
+    (line,) = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert line["env/errors"] > 0 and line["reward/none_fraction"] > 0
+    assert "the environment took longer than its time limit of 0.3 s" in caplog.text

@@ -6,6 +6,9 @@ token); observation tokens are masked, with log-probs 0; other requests in the b
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 import torch
 
@@ -192,3 +195,80 @@ def test_an_episode_on_fake_cuda_equals_the_cpu_one(tiny):
     assert torch.equal(got.completion_mask, expected.completion_mask)
     torch.testing.assert_close(got.logprobs, expected.logprobs, atol=1e-5, rtol=0)
     assert torch.equal(got.routed_experts, expected.routed_experts)
+
+
+class Slow(Scripted):
+    """Answers a turn once `release` is set (waiting at most `wait` seconds): an environment that takes
+    its time. `time_limit`: the Episode protocol's."""
+
+    def __init__(self, release, wait: float, *observations, time_limit: float | None = None):
+        super().__init__(*observations)
+        self.release, self.wait, self.time_limit = release, wait, time_limit
+        self.released: bool | None = None
+
+    def turn_ended(self, token_ids):
+        self.released = self.release.wait(self.wait)
+        return super().turn_ended(token_ids)
+
+
+def test_an_environment_answers_while_the_other_rows_decode_and_tokens_stay_the_same(tiny):
+    model, tokenizer = tiny
+    stop = _stop_string(model, tokenizer, PROMPTS[0])
+    params = SamplingParams(40, stop=(stop,))
+    observation = _observation(tokenizer, "=85")
+    engine = NativeEngine.from_model(model, tokenizer, 4)
+    prompt, other = tokenizer(PROMPTS[0]).input_ids, tokenizer(PROMPTS[3]).input_ids
+    release = threading.Event()
+    slow = Slow(release, 30.0, observation)
+    order = []
+    for completion in engine.generate(
+        [GenerationRequest(0, prompt, seed=3, episode=slow), GenerationRequest(1, other, seed=6)], params
+    ):
+        order.append(completion.request_id)
+        if completion.request_id == 1:
+            release.set()  # the environment answers only once the other row has finished decoding
+        else:
+            waited = completion
+    assert slow.turns  # its first turn ended (at the stop string) and the environment was asked
+    assert order == [1, 0] and slow.released is True  # the other row decoded while the environment ran
+    (instant,) = engine.generate(
+        [GenerationRequest(0, prompt, seed=3, episode=Scripted(observation))], params
+    )
+    assert waited.token_ids == instant.token_ids  # sitting out changes no token: noise follows positions
+    assert torch.equal(waited.completion_mask, instant.completion_mask)
+
+
+def test_an_environment_past_its_time_limit_or_raising_ends_its_episode_with_an_error(tiny):
+    model, tokenizer = tiny
+    stop = _stop_string(model, tokenizer, PROMPTS[0])
+    params = SamplingParams(40, stop=(stop,))
+    engine = NativeEngine.from_model(model, tokenizer, 4)
+    prompt, other = tokenizer(PROMPTS[0]).input_ids, tokenizer(PROMPTS[3]).input_ids
+    hung = Slow(threading.Event(), 10.0, _observation(tokenizer, "=85"), time_limit=0.2)
+
+    class Broken(Scripted):
+        def turn_ended(self, token_ids):
+            raise RuntimeError("tool crashed")
+
+    broken = Broken()
+    began = time.monotonic()
+    out = {
+        c.request_id: c
+        for c in engine.generate(
+            [
+                GenerationRequest(0, prompt, seed=3, episode=hung),
+                GenerationRequest(1, prompt, seed=3, episode=broken),
+                GenerationRequest(2, other, seed=6),
+            ],
+            params,
+        )
+    }
+    assert time.monotonic() - began < 5  # the call did not wait for the hung environment
+    assert hung.error == "the environment took longer than its time limit of 0.2 s"
+    assert broken.error == "turn_ended raised RuntimeError: tool crashed"
+    assert hung.released is None  # still waiting in its thread when the call ended
+    for number in (0, 1):  # each ended at its first turn, no observation fed
+        completion = out[number]
+        assert completion.completion_mask is None and completion.finish_reason == "stop"
+    (alone,) = engine.generate([GenerationRequest(2, other, seed=6)], params)
+    assert out[2].token_ids == alone.token_ids

@@ -112,6 +112,12 @@ class EnvConfig(Section):
         description="Keyword options of the environment (calculator: max_calls, example).",
     )
     max_turns: int = Field(8, ge=1, description="Model turns an episode may take; it ends after the last.")
+    time_limit_s: float | None = Field(
+        60.0,
+        gt=0,
+        description="Seconds the environment may take to answer one model turn; past them its episode ends "
+        "with a recorded error (no reward) and the run goes on. None: no limit.",
+    )
 
 
 class GenRMConfig(Section):

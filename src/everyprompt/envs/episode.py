@@ -22,8 +22,8 @@ class TokenEpisode:
     `prompt_ids` is the request's prompt; pass the episode as `GenerationRequest.episode`. After the engine
     finishes the completion, `reward` is the episode's (the last non-None reward a step gave; None if none
     did), `turns` the number of model turns and `messages` the whole conversation; `error` what the
-    environment raised, if it did. After `max_turns` model turns the episode ends whatever the environment
-    says.
+    environment raised, if it did (or that it took longer than `time_limit` seconds on a turn: the engine
+    says so). After `max_turns` model turns the episode ends whatever the environment says.
 
     The tokens fed after a turn are the characters the template writes after an assistant message's
     content up to the next assistant opening. They are found by rendering the conversation with `TURN` in
@@ -31,11 +31,17 @@ class TokenEpisode:
     special tokens renders like any other); the rendering before `TURN` must be the last one (checked)."""
 
     def __init__(
-        self, env: Environment, tokenizer, row: dict, template_kwargs: dict | None = None, max_turns: int = 8
+        self,
+        env: Environment,
+        tokenizer,
+        row: dict,
+        template_kwargs: dict | None = None,
+        max_turns: int = 8,
+        time_limit: float | None = None,
     ):
         require_chat_template(tokenizer)
         self.env, self.tokenizer, self.options = env, tokenizer, dict(template_kwargs or {})
-        self.max_turns = max_turns
+        self.max_turns, self.time_limit = max_turns, time_limit
         self.error: str | None = None  # what the environment raised, if it did (the episode ended there)
         self.messages: list[Message] = list(env.init(row))
         self.template: list[Message] = list(self.messages)  # the conversation with TURN for model turns
@@ -118,9 +124,16 @@ class Episodes:
     request (an environment keeps its episode's state), and the stop strings that end its model turns."""
 
     def __init__(
-        self, name: str, options: dict, tokenizer, template_kwargs: dict | None = None, max_turns: int = 8
+        self,
+        name: str,
+        options: dict,
+        tokenizer,
+        template_kwargs: dict | None = None,
+        max_turns: int = 8,
+        time_limit: float | None = None,
     ):
         self.name, self.options, self.max_turns = name, dict(options), max_turns
+        self.time_limit = time_limit
         self.tokenizer, self.template_kwargs = tokenizer, dict(template_kwargs or {})
         try:
             probe = make_environment(name, **self.options)  # an unknown name lists the registered ones
@@ -151,9 +164,11 @@ class Episodes:
                 f"this run's is {type(engine).__name__} (rollout.engine={config.rollout.engine})"
             )
         env = config.env
-        return cls(env.name, env.options, tokenizer, config.data.template_kwargs, env.max_turns)
+        return cls(
+            env.name, env.options, tokenizer, config.data.template_kwargs, env.max_turns, env.time_limit_s
+        )
 
     def start(self, row: dict) -> TokenEpisode:
         """A new episode on data row `row` (EnvironmentSetupError if the environment cannot start from it)."""
         env = make_environment(self.name, **self.options)
-        return TokenEpisode(env, self.tokenizer, row, self.template_kwargs, self.max_turns)
+        return TokenEpisode(env, self.tokenizer, row, self.template_kwargs, self.max_turns, self.time_limit)

@@ -56,10 +56,13 @@ class Episode(Protocol):
     lets the model go on, or, given None, finishes the completion. Fed tokens are part of the completion
     but not the model's: `Completion.completion_mask` is False there, their log-probs and entropies 0.
     Once the completion finishes, `reward` is the episode's (None: never judged) and `error` what its
-    environment raised, if anything (generation.py reads both)."""
+    environment raised, if anything (generation.py reads both). `turn_ended` runs in a thread of its own
+    while the other sequences decode; past `time_limit` seconds (None: no limit) the engine ends the
+    episode and sets its `error`."""
 
     reward: float | None
     error: str | None
+    time_limit: float | None
 
     def turn_ended(self, token_ids: list[int]) -> list[int] | None: ...
 

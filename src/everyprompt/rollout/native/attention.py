@@ -33,6 +33,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     return normed if weight is None else weight * normed
 
 
+def decode_bias(positions: torch.Tensor, width: int, dtype, mask_layout: tuple[int, int]) -> torch.Tensor:
+    """A decode step's attention mask as an additive bias [B * heads, group, width] (an attention's
+    `mask_layout`): row b sees its slots <= positions[b]. Built once per step for all layers."""
+    visible = torch.arange(width, device=positions.device)[None, :] <= positions[:, None]
+    bias = torch.zeros(visible.shape, dtype=dtype, device=positions.device)
+    bias.masked_fill_(~visible, float("-inf"))
+    heads, group = mask_layout
+    return bias[:, None, None].expand(-1, heads, group, -1).reshape(-1, group, width)
+
+
 class Rotary:
     """cos and sign-folded sin [B, T, 1, D] of a config's rotary embedding over `dim` channels."""
 

@@ -13,8 +13,9 @@ real tokens from seeing the padding), and its t-th generated token is fed at pos
 step runs every row at once, each at its own position, attending to its positions <= that one. When a
 sequence finishes, its row is refilled from the queue before the next step; once the queue is empty,
 the running rows move to the front and the pool shrinks to them. A multi-turn request (its `episode`)
-stays in its row across turns: at a turn's end the environment's observation is fed into the same
-sequence, one token a decode step in place of the sample (turns.py).
+stays in its row across turns: at a turn's end its environment answers in a thread of its own while the
+other rows decode, and the observation is fed into the same sequence, one token a decode step in place of
+the sample (turns.py).
 """
 
 from __future__ import annotations
@@ -34,14 +35,14 @@ from everyprompt.rollout.base import (
     call_stats,
     register_engine,
 )
-from everyprompt.rollout.native.attention import ATTENTIONS, rms_norm
+from everyprompt.rollout.native.attention import ATTENTIONS, decode_bias, rms_norm
 from everyprompt.rollout.native.cache import KVCache, compact, copy_rows, readable
 from everyprompt.rollout.native.compiled import DecodeCompiler
 from everyprompt.rollout.native.families import FAMILIES, unsupported_settings
 from everyprompt.rollout.native.moe import MixtureOfExperts, swiglu
 from everyprompt.rollout.native.queue import LiveRequests, Queue
 from everyprompt.rollout.native.state import Record, Slots, on_device
-from everyprompt.rollout.native.turns import ending, force, take_tokens
+from everyprompt.rollout.native.turns import Turns, ending, force, take_tokens
 from everyprompt.rollout.native.weights import Layer, StateDict, fp8_matmuls, read_layer
 from everyprompt.rollout.sampling import sample_tokens
 from everyprompt.rollout.stops import StopStrings, stop_token_ids
@@ -157,16 +158,6 @@ class NativeEngine:
         ]
 
     # ---------------------------------------------------------------- forward
-    def _decode_bias(self, positions: torch.Tensor, width: int) -> torch.Tensor:
-        """The decode step's attention mask as an additive bias [B * mask_heads, group, width] (the
-        attention's `mask_layout`): row b sees its slots <= positions[b]. Built once per step for all
-        layers."""
-        visible = torch.arange(width, device=positions.device)[None, :] <= positions[:, None]
-        bias = torch.zeros(visible.shape, dtype=self.dtype, device=positions.device)
-        bias.masked_fill_(~visible, float("-inf"))
-        heads, group = self.attention.mask_layout
-        return bias[:, None, None].expand(-1, heads, group, -1).reshape(-1, group, width)
-
     def _mlp(self, layer: Layer, x: torch.Tensor, routes: list | None = None) -> torch.Tensor:
         if layer.router is not None:
             return self.moe(layer, x, routes)
@@ -226,7 +217,10 @@ class NativeEngine:
             dict.fromkeys(("decode_steps", "sample_steps", "busy", "tokens", "shrinks", "admissions"), 0)
         )
         rows: tuple[list[int], torch.Tensor] = ([], torch.zeros(0, dtype=torch.long, device=self.device))
+        turns = Turns()  # episodes waiting for their environment's answer
         while True:
+            if turns.pending and (ended := turns.resolve(state, requests)):
+                yield from self._finish(requests, state, ended, record, began, stops)
             free = state.free
             admitted = source.take(len(free)) if free else []
             if admitted:
@@ -239,6 +233,9 @@ class NativeEngine:
                 clock["admissions"] += 1
             active = state.active
             if not active:  # nothing running and (after the admission above) nothing queued
+                if turns.pending:  # every running episode waits for its environment
+                    turns.wait()
+                    continue
                 if source.wait():  # a live source: the next arrival
                     continue
                 break
@@ -259,7 +256,7 @@ class NativeEngine:
             clock["sample_steps"] += 1
             clock["tokens"] += len(active)
             cancelled = source.sampled(active, tokens, logprobs, state)  # live: streamed, given up
-            finished, forced = take_tokens(tokens, active, state, requests, self.stop_ids, stops)
+            finished, forced = take_tokens(tokens, active, state, requests, self.stop_ids, stops, turns)
             finished += [slot for slot in cancelled if slot not in finished]
             if forced:
                 sampled = force(sampled, forced, index, step, state)
@@ -270,7 +267,7 @@ class NativeEngine:
                 continue
             fed = sampled if len(running) == len(active) else sampled[on_device(running, self.device)]
             running = [active[position] for position in running]
-            if source.drained and len(running) < len(state.request):
+            if source.drained and not turns.pending and len(running) < len(state.request):
                 # nothing left to admit: move the running rows to the front and drop the idle ones (on
                 # CPU a decode step's cost follows its rows; copying the cache is cheaper than idle rows)
                 caches = compact(caches, on_device(running, self.device))
@@ -322,7 +319,7 @@ class NativeEngine:
         """One decode step of every cache row: the logits [B, V] of each row's next token after feeding
         `tokens` [B] at `positions` [B] (cache views up to the furthest position + 1 when eager, the call's
         whole width when compiled) and, when `record`, each MoE layer's (experts, router logits)."""
-        bias = self._decode_bias(positions, caches[0][0].shape[2])
+        bias = decode_bias(positions, caches[0][0].shape[2], self.dtype, self.attention.mask_layout)
         routes: list | None = [] if record else None
         rows = torch.arange(tokens.shape[0], device=tokens.device)
         logits = self._forward(layers, tokens[:, None], positions[:, None], caches, rows, bias, None, routes)

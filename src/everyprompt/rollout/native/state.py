@@ -102,6 +102,7 @@ class Slots:
         self.tokens: list[list[int]] = [[] for _ in range(slots)]
         self.observation: list[list[int]] = [[] for _ in range(slots)]
         self.observed: list[list[int]] = [[] for _ in range(slots)]
+        self.paused: set[int] = set()  # slots whose episode's environment is answering (turns.Turns)
 
     @property
     def free(self) -> list[int]:
@@ -109,7 +110,7 @@ class Slots:
 
     @property
     def active(self) -> list[int]:
-        return [slot for slot, request in enumerate(self.request) if request >= 0]
+        return [slot for slot, request in enumerate(self.request) if request >= 0 and slot not in self.paused]
 
     def select(self, rows: list[int], device: torch.device) -> None:
         """Keep `rows` (host indices), in that order, as rows [0, len(rows))."""

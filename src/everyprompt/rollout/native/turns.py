@@ -1,18 +1,25 @@
 """What a decode step's sampled tokens do to each sequence, on the host: append, stop, or, for a multi-turn
-episode (rollout.base.Episode), end the model's turn and queue the environment's observation, whose tokens
-then replace the samples one a step (fed like any token, so the cache, the routes and the positions stay
-those of one sequence) and are masked out of the completion."""
+episode (rollout.base.Episode), end the model's turn. The episode's `turn_ended` (its environment's step)
+then runs in a thread of its own while the other rows decode; the row sits out, its cache kept, until the
+answer comes (`Turns`). The environment's observation is then fed one token a step in place of the
+samples (fed like any token, so the cache, the routes and the positions stay those of one sequence) and
+masked out of the completion. An episode whose `time_limit` (seconds) passes first ends with an error."""
 
 from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 import torch
 
 from everyprompt.rollout.native.state import Slots, on_device
 
 
-def take_tokens(tokens: list[int], active: list[int], state: Slots, requests, stop_ids, stops):
+def take_tokens(tokens: list[int], active: list[int], state: Slots, requests, stop_ids, stops, turns):
     """Append the step's tokens `tokens` (of the `active` slots, in order) to their sequences; returns the
-    slots that finished and the (position among the active rows, token) pairs fed in place of a sample."""
+    slots that finished and the (position among the active rows, token) pairs fed in place of a sample.
+    A slot whose episode's turn ended is handed to `turns` (it decodes this step's token, then waits)."""
     finished, forced = [], []
     for position, (slot, token) in enumerate(zip(active, tokens)):
         observing = bool(state.observation[slot])
@@ -24,20 +31,68 @@ def take_tokens(tokens: list[int], active: list[int], state: Slots, requests, st
         if len(state.tokens[slot]) >= state.limit[slot]:
             finished.append(slot)
         elif not observing and (token in stop_ids or stops.hit(state.tokens[slot])):
-            if not _next_turn(requests[state.request[slot]], state, slot):
+            episode = requests[state.request[slot]].episode
+            if episode is None:
                 finished.append(slot)
+            else:
+                turns.start(slot, episode, state)
     return finished, forced
 
 
-def _next_turn(request, state: Slots, slot: int) -> bool:
-    """A model turn of `slot` ended: whether its episode goes on (its observation queued to be fed)."""
-    if request.episode is None:
-        return False
-    observation = request.episode.turn_ended(list(state.tokens[slot]))
-    if not observation:
-        return False
-    state.observation[slot] = list(observation)
-    return True
+class Turns:
+    """The episodes whose model turn ended, waiting for their environment (slot -> its answer's future
+    and deadline). A waiting slot is in `state.paused`: it is neither sampled nor fed."""
+
+    def __init__(self):
+        self.pending: dict[int, tuple[Future, float | None, float | None]] = {}
+
+    def start(self, slot: int, episode, state: Slots) -> None:
+        future: Future = Future()
+        token_ids = list(state.tokens[slot])
+
+        def step():
+            try:
+                future.set_result(episode.turn_ended(token_ids))
+            except BaseException as err:  # noqa: BLE001 (the engine's thread reports it as the episode's)
+                future.set_exception(err)
+
+        # a daemon thread: an environment that never returns cannot hold the process at exit
+        threading.Thread(target=step, name="everyprompt-env-step", daemon=True).start()
+        limit = getattr(episode, "time_limit", None)
+        self.pending[slot] = (future, None if limit is None else time.monotonic() + limit, limit)
+        state.paused.add(slot)
+
+    def resolve(self, state: Slots, requests) -> list[int]:
+        """Resume the slots whose environment answered (their observation queued to be fed); returns the
+        slots whose episode ended (no observation, a failure, or past its time limit)."""
+        finished, now = [], time.monotonic()
+        for slot, (future, deadline, limit) in list(self.pending.items()):
+            episode = requests[state.request[slot]].episode
+            if future.done():
+                error = future.exception()
+                observation = None if error else future.result()
+                if error is not None:
+                    episode.error = f"turn_ended raised {type(error).__name__}: {error}"
+            elif deadline is not None and now >= deadline:
+                episode.error = f"the environment took longer than its time limit of {limit:g} s"
+                observation = None
+            else:
+                continue
+            del self.pending[slot]
+            state.paused.discard(slot)
+            if observation:
+                state.observation[slot] = list(observation)
+            else:
+                finished.append(slot)
+        return finished
+
+    def wait(self) -> None:
+        """Nothing decodes: sleep until an environment answers or the nearest time limit passes."""
+        if not self.pending:
+            return
+        deadlines = [deadline for _, deadline, _ in self.pending.values() if deadline is not None]
+        timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+        wait([future for future, _, _ in self.pending.values()], timeout, FIRST_COMPLETED)
 
 
 def force(sampled: torch.Tensor, forced: list[tuple[int, int]], index, step, state: Slots) -> torch.Tensor:
