@@ -104,3 +104,36 @@ def test_workers_that_cannot_be_placed_fail_clearly(ray_instance):
     config = tiny_config("cluster.backend=ray", "cluster.rollout_workers=2", "cluster.num_cpus=4")
     with pytest.raises(ClusterError, match=r"has 2 CPUs.*2 actors at cluster.num_cpus=4.*need 8 CPU"):
         RaySession(config.cluster, actors=2)
+
+
+@pytest.mark.slow  # about 35 s on 2 idle cores (two workers start); the local engine's episode tests run always
+def test_rollout_workers_run_episodes_as_the_local_engine_does(ray_instance):
+    """Each request's episode travels to its worker, is stepped there, and comes back in the completion:
+    the batch (observations fed, masks, the environment's rewards) is the local engine's."""
+    from tests.envs.test_env_runs import AnswerOnce
+
+    config = tiny_config(
+        *SETTINGS,
+        "model.preset=tiny-chat-moe",
+        "sft.steps=0",
+        "env.name=test-answer-once",
+        "rollout.max_new_tokens=24",
+        "cluster.backend=ray",
+        "cluster.rollout_workers=2",
+    )
+    model, tokenizer = _model(config)
+    local = _side(config, build_engine(config.rollout, model, tokenizer), model, tokenizer)
+    engine = RayEngine(config, model, tokenizer)
+    try:
+        assert engine.episodes
+        remote = _side(config, engine, model, tokenizer)
+        mine, theirs = local.next_batch(0), remote.next_batch(0)
+    finally:
+        engine.close()
+    _assert_same_batch(mine, theirs)
+    assert mine.completion_mask is not None and theirs.completion_mask is not None
+    assert any(not bool(m.all()) for m in mine.completion_mask)  # observations were fed
+    for a, b in zip(mine.completion_mask, theirs.completion_mask):
+        assert torch.equal(a, b)
+    rewards = {round(r, 6) for r in theirs.rewards.tolist()}
+    assert rewards <= {0.0, AnswerOnce.REWARD} and AnswerOnce.REWARD in rewards  # the environment's

@@ -70,9 +70,8 @@ def test_rl_on_episodes_trains_on_the_model_tokens_with_the_environments_reward(
 @pytest.mark.parametrize(
     ("setting", "says"),
     [
-        ("rollout.engine=hf", "local native engine, not with rollout.engine=hf"),
+        ("rollout.engine=hf", "native engine, not with rollout.engine=hf"),
         ("rollout.partial=true", "not with rollout.partial=true"),
-        ("cluster.backend=ray", "not with cluster.backend=ray"),
         ("zve.filter.enabled=true", "not with zve.filter.enabled=true"),
         ("data.format=plain", "data.format=plain and data.system_prompt do not apply"),
     ],

@@ -123,13 +123,12 @@ class Config(Section):
         refused = {
             "rollout.engine=hf": self.rollout.engine == "hf",
             "rollout.partial=true": self.rollout.partial,
-            "cluster.backend=ray": self.cluster.backend == "ray",  # not yet run with episodes
             "zve.filter.enabled=true": self.zve.filter.enabled,  # its pass rates are single-turn
         }
         for setting, present in refused.items():
             if present:
                 raise ValueError(
-                    f"env.name={self.env.name} runs episodes in the local native engine, not with {setting}"
+                    f"env.name={self.env.name} runs episodes in the native engine, not with {setting}"
                 )
         if self.data.format == "plain" or self.data.system_prompt is not None:
             raise ValueError(

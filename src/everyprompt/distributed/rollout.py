@@ -51,8 +51,9 @@ class RolloutWorker:
             weights = require_ray().get(weights)
         self.engine = build_engine(rollout_config, recipe.build(weights), tokenizer)
 
-    def ready(self) -> bool:
-        return bool(self.engine.can_record_routes)
+    def ready(self) -> tuple[bool, bool]:
+        """Whether the engine records routes, and runs episodes (GenerationRequest.episode)."""
+        return bool(self.engine.can_record_routes), bool(getattr(self.engine, "episodes", False))
 
     def generate(self, requests: list[GenerationRequest], params: SamplingParams):
         try:
@@ -77,7 +78,8 @@ class RayEngine:
         self.stats: dict[str, float] = {}
         self.restarts = 0  # workers replaced so far in this run
         self.workers = [self._spawn() for _ in range(config.cluster.rollout_workers)]
-        self.can_record_routes = self._await_ready(self.workers)
+        # episodes travel to a worker with their requests and come back stepped, in the completion
+        self.can_record_routes, self.episodes = self._await_ready(self.workers)
 
     def _spawn(self):
         cluster = self.config.cluster
@@ -87,7 +89,7 @@ class RayEngine:
             self.recipe, self.tokenizer, self.config.rollout, threads, self.config.keep_freed_memory
         )
 
-    def _await_ready(self, workers) -> bool:
+    def _await_ready(self, workers) -> tuple[bool, bool]:
         refs = [worker.ready.remote() for worker in workers]
         ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=self.config.cluster.start_timeout_s)
         if len(ready) < len(refs):
@@ -96,7 +98,8 @@ class RayEngine:
                 f"cluster.start_timeout_s={self.config.cluster.start_timeout_s:g} s (not enough free "
                 "resources for cluster.num_cpus / cluster.num_gpus per actor?)"
             )
-        return all(self.ray.get(refs))
+        answers = self.ray.get(refs)
+        return all(a[0] for a in answers), all(a[1] for a in answers)
 
     def load_weights(self, weights) -> None:
         """Every worker takes the learner's weights: a state dict, or a reference to one in Ray's object
