@@ -457,3 +457,18 @@ def test_tools_call_fraction_counts_completions_that_call(tmp_path):
     ]
     (tmp_path / "c.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     assert bench.call_fraction(tmp_path / "c.jsonl") == pytest.approx(2 / 3)
+
+
+def test_serve_bench_smoke(tmp_path, capsys):
+    pytest.importorskip("openai", reason="the openai client is in the dev extra")
+    serve = _load("serve")
+
+    assert (
+        serve.main(["--concurrency", "4", "--sequential", "2", "--max-tokens", "6", "--out", str(tmp_path)])
+        == 0
+    )
+    result = json.loads((tmp_path / "serve_tiny-chat.json").read_text())
+    assert result["concurrent"]["requests"] == 4 and result["sequential"]["requests"] == 2
+    assert 0 < result["concurrent"]["completion_tokens"] <= 4 * 6
+    assert result["throughput_ratio"] > 0 and "machine" in result
+    assert "tokens/s" in capsys.readouterr().out
