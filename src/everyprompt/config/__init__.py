@@ -25,6 +25,7 @@ from everyprompt.config.rl import KLConfig, RLConfig, RolloutCorrectionConfig
 from everyprompt.config.rollout import (
     DEFAULT_JUDGE_TEMPLATE,
     EnvConfig,
+    ExternalConfig,
     GenRMConfig,
     RewardComponentConfig,
     RewardsConfig,
@@ -108,6 +109,7 @@ class Config(Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     rewards: RewardsConfig = Field(default_factory=RewardsConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
+    external: ExternalConfig = Field(default_factory=ExternalConfig)
     rl: RLConfig = Field(default_factory=RLConfig)
     zve: ZVEConfig = Field(default_factory=ZVEConfig)
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
@@ -135,6 +137,29 @@ class Config(Section):
                 f"env.name={self.env.name}: the environment writes the episode's first messages in the chat "
                 "template; data.format=plain and data.system_prompt do not apply"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _external_rollouts_are_the_drivers(self) -> Config:
+        if not self.external.enabled:
+            return self
+        refused = {  # what the run's own rollout side does, which a driven run leaves to its driver
+            "env.name": self.env.name is not None,
+            "rollout.engine=hf": self.rollout.engine == "hf",
+            "rollout.partial=true": self.rollout.partial,
+            "rl.max_staleness>0": self.rl.max_staleness > 0,
+            "rl.router_replay=r3": self.rl.router_replay == "r3",  # the driver's rollouts carry no routes
+            "zve.enabled": self.zve.enabled,
+            "zve.filter.enabled": self.zve.filter.enabled,
+            "curriculum.stages": bool(self.curriculum.stages),
+            "cluster.backend=ray": self.cluster.backend == "ray",
+        }
+        for setting, present in refused.items():
+            if present:
+                raise ValueError(
+                    f"external.enabled: the driver samples, scores and picks the groups, so {setting} does "
+                    "not apply (docs/serving.md)"
+                )
         return self
 
     @model_validator(mode="after")
@@ -296,6 +321,7 @@ __all__ = [
     "EvalConfig",
     "ExpansionConfig",
     "EnvConfig",
+    "ExternalConfig",
     "GenRMConfig",
     "KLConfig",
     "LoRAConfig",

@@ -120,6 +120,24 @@ class EnvConfig(Section):
     )
 
 
+class ExternalConfig(Section):
+    enabled: bool = Field(
+        False,
+        description="An outside program drives the rollouts: it generates through the run's OpenAI-compatible "
+        "endpoint and posts scored groups to /v1/rollouts; each RL step trains on the next "
+        "rl.prompts_per_step groups (docs/serving.md).",
+    )
+    host: str = Field("127.0.0.1", description="Address the run's endpoint listens on (beyond this machine: "
+                      "$EVERYPROMPT_API_KEY must be set).")  # fmt: skip
+    port: int = Field(
+        8000, ge=0, le=65535, description="Port of the run's endpoint (0: any free port, printed)."
+    )
+    wait_s: float = Field(
+        600.0, gt=0, description="Seconds a step waits for its groups before the run stops."
+    )
+    max_prompt_tokens: int = Field(1024, ge=1, description="Longest prompt the endpoint accepts (tokens).")
+
+
 class GenRMConfig(Section):
     model: str | None = Field(None, description="Judge: a local Hugging Face causal-LM checkpoint directory.")
     template: str = Field(

@@ -21,8 +21,13 @@ from everyprompt.trainer import Learner, RLTrainer, RolloutSide
 
 
 def local_sides(config: Config, model, tokenizer, prompts, run_dir, store, reference):
-    """Both sides in this process, over `model`; nothing more to close."""
+    """Both sides in this process, over `model`; nothing more to close. `external.enabled`: the rollout
+    side is the run's endpoint, fed by an outside driver (serve/driven.py)."""
     learner = Learner(config, model, tokenizer.pad_token_id, reference)
+    if config.external.enabled:
+        from everyprompt.serve.driven import DrivenRolloutSide
+
+        return DrivenRolloutSide(config, model, tokenizer, prompts), learner, []
     return RolloutSide.build(config, model, tokenizer, prompts, run_dir, store), learner, []
 
 

@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from everyprompt.rollout.sampling import derive_seed
+from everyprompt.serve.driven import Rollouts
 from everyprompt.serve.engine import Sequence, ServingEngine
 from everyprompt.serve.protocol import (
     FINISH,
@@ -37,9 +38,12 @@ class RequestError(Exception):
         self.status, self.message, self.param = status, message, param
 
 
-def create_app(server: ServingEngine, model_name: str, limits: Limits, api_key: str | None = None) -> FastAPI:
+def create_app(
+    server: ServingEngine, model_name: str, limits: Limits, api_key: str | None = None, intake=None
+) -> FastAPI:
     """The app over `server`, whose engine thread it starts and, at shutdown (after uvicorn has finished
-    the open responses), stops and joins."""
+    the open responses), stops and joins. `intake` (serve/driven.py): a run driven from outside takes
+    scored groups at `/v1/rollouts`."""
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -92,6 +96,19 @@ def create_app(server: ServingEngine, model_name: str, limits: Limits, api_key: 
             "object": "list",
             "data": [{"id": model_name, "object": "model", "created": now(), "owned_by": "everyprompt"}],
         }
+
+    if intake is not None:
+
+        @app.post("/v1/rollouts")
+        async def rollouts(body: Rollouts):
+            problem = intake.add(body)
+            if problem:
+                raise RequestError(400, problem, "groups")
+            return {"accepted": len(body.groups), "queued": intake.groups.qsize(), "version": server.version}
+
+        @app.get("/v1/rollouts")
+        async def rollouts_state():
+            return {"queued": intake.groups.qsize(), "received": intake.received, "version": server.version}
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):

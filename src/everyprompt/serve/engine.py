@@ -32,6 +32,7 @@ class Sequence:
         self.sent_text = self.sent_tokens = 0  # what the stream has sent
         self._prefix = self._read = 0  # the decoding window: tokens[_prefix:_read] are already text
         self.engine_index: int | None = None
+        self.live = None  # the engine's live request source it was submitted to
 
     # the engine's thread
     def on_token(self, token: int, logprob: float) -> None:
@@ -90,29 +91,63 @@ class Sequence:
 
 class ServingEngine:
     """The engine's thread and the requests it serves. `max_tokens`: the largest cap a request may ask
-    (the cache's width is `max_prompt_tokens + max_tokens` per row)."""
+    (the cache's width is `max_prompt_tokens + max_tokens` per row).
+
+    `reload(state_dict)` puts new weights in (a run driven from outside, docs/serving.md): the requests in
+    flight finish on the old weights, those that arrive meanwhile wait for the new ones; `version` counts
+    the reloads."""
 
     def __init__(self, engine, tokenizer, max_prompt_tokens: int, max_tokens: int):
         self.engine, self.tokenizer = engine, tokenizer
-        self.live = LiveRequests(max_prompt_tokens)
+        self.max_prompt_tokens = max_prompt_tokens
+        self.live = LiveRequests(max_prompt_tokens)  # the generate call requests join now
         self.params = SamplingParams(max_new_tokens=max_tokens)  # each row samples by its own settings
         self.thread = threading.Thread(target=self._run, name="everyprompt-serve-engine", daemon=True)
         self.failure: BaseException | None = None
+        self.version = 0
+        self.sampled_before = 0  # tokens sampled by earlier generate calls
+        self._lock = threading.Lock()
+        self._weights = None  # the next weights, loaded between generate calls
+        self._loaded = threading.Event()
+        self._stopping = False
 
     def start(self) -> None:
         self.thread.start()
 
     def _run(self) -> None:
         try:
-            for completion in self.engine.generate(self.live, self.params):
-                self.live.done(completion.request_id)
-                entry = self.live.entries[completion.request_id]
-                entry.on_finish(completion.finish_reason)
+            while True:
+                live = self.live
+                for completion in self.engine.generate(live, self.params):
+                    live.done(completion.request_id)
+                    live.entries[completion.request_id].on_finish(completion.finish_reason)
+                with self._lock:
+                    self.sampled_before += live.sampled_tokens
+                    if self._weights is not None:
+                        self.engine.load_weights(self._weights)
+                        self._weights, self.version = None, self.version + 1
+                        self._loaded.set()
+                    if self._stopping:
+                        return
         except BaseException as err:  # every waiting client hears of it; the server answers 500
             self.failure = err
             log.exception("the serving engine stopped")
-            for entry in self.live.entries:
+            for entry in [*live.entries, *self.live.entries]:
                 entry.on_finish("error")
+            self._loaded.set()
+
+    def reload(self, state_dict, timeout: float | None = None) -> None:
+        """Serve `state_dict` from now on: once the generate call in progress has finished its requests
+        (new ones wait for the next call), the weights are loaded and the next call starts."""
+        with self._lock:
+            self._loaded.clear()
+            self._weights = state_dict
+            old, self.live = self.live, LiveRequests(self.max_prompt_tokens)
+            old.close()
+        if not self._loaded.wait(timeout) or self.failure is not None:
+            raise RuntimeError(
+                f"the serving engine did not take the new weights ({self.failure or 'timed out'})"
+            )
 
     def submit(
         self, sequence: Sequence, prompt_ids: list[int], cap: int, temperature: float, top_p: float, seed: int
@@ -128,20 +163,33 @@ class ServingEngine:
             on_token=sequence.on_token,
             on_finish=sequence.on_finish,
         )
-        sequence.engine_index = self.live.submit(entry)
+        with self._lock:
+            sequence.live = self.live
+            sequence.engine_index = self.live.submit(entry)
 
     def cancel(self, sequence: Sequence) -> None:
         if sequence.engine_index is not None:
-            self.live.cancel(sequence.engine_index)
+            sequence.live.cancel(sequence.engine_index)
 
     def load(self) -> dict[str, int]:
-        """Sequences decoding now and waiting for a row, and the tokens sampled since the start."""
-        live = self.live
-        return {"running": live.running(), "waiting": live.waiting(), "sampled_tokens": live.sampled_tokens}
+        """Sequences decoding now and waiting for a row, the tokens sampled since the start, and the
+        weights' version."""
+        with self._lock:
+            live = self.live
+            sampled = self.sampled_before + live.sampled_tokens
+        return {
+            "running": live.running(),
+            "waiting": live.waiting(),
+            "sampled_tokens": sampled,
+            "version": self.version,
+        }
 
     def close(self, timeout: float = 30.0) -> None:
         """Stop taking requests, let the running ones end (their clients are gone by now) and join."""
-        for index in range(len(self.live.entries)):
-            self.live.cancel(index)
-        self.live.close()
+        with self._lock:
+            self._stopping = True
+            live = self.live
+        for index in range(len(live.entries)):
+            live.cancel(index)
+        live.close()
         self.thread.join(timeout)

@@ -1,0 +1,144 @@
+"""A run driven from outside (config `external`): a small driver written here generates through the run's
+endpoint with the `openai` client, scores the samples itself and posts the groups; each step trains on the
+groups posted and the endpoint then serves the new weights."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+openai = pytest.importorskip("openai", reason="the openai client is in the dev extra")
+pytest.importorskip("fastapi", reason="the server is the optional extra everyprompt[serve]")
+import httpx  # noqa: E402
+
+from everyprompt.config import ConfigError  # noqa: E402
+from everyprompt.pipeline import train  # noqa: E402
+from tests.conftest import tiny_config  # noqa: E402
+
+GROUP = 4
+PROBE = {"prompt": "12+30=", "max_tokens": 6, "temperature": 0, "logprobs": 0}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def score(text: str) -> float:
+    """The driver's own reward: a signal that varies within a group."""
+    return float(len(text) % 2)
+
+
+def sample_group(client, base: str, question: str, seed: int) -> tuple[dict, list[float]]:
+    answer = client.chat.completions.create(
+        model="policy",
+        messages=[{"role": "user", "content": question}],
+        n=GROUP,
+        max_tokens=12,
+        temperature=1.0,
+        seed=seed,
+        logprobs=True,
+        extra_body={"return_token_ids": True},
+    )
+    prompt = answer.model_extra["prompt_token_ids"]
+    samples = []
+    for choice in answer.choices:
+        samples.append(
+            {
+                "prompt_token_ids": prompt,
+                "token_ids": choice.model_extra["token_ids"],
+                "logprobs": [entry.logprob for entry in choice.logprobs.content],
+                "reward": score(choice.message.content),
+                "finish_reason": choice.finish_reason,
+            }
+        )
+    return {"samples": samples}, [s["reward"] for s in samples]
+
+
+def test_an_outside_driver_samples_scores_and_the_run_trains_on_its_groups(tmp_path):
+    port = free_port()
+    config = tiny_config(
+        "model.preset=tiny-chat-moe",
+        "sft.steps=0",
+        "external.enabled=true",
+        f"external.port={port}",
+        "external.wait_s=120",
+        "rl.steps=2",
+        "rl.prompts_per_step=2",
+        f"rl.group_size={GROUP}",
+        "rollout.max_new_tokens=16",
+        "eval.every=0",
+        "data.num_eval=2",
+    )
+    failure: list = []
+
+    def run():
+        try:
+            train(config, run_dir=tmp_path / "run")
+        except BaseException as err:  # noqa: BLE001 (reported by the test)
+            failure.append(err)
+
+    trainer = threading.Thread(target=run)
+    trainer.start()
+    base = f"http://127.0.0.1:{port}/v1"
+    deadline = time.monotonic() + 120
+    while True:  # the run starts its endpoint once the model is loaded
+        try:
+            state = httpx.get(f"{base}/rollouts", timeout=5).json()
+            break
+        except httpx.TransportError:
+            assert trainer.is_alive() and time.monotonic() < deadline, failure
+            time.sleep(0.2)
+    assert state["version"] == 0
+    client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0)
+    before = httpx.post(f"{base}/completions", json=PROBE, timeout=60).json()
+    # a group the learner could not train on is refused, naming why
+    bad, _ = sample_group(client, base, "What is 1 + 1?", seed=0)
+    refused = httpx.post(f"{base}/rollouts", json={"groups": [{"samples": bad["samples"][:3]}]}, timeout=30)
+    assert (
+        refused.status_code == 400 and "3 samples; rl.group_size is 4" in refused.json()["error"]["message"]
+    )
+    posted: list[list[float]] = []
+    for step in range(2):
+        groups = []
+        for number in range(2):
+            group, rewards = sample_group(
+                client, base, f"What is {step} + {number}?", seed=10 * step + number
+            )
+            groups.append(group)
+            posted.append(rewards)
+        accepted = httpx.post(f"{base}/rollouts", json={"groups": groups}, timeout=30).json()
+        assert accepted["accepted"] == 2
+        if step == 0:  # the next groups are sampled from the updated weights
+            while httpx.get(f"{base}/rollouts", timeout=5).json()["version"] < 1:
+                assert trainer.is_alive() and time.monotonic() < deadline + 120, failure
+                time.sleep(0.1)
+            after = httpx.post(f"{base}/completions", json=PROBE, timeout=60).json()
+            # the endpoint serves the learner's new weights: the same greedy request's log-probs moved
+            assert (
+                after["choices"][0]["logprobs"]["token_logprobs"]
+                != before["choices"][0]["logprobs"]["token_logprobs"]
+            )
+    trainer.join(300)
+    assert not trainer.is_alive() and not failure, failure
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == 2
+    for step, line in enumerate(lines):  # each step trained on the rewards the driver gave its groups
+        rewards = [r for group in posted[2 * step : 2 * step + 2] for r in group]
+        assert line["reward/mean"] == pytest.approx(sum(rewards) / len(rewards))
+        assert line["rollout/tokens"] > 0
+    with pytest.raises(httpx.TransportError):  # the run closed its endpoint when it ended
+        httpx.get(f"{base}/rollouts", timeout=2)
+
+
+@pytest.mark.parametrize(
+    "setting", ["env.name=calculator", "rollout.partial=true", "zve.enabled=true", "cluster.backend=ray"]
+)
+def test_what_the_driver_does_is_refused_beside_external(setting):
+    with pytest.raises(ConfigError, match=r"external.enabled: the driver samples, scores and picks"):
+        tiny_config("model.preset=tiny-chat-moe", "external.enabled=true", setting)
