@@ -28,21 +28,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import RESULTS, repo_path, write_results  # noqa: E402
 
+from algorithms import TINY  # noqa: E402
+
 
 def tiny_checkpoint(directory: Path) -> Path:
     """A random-init tiny chat MoE saved as a checkpoint (the smoke run's model)."""
     from everyprompt.config import load_config
     from everyprompt.models import load_model_and_tokenizer
 
-    overrides = [
-        "model.preset=tiny-chat-moe",
-        "model.hidden_size=32",
-        "model.num_layers=2",
-        "model.num_experts=4",
-        "model.moe_intermediate_size=32",
-        "model.num_heads=2",
-        "model.num_kv_heads=1",
-    ]
+    overrides = ["model.preset=tiny-chat-moe", *TINY]
     model, tokenizer = load_model_and_tokenizer(load_config(None, overrides).model, seed=0)
     path = directory / "tiny-chat"
     model.save_pretrained(path)

@@ -39,29 +39,25 @@ _ENVIRONMENTS: dict[str, Callable[..., Environment]] = {}
 _FAMILIES: dict[str, Callable[..., Environment]] = {}  # "family:id" names: factory(id, **options)
 
 
-def register_environment(name: str) -> Callable:
-    """Decorator: register an environment factory `factory(**options) -> Environment` as `name`."""
-
+def _register(table: dict, key: str, what: str) -> Callable:
     def add(factory):
-        if name in _ENVIRONMENTS:
-            raise ValueError(f"environment {name!r} is already registered")
-        _ENVIRONMENTS[name] = factory
+        if key in table:
+            raise ValueError(f"{what} {key!r} is already registered")
+        table[key] = factory
         return factory
 
     return add
+
+
+def register_environment(name: str) -> Callable:
+    """Decorator: register an environment factory `factory(**options) -> Environment` as `name`."""
+    return _register(_ENVIRONMENTS, name, "environment")
 
 
 def register_environment_family(prefix: str) -> Callable:
     """Decorator: register a factory `factory(id, **options) -> Environment` for the names `prefix:ID`
     (another library's registry, e.g. `skyrl:gsm8k`); the factory refuses an id it does not know."""
-
-    def add(factory):
-        if prefix in _FAMILIES:
-            raise ValueError(f"environment family {prefix!r} is already registered")
-        _FAMILIES[prefix] = factory
-        return factory
-
-    return add
+    return _register(_FAMILIES, prefix, "environment family")
 
 
 def registered_environments() -> list[str]:

@@ -9,9 +9,7 @@ server), the groups posted and the version of the weights served."""
 from __future__ import annotations
 
 import math
-import os
 import queue
-import socket
 import threading
 import time
 from typing import Literal
@@ -158,7 +156,7 @@ class DrivenRolloutSide:
         from everyprompt.serve.app import create_app
         from everyprompt.serve.engine import ServingEngine
         from everyprompt.serve.protocol import Limits
-        from everyprompt.serve.server import ServeError, api_key_for
+        from everyprompt.serve.server import ServeError, api_key_for, listen
 
         self.config, self.model, self.tokenizer = config, model, tokenizer
         # the run's own prompts, never sampled here: the startup parity check and the run's log read them
@@ -179,20 +177,15 @@ class DrivenRolloutSide:
         self.serving = ServingEngine(engine, tokenizer, limits.max_prompt_tokens, limits.max_tokens)
         self.intake = Intake(config.rl.group_size, len(tokenizer), rollout.max_new_tokens)
         self.version, self._eval_engine = 0, None
-        key = api_key_for(external.host, os.environ.get("EVERYPROMPT_API_KEY"))
-        sock = socket.socket(socket.AF_INET6 if ":" in external.host else socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((external.host, external.port))
-        except OSError as err:
-            raise ServeError(
-                f"external.port={external.port}: cannot listen ({err.strerror or err})"
-            ) from None
-        self.socket = sock
+        key = api_key_for(external.host, None)  # $EVERYPROMPT_API_KEY: never a config file's
+        self.socket, self.url = listen(external.host, external.port, "external.port")
         app = create_app(self.serving, "policy", limits, key, intake=self.intake)
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
         self.thread = threading.Thread(
-            target=self.server.run, kwargs={"sockets": [sock]}, name="everyprompt-driven-server", daemon=True
+            target=self.server.run,
+            kwargs={"sockets": [self.socket]},
+            name="everyprompt-driven-server",
+            daemon=True,
         )
         self.thread.start()
         deadline = time.monotonic() + 60
@@ -200,8 +193,6 @@ class DrivenRolloutSide:
             if not self.thread.is_alive() or time.monotonic() > deadline:
                 raise RunError("the run's server did not start")
             time.sleep(0.05)
-        host = f"[{external.host}]" if ":" in external.host else external.host
-        self.url = f"http://{host}:{sock.getsockname()[1]}/v1"
         print(
             f"everyprompt: the policy is served on {self.url}; post scored groups to {self.url}/rollouts",
             flush=True,

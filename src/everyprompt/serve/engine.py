@@ -57,9 +57,10 @@ class Sequence:
         token, logprob = event
         self.tokens.append(token)
         self.logprobs.append(logprob)
+        searched = len(self.text)  # stop strings were looked for up to here (minus their own length)
         self._detokenize()
         for stop in self.stops:
-            at = self.text.find(stop, max(0, self.sent_text - len(stop)))
+            at = self.text.find(stop, max(0, searched - len(stop) + 1))
             if at >= 0:
                 self.text, self.finish = self.text[:at], "stop"
                 return True

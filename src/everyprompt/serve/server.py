@@ -41,6 +41,21 @@ def api_key_for(host: str, api_key: str | None) -> str | None:
     return key
 
 
+def listen(host: str, port: int, setting: str = "--port") -> tuple[socket.socket, str]:
+    """A socket bound to `host:port` (0: any free port) and the base URL it serves (`.../v1`); ServeError
+    naming `setting` if it cannot be bound."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise ServeError(f"{setting}={port}: cannot listen on {host} ({err.strerror or err})") from None
+    shown = f"[{host}]" if family == socket.AF_INET6 else host
+    return sock, f"http://{shown}:{sock.getsockname()[1]}/v1"
+
+
 def build(model_path: str, batch_size: int, precision: str, device: str, limits: Limits):
     """The model at `model_path` on the native engine, and the serving engine's thread over it."""
     from everyprompt.devices import resolve_device
@@ -77,18 +92,10 @@ def serve(
     limits = limits or Limits()
     key = api_key_for(host, api_key)
     serving, _tokenizer = build(model_path, batch_size, precision, device, limits)
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as err:
-        raise ServeError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
-    bound = sock.getsockname()[1]
+    sock, url = listen(host, port)
     app = create_app(serving, name or os.path.basename(os.path.normpath(model_path)), limits, key)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=10))
-    shown = f"[{host}]" if family == socket.AF_INET6 else host
-    print(f"everyprompt: serving {model_path} on http://{shown}:{bound}/v1", flush=True)
+    print(f"everyprompt: serving {model_path} on {url}", flush=True)
     try:
         # the app's lifespan starts the engine's thread and, at shutdown, joins it; on SIGTERM / SIGINT
         # uvicorn finishes the open responses, then raises the signal again (exit 143 / 130)
