@@ -216,6 +216,7 @@ def test_a_stop_string_ends_the_choice_before_it(server):
         ({"prompt": [1, 2, 10**9]}, 400, "prompt token ids must be in"),
         ({"prompt": "1+1=", "temperature": -1}, 400, "temperature"),
         ({"max_tokens": 3}, 400, "prompt"),
+        ({"prompt": "1+1=", "logprobs": 5}, 400, "the sampled token's log-prob only"),
         ({"prompt": "x" * (2 << 20)}, 413, "at most 1048576"),
     ],
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class Limits(BaseModel):
@@ -58,8 +58,13 @@ class ChatRequest(Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=0)  # only the sampled token's log-prob
+    top_logprobs: int | None = None  # 0 only: the sampled token's log-prob (no top-k alternatives)
     chat_template_kwargs: dict | None = None
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _sampled_only(cls, value: int | None) -> int | None:
+        return _sampled_logprob_only(value)
 
     def cap(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -67,11 +72,24 @@ class ChatRequest(Sampling):
 
 class CompletionRequest(Sampling):
     prompt: str | list[int] = Field(min_length=1)
-    logprobs: int | None = Field(default=None, ge=0, le=0)  # 0: the sampled token's log-prob only
+    logprobs: int | None = None  # 0: the sampled token's log-prob (no top-k alternatives)
     echo: Literal[False] = False
+
+    @field_validator("logprobs")
+    @classmethod
+    def _sampled_only(cls, value: int | None) -> int | None:
+        return _sampled_logprob_only(value)
 
     def cap(self) -> int | None:
         return self.max_tokens
+
+
+def _sampled_logprob_only(value: int | None) -> int | None:
+    if value is not None and value != 0:
+        raise ValueError(
+            f"{value} top alternatives asked; the server returns the sampled token's log-prob only (0)"
+        )
+    return value
 
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}  # engine -> OpenAI finish reasons
