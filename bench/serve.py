@@ -4,7 +4,8 @@ through the official `openai` client against a server process, as a user would r
     python bench/serve.py --model models/smollm2-135m-instruct          # the real model (make smollm2)
     python bench/serve.py                                                # a tiny random model (smoke run)
 
-Reported: completion tokens/s sequentially and concurrently (their ratio is what batching buys), each
+Reported: completion tokens/s one at a time (on a server of one row) and all at once (on a server of as
+many rows as requests): their ratio is what continuous batching buys. Also each
 request's latency at that concurrency, and how many greedy answers are the same both ways (the engine's
 batch invariance on real weights: sampling noise never depends on the batch; the logits of one row may
 differ in their last bits between batch shapes). A few answers are printed to be read.
@@ -116,23 +117,23 @@ def main(argv: list[str] | None = None) -> int:
         if not model.exists():
             parser.error(f"--model {model}: no such checkpoint (make smollm2 fetches SmolLM2)")
         prompts = questions(args.concurrency)
-        server = ServerProcess(
-            model,
-            "--batch-size",
-            str(args.concurrency),
-            "--max-tokens",
-            str(args.max_tokens),
-            "--max-prompt-tokens",
-            "256",
-        )
+        flags = ["--max-tokens", str(args.max_tokens), "--max-prompt-tokens", "256"]
+        # one at a time on a server of one row (on a CPU every row is computed at every step, so a wider
+        # server would charge a lone request for its idle rows): the fair reference
+        server = ServerProcess(model, "--batch-size", "1", *flags)
         try:
-            asyncio.run(ask_all(server.base, prompts[:2], 4))  # warm-up: first calls allocate
+            asyncio.run(ask_all(server.base, prompts[:1], 4))  # warm-up: first calls allocate
             sequential = []
             began = time.perf_counter()
             for prompt in prompts[: args.sequential]:
                 _, [result] = asyncio.run(ask_all(server.base, [prompt], args.max_tokens))
                 sequential.append(result)
             sequential_s = time.perf_counter() - began
+        finally:
+            server.stop()
+        server = ServerProcess(model, "--batch-size", str(args.concurrency), *flags)
+        try:
+            asyncio.run(ask_all(server.base, prompts[:2], 4))
             concurrent_s, together = asyncio.run(ask_all(server.base, prompts, args.max_tokens))
         finally:
             server.stop()
