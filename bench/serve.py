@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import select
 import signal
 import statistics
 import subprocess
@@ -49,13 +50,23 @@ def questions(count: int) -> list[str]:
     return [f"What is {12 + 7 * i} + {35 + 11 * i}? Answer briefly." for i in range(count)]
 
 
+def first_line(process: subprocess.Popen, timeout: float) -> str:
+    """The first line `process` prints, or "" if it prints none within `timeout` seconds (then it is
+    killed: a server that hangs while loading must not hang the caller)."""
+    ready, _, _ = select.select([process.stdout], [], [], timeout)
+    if not ready:
+        process.kill()
+        return ""
+    return process.stdout.readline()
+
+
 class ServerProcess:
     def __init__(self, model: Path, *flags: str):
         import httpx
 
         command = [sys.executable, "-m", "everyprompt.cli", "serve", str(model), "--port", "0", *flags]
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        line = self.process.stdout.readline()
+        line = first_line(self.process, 600)
         if "serving" not in line:
             raise RuntimeError(f"the server did not start: {line}{self.process.stderr.read()[-3000:]}")
         self.base = line.strip().rsplit(" ", 1)[-1]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -45,6 +46,16 @@ def checkpoint(tmp_path_factory) -> Path:
     return path
 
 
+def first_line(process: subprocess.Popen, timeout: float) -> str:
+    """The first line `process` prints, or "" if it prints none within `timeout` seconds (then it is
+    killed: a server that hangs while loading must not hang the caller)."""
+    ready, _, _ = select.select([process.stdout], [], [], timeout)
+    if not ready:
+        process.kill()
+        return ""
+    return process.stdout.readline()
+
+
 class Server:
     """`everyprompt serve` in a process of its own, on a free port."""
 
@@ -56,7 +67,7 @@ class Server:
             text=True,
             env={**os.environ, **(env or {})},
         )
-        line = self.process.stdout.readline()  # blocks until the server says where it listens
+        line = first_line(self.process, 180)  # the server says where it listens once the model is loaded
         assert "serving" in line, line + self.process.stderr.read()
         self.base = line.strip().rsplit(" ", 1)[-1]  # http://127.0.0.1:PORT/v1
         self.root = self.base.removesuffix("/v1")
