@@ -105,7 +105,10 @@ async def ask_all(
         return answer.choices[0].message.content, answer.usage.completion_tokens, time.perf_counter() - began
 
     began = time.perf_counter()
-    results = await asyncio.gather(*(one(p) for p in prompts))
+    try:
+        results = await asyncio.gather(*(one(p) for p in prompts))
+    finally:
+        await client.close()  # inside the loop: its connections must not outlive it
     return time.perf_counter() - began, list(results)
 
 

@@ -62,9 +62,12 @@ def compact(caches: list[tuple[torch.Tensor, ...]], running: torch.Tensor) -> li
     return out
 
 
-def readable(caches: list[tuple[torch.Tensor, ...]], width: int) -> list[tuple[torch.Tensor, ...]]:
-    """The first `width` positions of every cache view (what an eager decode step reads)."""
-    return [tuple(entry[:, :, :width] for entry in layer) for layer in caches]
+def readable(
+    caches: list[tuple[torch.Tensor, ...]], width: int, rows: int | None = None
+) -> list[tuple[torch.Tensor, ...]]:
+    """The first `width` positions (of the first `rows` rows) of every cache view: what an eager decode
+    step reads."""
+    return [tuple(entry[:rows, :, :width] for entry in layer) for layer in caches]
 
 
 def copy_rows(caches: list[tuple[torch.Tensor, ...]], source: torch.Tensor, target: torch.Tensor, width: int):

@@ -285,10 +285,11 @@ class NativeEngine:
                     (len(state.request),), self.pad_token_id, dtype=torch.long, device=self.device
                 )
                 fed_tokens[running_index] = fed
-            positions = state.length  # idle rows write at their own (free) row's stale length
-            seen = caches
-            if not compiled:  # the cache slots this step reads, known on the host
-                seen = readable(caches, max(state.host_length) + 1)  # idle rows write at theirs too
+            positions, seen = state.length, caches  # idle rows write at their own row's stale length
+            if not compiled:  # the rows and cache slots this step reads, known on the host: the rows
+                top = running[-1] + 1  # past the last running one are left out (a live pool keeps them)
+                seen = readable(caches, max(state.host_length[:top]) + 1, top)
+                fed_tokens, positions = fed_tokens[:top], positions[:top]
             logits, routes = forward(layers, fed_tokens, positions, seen, record is not None)
             state.logits[running_index] = logits[running_index]
             if record is not None:
