@@ -167,6 +167,30 @@ def test_an_episode_ends_after_max_turns_whatever_the_environment_says(tokenizer
     assert episode.turns == 2 and episode.reward == 0.25 and episode.error is None
 
 
+class _Graded:
+    """Rewards each turn by its number (1, 2, 3): the episode's reward is the last or the sum."""
+
+    def __init__(self):
+        self.turns = 0
+
+    def init(self, row):
+        return [{"role": "user", "content": row["prompt"]}]
+
+    def step(self, action):
+        self.turns += 1
+        return StepResult([{"role": "user", "content": "again"}], reward=float(self.turns))
+
+
+@pytest.mark.parametrize(("turn_rewards", "expected"), [("last", 3.0), ("sum", 6.0)])
+def test_turn_rewards_make_the_episodes_reward_as_configured(tokenizer, turn_rewards, expected):
+    episode = TokenEpisode(_Graded(), tokenizer, ROW, max_turns=3, turn_rewards=turn_rewards)
+    tokens = _ids(tokenizer, "a")
+    for _ in range(3):
+        observation = episode.turn_ended(tokens)
+        tokens = [*tokens, *(observation or []), *_ids(tokenizer, "b")]
+    assert observation is None and episode.turns == 3 and episode.reward == expected
+
+
 def test_a_turn_with_special_tokens_or_closed_by_the_model_gets_the_same_answer_text(tokenizer):
     """Seen in a run: a random model wrote `</think>` inside its turn, which the action text drops; the fed
     answer must not depend on the turn's text. A turn the model closed with EOS is not closed twice."""

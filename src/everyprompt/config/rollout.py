@@ -112,6 +112,11 @@ class EnvConfig(Section):
         description="Keyword options of the environment (calculator: max_calls, example).",
     )
     max_turns: int = Field(8, ge=1, description="Model turns an episode may take; it ends after the last.")
+    turn_rewards: Annotated[Literal["last", "sum"], YAML_WORDS] = Field(
+        "last",
+        description="How the rewards an environment gives its turns make the episode's reward: the last one "
+        "given (an environment that judges at the end), or their sum (one that rewards each turn).",
+    )
     time_limit_s: float | None = Field(
         60.0,
         gt=0,

@@ -18,7 +18,7 @@ Message = dict[str, str]  # {"role": ..., "content": ...}
 @dataclass
 class StepResult:
     observations: list[Message]  # appended to the conversation before the model's next turn (none: done)
-    reward: float | None = None  # this turn's reward; the episode's is the last non-None one, or the sum
+    reward: float | None = None  # this turn's reward; the episode's: the last or the sum (env.turn_rewards)
     done: bool = False
     metadata: dict = field(default_factory=dict)
 

@@ -15,13 +15,19 @@ from everyprompt.envs.base import Environment, EnvironmentSetupError, Message, m
 
 TURN = "<<everyprompt: the model's turn>>"  # stands for a model turn's text when the template is rendered
 
+# env.turn_rewards: how a turn's reward joins the episode's so far (None: no turn rewarded yet)
+TURN_REWARDS = {
+    "last": lambda episode, turn: turn,
+    "sum": lambda episode, turn: (episode or 0.0) + turn,
+}
+
 
 class TokenEpisode:
     """One episode of `env` on data row `row`, tokenised by `tokenizer` (which must have a chat template).
 
     `prompt_ids` is the request's prompt; pass the episode as `GenerationRequest.episode`. After the engine
-    finishes the completion, `reward` is the episode's (the last non-None reward a step gave; None if none
-    did), `turns` the number of model turns and `messages` the whole conversation; `error` what the
+    finishes the completion, `reward` is the episode's (the last non-None reward a step gave, or with
+    `turn_rewards="sum"` their sum; None if none did), `turns` the number of model turns and `messages` the whole conversation; `error` what the
     environment raised, if it did (or that it took longer than `time_limit` seconds on a turn: the engine
     says so). After `max_turns` model turns the episode ends whatever the environment says.
 
@@ -38,8 +44,10 @@ class TokenEpisode:
         template_kwargs: dict | None = None,
         max_turns: int = 8,
         time_limit: float | None = None,
+        turn_rewards: str = "last",
     ):
         require_chat_template(tokenizer)
+        self.combine = TURN_REWARDS[turn_rewards]
         self.env, self.tokenizer, self.options = env, tokenizer, dict(template_kwargs or {})
         self.max_turns, self.time_limit = max_turns, time_limit
         self.error: str | None = None  # what the environment raised, if it did (the episode ended there)
@@ -64,7 +72,7 @@ class TokenEpisode:
             self.error = f"{type(self.env).__name__}.step raised {type(err).__name__}: {err}"
             return self._end()
         if result.reward is not None:
-            self.reward = result.reward
+            self.reward = self.combine(self.reward, result.reward)
         self.metadata = result.metadata
         if result.done or not result.observations or self.turns >= self.max_turns:
             return self._end()
@@ -131,9 +139,10 @@ class Episodes:
         template_kwargs: dict | None = None,
         max_turns: int = 8,
         time_limit: float | None = None,
+        turn_rewards: str = "last",
     ):
         self.name, self.options, self.max_turns = name, dict(options), max_turns
-        self.time_limit = time_limit
+        self.time_limit, self.turn_rewards = time_limit, turn_rewards
         self.tokenizer, self.template_kwargs = tokenizer, dict(template_kwargs or {})
         try:
             probe = make_environment(name, **self.options)  # an unknown name lists the registered ones
@@ -165,10 +174,18 @@ class Episodes:
             )
         env = config.env
         return cls(
-            env.name, env.options, tokenizer, config.data.template_kwargs, env.max_turns, env.time_limit_s
+            env.name,
+            env.options,
+            tokenizer,
+            config.data.template_kwargs,
+            env.max_turns,
+            env.time_limit_s,
+            env.turn_rewards,
         )
 
     def start(self, row: dict) -> TokenEpisode:
         """A new episode on data row `row` (EnvironmentSetupError if the environment cannot start from it)."""
         env = make_environment(self.name, **self.options)
-        return TokenEpisode(env, self.tokenizer, row, self.template_kwargs, self.max_turns, self.time_limit)
+        return TokenEpisode(
+            env, self.tokenizer, row, self.template_kwargs, self.max_turns, self.time_limit, self.turn_rewards
+        )
