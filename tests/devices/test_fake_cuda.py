@@ -136,11 +136,11 @@ def test_a_rollout_on_fake_cuda_equals_the_cpu_one(tiny_model, precision, params
 
 # ------------------------------------------------------------------ planted CPU tensors are named
 def _plant_decode_mask(monkeypatch):
-    def bias(self, positions, width):  # the mask built on the CPU, as the engine once did
+    def bias(positions, width, dtype, mask_layout):  # the mask built on the CPU, as the engine once did
         visible = torch.arange(width)[None, :] <= positions[:, None]
         return torch.zeros(visible.shape).masked_fill_(~visible, float("-inf"))
 
-    monkeypatch.setattr(engine_module.NativeEngine, "_decode_bias", bias)
+    monkeypatch.setattr(engine_module, "decode_bias", bias)
     return "visible = torch.arange(width)[None, :] <= positions[:, None]"
 
 
