@@ -459,6 +459,7 @@ def test_tools_call_fraction_counts_completions_that_call(tmp_path):
     assert bench.call_fraction(tmp_path / "c.jsonl") == pytest.approx(2 / 3)
 
 
+@pytest.mark.slow  # two server processes (about 20 s); tests/serve/ runs the server in the default run
 def test_serve_bench_smoke(tmp_path, capsys):
     pytest.importorskip("openai", reason="the openai client is in the dev extra")
     serve = _load("serve")

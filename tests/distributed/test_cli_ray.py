@@ -82,6 +82,8 @@ def _kill_and_check_nothing_is_left(child, started: dict[int, int]) -> None:
 ONE_EACH = [*TINY_OVERRIDES, "sft.steps=0", "cluster.backend=ray", "rl.steps=200", "checkpoint.every=0"]
 
 
+# slow (about 35 s; `make test-slow`): a killed run leaving nothing is checked without Ray in tests/test_process_lifecycle.py
+@pytest.mark.slow
 @needs_ray
 def test_a_ray_run_killed_with_sigkill_leaves_nothing(tmp_path):
     before = _ray_processes()  # another test's Ray instance may be up: only new processes count

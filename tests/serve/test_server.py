@@ -30,7 +30,9 @@ from everyprompt.models.io import load_pretrained  # noqa: E402
 from everyprompt.processes import descendants, is_alive  # noqa: E402
 from tests.conftest import TINY_OVERRIDES  # noqa: E402
 
-MAX_TOKENS = 1000  # the servers' bound on max_tokens
+MAX_TOKENS = 1000  # the server's bound on max_tokens
+KEY = "s3cret"  # the server's API key (from the environment, as a deployment would set it)
+AUTH = {"authorization": f"Bearer {KEY}"}
 CHAT = [{"role": "user", "content": "Tom has 3 apples and buys 4 more. How many apples?"}]
 
 
@@ -80,7 +82,7 @@ class Server:
                 assert time.monotonic() < deadline and self.process.poll() is None
                 time.sleep(0.1)
 
-    def client(self, key: str = "unused") -> openai.OpenAI:
+    def client(self, key: str = KEY) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.base, api_key=key, max_retries=0)
 
     def health(self) -> dict:
@@ -103,9 +105,20 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server(checkpoint):
-    running = Server(checkpoint, "--max-tokens", str(MAX_TOKENS), "--max-n", "4", "--batch-size", "8")
+    """One server for the module (it starts in seconds, but they add up); the SIGTERM test, last, stops it."""
+    running = Server(
+        checkpoint,
+        "--max-tokens",
+        str(MAX_TOKENS),
+        "--max-n",
+        "4",
+        "--batch-size",
+        "8",
+        env={"EVERYPROMPT_API_KEY": KEY},
+    )
     yield running
-    running.stop()
+    if running.process.poll() is None:
+        running.stop()
 
 
 def test_a_chat_completion_has_the_models_logprobs_and_token_ids(server, checkpoint):
@@ -181,7 +194,7 @@ def test_32_concurrent_requests_are_batched_and_each_is_what_it_is_alone(server)
     ]
 
     async def together():
-        client = openai.AsyncOpenAI(base_url=server.base, api_key="unused", max_retries=0)
+        client = openai.AsyncOpenAI(base_url=server.base, api_key=KEY, max_retries=0)
         calls = [
             client.completions.create(model="m", prompt=p, max_tokens=24, temperature=0.8, seed=i)
             for i, p in enumerate(prompts)
@@ -234,7 +247,10 @@ def test_a_stop_string_ends_the_choice_before_it(server):
 def test_a_bad_request_is_a_4xx_with_a_message_and_the_server_goes_on(server, body, status, says):
     data = body if isinstance(body, str) else json.dumps(body)
     response = httpx.post(
-        f"{server.base}/completions", content=data, headers={"content-type": "application/json"}, timeout=30
+        f"{server.base}/completions",
+        content=data,
+        headers={"content-type": "application/json", **AUTH},
+        timeout=30,
     )
     assert response.status_code == status, response.text
     assert says in response.json()["error"]["message"]
@@ -245,11 +261,11 @@ def test_a_bad_request_is_a_4xx_with_a_message_and_the_server_goes_on(server, bo
 def test_a_client_that_disconnects_frees_its_row(server):
     cap = 300
     body = {"prompt": "37+48=", "max_tokens": cap, "temperature": 0}
-    uncut = httpx.post(f"{server.base}/completions", json=body, timeout=120).json()
+    uncut = httpx.post(f"{server.base}/completions", json=body, headers=AUTH, timeout=120).json()
     assert uncut["choices"][0]["finish_reason"] == "length"  # greedy here runs to the cap when let
     before = server.health()["sampled_tokens"]
     with httpx.stream(
-        "POST", f"{server.base}/completions", json={**body, "stream": True}, timeout=60
+        "POST", f"{server.base}/completions", json={**body, "stream": True}, headers=AUTH, timeout=60
     ) as stream:
         for line in stream.iter_lines():
             if line.startswith("data: "):
@@ -262,17 +278,14 @@ def test_a_client_that_disconnects_frees_its_row(server):
     assert health["sampled_tokens"] - before < cap  # freed before its cap
 
 
-def test_an_api_key_is_required_when_set_and_sigterm_leaves_nothing_behind(checkpoint):
-    keyed = Server(checkpoint, env={"EVERYPROMPT_API_KEY": "s3cret"})
-    try:
-        with pytest.raises(openai.AuthenticationError):
-            keyed.client("wrong").completions.create(model="m", prompt="1+1=", max_tokens=2)
-        ok = keyed.client("s3cret").completions.create(model="m", prompt="1+1=", max_tokens=2)
-        assert ok.usage.completion_tokens >= 1
-    finally:
-        code, err, left = keyed.stop()
-    assert code in (-signal.SIGTERM, 128 + signal.SIGTERM) and "Traceback" not in err, err
-    assert not left
+def test_the_api_key_is_required_on_every_route_but_health(server):
+    with pytest.raises(openai.AuthenticationError):
+        server.client("wrong").completions.create(model="m", prompt="1+1=", max_tokens=2)
+    bare = httpx.post(f"{server.base}/completions", json={"prompt": "1+1=", "max_tokens": 2}, timeout=30)
+    assert bare.status_code == 401 and "Authorization: Bearer KEY" in bare.json()["error"]["message"]
+    assert httpx.get(f"{server.base}/models", timeout=30).status_code == 401
+    ok = server.client(KEY).completions.create(model="m", prompt="1+1=", max_tokens=2)
+    assert ok.usage.completion_tokens >= 1 and server.health()["status"] == "ok"
 
 
 def test_listening_beyond_this_machine_without_a_key_is_refused(checkpoint, capsys, monkeypatch):
@@ -286,3 +299,10 @@ def test_serve_without_its_extra_says_what_to_install(checkpoint, capsys, monkey
     monkeypatch.setitem(sys.modules, "uvicorn", None)
     assert main(["serve", str(checkpoint)]) == 2
     assert "everyprompt serve needs uvicorn: pip install 'everyprompt[serve]'" in capsys.readouterr().err
+
+
+def test_sigterm_ends_the_server_and_leaves_nothing_behind(server):
+    """Last in the module: it stops the module's server."""
+    code, err, left = server.stop()
+    assert code in (-signal.SIGTERM, 128 + signal.SIGTERM) and "Traceback" not in err, err
+    assert not left

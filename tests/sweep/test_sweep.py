@@ -124,6 +124,8 @@ def _status(sweep_dir: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
+# slow (about 40 s): the SIGTERM test below covers a sweep stopped and resumed in the default run
+@pytest.mark.slow
 def test_a_2x2_sweep_killed_midway_resumes_and_its_report_names_the_differing_keys(tmp_path, capsys):
     sweep_dir = tmp_path / "sweep"
     driver = subprocess.Popen(
