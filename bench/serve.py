@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import select
 import signal
 import statistics
 import subprocess
@@ -31,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, repo_path, write_results  # noqa: E402
 
 from algorithms import TINY  # noqa: E402
+from everyprompt.processes import first_line  # noqa: E402
 
 
 def tiny_checkpoint(directory: Path) -> Path:
@@ -48,16 +48,6 @@ def tiny_checkpoint(directory: Path) -> Path:
 
 def questions(count: int) -> list[str]:
     return [f"What is {12 + 7 * i} + {35 + 11 * i}? Answer briefly." for i in range(count)]
-
-
-def first_line(process: subprocess.Popen, timeout: float) -> str:
-    """The first line `process` prints, or "" if it prints none within `timeout` seconds (then it is
-    killed: a server that hangs while loading must not hang the caller)."""
-    ready, _, _ = select.select([process.stdout], [], [], timeout)
-    if not ready:
-        process.kill()
-        return ""
-    return process.stdout.readline()
 
 
 class ServerProcess:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
 import signal
 import sys
 import threading
@@ -109,3 +110,13 @@ def is_alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def first_line(process, timeout: float) -> str:
+    """The first line `process` (a Popen with text stdout) prints, or "" if it prints none within
+    `timeout` seconds; then it is killed: a server that hangs while loading must not hang its caller."""
+    ready, _, _ = select.select([process.stdout], [], [], timeout)
+    if not ready:
+        process.kill()
+        return ""
+    return process.stdout.readline()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from everyprompt.cli import main  # noqa: E402
 from everyprompt.config import load_config  # noqa: E402
 from everyprompt.models import load_model_and_tokenizer  # noqa: E402
 from everyprompt.models.io import load_pretrained  # noqa: E402
-from everyprompt.processes import descendants, is_alive  # noqa: E402
+from everyprompt.processes import descendants, first_line, is_alive  # noqa: E402
 from tests.conftest import TINY_OVERRIDES  # noqa: E402
 
 MAX_TOKENS = 1000  # the server's bound on max_tokens
@@ -46,16 +45,6 @@ def checkpoint(tmp_path_factory) -> Path:
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
-
-
-def first_line(process: subprocess.Popen, timeout: float) -> str:
-    """The first line `process` prints, or "" if it prints none within `timeout` seconds (then it is
-    killed: a server that hangs while loading must not hang the caller)."""
-    ready, _, _ = select.select([process.stdout], [], [], timeout)
-    if not ready:
-        process.kill()
-        return ""
-    return process.stdout.readline()
 
 
 class Server:
