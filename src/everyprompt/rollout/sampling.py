@@ -93,7 +93,7 @@ def gumbel_argmax(logprobs: torch.Tensor, seeds: torch.Tensor, positions: torch.
 def nucleus_filter(logprobs: torch.Tensor, top_p: float | torch.Tensor) -> torch.Tensor:
     """Set to -inf the tokens outside the smallest set whose probability reaches `top_p` (a float, or
     one per row [B, 1])."""
-    if isinstance(top_p, float) and top_p >= 1.0:
+    if not isinstance(top_p, torch.Tensor) and top_p >= 1.0:
         return logprobs
     sorted_lp, order = logprobs.sort(dim=-1, descending=True)
     mass_before = sorted_lp.exp().cumsum(dim=-1) - sorted_lp.exp()

@@ -228,7 +228,6 @@ class NativeEngine:
                 self._prefill(
                     layers, requests, admitted, free[: len(admitted)], state, caches, params, record
                 )
-                source.admitted(state, free[: len(admitted)], admitted)
                 clock["prefill_s"] += time.perf_counter() - tick
                 clock["admissions"] += 1
             active = state.active
@@ -245,7 +244,7 @@ class NativeEngine:
             tick = time.perf_counter()
             step = state.step[index]
             sampled, logprobs, entropies = sample(
-                state.logits[index], state.seed[index], step, *source.sampling(state, index, params)
+                state.logits[index], state.seed[index], step, *source.sampling(active, state, params)
             )
             state.logprobs[index, step] = logprobs
             state.entropies[index, step] = entropies

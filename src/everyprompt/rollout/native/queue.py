@@ -53,11 +53,9 @@ class Queue:
         """Nothing runs and nothing is queued: whether to go on (a live source waits for work)."""
         return False
 
-    def sampling(self, state, index: torch.Tensor, params: SamplingParams):
+    def sampling(self, active: list[int], state, params: SamplingParams):
+        """The sampling settings of the `active` rows: the call's."""
         return params.temperature, params.top_p, params.greedy
-
-    def admitted(self, state, slots: list[int], indices: list[int]) -> None:
-        pass
 
     def sampled(self, active: list[int], tokens: list[int], logprobs: torch.Tensor, state) -> list[int]:
         """The step's tokens were sampled: the slots to finish now besides those that stopped."""
@@ -92,6 +90,7 @@ class LiveRequests:
         self.entries: list[LiveRequest] = []
         self._arrived: deque[int] = deque()
         self._running: set[int] = set()  # admitted, their completion not yet read (`done`)
+        self._settings: tuple[tuple, tuple] = ((), ())  # (the rows' request indices, their settings)
         self.sampled_tokens = 0  # every token sampled for any request so far
         self._changed = threading.Condition()
         self.closed = False
@@ -167,18 +166,29 @@ class LiveRequests:
                 self._changed.wait()
             return bool(self._arrived) or not self.closed
 
-    def sampling(self, state, index: torch.Tensor, params: SamplingParams):
-        return state.temperature[index][:, None], state.top_p[index][:, None], state.greedy[index]
-
-    def admitted(self, state, slots: list[int], indices: list[int]) -> None:
-        entries = [self.entries[i] for i in indices]
-        rows = torch.tensor(slots, device=state.temperature.device)
-        # a greedy row samples at temperature 1 (its log-probs are of the model's own distribution)
-        state.temperature[rows] = torch.tensor(
-            [1.0 if e.greedy else e.temperature for e in entries], device=rows.device
-        )
-        state.top_p[rows] = torch.tensor([e.top_p for e in entries], device=rows.device)
-        state.greedy[rows] = torch.tensor([e.greedy for e in entries], device=rows.device)
+    def sampling(self, active: list[int], state, params: SamplingParams):
+        """The `active` rows' own settings, read off their requests on the host: one value for all where
+        they agree (the sampler's common path: no vocabulary sort without a top-p below 1), else one per
+        row (`temperature`, `top_p` [B, 1], `greedy` [B]). Rebuilt only when the rows' requests change."""
+        key = tuple(state.request[slot] for slot in active)
+        if key != self._settings[0]:
+            entries = [self.entries[index] for index in key]
+            # a greedy row's log-probs are of the model's own distribution (temperature 1)
+            rows = [
+                (1.0 if e.greedy else float(e.temperature), float(e.top_p), bool(e.greedy)) for e in entries
+            ]
+            if len(set(rows)) == 1:
+                settings = rows[0]
+            else:
+                device = state.logits.device
+                temperature, top_p, greedy = zip(*rows)
+                settings = (
+                    torch.tensor(temperature, device=device)[:, None],
+                    torch.tensor(top_p, device=device)[:, None],
+                    torch.tensor(greedy, device=device),
+                )
+            self._settings = (key, settings)
+        return self._settings[1]
 
     def sampled(self, active: list[int], tokens: list[int], logprobs: torch.Tensor, state) -> list[int]:
         values = logprobs.tolist()

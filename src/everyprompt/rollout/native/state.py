@@ -89,10 +89,6 @@ class Slots:
         self.logits = torch.zeros(slots, vocab_size, device=device)  # pending next-token logits
         self.logprobs = torch.zeros(slots, max_new_tokens, device=device)
         self.entropies = torch.zeros(slots, max_new_tokens, device=device)
-        # each row's own sampling settings, where the call's requests carry them (queue.LiveRequests)
-        self.temperature = torch.ones(slots, device=device)
-        self.top_p = torch.ones(slots, device=device)
-        self.greedy = torch.zeros(slots, dtype=torch.bool, device=device)
         # the host mirror: index into the call's requests (-1: free), cache length, token limit, the
         # completion's tokens so far, and, for episodes (GenerationRequest.episode), the observation tokens
         # still to feed and the indices of the completion's tokens that are observation tokens
@@ -115,17 +111,7 @@ class Slots:
     def select(self, rows: list[int], device: torch.device) -> None:
         """Keep `rows` (host indices), in that order, as rows [0, len(rows))."""
         index = on_device(rows, device)
-        for name in (
-            "length",
-            "step",
-            "seed",
-            "logits",
-            "logprobs",
-            "entropies",
-            "temperature",
-            "top_p",
-            "greedy",
-        ):
+        for name in ("length", "step", "seed", "logits", "logprobs", "entropies"):
             setattr(self, name, getattr(self, name)[index])
         for name in ("request", "host_length", "limit", "tokens", "observation", "observed"):
             values = getattr(self, name)
