@@ -220,3 +220,30 @@ def test_episodes_refuse_a_template_that_cannot_be_fed_before_any_episode_runs(t
     )
     with pytest.raises(EnvironmentSetupError, match="renders the conversation differently"):
         Episodes("calculator", {}, hiding)
+
+
+class _Closing(_Graded):
+    """Counts its close() calls; raises on the second turn when asked to."""
+
+    def __init__(self, fail: bool = False):
+        super().__init__()
+        self.fail, self.closed = fail, 0
+
+    def step(self, action):
+        if self.fail and self.turns:
+            raise RuntimeError("gone")
+        return super().step(action)
+
+    def close(self):
+        self.closed += 1
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_an_episode_closes_its_environment_once_when_it_ends(tokenizer, fail):
+    env = _Closing(fail)
+    episode = TokenEpisode(env, tokenizer, ROW, max_turns=2)
+    tokens = _ids(tokenizer, "a")
+    observation = episode.turn_ended(tokens)
+    assert observation and env.closed == 0  # still running: not closed
+    assert episode.turn_ended([*tokens, *observation, *_ids(tokenizer, "b")]) is None
+    assert env.closed == 1 and (episode.error is not None) == fail

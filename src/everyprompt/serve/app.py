@@ -156,51 +156,51 @@ def create_app(
             return StreamingResponse(stream(answer, events), media_type="text/event-stream")
         watcher = asyncio.create_task(watch(request, sequences))
         try:
-            await collect(sequences, events)
+            async for _ in updates(sequences, events):
+                pass
         finally:
             watcher.cancel()
-            for sequence in sequences:
-                if sequence.finish is None:
-                    server.cancel(sequence)
+            free(sequences)
         if any(s.finish == "error" for s in sequences):
             raise RequestError(500, f"the serving engine failed: {server.failure}")
         return answer.whole()
 
-    async def collect(sequences: list[Sequence], events: asyncio.Queue) -> None:
+    async def updates(sequences: list[Sequence], events: asyncio.Queue):
+        """Each sequence as an event changes it, until all are finished (a stop string the server found
+        tells the engine to drop the row)."""
         while any(s.finish is None for s in sequences):
             index, event = await events.get()
             sequence = sequences[index]
             if sequence.apply(event) and sequence.finish == "stop":
-                server.cancel(sequence)  # a stop string the server found: the engine drops the row
+                server.cancel(sequence)
+            yield sequence
+
+    def free(sequences: list[Sequence]) -> None:
+        """The rows of the sequences still running (their client is gone, or the request failed)."""
+        for sequence in sequences:
+            if sequence.finish is None:
+                server.cancel(sequence)
 
     async def watch(request: Request, sequences: list[Sequence]) -> None:
         while True:
             await asyncio.sleep(DISCONNECT_POLL_S)
             if await request.is_disconnected():
-                for sequence in sequences:
-                    server.cancel(sequence)
+                free(sequences)
                 return
 
     async def stream(answer: Answer, events: asyncio.Queue):
-        sequences = answer.sequences
         try:
             for chunk in answer.opening():
                 yield sse(chunk)
-            while any(s.finish is None for s in sequences):
-                index, event = await events.get()
-                sequence = sequences[index]
-                if sequence.apply(event) and sequence.finish == "stop":
-                    server.cancel(sequence)
+            async for sequence in updates(answer.sequences, events):
                 chunk = answer.chunk(sequence)
                 if chunk is not None:
                     yield sse(chunk)
             if answer.body.stream_options and answer.body.stream_options.include_usage:
                 yield sse(answer.usage_chunk())
             yield "data: [DONE]\n\n"
-        finally:  # the client went away (the stream is cancelled) or it ended: free the rows
-            for sequence in sequences:
-                if sequence.finish is None:
-                    server.cancel(sequence)
+        finally:  # the client went away (the stream is cancelled) or it ended
+            free(answer.sequences)
 
     return app
 
