@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import RESULTS, ROOT, ProbeFailed, repo_path, write_results  # noqa: E402
-from rl_step import bench_overrides, measure  # noqa: E402
+from rl_step import bench_overrides, matched_precision, measure  # noqa: E402
 
 TRAINERS = ("everyprompt", "trl")
 
@@ -162,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         "steps": args.steps,
         "trl_allocator": "glibc defaults",
         "trl_micro_batch": "matched",  # measure()'s default: TRL's micro-batch is the recipe's
+        # measure()'s default: everyprompt decodes in TRL's arithmetic
+        "everyprompt_overrides": matched_precision(args.config, base),
         "points": results,
         "wall_seconds": time.perf_counter() - started,
     }

@@ -52,15 +52,32 @@ def measure(
     steps: int,
     trl_allocator: str = "default",
     trl_micro_batch: str = "matched",
+    rollout_precision: str = "matched",
 ) -> dict:
     """One trainer's figures from a process of its own. TRL as it ships: glibc's allocator defaults
     (everyprompt's own `keep_freed_memory` speeds it up too; `trl_allocator="kept"` measures that), with
-    the recipe's micro-batch size (`trl_micro_batch="step"`: all of a mini-batch in one micro-batch)."""
+    the recipe's micro-batch size (`trl_micro_batch="step"`: all of a mini-batch in one micro-batch);
+    everyprompt decoding in TRL's arithmetic (`matched_precision`; `rollout_precision="recipe"`: the
+    recipe's own)."""
     if trainer == "trl" and trl_allocator == "default":
         overrides = [*overrides, "keep_freed_memory=false"]
+    if trainer == "everyprompt" and rollout_precision == "matched":
+        overrides = [*overrides, *matched_precision(config, overrides)]
     matched = trl_micro_batch == "matched"
     with tempfile.TemporaryDirectory() as run_dir:
         return run_probe(__file__, "--probe", [trainer, str(config), overrides, steps, run_dir, matched])
+
+
+def matched_precision(config: Path, overrides: list[str]) -> list[str]:
+    """everyprompt's overrides for the arithmetic TRL decodes in: TRL trains a bf16 recipe under
+    accelerate's autocast, which wraps the forward its `generate` calls, so it samples with bf16 matrix
+    products; everyprompt's engine then decodes in bf16 too, and the old policy's log-probs come from the
+    learner's own first forward (rl.old_logprobs=recompute: no extra pass with one mini-batch)."""
+    from everyprompt.config import load_config
+
+    if load_config(config, overrides).model.dtype != "bf16":
+        return []
+    return ["rollout.precision=bf16", "rl.old_logprobs=recompute"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,6 +103,13 @@ def main(argv: list[str] | None = None) -> int:
         help="TRL's micro-batch: the recipe's rl.micro_batch_size with gradient accumulation (matched), or "
         "a whole mini-batch at once (step)",
     )
+    parser.add_argument(
+        "--rollout-precision",
+        choices=["matched", "recipe"],
+        default="matched",
+        help="everyprompt's engine arithmetic: TRL's (matched: a recipe trained in bf16 decodes in bf16, "
+        "as TRL's generate runs under the same autocast) or the recipe's own rollout.precision",
+    )
     parser.add_argument("--probe", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.probe:
@@ -100,10 +124,19 @@ def main(argv: list[str] | None = None) -> int:
     kept = args.trl_allocator == "kept"
     results["trl_allocator"] = "everyprompt's keep_freed_memory" if kept else "glibc defaults"
     results["trl_micro_batch"] = args.trl_micro_batch
+    matched = args.rollout_precision == "matched"
+    results["rollout_precision"] = args.rollout_precision
+    results["everyprompt_overrides"] = matched_precision(args.config, overrides) if matched else []
     for trainer in args.trainers.split(","):
         print(f"{trainer}: {args.steps} steps ...")
         results[trainer] = measure(
-            trainer, args.config, overrides, args.steps, args.trl_allocator, args.trl_micro_batch
+            trainer,
+            args.config,
+            overrides,
+            args.steps,
+            args.trl_allocator,
+            args.trl_micro_batch,
+            args.rollout_precision,
         )
         row = results[trainer]
         print(f"  {row['step_s']:.1f} s a step, peak {row['peak_rss_bytes'] / 2**30:.2f} GiB")
@@ -116,8 +149,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     results["wall_seconds"] = time.perf_counter() - started
     name = args.model.name.removesuffix(".gguf")
-    suffix = ("_trl_allocator_kept" if kept else "") + (
-        "_trl_whole_batch" if args.trl_micro_batch == "step" else ""
+    suffix = (
+        ("_trl_allocator_kept" if kept else "")
+        + ("_trl_whole_batch" if args.trl_micro_batch == "step" else "")
+        + ("_rollout_as_recipe" if args.rollout_precision == "recipe" else "")
     )
     out = write_results(args.out / f"rl_step_{name}{suffix}.json", results)
     print(f"wrote {repo_path(out)}")

@@ -43,6 +43,7 @@ def rl_step_results(folder: Path = RESULTS) -> list[dict]:
         and "step_ratio" in p
         and p.get("trl_allocator") != KEPT
         and p.get("trl_micro_batch") == "matched"
+        and p.get("rollout_precision", "matched") == "matched"
     ]
 
 
@@ -60,13 +61,19 @@ def rl_step_table(results: list[dict]) -> str:
             f"| **{result['step_ratio']:.2f}x** | {ours['peak_rss_bytes'] / gib:.2f} / "
             f"{trl['peak_rss_bytes'] / gib:.2f} | **{result['memory_ratio']:.2f}x** "
             f"| {ours['prompts_per_step']} prompts x {ours['group_size']} samples, {ours['max_new_tokens']} "
-            f"new tokens at most, `{result['config']}` |"
+            f"new tokens at most, `{result['config']}`{_extra(result)} |"
         )
     lines.append(
         "\n`python bench/rl_step.py --model PATH` (each trainer in its own process, micro-batches of the "
         "recipe's size on both sides, first step dropped)."
     )
     return "\n".join(lines)
+
+
+def _extra(result: dict) -> str:
+    """The set-up's overrides of everyprompt's side, as the table's set-up column names them."""
+    given = result.get("everyprompt_overrides") or []
+    return (" with " + ", ".join(f"`{o}`" for o in given)) if given else ""
 
 
 def readme_section(results: list[dict], rl_steps: list[dict]) -> str:
@@ -79,21 +86,30 @@ def _per_batch(rows: list[dict], key: str, fmt: str) -> str:
 
 
 def table(results: list[dict]) -> str:
+    compiled = any(result.get("compiled") for result in results)  # `--compile`: its column too
     lines = [
         "| model | decode tokens/s at batch "
         + " / ".join(str(r["batch"]) for r in results[0]["decode"])
-        + " | vs `generate`, equal work | decode step vs its matmuls alone | long-tailed rollout vs `generate` "
+        + " | vs `generate`, equal work "
+        + ("| compiled step vs `generate` " if compiled else "")
+        + "| decode step vs its matmuls alone | long-tailed rollout vs `generate` "
         "| prefill tokens/s at " + " / ".join(str(r["length"]) for r in results[0]["prefill"]) + " tokens |",
-        "|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|" + ("---|" if compiled else ""),
     ]
     for result in results:
         decode, prefill, tail = result["decode"], result["prefill"], result["long_tail"]
         name = Path(result["model"]).name
+        with_compiled = ""
+        if compiled:
+            with_compiled = (
+                f"| {_per_batch(decode, 'compiled_speedup', '.2f')}x " if result.get("compiled") else "| - "
+            )
         lines.append(
             f"| {name} ({result['parameters'] / 1e6:.0f}M, {result['model_type']}) "
             f"| {_per_batch(decode, 'native_tokens_per_s', '.0f')} "
             f"| {_per_batch(decode, 'speedup', '.2f')}x "
-            f"| {_per_batch(decode, 'step_vs_floor', '.2f')}x "
+            + with_compiled
+            + f"| {_per_batch(decode, 'step_vs_floor', '.2f')}x "
             f"| {tail['speedup']:.1f}x ({tail['requests']} requests, {tail['slots']} slots) "
             f"| {_per_batch(prefill, 'native_tokens_per_s', '.0f')} |"
         )

@@ -73,14 +73,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="with --model: cpu, cuda or cuda:N")
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="with --model")
     parser.add_argument("--quick", action="store_true", help="with --model: every size shrunk (smoke runs)")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="with --model: the compiled decode step (rollout.compile=on) measured beside the eager one",
+    )
     args = parser.parse_args(argv)
     if args.compile_probe:
         print(json.dumps(compile_probe(*json.loads(args.compile_probe))))
         return 0
     if args.model is not None:
         return measure_model(args)
-    if args.device != "cpu" or args.quick:
-        parser.error("--device and --quick go with --model (the demo suite runs on the CPU)")
+    if args.device != "cpu" or args.quick or args.compile:
+        parser.error("--device, --quick and --compile go with --model (the demo suite runs on the CPU)")
 
     from rich.console import Console
     from rich.table import Table
@@ -292,7 +297,10 @@ def measure_model(args) -> int:
         print(f"error: --model {args.model}: no such file or directory", file=sys.stderr)
         return 2
     started = time.perf_counter()
-    results = {"benchmark": "throughput_model", **model_suite(args.model, device, args.dtype, args.quick)}
+    results = {
+        "benchmark": "throughput_model",
+        **model_suite(args.model, device, args.dtype, args.quick, args.compile),
+    }
     results["model"] = repo_path(args.model)
     results["wall_seconds"] = time.perf_counter() - started
     name = args.model.name.removesuffix(".gguf")

@@ -76,9 +76,9 @@ def load(path: Path, device: torch.device, dtype: str):
     return model, tokenizer, prompts
 
 
-def engine(model, tokenizer, slots: int, dtype: str, device: torch.device):
+def engine(model, tokenizer, slots: int, dtype: str, device: torch.device, compile: str = "off"):
     """The native engine over `model`, never stopping early (equal work)."""
-    return native_engine(model, tokenizer, slots, eos=False, precision=dtype, device=device)
+    return native_engine(model, tokenizer, slots, eos=False, compile=compile, precision=dtype, device=device)
 
 
 def requests(prompts: list[list[int]], count: int, lengths: list[int] | None = None):
@@ -100,19 +100,49 @@ def left_padded(tokenizer, prompts: list[list[int]], device: torch.device) -> di
 
 
 # ---------------------------------------------------------------- measurements
-def decode(model, tokenizer, prompts, batches, new_tokens, repeats, dtype, device) -> list[dict]:
+def decode(model, tokenizer, prompts, batches, new_tokens, repeats, dtype, device, compile=False):
     """Tokens/s at each batch size, the engine against `generate`, equal work; the engine's step
-    against its GEMMs alone."""
+    against its GEMMs alone; with `compile`, the compiled decode step's too."""
     rows = []
     for batch in batches:
-        row = decode_at(model, tokenizer, requests(prompts, batch), new_tokens, repeats, dtype, device)
-        rows.append(row)
+        work = requests(prompts, batch)
+        row = decode_at(model, tokenizer, work, new_tokens, repeats, dtype, device)
         print(
             f"  batch {batch}: {row['native_tokens_per_s']:.1f} tokens/s vs generate "
             f"{row['generate_tokens_per_s']:.1f} ({row['speedup']:.2f}x); step {row['step_ms']:.1f} ms, "
             f"floor {row['floor_ms']:.1f} ms"
         )
+        if compile:
+            row.update(compiled_at(model, tokenizer, work, new_tokens, repeats, dtype, device, row))
+            print(
+                f"    compiled: {row['compiled_tokens_per_s']:.1f} tokens/s ({row['compiled_speedup']:.2f}x "
+                f"generate); step {row['compiled_step_ms']:.1f} ms; first call {row['compile_s']:.0f} s"
+            )
+        rows.append(row)
     return rows
+
+
+def compiled_at(model, tokenizer, work, new_tokens, repeats, dtype, device, eager: dict) -> dict:
+    """The compiled decode step (`rollout.compile=on`) on `work`, against `eager`'s `generate` time;
+    the first call (tracing and compiling included) timed apart."""
+    from everyprompt.rollout import SamplingParams
+
+    native = engine(model, tokenizer, len(work), dtype, device, compile="on")
+    params = SamplingParams(new_tokens)
+    first_s, _ = timed(device, 1, lambda: list(native.generate(work, params)))
+    seconds, completions = timed(device, repeats, lambda: list(native.generate(work, params)))
+    tokens = sum(len(c.token_ids) for c in completions)
+    assert tokens == len(work) * new_tokens, tokens
+    stats = native.stats
+    step_ms = stats["decode_step_ms"] + stats.get("sample_ms", 0.0)
+    return {
+        "compiled_s": seconds,
+        "compiled_tokens_per_s": tokens / seconds,
+        "compiled_speedup": eager["generate_s"] / seconds,
+        "compiled_step_ms": step_ms,
+        "compiled_step_vs_floor": step_ms / eager["floor_ms"],
+        "compile_s": first_s - seconds,
+    }
 
 
 def decode_at(model, tokenizer, work, new_tokens, repeats, dtype, device) -> dict:
@@ -269,16 +299,24 @@ def prefill_at(model, tokenizer, ids: list[list[int]], repeats, dtype, device) -
     }
 
 
-def model_suite(path: Path, device: torch.device, dtype: str, quick: bool) -> dict:
+def model_suite(path: Path, device: torch.device, dtype: str, quick: bool, compile: bool = False) -> dict:
     size = sizes(quick)
     model, tokenizer, prompts = load(path, device, dtype)
     params = sum(p.numel() for p in model.parameters())
     print(f"{path}: {model.config.model_type}, {params / 1e6:.1f}M parameters, {dtype} on {device}")
     out: dict = {"model": str(path), "model_type": model.config.model_type, "parameters": params}
-    out["device"], out["quick"] = str(device), quick
+    out["device"], out["quick"], out["compiled"] = str(device), quick, compile
     print("decode: engine vs generate, equal work ...")
     out["decode"] = decode(
-        model, tokenizer, prompts, size["batches"], size["new_tokens"], size["repeats"], dtype, device
+        model,
+        tokenizer,
+        prompts,
+        size["batches"],
+        size["new_tokens"],
+        size["repeats"],
+        dtype,
+        device,
+        compile,
     )
     out["bandwidth"] = bandwidth_bound(model, device)
     print("long-tailed lengths: continuous vs static batching ...")

@@ -147,4 +147,6 @@ def trl_steps(
         if generate_s
         else float("nan"),
         "generate_calls": len(generate_s),
+        # accelerate wraps the model's forward in autocast under bf16=True: generate samples through it
+        "generate_under_autocast": hasattr(trainer.model, "_original_forward"),
     }

@@ -16,6 +16,7 @@ def _load(name: str):
         sys.path.insert(0, str(ROOT / "bench"))
     spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (a dataclass looks its module up while it is being made)
     spec.loader.exec_module(module)
     return module
 
@@ -253,6 +254,19 @@ def test_throughput_bench_takes_a_model(tmp_path, capsys):
     assert "wrote" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # a compile of the decode step (~1 min)
+def test_throughput_bench_measures_the_compiled_step(tmp_path):
+    bench = _load("throughput")
+    model = _saved_tiny_model(tmp_path / "tiny")
+    argv = ["--model", str(model), "--quick", "--compile", "--out", str(tmp_path / "out")]
+    assert bench.main(argv) == 0
+    payload = json.loads((tmp_path / "out" / "throughput_tiny.json").read_text())
+    assert payload["compiled"] is True
+    for row in payload["decode"]:  # equal work was checked inside, as for the eager engine
+        assert row["compiled_tokens_per_s"] > 0 and row["compile_s"] > 0
+        assert row["compiled_speedup"] == pytest.approx(row["generate_s"] / row["compiled_s"])
+
+
 def test_throughput_bench_refuses_a_missing_model_and_a_device_it_lacks(tmp_path, capsys):
     bench = _load("throughput")
     assert bench.main(["--model", str(tmp_path / "nowhere")]) == 2
@@ -401,6 +415,49 @@ def test_the_readme_speed_table_is_the_one_the_results_give():
     # the README's table is one machine's: the CPU's; the GPU's results are kept apart (docs/gpu.md)
     assert {r["device"] for r in results} == {"cpu"}
     assert [r["device"] for r in bench.model_results(device="cuda")] == ["cuda:0"]
+
+
+def test_rl_step_decodes_in_trls_arithmetic_and_the_table_keeps_that_comparison(tmp_path):
+    from everyprompt.config import load_config
+
+    bench = _load("rl_step")
+    recipe = ROOT / "configs" / "smollm2.yaml"  # trained in bf16: TRL's generate runs under its autocast
+    matched = bench.matched_precision(recipe, [])
+    assert matched == ["rollout.precision=bf16", "rl.old_logprobs=recompute"]
+    config = load_config(recipe, matched)  # a set-up the config accepts
+    assert config.rollout.precision == "bf16" and config.rl.mini_batches == 1  # no extra old-policy pass
+    assert bench.matched_precision(recipe, ["model.dtype=fp32"]) == []
+    table = _load("speed_table")
+    row = {"benchmark": "rl_step", "step_ratio": 0.5, "trl_micro_batch": "matched"}
+    for name, precision in (("a", "matched"), ("b", "recipe")):
+        (tmp_path / f"rl_step_{name}.json").write_text(json.dumps({**row, "rollout_precision": precision}))
+    assert [r["rollout_precision"] for r in table.rl_step_results(tmp_path)] == ["matched"]
+    assert table._extra({"everyprompt_overrides": matched}) == (
+        " with `rollout.precision=bf16`, `rl.old_logprobs=recompute`"
+    )
+    assert table._extra(row) == ""
+
+
+@pytest.mark.slow  # each trainer in a process of its own (~40 s)
+def test_rl_step_bench_smoke(tmp_path, capsys):
+    bench = _load("rl_step")
+    model = _saved_tiny_model(tmp_path / "tiny")
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text(
+        "model:\n  dtype: bf16\nrollout:\n  max_new_tokens: 8\ndata:\n  num_train: 16\n"
+        "rl:\n  prompts_per_step: 2\n  group_size: 2\n  micro_batch_size: 2\n  mini_batches: 1\n"
+    )
+    trainers = "everyprompt,trl" if importlib.util.find_spec("trl") else "everyprompt"
+    argv = ["--model", str(model), "--config", str(recipe), "--steps", "2", "--trainers", trainers]
+    assert bench.main([*argv, "--out", str(tmp_path / "out")]) == 0
+    payload = json.loads((tmp_path / "out" / "rl_step_tiny.json").read_text())
+    ours = payload["everyprompt"]
+    assert payload["everyprompt_overrides"] == ["rollout.precision=bf16", "rl.old_logprobs=recompute"]
+    assert ours["step_s"] > 0 and ours["peak_rss_bytes"] > 0 and ours["group_size"] == 2
+    if "trl" in payload:
+        assert payload["trl"]["generate_under_autocast"] is True
+        assert payload["step_ratio"] == pytest.approx(ours["step_s"] / payload["trl"]["step_s"])
+    assert "wrote" in capsys.readouterr().out
 
 
 def test_rl_growth_grid_table_and_plot(tmp_path):

@@ -108,6 +108,29 @@ def test_load_weights_changes_the_policy(tiny_model):
         engine.load_weights({})
 
 
+def test_a_sleeping_engine_frees_its_weights_and_cache_and_wakes_at_the_weight_sync(tiny_model):
+    model, tokenizer = tiny_model
+    engine, awake = NativeEngine.from_model(model, tokenizer), NativeEngine.from_model(model, tokenizer)
+    params = SamplingParams(6, temperature=1.0, record_routes=True)
+    requests = _requests(tokenizer, PROMPTS[:2], seed=3)
+    list(engine.generate(requests, params))  # the cache's storage is kept between calls
+    assert engine.cache._storage
+    engine.sleep()
+    assert engine.layers is None and engine.lm_head is None and not engine.cache._storage
+    assert engine.can_record_routes  # read off the model, not its weights
+    with pytest.raises(RuntimeError, match="sleeps"):
+        next(iter(engine.generate(requests, params)))
+    engine.load_weights(model.state_dict())
+    woke = {c.request_id: c for c in engine.generate(requests, params)}
+    for reference in awake.generate(requests, params):
+        _assert_same_completion(woke[reference.request_id], reference)
+    running = engine.generate(requests, params)
+    next(running)
+    with pytest.raises(RuntimeError, match="still open"):
+        engine.sleep()
+    running.close()
+
+
 def test_unsupported_architecture_is_a_clear_error(tiny_model):
     model, tokenizer = tiny_model
     model.config.model_type = "gpt2"

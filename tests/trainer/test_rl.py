@@ -88,6 +88,29 @@ def test_resume_equals_an_uninterrupted_run(tmp_path):
         torch.testing.assert_close(a[name], b[name], atol=1e-6, rtol=0, msg=name)
 
 
+def test_the_engine_sleeps_while_the_learner_updates_and_the_run_is_unchanged(tmp_path, monkeypatch):
+    from everyprompt.trainer.learner import Learner
+
+    seen = []
+    update = Learner.update
+
+    def watched(self, batch):  # the engine's state while the learner trains
+        seen.append(engine.layers is None)
+        return update(self, batch)
+
+    monkeypatch.setattr(Learner, "update", watched)
+    runs = {}
+    for sleep in ("true", "false"):
+        trainer = Run(tiny_config(f"rollout.sleep_while_training={sleep}"), tmp_path / sleep).trainer()
+        engine = trainer.engine
+        trainer.train()
+        runs[sleep] = _parameters(trainer.model)
+        trainer.close()
+    assert seen == [True, True, False, False]
+    for name in runs["true"]:
+        torch.testing.assert_close(runs["true"][name], runs["false"][name], atol=0, rtol=0, msg=name)
+
+
 def test_a_damaged_checkpoint_is_named_and_the_run_resumes_from_the_newest_complete_one(tmp_path, caplog):
     train(tiny_config("rl.steps=2"), run_dir=tmp_path)  # step_1 and step_2 (latest)
     state = resolve_checkpoint(tmp_path) / "trainer_state.pt"

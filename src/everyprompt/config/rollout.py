@@ -33,6 +33,11 @@ class RolloutConfig(Section):
         description="Where the native engine keeps its weights, KV cache and decoding state: auto (CUDA when "
         "torch sees it, else the CPU), cpu, cuda, or cuda:N (docs/gpu.md).",
     )
+    sleep_while_training: bool = Field(
+        True,
+        description="Synchronous runs: the engine frees its weights and KV cache while the learner "
+        "updates and takes them back at the weight sync (docs/performance.md); false keeps them.",
+    )
     max_new_tokens: int = Field(64, gt=0, description="Completion length cap (tokens).")
     temperature: float = Field(
         1.0, gt=0, description="Sampling temperature; the trainer's log-probs use the same."

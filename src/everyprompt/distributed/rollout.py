@@ -65,6 +65,10 @@ class RolloutWorker:
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         self.engine.load_weights(state_dict)
 
+    def sleep(self) -> None:
+        self.engine.sleep()
+        release_freed_memory()
+
 
 class RayEngine:
     """`cluster.rollout_workers` rollout workers behind the `RolloutEngine` protocol."""
@@ -107,6 +111,11 @@ class RayEngine:
         ref = weights if isinstance(weights, self.ray.ObjectRef) else self.ray.put(weights)
         self.recipe.weights = ref  # what a replacement worker starts from
         self.ray.get([worker.load_weights.remote(ref) for worker in self.workers])
+
+    def sleep(self) -> None:
+        """Every worker frees its engine's weights and cache until the next `load_weights` (a worker that
+        replaces a lost one starts awake, from the recipe's weights)."""
+        self.ray.get([worker.sleep.remote() for worker in self.workers])
 
     def close(self) -> None:
         for worker in self.workers:

@@ -155,6 +155,13 @@ class RolloutEngine(Protocol):
         """Replace the engine's weights with the trainer's (weight sync)."""
         ...
 
+    def sleep(self) -> None:
+        """Free what the engine holds between calls (weights, KV cache) until the next `load_weights`.
+        A synchronous run's engine is idle while the learner trains, and the weight sync after the
+        update hands it new weights anyway, so its memory is the learner's for that time (vLLM's sleep
+        mode; `rollout.sleep_while_training`). An engine with nothing worth freeing does nothing."""
+        ...
+
 
 @dataclass(frozen=True)
 class EngineSpec:

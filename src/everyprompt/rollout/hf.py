@@ -156,6 +156,10 @@ class HFEngine:
                 f"(missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})"
             )
 
+    def sleep(self) -> None:
+        """Nothing: the copy of the module is the engine (remaking it at every weight sync would cost
+        what freeing it saves); its KV cache lives only within a generate call."""
+
     # ---------------------------------------------------------------- decoding
     def generate(self, requests: Iterable[GenerationRequest], params: SamplingParams) -> Iterator[Completion]:
         """Continuous batching (see the module doc); each completion is yielded when it finishes and

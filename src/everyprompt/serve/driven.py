@@ -214,6 +214,9 @@ class DrivenRolloutSide:
             self._eval_version = self.version
         return self._eval_engine
 
+    def sleep(self) -> None:
+        """Nothing: the server answers the driver while the learner trains."""
+
     def load_weights(self, state_dict, version: int) -> None:
         self.serving.reload(state_dict)
         self.version = version

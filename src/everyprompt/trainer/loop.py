@@ -99,6 +99,8 @@ class RLTrainer:
     # ------------------------------------------------------------ one step
     def train_step(self) -> dict[str, float]:
         batch, waits = self._next_batch()
+        if self.pipeline is None:  # idle until the weight sync below: its memory is the learner's
+            self.rollout.sleep()
         metrics = self.learner.update(batch)
         synced = time.perf_counter()
         weights = self.learner.state_dict()

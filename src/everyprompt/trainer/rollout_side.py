@@ -90,10 +90,14 @@ class RolloutSide:
         return cls(config, engine, tokenizer, prompts, pool, store)
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """The learner's weights after `version` updates (weight sync); the tokens sampled from now on
-        carry that version."""
+        """The learner's weights after `version` updates (weight sync): later tokens carry that version."""
         self.engine.load_weights(state_dict)
         self.version = version
+
+    def sleep(self) -> None:
+        """The engine frees its weights and cache until the next `load_weights` (the learner trains)."""
+        if self.config.rollout.sleep_while_training:
+            self.engine.sleep()
 
     def close(self) -> None:
         """Stop the reward workers (the side is not used after this)."""

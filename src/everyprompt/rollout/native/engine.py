@@ -31,14 +31,13 @@ from everyprompt.rollout.base import (
     Completion,
     GenerationRequest,
     SamplingParams,
-    UnsupportedModelError,
     call_stats,
     register_engine,
 )
 from everyprompt.rollout.native.attention import ATTENTIONS, decode_bias, rms_norm
 from everyprompt.rollout.native.cache import KVCache, compact, copy_rows, readable
 from everyprompt.rollout.native.compiled import DecodeCompiler
-from everyprompt.rollout.native.families import FAMILIES, unsupported_settings
+from everyprompt.rollout.native.families import FAMILIES, check_family
 from everyprompt.rollout.native.moe import MixtureOfExperts, swiglu
 from everyprompt.rollout.native.queue import LiveRequests, Queue
 from everyprompt.rollout.native.state import Record, Slots, on_device
@@ -107,20 +106,7 @@ class NativeEngine:
     @classmethod
     def check_config(cls, config) -> None:
         """UnsupportedModelError naming every setting of `config` this engine does not compute."""
-        if getattr(config, "model_type", None) not in FAMILIES:
-            raise UnsupportedModelError(
-                f"the native engine runs model_type {', '.join(FAMILIES)}, not {config.model_type!r}"
-            )
-        found = unsupported_settings(config)
-        if found:
-            raise UnsupportedModelError(
-                f"the native engine does not implement {'; '.join(found)} (model_type {config.model_type})"
-            )
-
-    @property
-    def can_record_routes(self) -> bool:
-        """A mixture-of-experts model: its layers have routers whose choices can be recorded."""
-        return any(layer.router is not None for layer in self.layers)
+        check_family(config)
 
     @classmethod
     def from_model(
@@ -148,6 +134,7 @@ class NativeEngine:
 
     # ---------------------------------------------------------------- weights
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Take `state_dict` (the trainer's names and layout) as the engine's weights; wakes a sleeping engine."""
         weights = StateDict(state_dict, self.dtype, fp8=self.precision == "fp8", device=self.device)
         self.embed = weights.plain("model.embed_tokens.weight")
         self.final_norm = weights.plain("model.norm.weight")
@@ -156,6 +143,15 @@ class NativeEngine:
         self.layers = [
             read_layer(weights, self.family, self.attention, i) for i in range(self.config.num_hidden_layers)
         ]
+        # a mixture-of-experts model: its routers' choices can be recorded
+        self.can_record_routes = any(layer.router is not None for layer in self.layers)
+
+    def sleep(self) -> None:
+        """Drop the weights and the KV cache's storage until the next `load_weights` (base.py)."""
+        if self._open_calls:
+            raise RuntimeError("sleep() while a generate call's iterator is still open")
+        self.embed = self.final_norm = self.lm_head = self.layers = None
+        self.cache.release()
 
     # ---------------------------------------------------------------- forward
     def _mlp(self, layer: Layer, x: torch.Tensor, routes: list | None = None) -> torch.Tensor:
@@ -190,6 +186,8 @@ class NativeEngine:
         figures once the iterator is exhausted. A call made while another call's iterator is still open
         gets a cache of its own, so interleaved iterators do not corrupt each other. `requests` may be
         a `LiveRequests` (queue.py): requests that arrive while the call runs, until it is closed."""
+        if self.layers is None:
+            raise RuntimeError("the engine sleeps (its weights were dropped): load_weights() first")
         source = requests if isinstance(requests, LiveRequests) else Queue(list(requests))
         self.stats = {}
         if not (source.requests or source.live):

@@ -16,6 +16,8 @@ from typing import Literal
 
 import torch
 
+from everyprompt.rollout.base import UnsupportedModelError
+
 
 @dataclass(frozen=True)
 class Family:
@@ -40,6 +42,19 @@ FAMILIES: dict[str, Family] = {
 }
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # position-independent frequency tables
+
+
+def check_family(config) -> None:
+    """UnsupportedModelError naming every setting of `config` the native engine does not compute."""
+    if getattr(config, "model_type", None) not in FAMILIES:
+        raise UnsupportedModelError(
+            f"the native engine runs model_type {', '.join(FAMILIES)}, not {config.model_type!r}"
+        )
+    found = unsupported_settings(config)
+    if found:
+        raise UnsupportedModelError(
+            f"the native engine does not implement {'; '.join(found)} (model_type {config.model_type})"
+        )
 
 
 def unsupported_settings(config) -> list[str]:
