@@ -184,7 +184,8 @@ def evaluate_config(
         engine,
         tokenizer,
         rows,
-        build_reward(config.rewards),  # no run directory: judge samples are logged for training only
+        # no run directory: judge samples are logged for training only
+        build_reward(held_out_rewards(config)),
         max_new_tokens=config.rollout.max_new_tokens,
         num_samples=config.eval.num_samples,
         pass_k=config.eval.pass_k,
@@ -198,3 +199,10 @@ def evaluate_config(
         progress=progress and config.logging.progress,
         episodes=Episodes.from_config(config, tokenizer, engine),
     )
+
+
+def held_out_rewards(config: Config):
+    """The rewards section that judges held-out answers: `eval.reward` in place of the training reward."""
+    if config.eval.reward is None:
+        return config.rewards
+    return config.rewards.model_copy(update={"function": config.eval.reward, "components": []})

@@ -12,6 +12,10 @@ def cmd_report(args) -> int:
     from rich.console import Console
 
     paths = [Path(p) for p in args.runs]
+    from everyprompt.report.evidence import is_evidence
+
+    if len(paths) == 1 and is_evidence(paths[0]):
+        return _report_evidence(paths[0], args.html)
     single = len(paths) == 1 and not SweepLayout(paths[0]).is_sweep()
     if single:
         _report_one(paths[0])
@@ -32,6 +36,26 @@ def cmd_report(args) -> int:
         console.print(f"wrote {written} (one file: figures inline, opens from disk)")
     else:
         console.print(f"`everyprompt report {' '.join(args.runs)} --html` adds the curves, in one HTML file")
+    return 0
+
+
+def _report_evidence(path: Path, html: str | None) -> int:
+    """An evidence file (bench/evidence.py): its contrasts on the console; with --html, the evidence page
+    (default: beside the file, as .html)."""
+    import json
+
+    from rich.console import Console
+
+    from everyprompt.report.evidence import evidence_table, render_evidence
+    from everyprompt.run.files import write_text_atomic
+
+    payload = json.loads(path.read_text())
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    console.print(evidence_table(payload))
+    if html is not None:
+        target = Path(html) if html else path.with_suffix(".html")
+        write_text_atomic(target, render_evidence(payload))
+        console.print(f"wrote {target} (one file: figures inline, opens from disk)")
     return 0
 
 
@@ -73,7 +97,12 @@ def add_parsers(sub) -> None:
     p = sub.add_parser(
         "report", help="a run's summary and curves; several runs or a sweep side by side (--html: one file)"
     )
-    p.add_argument("runs", nargs="+", metavar="RUN_OR_SWEEP", help="run directories and/or sweep directories")
+    p.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN_OR_SWEEP",
+        help="run directories and/or sweep directories, or an evidence file (bench/results/evidence.json)",
+    )
     p.add_argument(
         "--html",
         nargs="?",

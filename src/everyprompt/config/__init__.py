@@ -50,6 +50,12 @@ class EvalConfig(Section):
     num_samples: int = Field(4, ge=0, description="Samples per prompt for pass@k (0: greedy pass@1 only).")
     pass_k: int = Field(4, ge=1, description="k of the sampled pass@k.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature for pass@k.")
+    reward: str | None = Field(
+        None,
+        description="The reward that judges held-out answers (a registered name or package.module:function; "
+        "None: rewards.function, as in training). E.g. `math` to evaluate a run trained on a judge model "
+        "by the answers' correctness.",
+    )
 
     @model_validator(mode="after")
     def _k_within_samples(self) -> EvalConfig:

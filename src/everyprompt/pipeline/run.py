@@ -22,12 +22,13 @@ from everyprompt.data.formatting import prompt_format_of
 from everyprompt.data.passrate import PassRateStore
 from everyprompt.data.rows import ConfigRows
 from everyprompt.devices import keep_freed_memory, resolve_device
-from everyprompt.evaluate import evaluate_config
+from everyprompt.evaluate import evaluate_config, held_out_rewards
 from everyprompt.logs import quiet_libraries, record_warnings
 from everyprompt.models.io import load_model_and_tokenizer, load_pretrained
 from everyprompt.models.lora import load_adapter
 from everyprompt.models.precision import training_kernels
 from everyprompt.pipeline.backends import build_trainer
+from everyprompt.rewards import build_reward
 from everyprompt.rollout import resolve_engine
 from everyprompt.rollout.stops import stop_token_ids
 from everyprompt.run.files import write_json_atomic
@@ -174,6 +175,8 @@ class Run:
         newest complete checkpoint, else the run restarts RL from its beginning, reusing a finished SFT
         stage and offline filter (SFT itself continues from its own checkpoints)."""
         save_config(self.config, self.layout.config)
+        if self.config.eval.reward is not None:  # one that does not resolve fails now, not after RL
+            build_reward(held_out_rewards(self.config))
         checkpoint = rl_start(self.layout, resume)
         store = self.pass_rate_store()
         if checkpoint is not None:

@@ -24,7 +24,7 @@ details { margin: .3em 0 } pre { background: #f8f8f8; padding: .5em; overflow-x:
 """
 
 
-def _table(head: list[str], rows: list[list[str]], numeric_from: int = 1, table_id: str = "") -> str:
+def html_table(head: list[str], rows: list[list[str]], numeric_from: int = 1, table_id: str = "") -> str:
     ident = f' id="{table_id}"' if table_id else ""
     lines = [
         f"<table{ident}><thead><tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr></thead><tbody>"
@@ -53,7 +53,7 @@ def _runs_section(runs: list[RunRecord], arms: list[Arm]) -> str:
                 f"<code>{escape(str(run.path))}</code>",
             ]
         )
-    return _table(["run", "arm", "seed", "state", "RL steps", "directory"], rows, numeric_from=6)
+    return html_table(["run", "arm", "seed", "state", "RL steps", "directory"], rows, numeric_from=6)
 
 
 def _differing_section(runs: list[RunRecord]) -> str:
@@ -63,7 +63,7 @@ def _differing_section(runs: list[RunRecord]) -> str:
     rows = [
         [f"<code>{escape(k)}</code>", *(escape(run.config.get(k, "(absent)")) for run in runs)] for k in keys
     ]
-    return _table(
+    return html_table(
         ["config key", *(run.name for run in runs)], rows, numeric_from=len(runs) + 1, table_id="keys"
     )
 
@@ -84,7 +84,7 @@ def _summary_section(arms: list[Arm]) -> str:
         rows.append(row)
     head = ["arm", "runs", *(c.label for c in columns)]
     names, per_level = levels(arms)
-    html = _table(head, rows, numeric_from=1, table_id="summary")
+    html = html_table(head, rows, numeric_from=1, table_id="summary")
     html += (
         '<p class="muted">mean ± sample sd over seeds; under the other arms, their difference to the first arm '
         "with a 95% percentile-bootstrap interval (each arm's seeds resampled, 10,000 draws). "
@@ -96,7 +96,7 @@ def _summary_section(arms: list[Arm]) -> str:
             for arm, spreads in zip(arms, per_level)
         ]
         html += "<h3>Held-out greedy accuracy per level</h3>"
-        html += _table(["arm", *(n.replace("_", " ") for n in names)], rows, table_id="levels")
+        html += html_table(["arm", *(n.replace("_", " ") for n in names)], rows, table_id="levels")
     return html
 
 

@@ -76,6 +76,39 @@ def bootstrap_difference(
     return Difference(value, float(low), float(high))
 
 
+def paired_bootstrap(
+    differences, resamples: int = RESAMPLES, level: float = LEVEL, seed: int = 0
+) -> Difference:
+    """Percentile bootstrap of the mean of per-seed `differences` (arm minus reference, same seed): the
+    seeds resampled with replacement `resamples` times (docs/evidence.md's statistic). No interval
+    below two differences."""
+    values = np.asarray(finite(differences), dtype=float)
+    if values.size == 0:
+        return Difference(math.nan, None, None)
+    value = float(values.mean())
+    if values.size < 2:
+        return Difference(value, None, None)
+    draws = values[np.random.default_rng(seed).integers(0, values.size, size=(resamples, values.size))]
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(draws.mean(axis=1), [tail, 100 - tail])
+    return Difference(value, float(low), float(high))
+
+
+VERDICTS = ("win", "loss", "no difference shown")
+
+
+def verdict(difference: Difference) -> str | None:
+    """docs/evidence.md's rule: a win when the interval lies above 0, a loss when below, else no
+    difference shown; None without an interval."""
+    if difference.low is None or difference.high is None:
+        return None
+    if difference.low > 0:
+        return VERDICTS[0]
+    if difference.high < 0:
+        return VERDICTS[1]
+    return VERDICTS[2]
+
+
 # two-sided 95% quantiles of Student's t by degrees of freedom (standard tables); 1.96 beyond 30
 _T975 = {
     1: 12.706,

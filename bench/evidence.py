@@ -1,0 +1,311 @@
+"""The pre-registered comparisons of docs/evidence.md: each run as sweeps, judged by the rule written there.
+
+    python bench/evidence.py --comparison c1 --setup tiny      # runs the cells not recorded yet
+    python bench/evidence.py --comparison c2 --setup smollm2   # needs `make smollm2`
+    python bench/evidence.py --summary                         # the contrasts and verdicts so far
+    python bench/evidence.py --comparison c1 --setup tiny --tiny --seeds 0 1   # a smoke run, in seconds
+
+A run is recorded in bench/results/evidence.json (its held-out figures, a few training figures, the
+machine) as soon as its seed's sweep ends, so the work carries across sessions and machines through the
+committed JSON: a later call runs only the (arm, seed) cells not recorded. Within a machine a killed call
+resumes its cells from their checkpoints (the sweeps under bench/results/evidence_runs/). Each contrast
+is recomputed from the records at every write: the paired differences by seed, their mean, the 95%
+percentile-bootstrap interval and the verdict (docs/evidence.md), given only once every pre-registered
+seed of both arms is in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import RESULTS, ROOT, repo_path, write_results  # noqa: E402
+
+from algorithms import TINY, prepare_sft  # noqa: E402
+
+BENCH = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A model and base config every comparison on it shares."""
+
+    config: Path | None  # None: the demo config
+    seeds: tuple[int, ...]
+    steps: int  # RL steps of a run; the equal-rollout budget is steps x prompts x group size
+    shared_sft: bool  # every run starts from one SFT checkpoint (SFT seed 1)
+    needs: Path | None = None  # a model the setup needs (`make smollm2`, `make smollm2-moe`)
+
+
+SETUPS = {
+    "tiny": Setup(None, (0, 1, 2, 3, 4, 5), 120, True),
+    "smollm2": Setup(
+        ROOT / "configs" / "smollm2.yaml", (0, 1, 2), 30, False, ROOT / "models" / "smollm2-135m-instruct"
+    ),
+    "smollm2-moe": Setup(
+        ROOT / "configs" / "smollm2-moe.yaml", (0, 1, 2), 10, False, ROOT / "models" / "smollm2-moe"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    title: str
+    arms: dict[str, list[str]]  # the first is the baseline
+    judged: tuple[str, ...]  # arms judged against the baseline
+    reported: tuple[tuple[str, str], ...]  # (arm, reference) pairs reported, not judged
+    setups: tuple[str, ...]
+    fixed: tuple[str, ...] = ()
+    equal_rollouts: bool = False  # the same generated rollouts (rl.max_rollouts), not the same steps
+
+
+DYNAMIC_SAMPLING = [
+    "zve.enabled=true",
+    "zve.expansion.max_group_size=8",
+    "zve.expansion.dynamic_sampling=true",
+    "zve.reshape.enabled=false",
+    "zve.zvp.enabled=false",
+    "zve.retirement.enabled=false",
+]
+COMPARISONS = {
+    "c1": Comparison(
+        "the policy loss",
+        {"ppo-clip": ["rl.loss=ppo_clip"], "espo": ["rl.loss=espo"], "gspo": ["rl.loss=gspo"]},
+        ("espo", "gspo"),
+        (("espo", "gspo"),),
+        ("tiny", "smollm2"),
+    ),
+    "c2": Comparison(
+        "zero-variance handling at equal compute",
+        {"grpo": ["zve.enabled=false"], "dynamic-sampling": DYNAMIC_SAMPLING, "zve": ["zve.enabled=true"]},
+        ("dynamic-sampling", "zve"),
+        (("zve", "dynamic-sampling"),),
+        ("tiny", "smollm2"),
+        equal_rollouts=True,
+    ),
+    "c3": Comparison(
+        "router replay with bf16 rollouts",
+        {"no-replay": ["rl.router_replay=off"], "r3": ["rl.router_replay=r3"]},
+        ("r3",),
+        (),
+        ("tiny", "smollm2-moe"),
+        fixed=("rollout.precision=bf16", "rl.old_logprobs=recompute"),
+    ),
+    "c4": Comparison(
+        "a ternary judge against a scalar reward model (simulated, same error rate)",
+        {
+            "scalar-rm": ["rewards.function=evidence_rewards:scalar_rm"],
+            "genrm": ["rewards.function=evidence_rewards:genrm"],
+        },
+        ("genrm",),
+        (),
+        ("tiny",),
+        fixed=("eval.reward=math",),  # held-out answers judged by their correctness, not by the model
+    ),
+}
+QUIET = ["logging.progress=false", "logging.tensorboard=false"]
+
+
+# ---------------------------------------------------------------- the plan of a comparison on a setup
+def fixed_overrides(
+    comparison: Comparison, setup: Setup, base: list[str], sft_dir: Path | None, steps: int
+) -> list[str]:
+    """What every run of `comparison` on `setup` is given besides its arm's keys and its seed: `steps` RL
+    steps (the setup's, but for a smoke run), or as many rollouts as those steps make."""
+    from everyprompt.config import load_config
+
+    fixed = [*base, *QUIET, *comparison.fixed]
+    if sft_dir is not None:
+        fixed += [f"model.path={sft_dir}", "sft.steps=0"]
+    fixed.append(f"rl.steps={steps}")
+    if comparison.equal_rollouts:
+        config = load_config(setup.config, fixed)
+        budget = steps * config.rl.prompts_per_step * config.rl.group_size
+        fixed += [f"rl.max_rollouts={budget}", f"rl.steps={10 * steps}"]  # the budget binds first
+    return fixed
+
+
+def record_of(arm: str, seed: int, run_dir: Path, seconds: float, levels: list[int] | None) -> dict:
+    """One finished run's figures, from its eval.json and metrics.jsonl."""
+    from everyprompt.report import load_metrics
+
+    final = json.loads((run_dir / "eval.json").read_text())
+    history = load_metrics(run_dir / "metrics.jsonl").records
+    zero = [m["zve/zero_variance_rate"] for m in history if "zve/zero_variance_rate" in m]
+    steps = [m["time/step_s"] for m in history if "time/step_s" in m]
+    by_level = {k.rpartition("_")[2]: v for k, v in final.items() if k.startswith("greedy_accuracy/level_")}
+    on_rl_levels = [by_level[str(level)] for level in levels or [] if str(level) in by_level]
+    return {
+        "arm": arm,
+        "seed": seed,
+        "greedy_accuracy": final["greedy_accuracy"],
+        "pass_at_k": next((v for k, v in final.items() if k.startswith("pass@")), None),
+        "greedy_accuracy_by_level": by_level,
+        "greedy_accuracy_rl_levels": statistics.mean(on_rl_levels) if on_rl_levels else None,
+        "zero_variance_rate_mean": statistics.mean(zero) if zero else None,
+        "step_s_median": statistics.median(steps) if steps else None,
+        "rl_steps": len(history),
+        "rollouts": max((m.get("rollout/total", 0) for m in history), default=0),
+        "seconds": seconds,
+        "run_dir": repo_path(run_dir),
+    }
+
+
+# ---------------------------------------------------------------- the statistic and the verdicts
+def contrasts(comparison: Comparison, setup: Setup, arms: dict[str, dict]) -> list[dict]:
+    """Each judged and reported contrast from the recorded runs: paired by seed (docs/evidence.md)."""
+    from everyprompt.report.stats import paired_bootstrap, verdict
+
+    baseline = next(iter(comparison.arms))
+    pairs = [(arm, baseline, True) for arm in comparison.judged]
+    pairs += [(arm, reference, False) for arm, reference in comparison.reported]
+    out = []
+    for arm, reference, judged in pairs:
+        mine = {r["seed"]: r["greedy_accuracy"] for r in arms.get(arm, {}).get("runs", [])}
+        theirs = {r["seed"]: r["greedy_accuracy"] for r in arms.get(reference, {}).get("runs", [])}
+        seeds = sorted(set(mine) & set(theirs))
+        difference = paired_bootstrap([mine[s] - theirs[s] for s in seeds])
+        complete = set(setup.seeds) <= set(seeds)
+        out.append(
+            {
+                "arm": arm,
+                "reference": reference,
+                "judged": judged,
+                "seeds": seeds,
+                "differences": [mine[s] - theirs[s] for s in seeds],
+                "mean_difference": difference.value,
+                "interval": None if difference.low is None else [difference.low, difference.high],
+                "complete": complete,
+                "verdict": (verdict(difference) if complete else None) if judged else None,
+            }
+        )
+    return out
+
+
+def load(path: Path) -> dict:
+    if path.is_file():
+        return json.loads(path.read_text())
+    return {"benchmark": "evidence", "preregistration": "docs/evidence.md", "comparisons": {}}
+
+
+def save(path: Path, payload: dict, smoke: bool) -> None:
+    """Write `payload` with every contrast recomputed (a smoke run's file says it is one)."""
+    for name, entry in payload["comparisons"].items():
+        for setup_name, body in entry["setups"].items():
+            body["contrasts"] = contrasts(COMPARISONS[name], SETUPS[setup_name], body["arms"])
+    payload["smoke"] = smoke
+    write_results(path, payload)
+
+
+# ---------------------------------------------------------------- running what is missing
+def run(name: str, setup_name: str, seeds: list[int], path: Path, work: Path, smoke: bool, workers: int):
+    from rich.console import Console
+
+    from everyprompt.config import demo_config_path, load_config, read_yaml
+    from everyprompt.sweep import SweepPlan, SweepRunner
+
+    comparison, setup = COMPARISONS[name], SETUPS[setup_name]
+    if setup_name not in comparison.setups:
+        raise SystemExit(
+            f"{name} is not run on {setup_name} (docs/evidence.md: {', '.join(comparison.setups)})"
+        )
+    if setup.needs is not None and not setup.needs.exists():
+        raise SystemExit(
+            f"{setup_name} needs {repo_path(setup.needs)}: `make smollm2` (and `make smollm2-moe`)"
+        )
+    console = Console(width=110)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCH), os.environ.get("PYTHONPATH")]))
+    base = TINY + ["eval.num_samples=2", "eval.pass_k=2"] if smoke else []
+    sft_dir = None
+    if setup.shared_sft:
+        console.print("the shared SFT checkpoint (trained once, then reused) ...")
+        sft_dir = prepare_sft([*base, "seed=1"], work / ("sft_smoke" if smoke else "sft_seed1"))
+    fixed = fixed_overrides(comparison, setup, base, sft_dir, 2 if smoke else setup.steps)
+    config_path = setup.config or demo_config_path()
+    levels = load_config(setup.config, fixed).rl.levels
+    payload = load(path)
+    entry = payload["comparisons"].setdefault(name, {"title": comparison.title, "setups": {}})
+    body = entry["setups"].setdefault(setup_name, {"arms": {}})
+    body["fixed"], body["seeds"] = fixed, list(setup.seeds)
+    for arm, keys in comparison.arms.items():
+        body["arms"].setdefault(arm, {"overrides": keys, "runs": []})
+    for seed in seeds:
+        done = {arm for arm, a in body["arms"].items() if any(r["seed"] == seed for r in a["runs"])}
+        missing = {arm: keys for arm, keys in comparison.arms.items() if arm not in done}
+        if not missing:
+            continue
+        console.print(f"{name} on {setup_name}, seed {seed}: {', '.join(missing)}")
+        plan = SweepPlan(read_yaml(config_path), fixed, {}, [seed], str(config_path), missing)
+        plan.validate()
+        sweep_dir = work / f"{name}-{setup_name}" / f"seed{seed}"
+        plan.save(sweep_dir)
+        outcomes = SweepRunner(plan, sweep_dir, workers, console).run()
+        for cell in plan.cells():
+            outcome = outcomes[cell.name]
+            if outcome.state != "done":
+                console.print(f"  {cell.name}: {outcome.state} (its output.log says why); not recorded")
+                continue
+            record = record_of(cell.arm, seed, sweep_dir / cell.name, outcome.seconds, levels)
+            body["arms"][cell.arm]["runs"].append(record)
+        save(path, payload, smoke)
+    save(path, payload, smoke)
+    console.print(summary(payload))
+
+
+def summary(payload: dict) -> str:
+    lines = []
+    for name, entry in payload["comparisons"].items():
+        for setup_name, body in entry["setups"].items():
+            lines.append(f"{name.upper()} {entry['title']}, {setup_name}:")
+            for arm, a in body["arms"].items():
+                values = [r["greedy_accuracy"] for r in sorted(a["runs"], key=lambda r: r["seed"])]
+                shown = " ".join(f"{100 * v:.1f}" for v in values) or "-"
+                lines.append(f"  {arm:>17}: {len(values)} seeds, greedy % {shown}")
+            for c in body.get("contrasts", []):
+                interval = c["interval"]
+                span = (
+                    f"[{100 * interval[0]:+.1f}, {100 * interval[1]:+.1f}]" if interval else "(no interval)"
+                )
+                said = c["verdict"] or ("not judged" if not c["judged"] else "incomplete")
+                mean = c["mean_difference"]
+                size = f"{100 * mean:+.1f}" if mean == mean else "-"
+                lines.append(
+                    f"  {c['arm']} - {c['reference']}: {size} pt {span}, {len(c['seeds'])} pairs: {said}"
+                )
+    return "\n".join(lines) or "no comparison recorded yet"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--comparison", choices=list(COMPARISONS))
+    parser.add_argument("--setup", choices=list(SETUPS))
+    parser.add_argument("--seeds", type=int, nargs="+", help="default: the setup's pre-registered seeds")
+    parser.add_argument("--workers", type=int, default=2, help="runs at a time (each its share of the cores)")
+    parser.add_argument("--summary", action="store_true", help="print the recorded contrasts, run nothing")
+    parser.add_argument("--tiny", action="store_true", help="a smoke run on a 2-layer model (its own file)")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    path = args.out / ("evidence_smoke.json" if args.tiny else "evidence.json")
+    if args.summary:
+        print(summary(load(path)))
+        return 0
+    if args.comparison is None or args.setup is None:
+        parser.error("--comparison and --setup name what to run (or --summary)")
+    seeds = args.seeds or list(SETUPS[args.setup].seeds)
+    work = args.out / "evidence_runs"
+    run(args.comparison, args.setup, seeds, path, work, args.tiny, args.workers)
+    print(f"wrote {repo_path(path)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""The evidence page: pre-registered comparisons read from an evidence file (`bench/results/evidence.json`,
+written by `bench/evidence.py`; the plan is docs/evidence.md).
+
+The file holds, per comparison and set-up, each arm's runs (one per seed: its held-out greedy accuracy and
+more) and the contrasts: an arm against its reference, paired by seed, the mean of the per-seed
+differences, its 95% percentile-bootstrap interval and, for a judged contrast whose every pre-registered
+seed is in, the verdict (win / loss / no difference shown). The page shows them as they are and draws
+each arm's per-seed points, the seeds joined across arms, beside each contrast's interval.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from html import escape
+from pathlib import Path
+
+from everyprompt.report.html import STYLE, html_table
+
+KIND = "evidence"  # the file's `benchmark`
+
+
+def is_evidence(path: Path) -> bool:
+    """Whether `path` is an evidence file (a JSON file whose `benchmark` is "evidence")."""
+    if path.suffix != ".json" or not path.is_file():
+        return False
+    try:
+        return json.loads(path.read_text()).get("benchmark") == KIND
+    except (ValueError, AttributeError):
+        return False
+
+
+def _points(value) -> str:
+    return "–" if value is None or value != value else f"{100 * value:.1f}"
+
+
+def _signed(value) -> str:
+    return "–" if value is None or value != value else f"{100 * value:+.1f}"
+
+
+def said(contrast: dict) -> str:
+    """A contrast's verdict as the page words it."""
+    if not contrast["judged"]:
+        return "reported, not judged"
+    return contrast["verdict"] or f"incomplete ({len(contrast['seeds'])} seed pairs so far)"
+
+
+def rows(payload: dict):
+    """(comparison, title, set-up, body) of every comparison and set-up in the file, in its order."""
+    for name, entry in payload.get("comparisons", {}).items():
+        for setup, body in entry.get("setups", {}).items():
+            yield name, entry.get("title", ""), setup, body
+
+
+def _figure(body: dict) -> bytes | None:
+    """Per-seed held-out accuracy of each arm (the same seed joined across arms), and each contrast's mean
+    paired difference with its interval."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = body["arms"]
+    if not any(a["runs"] for a in arms.values()):
+        return None
+    contrasts = body.get("contrasts", [])
+    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 3.4), gridspec_kw={"width_ratios": [3, 2]})
+    names = list(arms)
+    by_seed: dict[int, dict[int, float]] = {}
+    for x, name in enumerate(names):
+        for run in arms[name]["runs"]:
+            by_seed.setdefault(run["seed"], {})[x] = 100 * run["greedy_accuracy"]
+    for _, points in sorted(by_seed.items()):
+        xs = sorted(points)
+        left.plot(xs, [points[x] for x in xs], color="#bbb", linewidth=0.8, zorder=1)
+        left.scatter(xs, [points[x] for x in xs], s=14, zorder=2)
+    left.set_xticks(range(len(names)), names, fontsize=8)
+    left.set_ylabel("held-out greedy accuracy, %", fontsize=8)
+    left.set_title("per seed (lines join a seed across arms)", fontsize=9)
+    for y, contrast in enumerate(contrasts):
+        mean, interval = contrast["mean_difference"], contrast["interval"]
+        if mean != mean:
+            continue
+        if interval:
+            low, high = 100 * (mean - interval[0]), 100 * (interval[1] - mean)
+            right.errorbar(100 * mean, y, xerr=[[low], [high]], fmt="o", capsize=3)
+        else:
+            right.plot(100 * mean, y, "o")
+    right.axvline(0, color="#888", linewidth=0.8)
+    right.set_yticks(range(len(contrasts)), [f"{c['arm']} - {c['reference']}" for c in contrasts], fontsize=8)
+    right.set_xlabel("mean paired difference, points (95% interval)", fontsize=8)
+    right.set_title("contrasts", fontsize=9)
+    for axis in (left, right):
+        axis.tick_params(labelsize=8)
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=110)
+    plt.close(figure)
+    return buffer.getvalue()
+
+
+def _section(name: str, title: str, setup: str, body: dict) -> str:
+    arms = body["arms"]
+    arm_rows = []
+    for arm, entry in arms.items():
+        runs = sorted(entry["runs"], key=lambda r: r["seed"])
+        values = [r["greedy_accuracy"] for r in runs]
+        mean = sum(values) / len(values) if values else None
+        arm_rows.append(
+            [
+                escape(arm),
+                " ".join(f"<code>{escape(o)}</code>" for o in entry.get("overrides", [])),
+                str(len(runs)),
+                escape(" ".join(f"{r['seed']}: {_points(r['greedy_accuracy'])}" for r in runs) or "–"),
+                _points(mean),
+            ]
+        )
+    html = [
+        f'<h2 id="{escape(name)}-{escape(setup)}">{escape(name.upper())}: {escape(title)}, {escape(setup)}</h2>'
+    ]
+    html.append(html_table(["arm", "its keys", "seeds", "held-out greedy %, by seed", "mean %"], arm_rows, 2))
+    contrast_rows = [
+        [
+            escape(f"{c['arm']} - {c['reference']}"),
+            str(len(c["seeds"])),
+            escape(" ".join(_signed(d) for d in c["differences"]) or "–"),
+            _signed(c["mean_difference"]),
+            escape(f"[{_signed(c['interval'][0])}, {_signed(c['interval'][1])}]") if c["interval"] else "–",
+            f"<strong>{escape(said(c))}</strong>",
+        ]
+        for c in body.get("contrasts", [])
+    ]
+    head = ["contrast", "seed pairs", "differences, points", "mean", "95% interval", "verdict"]
+    html.append(html_table(head, contrast_rows, 1))
+    png = _figure(body)
+    if png is not None:
+        data = base64.b64encode(png).decode("ascii")
+        html.append(
+            f"<figure><figcaption>{escape(name.upper())}, {escape(setup)}</figcaption>"
+            f'<img alt="{escape(name)} {escape(setup)}" src="data:image/png;base64,{data}"></figure>'
+        )
+    return "\n".join(html)
+
+
+def render_evidence(payload: dict, title: str = "everyprompt evidence") -> str:
+    """The evidence page as one self-contained HTML string."""
+    smoke = " (a smoke run on a 2-layer model: not evidence)" if payload.get("smoke") else ""
+    sections = [
+        f"<h1>{escape(title)}{escape(smoke)}</h1>",
+        '<p class="muted">The plan, written before any run: <code>docs/evidence.md</code>. Per contrast: the '
+        "arm minus its reference, seed by seed; the mean of those differences and its 95% percentile-bootstrap "
+        "interval (the seeds resampled 10,000 times). Verdict: a win when the interval lies above 0, a loss "
+        "when below, otherwise no difference shown; given once every pre-registered seed is in.</p>",
+    ]
+    found = list(rows(payload))
+    sections += [_section(*row) for row in found] or ["<p>No comparison recorded yet.</p>"]
+    body = "\n".join(sections)
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
+        f"<style>{STYLE}</style></head><body>\n{body}\n</body></html>\n"
+    )
+
+
+def evidence_table(payload: dict):
+    """The contrasts as one rich table (the console's view of the page)."""
+    from rich.table import Table
+
+    table = Table(title="pre-registered contrasts (docs/evidence.md)")
+    for column in ("comparison", "set-up", "contrast", "pairs", "mean, pt", "95% interval", "verdict"):
+        table.add_column(column)
+    for name, _, setup, body in rows(payload):
+        for c in body.get("contrasts", []):
+            interval = f"[{_signed(c['interval'][0])}, {_signed(c['interval'][1])}]" if c["interval"] else "–"
+            table.add_row(
+                name, setup, f"{c['arm']} - {c['reference']}", str(len(c["seeds"])),
+                _signed(c["mean_difference"]), interval, said(c),
+            )  # fmt: skip
+    return table

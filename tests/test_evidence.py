@@ -1,0 +1,86 @@
+"""bench/evidence.py: docs/evidence.md's comparisons as sweeps, and the pre-registered statistic."""
+
+import json
+import math
+
+import pytest
+
+from everyprompt.report.stats import Difference, paired_bootstrap, verdict
+from tests.test_bench import _load
+
+
+def test_the_paired_statistic_and_the_verdict_rule_by_hand():
+    same = paired_bootstrap([0.02, 0.02, 0.02])  # every seed gains 2 points: no spread, no doubt
+    assert (same.value, same.low, same.high) == pytest.approx((0.02, 0.02, 0.02))
+    assert verdict(same) == "win"
+    mixed = paired_bootstrap([0.03, -0.01, 0.01, -0.02])
+    assert mixed.value == pytest.approx(0.0025)
+    assert -0.02 <= mixed.low < 0 < mixed.high <= 0.03  # within the extremes of the resampled means
+    assert verdict(mixed) == "no difference shown"
+    assert verdict(paired_bootstrap([-0.05, -0.04, -0.06])) == "loss"
+    one = paired_bootstrap([0.1])
+    assert one.value == 0.1 and one.low is None and verdict(one) is None
+    assert math.isnan(paired_bootstrap([]).value)
+    assert verdict(Difference(0.0, 0.0, 0.1)) == "no difference shown"  # touching 0 is not above it
+
+
+def test_contrasts_pair_by_seed_and_judge_only_complete_ones():
+    bench = _load("evidence")
+    c1, tiny = bench.COMPARISONS["c1"], bench.SETUPS["tiny"]
+
+    def runs(values):
+        return {"runs": [{"seed": s, "greedy_accuracy": v} for s, v in enumerate(values)]}
+
+    arms = {
+        "ppo-clip": runs([0.80] * 6),
+        "espo": runs([0.82, 0.81, 0.83, 0.82, 0.81, 0.83]),
+        "gspo": runs([0.8]),
+    }
+    out = {(c["arm"], c["reference"]): c for c in bench.contrasts(c1, tiny, arms)}
+    espo = out[("espo", "ppo-clip")]
+    assert espo["differences"] == pytest.approx([0.02, 0.01, 0.03, 0.02, 0.01, 0.03])
+    assert espo["mean_difference"] == pytest.approx(0.02) and espo["complete"] and espo["verdict"] == "win"
+    gspo = out[("gspo", "ppo-clip")]  # one seed of six: no verdict yet
+    assert gspo["seeds"] == [0] and not gspo["complete"] and gspo["verdict"] is None
+    reported = out[("espo", "gspo")]
+    assert not reported["judged"] and reported["verdict"] is None
+
+
+@pytest.mark.parametrize("name", ["c1", "c2", "c3", "c4"])
+def test_every_preregistered_cell_is_a_valid_config(name, tmp_path):
+    from everyprompt.config import demo_config_path, read_yaml
+    from everyprompt.sweep import SweepPlan
+
+    bench = _load("evidence")
+    comparison = bench.COMPARISONS[name]
+    for setup_name in comparison.setups:
+        setup = bench.SETUPS[setup_name]
+        sft = tmp_path / "sft" if setup.shared_sft else None
+        fixed = bench.fixed_overrides(comparison, setup, [], sft, setup.steps)
+        path = setup.config or demo_config_path()
+        plan = SweepPlan(read_yaml(path), fixed, {}, list(setup.seeds), str(path), comparison.arms)
+        plan.validate()  # every cell's config built and checked
+        assert len(plan.cells()) == len(comparison.arms) * len(setup.seeds)
+        if comparison.equal_rollouts:  # plain GRPO's rollouts at the setup's step count
+            assert any(o.startswith("rl.max_rollouts=") for o in fixed)
+
+
+@pytest.mark.slow  # an SFT checkpoint and six short runs, each a process (~1 min)
+def test_evidence_bench_smoke(tmp_path):
+    bench = _load("evidence")
+    argv = ["--comparison", "c1", "--setup", "tiny", "--tiny", "--seeds", "0", "1", "--out", str(tmp_path)]
+    assert bench.main(argv) == 0
+    payload = json.loads((tmp_path / "evidence_smoke.json").read_text())
+    body = payload["comparisons"]["c1"]["setups"]["tiny"]
+    assert payload["smoke"] is True
+    assert {arm: [r["seed"] for r in a["runs"]] for arm, a in body["arms"].items()} == {
+        "ppo-clip": [0, 1],
+        "espo": [0, 1],
+        "gspo": [0, 1],
+    }
+    assert all(0 <= r["greedy_accuracy"] <= 1 for a in body["arms"].values() for r in a["runs"])
+    assert [c["seeds"] for c in body["contrasts"]] == [[0, 1]] * 3 and not body["contrasts"][0]["complete"]
+    # a second call finds every cell recorded and runs nothing
+    assert bench.main(argv) == 0
+    again = json.loads((tmp_path / "evidence_smoke.json").read_text())
+    assert again["comparisons"] == payload["comparisons"]
