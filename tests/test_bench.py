@@ -263,8 +263,9 @@ def test_throughput_bench_measures_the_compiled_step(tmp_path):
     payload = json.loads((tmp_path / "out" / "throughput_tiny.json").read_text())
     assert payload["compiled"] is True
     for row in payload["decode"]:  # equal work was checked inside, as for the eager engine
-        assert row["compiled_tokens_per_s"] > 0 and row["compile_s"] > 0
+        assert row["compiled_tokens_per_s"] > 0 and row["compile_s"] >= 0
         assert row["compiled_speedup"] == pytest.approx(row["generate_s"] / row["compiled_s"])
+    assert payload["decode"][0]["compile_s"] > 0  # the first batch size compiles; later ones may reuse it
 
 
 def test_throughput_bench_refuses_a_missing_model_and_a_device_it_lacks(tmp_path, capsys):

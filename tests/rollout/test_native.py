@@ -420,6 +420,22 @@ def test_experts_too_large_for_the_cpu_caches_run_one_at_a_time(tiny_model):
     assert not layer._batched(torch.zeros(layer.batched_tokens + 1, 32), *small)
 
 
+def test_auto_compile_stays_eager_where_experts_run_one_at_a_time(tiny_model, monkeypatch):
+    """A compiled step multiplies every expert; where eager steps read only the routed ones (the CPU, large
+    experts), `auto` never compiles; `on`, asked for by name, still does; the tiny model's small experts
+    keep `auto`."""
+    import everyprompt.rollout.native.moe as moe
+
+    model, tokenizer = tiny_model
+    assert NativeEngine.from_model(model, tokenizer, compile="auto").compiler.mode == "auto"
+    monkeypatch.setattr(moe, "GROUPED_EXPERT_BYTES", 1)  # every expert counts as large
+    assert NativeEngine.from_model(model, tokenizer, compile="auto").compiler.mode == "off"
+    assert NativeEngine.from_model(model, tokenizer, compile="on").compiler.mode == "on"
+    for precision in ("bf16", "fp8"):  # the bytes of what a call multiplies: fp8 is dequantised there
+        engine = NativeEngine.from_model(model, tokenizer, precision=precision, compile="auto")
+        assert engine.compiler.mode == "off"
+
+
 def test_a_groups_prompt_is_prefilled_once_and_its_samples_equal_decoding_alone(tiny_model, monkeypatch):
     """3 prompts x 4 samples (a group's requests share their prompt): the prefill computes each distinct
     prompt once, and every completion (tokens, log-probs, entropies, routes) equals that request decoded

@@ -101,7 +101,7 @@ def add_parsers(sub) -> None:
         "runs",
         nargs="+",
         metavar="RUN_OR_SWEEP",
-        help="run directories and/or sweep directories, or an evidence file (bench/results/evidence.json)",
+        help="run directories and/or sweep directories, or an evidence file (the JSON bench/evidence.py writes)",
     )
     p.add_argument(
         "--html",

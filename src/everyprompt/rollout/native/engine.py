@@ -102,6 +102,8 @@ class NativeEngine:
         self._open_calls = 0  # generate() iterators not yet finished (the shared cache serves one)
         self.stats: dict[str, float] = {}  # the last generate call's throughput figures
         self.load_weights(state_dict)
+        if self.moe.routed_only(self.layers, self.device, dtype):
+            self.compiler.keep_eager("its experts run one at a time on the CPU, which a compiled step cannot")
 
     @classmethod
     def check_config(cls, config) -> None:

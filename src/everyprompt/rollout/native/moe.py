@@ -9,6 +9,7 @@ rounding.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -105,8 +106,18 @@ class MixtureOfExperts:
             return False
         if flat.device.type != "cpu" or torch.compiler.is_compiling():
             return True
-        expert_bytes = (gate_up[0].numel() + down[0].numel()) * gate_up.element_size()
-        return expert_bytes < GROUPED_EXPERT_BYTES
+        return _expert_bytes(gate_up, down, gate_up.element_size()) < GROUPED_EXPERT_BYTES
+
+    def routed_only(self, layers, device: torch.device, dtype: torch.dtype) -> bool:
+        """Whether eager decode steps run some layer's experts one at a time (on the CPU, experts of
+        `GROUPED_EXPERT_BYTES` or more), reading only the routed experts' weights, which a compiled step
+        (batched over every expert) cannot: on SmolLM2's 8-expert upcycle the compiled step took 162 ms at
+        batch 1 against 55 ms eager (docs/performance.md)."""
+        if torch.device(device).type != "cpu":
+            return False
+        moe = [layer.experts for layer in layers if layer.router is not None]
+        size = torch.empty((), dtype=dtype).element_size()  # what a call multiplies in (fp8: dequantised)
+        return any(_expert_bytes(gate_up, down, size) >= GROUPED_EXPERT_BYTES for gate_up, down in moe)
 
     def __call__(self, layer: Layer, x: torch.Tensor, routes: list | None = None) -> torch.Tensor:
         """Top-k routed experts of x [B, T, H]. With `routes` (a list), appends this layer's (expert
@@ -126,6 +137,11 @@ class MixtureOfExperts:
                 shared = torch.sigmoid(flat @ layer.shared_gate) * shared
             out = out + shared
         return out.view_as(x)
+
+
+def _expert_bytes(gate_up, down, itemsize: int) -> int:
+    """The bytes of one expert's weights (its gate/up and down projections, [E, ...] each)."""
+    return (math.prod(gate_up.shape[1:]) + math.prod(down.shape[1:])) * itemsize
 
 
 def swiglu(pair, x: torch.Tensor) -> torch.Tensor:
