@@ -5,10 +5,11 @@
     python bench/evidence.py --summary                         # the contrasts and verdicts so far
     python bench/evidence.py --comparison c1 --setup tiny --tiny --seeds 0 1   # a smoke run, in seconds
 
-A run is recorded in bench/results/evidence.json (its held-out figures, a few training figures, the
-machine) as soon as its seed's sweep ends, so the work carries across sessions and machines through the
-committed JSON: a later call runs only the (arm, seed) cells not recorded. Within a machine a killed call
-resumes its cells from their checkpoints (the sweeps under bench/results/evidence_runs/). Each contrast
+A run is recorded in bench/results/evidence.json (its held-out figures and a few training figures) when
+its sweep ends, so the work carries across sessions and machines through the committed JSON: a later
+call runs only the (arm, seed) cells not recorded, all of them in one sweep where they can be (both cores
+busy). On the same machine, the cells a killed call finished are recorded by the next call, and the ones
+it cut short resume from their checkpoints (the sweeps under bench/results/evidence_runs/). Each contrast
 is recomputed from the records at every write: the paired differences by seed, their mean, the 95%
 percentile-bootstrap interval and the verdict (docs/evidence.md), given only once every pre-registered
 seed of both arms is in.
@@ -205,10 +206,35 @@ def save(path: Path, payload: dict, smoke: bool) -> None:
 
 
 # ---------------------------------------------------------------- running what is missing
+def harvest(root: Path, body: dict, fixed: list[str], levels: list[int] | None) -> None:
+    """Record every finished cell of the sweeps under `root` whose (arm, seed) is not recorded yet and
+    whose sweep ran with `fixed` (a sweep of other settings is left alone)."""
+    from everyprompt.sweep import SweepPlan
+    from everyprompt.sweep.runner import cell_is_done
+
+    for plan_file in sorted(root.glob("*/sweep.json")):
+        plan = SweepPlan.load(plan_file.parent)
+        if plan.fixed != fixed:
+            continue
+        status = (
+            json.loads((plan_file.parent / "status.json").read_text())
+            if (plan_file.parent / "status.json").is_file()
+            else {}
+        )
+        for cell in plan.cells():
+            runs = body["arms"][cell.arm]["runs"]
+            if any(r["seed"] == cell.seed for r in runs) or not cell_is_done(plan_file.parent / cell.name):
+                continue
+            seconds = status.get(cell.name, {}).get("seconds") or float("nan")
+            runs.append(record_of(cell.arm, cell.seed, plan_file.parent / cell.name, seconds, levels))
+            runs.sort(key=lambda r: r["seed"])
+
+
 def run(name: str, setup_name: str, seeds: list[int], path: Path, work: Path, smoke: bool, workers: int):
     from rich.console import Console
 
     from everyprompt.config import demo_config_path, load_config, read_yaml
+    from everyprompt.processes import StopRequested
     from everyprompt.sweep import SweepPlan, SweepRunner
 
     comparison, setup = COMPARISONS[name], SETUPS[setup_name]
@@ -236,24 +262,36 @@ def run(name: str, setup_name: str, seeds: list[int], path: Path, work: Path, sm
     body["fixed"], body["seeds"] = fixed, list(setup.seeds)
     for arm, keys in comparison.arms.items():
         body["arms"].setdefault(arm, {"overrides": keys, "runs": []})
-    for seed in seeds:
-        done = {arm for arm, a in body["arms"].items() if any(r["seed"] == seed for r in a["runs"])}
-        missing = {arm: keys for arm, keys in comparison.arms.items() if arm not in done}
-        if not missing:
-            continue
-        console.print(f"{name} on {setup_name}, seed {seed}: {', '.join(missing)}")
-        plan = SweepPlan(read_yaml(config_path), fixed, {}, [seed], str(config_path), missing)
+    root = work / f"{name}-{setup_name}"
+    harvest(root, body, fixed, levels)  # cells a killed call finished on this machine
+    missing = [
+        (arm, seed)
+        for seed in seeds
+        for arm in comparison.arms
+        if not any(r["seed"] == seed for r in body["arms"][arm]["runs"])
+    ]
+    # one sweep per set of arms that miss the same seeds: all of them at once when nothing is recorded,
+    # so both cores stay busy; no recorded cell is run again
+    by_seeds: dict[tuple[int, ...], list[str]] = {}
+    for arm in comparison.arms:
+        wanted = tuple(seed for seed in seeds if (arm, seed) in missing)
+        if wanted:
+            by_seeds.setdefault(wanted, []).append(arm)
+    for pending, arms in by_seeds.items():
+        console.print(f"{name} on {setup_name}: {', '.join(arms)} x seeds {list(pending)}")
+        bundle = {arm: comparison.arms[arm] for arm in arms}
+        plan = SweepPlan(read_yaml(config_path), fixed, {}, list(pending), str(config_path), bundle)
         plan.validate()
-        sweep_dir = work / f"{name}-{setup_name}" / f"seed{seed}"
+        sweep_dir = root / f"seeds{'-'.join(map(str, pending))}-{'-'.join(arms)}"
         plan.save(sweep_dir)
-        outcomes = SweepRunner(plan, sweep_dir, workers, console).run()
-        for cell in plan.cells():
-            outcome = outcomes[cell.name]
-            if outcome.state != "done":
-                console.print(f"  {cell.name}: {outcome.state} (its output.log says why); not recorded")
-                continue
-            record = record_of(cell.arm, seed, sweep_dir / cell.name, outcome.seconds, levels)
-            body["arms"][cell.arm]["runs"].append(record)
+        try:
+            SweepRunner(plan, sweep_dir, workers, console).run()
+        except StopRequested as stop:  # Ctrl-C / SIGTERM: the cells checkpointed; keep what finished
+            harvest(root, body, fixed, levels)
+            save(path, payload, smoke)
+            console.print(f"stopped; the same command continues ({stop})")
+            raise SystemExit(stop.exit_code) from None
+        harvest(root, body, fixed, levels)
         save(path, payload, smoke)
     save(path, payload, smoke)
     console.print(summary(payload))

@@ -111,6 +111,34 @@ def test_the_engine_sleeps_while_the_learner_updates_and_the_run_is_unchanged(tm
         torch.testing.assert_close(runs["true"][name], runs["false"][name], atol=0, rtol=0, msg=name)
 
 
+def test_train_and_demo_train_alike(tmp_path):
+    """`demo` evaluates before RL and `train` does not; the RL steps are the same all the same (the demo
+    config's asynchronous loop, a reward under which every step updates): every figure but the timings."""
+    from everyprompt.config import load_config
+    from everyprompt.pipeline.commands import demo
+    from tests.conftest import TINY_OVERRIDES
+
+    def config():
+        return load_config(None, [*TINY_OVERRIDES, "rewards.function=tests.trainer.flaky_reward:scattered"])
+
+    train(config(), run_dir=tmp_path / "train")
+    demo(config(), run_dir=tmp_path / "demo")
+
+    def figures(name):
+        rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        timing = ("_s", "_ms", "per_s", "occupancy")  # the clock's figures differ run to run
+        return [
+            {k: v for k, v in row.items() if not k.startswith("time/") and not k.endswith(timing)}
+            for row in rows
+        ]
+
+    trained, demoed = figures("train"), figures("demo")
+    assert len(trained) == 2 and any(row.get("actor/no_signal_update") == 0.0 for row in trained)
+    assert json.dumps(trained, sort_keys=True) == json.dumps(demoed, sort_keys=True)
+    final = json.loads((tmp_path / "train" / "eval.json").read_text())["greedy_accuracy"]
+    assert final == json.loads((tmp_path / "demo" / "summary.json").read_text())["accuracy_after_rl"]
+
+
 def test_a_damaged_checkpoint_is_named_and_the_run_resumes_from_the_newest_complete_one(tmp_path, caplog):
     train(tiny_config("rl.steps=2"), run_dir=tmp_path)  # step_1 and step_2 (latest)
     state = resolve_checkpoint(tmp_path) / "trainer_state.pt"
