@@ -297,6 +297,61 @@ def run(name: str, setup_name: str, seeds: list[int], path: Path, work: Path, sm
     console.print(summary(payload))
 
 
+README = ROOT / "README.md"
+MARKERS = ("<!-- claims-table -->", "<!-- /claims-table -->")
+
+
+def claims_table(payload: dict) -> str:
+    """The README's claims: every judged contrast of the pre-registered plan, as far as it has run."""
+    lines = [
+        "| comparison | set-up | contrast | seed pairs | mean, points | 95% interval | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    recorded = payload.get("comparisons", {})
+    for name, comparison in COMPARISONS.items():
+        baseline = next(iter(comparison.arms))
+        for setup_name in comparison.setups:
+            body = recorded.get(name, {}).get("setups", {}).get(setup_name, {})
+            found = {(c["arm"], c["reference"]): c for c in body.get("contrasts", [])}
+            for arm in comparison.judged:
+                c = found.get((arm, baseline))
+                wanted = len(SETUPS[setup_name].seeds)
+                if c is None or not c["seeds"]:
+                    cells = ["0", "–", "–", "not run yet"]
+                else:
+                    interval = c["interval"]
+                    cells = [
+                        str(len(c["seeds"])),
+                        f"{100 * c['mean_difference']:+.1f}",
+                        f"[{100 * interval[0]:+.1f}, {100 * interval[1]:+.1f}]" if interval else "–",
+                        f"**{c['verdict']}**"
+                        if c["verdict"]
+                        else f"incomplete ({len(c['seeds'])} of {wanted} seeds)",
+                    ]
+                lines.append(
+                    f"| {name.upper()} {comparison.title} | {setup_name} | {arm} - {baseline} | "
+                    + " | ".join(cells)
+                    + " |"
+                )
+    lines.append(
+        "\nThe plan, written before any run: docs/evidence.md. Held-out greedy accuracy after RL, the arm "
+        "minus the baseline seed by seed; a win when the 95% interval lies above 0. "
+        "`python bench/evidence.py --readme` writes this table from bench/results/evidence.json."
+    )
+    return "\n".join(lines)
+
+
+def readme_section(text: str) -> str:
+    start, end = (text.index(marker) for marker in MARKERS)
+    return text[start + len(MARKERS[0]) : end].strip("\n")
+
+
+def write_readme(payload: dict, readme: Path = README) -> None:
+    text = readme.read_text()
+    start, end = (text.index(marker) for marker in MARKERS)
+    readme.write_text(text[: start + len(MARKERS[0])] + "\n" + claims_table(payload) + "\n" + text[end:])
+
+
 def summary(payload: dict) -> str:
     lines = []
     for name, entry in payload["comparisons"].items():
@@ -329,12 +384,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", help="default: the setup's pre-registered seeds")
     parser.add_argument("--workers", type=int, default=2, help="runs at a time (each its share of the cores)")
     parser.add_argument("--summary", action="store_true", help="print the recorded contrasts, run nothing")
+    parser.add_argument("--readme", action="store_true", help="write the README's claims table, run nothing")
     parser.add_argument("--tiny", action="store_true", help="a smoke run on a 2-layer model (its own file)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     path = args.out / ("evidence_smoke.json" if args.tiny else "evidence.json")
     if args.summary:
         print(summary(load(path)))
+        return 0
+    if args.readme:
+        write_readme(load(path))
+        print("wrote the claims table into README.md")
         return 0
     if args.comparison is None or args.setup is None:
         parser.error("--comparison and --setup name what to run (or --summary)")

@@ -84,3 +84,31 @@ def test_evidence_bench_smoke(tmp_path):
     assert bench.main(argv) == 0
     again = json.loads((tmp_path / "evidence_smoke.json").read_text())
     assert again["comparisons"] == payload["comparisons"]
+
+
+def test_the_readme_claims_table_is_the_one_the_results_give():
+    """The README's claims table is generated (bench/evidence.py --readme); it must match the committed
+    evidence file."""
+    bench = _load("evidence")
+    expected = bench.claims_table(bench.load(bench.RESULTS / "evidence.json"))
+    assert bench.readme_section(bench.README.read_text()) == expected, (
+        "run `python bench/evidence.py --readme`"
+    )
+
+
+def test_the_claims_table_says_how_far_each_contrast_has_run():
+    bench = _load("evidence")
+    c1, tiny = bench.COMPARISONS["c1"], bench.SETUPS["tiny"]
+
+    def runs(values):
+        return {"runs": [{"seed": s, "greedy_accuracy": v} for s, v in enumerate(values)]}
+
+    arms = {"ppo-clip": runs([0.80] * 6), "espo": runs([0.82] * 6), "gspo": runs([0.80, 0.81])}
+    body = {"arms": arms, "contrasts": bench.contrasts(c1, tiny, arms)}
+    rows = bench.claims_table({"comparisons": {"c1": {"setups": {"tiny": body}}}}).splitlines()
+    assert rows[2] == "| C1 the policy loss | tiny | espo - ppo-clip | 6 | +2.0 | [+2.0, +2.0] | **win** |"
+    assert (
+        rows[3]
+        == "| C1 the policy loss | tiny | gspo - ppo-clip | 2 | +0.5 | [+0.0, +1.0] | incomplete (2 of 6 seeds) |"
+    )
+    assert rows[4].endswith("| smollm2 | espo - ppo-clip | 0 | – | – | not run yet |")
