@@ -259,7 +259,8 @@ def run(name: str, setup_name: str, seeds: list[int], path: Path, work: Path, sm
     payload = load(path)
     entry = payload["comparisons"].setdefault(name, {"title": comparison.title, "setups": {}})
     body = entry["setups"].setdefault(setup_name, {"arms": {}})
-    body["fixed"], body["seeds"] = fixed, list(setup.seeds)
+    body["fixed"] = [o.replace(f"{ROOT}/", "") for o in fixed]  # paths relative to the repository
+    body["seeds"] = list(setup.seeds)
     for arm, keys in comparison.arms.items():
         body["arms"].setdefault(arm, {"overrides": keys, "runs": []})
     root = work / f"{name}-{setup_name}"
@@ -352,27 +353,11 @@ def write_readme(payload: dict, readme: Path = README) -> None:
     readme.write_text(text[: start + len(MARKERS[0])] + "\n" + claims_table(payload) + "\n" + text[end:])
 
 
-def summary(payload: dict) -> str:
-    lines = []
-    for name, entry in payload["comparisons"].items():
-        for setup_name, body in entry["setups"].items():
-            lines.append(f"{name.upper()} {entry['title']}, {setup_name}:")
-            for arm, a in body["arms"].items():
-                values = [r["greedy_accuracy"] for r in sorted(a["runs"], key=lambda r: r["seed"])]
-                shown = " ".join(f"{100 * v:.1f}" for v in values) or "-"
-                lines.append(f"  {arm:>17}: {len(values)} seeds, greedy % {shown}")
-            for c in body.get("contrasts", []):
-                interval = c["interval"]
-                span = (
-                    f"[{100 * interval[0]:+.1f}, {100 * interval[1]:+.1f}]" if interval else "(no interval)"
-                )
-                said = c["verdict"] or ("not judged" if not c["judged"] else "incomplete")
-                mean = c["mean_difference"]
-                size = f"{100 * mean:+.1f}" if mean == mean else "-"
-                lines.append(
-                    f"  {c['arm']} - {c['reference']}: {size} pt {span}, {len(c['seeds'])} pairs: {said}"
-                )
-    return "\n".join(lines) or "no comparison recorded yet"
+def summary(payload: dict):
+    """The recorded contrasts as the console shows them (report/evidence.py's table)."""
+    from everyprompt.report.evidence import evidence_table
+
+    return evidence_table(payload)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -390,7 +375,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     path = args.out / ("evidence_smoke.json" if args.tiny else "evidence.json")
     if args.summary:
-        print(summary(load(path)))
+        from rich.console import Console
+
+        Console(width=140).print(summary(load(path)))
         return 0
     if args.readme:
         write_readme(load(path))
