@@ -111,7 +111,6 @@ def test_the_engine_sleeps_while_the_learner_updates_and_the_run_is_unchanged(tm
         torch.testing.assert_close(runs["true"][name], runs["false"][name], atol=0, rtol=0, msg=name)
 
 
-@pytest.mark.slow  # two runs of the asynchronous loop (~10 s): the default run's budget is tight
 def test_train_and_demo_train_alike(tmp_path):
     """`demo` evaluates before RL and `train` does not; the RL steps are the same all the same (the demo
     config's asynchronous loop, a reward under which every step updates): every figure but the timings."""
