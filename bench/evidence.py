@@ -172,7 +172,8 @@ def contrasts(comparison: Comparison, setup: Setup, arms: dict[str, dict]) -> li
         mine = {r["seed"]: r["greedy_accuracy"] for r in arms.get(arm, {}).get("runs", [])}
         theirs = {r["seed"]: r["greedy_accuracy"] for r in arms.get(reference, {}).get("runs", [])}
         seeds = sorted(set(mine) & set(theirs))
-        difference = paired_bootstrap([mine[s] - theirs[s] for s in seeds])
+        differences = [mine[s] - theirs[s] for s in seeds]
+        difference = paired_bootstrap(differences)
         complete = set(setup.seeds) <= set(seeds)
         out.append(
             {
@@ -180,11 +181,11 @@ def contrasts(comparison: Comparison, setup: Setup, arms: dict[str, dict]) -> li
                 "reference": reference,
                 "judged": judged,
                 "seeds": seeds,
-                "differences": [mine[s] - theirs[s] for s in seeds],
+                "differences": differences,
                 "mean_difference": difference.value,
                 "interval": None if difference.low is None else [difference.low, difference.high],
                 "complete": complete,
-                "verdict": (verdict(difference) if complete else None) if judged else None,
+                "verdict": verdict(difference) if judged and complete else None,
             }
         )
     return out
@@ -265,18 +266,12 @@ def run(name: str, setup_name: str, seeds: list[int], path: Path, work: Path, sm
         body["arms"].setdefault(arm, {"overrides": keys, "runs": []})
     root = work / f"{name}-{setup_name}"
     harvest(root, body, fixed, levels)  # cells a killed call finished on this machine
-    missing = [
-        (arm, seed)
-        for seed in seeds
-        for arm in comparison.arms
-        if not any(r["seed"] == seed for r in body["arms"][arm]["runs"])
-    ]
     # one sweep per set of arms that miss the same seeds: all of them at once when nothing is recorded,
     # so both cores stay busy; no recorded cell is run again
     by_seeds: dict[tuple[int, ...], list[str]] = {}
     for arm in comparison.arms:
-        wanted = tuple(seed for seed in seeds if (arm, seed) in missing)
-        if wanted:
+        recorded = {r["seed"] for r in body["arms"][arm]["runs"]}
+        if wanted := tuple(seed for seed in seeds if seed not in recorded):
             by_seeds.setdefault(wanted, []).append(arm)
     for pending, arms in by_seeds.items():
         console.print(f"{name} on {setup_name}: {', '.join(arms)} x seeds {list(pending)}")
@@ -293,7 +288,6 @@ def run(name: str, setup_name: str, seeds: list[int], path: Path, work: Path, sm
             console.print(f"stopped; the same command continues ({stop})")
             raise SystemExit(stop.exit_code) from None
         harvest(root, body, fixed, levels)
-        save(path, payload, smoke)
     save(path, payload, smoke)
     console.print(summary(payload))
 
@@ -304,6 +298,8 @@ MARKERS = ("<!-- claims-table -->", "<!-- /claims-table -->")
 
 def claims_table(payload: dict) -> str:
     """The README's claims: every judged contrast of the pre-registered plan, as far as it has run."""
+    from everyprompt.report.evidence import interval_text, signed
+
     lines = [
         "| comparison | set-up | contrast | seed pairs | mean, points | 95% interval | verdict |",
         "|---|---|---|---|---|---|---|",
@@ -320,11 +316,10 @@ def claims_table(payload: dict) -> str:
                 if c is None or not c["seeds"]:
                     cells = ["0", "–", "–", "not run yet"]
                 else:
-                    interval = c["interval"]
                     cells = [
                         str(len(c["seeds"])),
-                        f"{100 * c['mean_difference']:+.1f}",
-                        f"[{100 * interval[0]:+.1f}, {100 * interval[1]:+.1f}]" if interval else "–",
+                        signed(c["mean_difference"]),
+                        interval_text(c),
                         f"**{c['verdict']}**"
                         if c["verdict"]
                         else f"incomplete ({len(c['seeds'])} of {wanted} seeds)",

@@ -125,15 +125,9 @@ def decode(model, tokenizer, prompts, batches, new_tokens, repeats, dtype, devic
 def compiled_at(model, tokenizer, work, new_tokens, repeats, dtype, device, eager: dict) -> dict:
     """The compiled decode step (`rollout.compile=on`) on `work`, against `eager`'s `generate` time;
     the first call (tracing and compiling included) timed apart."""
-    from everyprompt.rollout import SamplingParams
-
     native = engine(model, tokenizer, len(work), dtype, device, compile="on")
-    params = SamplingParams(new_tokens)
-    first_s, _ = timed(device, 1, lambda: list(native.generate(work, params)))
-    seconds, completions = timed(device, repeats, lambda: list(native.generate(work, params)))
-    tokens = sum(len(c.token_ids) for c in completions)
-    assert tokens == len(work) * new_tokens, tokens
-    stats = native.stats
+    first_s, _, _ = equal_work(native, work, new_tokens, 1, device)
+    seconds, tokens, stats = equal_work(native, work, new_tokens, repeats, device)
     step_ms = stats["decode_step_ms"] + stats.get("sample_ms", 0.0)
     return {
         "compiled_s": seconds,
@@ -145,16 +139,22 @@ def compiled_at(model, tokenizer, work, new_tokens, repeats, dtype, device, eage
     }
 
 
-def decode_at(model, tokenizer, work, new_tokens, repeats, dtype, device) -> dict:
+def equal_work(native, work, new_tokens: int, repeats: int, device) -> tuple[float, int, dict]:
+    """The fastest of `repeats` generate calls of `work`, each sequence exactly `new_tokens` long (checked):
+    (seconds, tokens, the engine's stats of that call)."""
     from everyprompt.rollout import SamplingParams
 
+    params = SamplingParams(new_tokens)
+    seconds, completions = timed(device, repeats, lambda: list(native.generate(work, params)))
+    tokens = sum(len(c.token_ids) for c in completions)
+    assert tokens == len(work) * new_tokens, tokens
+    return seconds, tokens, dict(native.stats)
+
+
+def decode_at(model, tokenizer, work, new_tokens, repeats, dtype, device) -> dict:
     batch = len(work)
     native = engine(model, tokenizer, batch, dtype, device)
-    params = SamplingParams(new_tokens)
-    native_s, completions = timed(device, repeats, lambda: list(native.generate(work, params)))
-    tokens = sum(len(c.token_ids) for c in completions)
-    assert tokens == batch * new_tokens, tokens
-    stats = dict(native.stats)
+    native_s, tokens, stats = equal_work(native, work, new_tokens, repeats, device)
     inputs = left_padded(tokenizer, [r.prompt_ids for r in work], device)
     hf_s, out = timed(device, repeats, lambda: hf_sample(model, tokenizer, inputs, new_tokens))
     assert out.shape[1] - inputs["input_ids"].shape[1] == new_tokens

@@ -7,8 +7,6 @@ import base64
 import json
 import math
 import re
-import shutil
-import subprocess
 
 import pytest
 
@@ -26,6 +24,7 @@ from everyprompt.report.compare import (
 from everyprompt.report.html import render
 from everyprompt.report.runs import arms_of, differing_keys, load_runs
 from everyprompt.report.stats import Spread, bootstrap_difference
+from tests.report.browser import laid_out, needs_chromium, screenshot
 
 NAN = float("nan")
 
@@ -204,46 +203,14 @@ def test_report_cli_single_run_html_and_several_runs(tmp_path, capsys):
     assert main(["report", str(tmp_path / "nowhere")]) == 2
 
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine: `make chromium` installs Debian's")
+@needs_chromium
 def test_the_page_in_headless_chromium(tmp_path):
     """The browser's view: the table and every figure are there, and every figure decodes as an image."""
     paths = _two_arms(tmp_path / "runs")
     runs = load_runs(paths)
     page = render(runs, arms_of(runs), "ablation")
-    expected = len(_figure_titles(page))
-    # the test's probe, appended to a copy (the report itself has no script): what the browser laid out
-    probe = (
-        "<script>window.addEventListener('load', () => { const images = [...document.images];"
-        "document.body.setAttribute('data-decoded', images.filter(i => i.complete && i.naturalWidth > 0).length);"
-        "document.body.setAttribute('data-rows', document.querySelectorAll('#summary tbody tr').length); });"
-        "</script>"
-    )
-    (tmp_path / "probe.html").write_text(page.replace("</body>", probe + "</body>"))
-    flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000"]
-    dom = subprocess.run(
-        [*flags, "--dump-dom", f"file://{tmp_path / 'probe.html'}"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    ).stdout
-    assert f'data-decoded="{expected}"' in dom and 'data-rows="2"' in dom
-    (tmp_path / "report.html").write_text(page)
-    shot = tmp_path / "report.png"
-    subprocess.run(
-        [
-            *flags,
-            "--hide-scrollbars",
-            "--window-size=1280,2000",
-            f"--screenshot={shot}",
-            f"file://{tmp_path / 'report.html'}",
-        ],
-        capture_output=True,
-        timeout=120,
-    )
-    assert shot.stat().st_size > 20_000  # a drawn page, not a blank one
+    assert laid_out(page, tmp_path, "#summary tbody tr") == (len(_figure_titles(page)), 2)
+    assert screenshot(page, tmp_path).stat().st_size > 20_000  # a drawn page, not a blank one
 
 
 def test_a_damaged_sweep_file_is_named_not_a_traceback(tmp_path, capsys):

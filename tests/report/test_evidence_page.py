@@ -5,13 +5,10 @@ from __future__ import annotations
 import base64
 import json
 import re
-import shutil
-import subprocess
-
-import pytest
 
 from everyprompt.cli import main
 from everyprompt.report.evidence import is_evidence, render_evidence
+from tests.report.browser import laid_out, needs_chromium
 from tests.test_bench import _load
 
 
@@ -62,23 +59,7 @@ def test_report_reads_an_evidence_file(tmp_path, capsys):
     assert "incomplete (2 seed pairs so far)" in render_evidence(incomplete)
 
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine: `make chromium` installs Debian's")
+@needs_chromium
 def test_the_evidence_page_in_headless_chromium(tmp_path):
     page = render_evidence(_payload())
-    probe = (
-        "<script>window.addEventListener('load', () => { const images = [...document.images];"
-        "document.body.setAttribute('data-decoded', images.filter(i => i.complete && i.naturalWidth > 0).length);"
-        "document.body.setAttribute('data-rows', document.querySelectorAll('tbody tr').length); });</script>"
-    )
-    (tmp_path / "probe.html").write_text(page.replace("</body>", probe + "</body>"))
-    flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000"]
-    dom = subprocess.run(
-        [*flags, "--dump-dom", f"file://{tmp_path / 'probe.html'}"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    ).stdout
-    assert 'data-decoded="1"' in dom and 'data-rows="6"' in dom  # 3 arms and 3 contrasts
+    assert laid_out(page, tmp_path, "tbody tr") == (1, 6)  # the figure; 3 arms and 3 contrasts

@@ -185,6 +185,17 @@ def arm_curve(arm: Arm, key: str) -> tuple[list[int], list[float], list[float], 
     )
 
 
+def png_of(figure, dpi: int = 110) -> bytes:
+    """A matplotlib figure laid out, drawn to PNG bytes, and closed."""
+    import matplotlib.pyplot as plt
+
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=dpi)
+    plt.close(figure)
+    return buffer.getvalue()
+
+
 def figures(arms: list[Arm]) -> list[tuple[str, bytes]]:
     """(title, PNG) of every FIGURES entry some run logged: one panel per key, one line per arm with its
     seeds' range shaded."""
@@ -218,9 +229,5 @@ def figures(arms: list[Arm]) -> list[tuple[str, bytes]]:
             axis.tick_params(labelsize=8)
             axis.grid(alpha=0.3)
         axes.flat[0].legend(fontsize=7)
-        figure.tight_layout()
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format="png", dpi=100)
-        plt.close(figure)
-        drawn.append((title, buffer.getvalue()))
+        drawn.append((title, png_of(figure, dpi=100)))
     return drawn

@@ -10,12 +10,12 @@ each arm's per-seed points, the seeds joined across arms, beside each contrast's
 
 from __future__ import annotations
 
-import base64
 import json
 from html import escape
 from pathlib import Path
 
-from everyprompt.report.html import STYLE, html_table
+from everyprompt.report.compare import png_of
+from everyprompt.report.html import STYLE, html_figure, html_table
 
 KIND = "evidence"  # the file's `benchmark`
 
@@ -34,8 +34,15 @@ def _points(value) -> str:
     return "–" if value is None or value != value else f"{100 * value:.1f}"
 
 
-def _signed(value) -> str:
+def signed(value) -> str:
+    """A difference of fractions in signed points ("–" when there is none)."""
     return "–" if value is None or value != value else f"{100 * value:+.1f}"
+
+
+def interval_text(contrast: dict) -> str:
+    """A contrast's interval in signed points, "[low, high]" ("–" without one)."""
+    interval = contrast["interval"]
+    return f"[{signed(interval[0])}, {signed(interval[1])}]" if interval else "–"
 
 
 def said(contrast: dict) -> str:
@@ -55,8 +62,6 @@ def rows(payload: dict):
 def _figure(body: dict) -> bytes | None:
     """Per-seed held-out accuracy of each arm (the same seed joined across arms), and each contrast's mean
     paired difference with its interval."""
-    import io
-
     import matplotlib
 
     matplotlib.use("Agg")
@@ -94,11 +99,7 @@ def _figure(body: dict) -> bytes | None:
     right.set_title("contrasts", fontsize=9)
     for axis in (left, right):
         axis.tick_params(labelsize=8)
-    figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=110)
-    plt.close(figure)
-    return buffer.getvalue()
+    return png_of(figure)
 
 
 def _section(name: str, title: str, setup: str, body: dict) -> str:
@@ -125,9 +126,9 @@ def _section(name: str, title: str, setup: str, body: dict) -> str:
         [
             escape(f"{c['arm']} - {c['reference']}"),
             str(len(c["seeds"])),
-            escape(" ".join(_signed(d) for d in c["differences"]) or "–"),
-            _signed(c["mean_difference"]),
-            escape(f"[{_signed(c['interval'][0])}, {_signed(c['interval'][1])}]") if c["interval"] else "–",
+            escape(" ".join(signed(d) for d in c["differences"]) or "–"),
+            signed(c["mean_difference"]),
+            escape(interval_text(c)),
             f"<strong>{escape(said(c))}</strong>",
         ]
         for c in body.get("contrasts", [])
@@ -136,11 +137,7 @@ def _section(name: str, title: str, setup: str, body: dict) -> str:
     html.append(html_table(head, contrast_rows, 1))
     png = _figure(body)
     if png is not None:
-        data = base64.b64encode(png).decode("ascii")
-        html.append(
-            f"<figure><figcaption>{escape(name.upper())}, {escape(setup)}</figcaption>"
-            f'<img alt="{escape(name)} {escape(setup)}" src="data:image/png;base64,{data}"></figure>'
-        )
+        html.append(html_figure(f"{name.upper()}, {setup}", png))
     return "\n".join(html)
 
 
@@ -172,9 +169,8 @@ def evidence_table(payload: dict):
         table.add_column(column)
     for name, _, setup, body in rows(payload):
         for c in body.get("contrasts", []):
-            interval = f"[{_signed(c['interval'][0])}, {_signed(c['interval'][1])}]" if c["interval"] else "–"
             table.add_row(
                 name, setup, f"{c['arm']} - {c['reference']}", str(len(c["seeds"])),
-                _signed(c["mean_difference"]), interval, said(c),
+                signed(c["mean_difference"]), interval_text(c), said(c),
             )  # fmt: skip
     return table

@@ -38,6 +38,16 @@ def html_table(head: list[str], rows: list[list[str]], numeric_from: int = 1, ta
     return "\n".join(lines) + "</tbody></table>"
 
 
+def html_figure(caption: str, png: bytes, ident: str = "") -> str:
+    """A PNG inline (base64) under its caption: the page needs no file beside it."""
+    data = base64.b64encode(png).decode("ascii")
+    attribute = f' id="{escape(ident)}"' if ident else ""
+    return (
+        f"<figure{attribute}><figcaption>{escape(caption)}</figcaption>"
+        f'<img alt="{escape(caption)}" src="data:image/png;base64,{data}"></figure>'
+    )
+
+
 def _runs_section(runs: list[RunRecord], arms: list[Arm]) -> str:
     arm_of = {id(run): arm.name for arm in arms for run in arm.runs}
     rows = []
@@ -136,12 +146,7 @@ def render(runs: list[RunRecord], arms: list[Arm], title: str) -> str:
         '<p class="muted">each arm: the mean over its seeds (per-step series over 20 steps smoothed by a moving '
         "mean over a tenth of the run), the shaded band the seeds' range.</p>",
     ]
-    for index, (name, png) in enumerate(figures(arms)):
-        data = base64.b64encode(png).decode("ascii")
-        sections.append(
-            f'<figure id="figure-{index}"><figcaption>{escape(name)}</figcaption>'
-            f'<img alt="{escape(name)}" src="data:image/png;base64,{data}"></figure>'
-        )
+    sections += [html_figure(name, png, f"figure-{index}") for index, (name, png) in enumerate(figures(arms))]
     sections += ["<h2>Warnings and counted errors</h2>", _problems_section(runs)]
     body = "\n".join(sections)
     return (

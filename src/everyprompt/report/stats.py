@@ -71,9 +71,7 @@ def bootstrap_difference(
     a, r = np.asarray(arm.values), np.asarray(reference.values)
     draws_a = a[generator.integers(0, a.size, size=(resamples, a.size))].mean(axis=1)
     draws_r = r[generator.integers(0, r.size, size=(resamples, r.size))].mean(axis=1)
-    tail = (1 - level) / 2 * 100
-    low, high = np.percentile(draws_a - draws_r, [tail, 100 - tail])
-    return Difference(value, float(low), float(high))
+    return _percentile_interval(value, draws_a - draws_r, level)
 
 
 def paired_bootstrap(
@@ -89,8 +87,13 @@ def paired_bootstrap(
     if values.size < 2:
         return Difference(value, None, None)
     draws = values[np.random.default_rng(seed).integers(0, values.size, size=(resamples, values.size))]
+    return _percentile_interval(value, draws.mean(axis=1), level)
+
+
+def _percentile_interval(value: float, draws, level: float) -> Difference:
+    """`value` with the central `level` interval of its bootstrap `draws`."""
     tail = (1 - level) / 2 * 100
-    low, high = np.percentile(draws.mean(axis=1), [tail, 100 - tail])
+    low, high = np.percentile(draws, [tail, 100 - tail])
     return Difference(value, float(low), float(high))
 
 

@@ -102,6 +102,8 @@ class NativeEngine:
         self._open_calls = 0  # generate() iterators not yet finished (the shared cache serves one)
         self.stats: dict[str, float] = {}  # the last generate call's throughput figures
         self.load_weights(state_dict)
+        # a mixture-of-experts model: its routers' choices can be recorded (kept while the engine sleeps)
+        self.can_record_routes = any(layer.router is not None for layer in self.layers)
         if self.moe.routed_only(self.layers, self.device, dtype):
             self.compiler.keep_eager("its experts run one at a time on the CPU, which a compiled step cannot")
 
@@ -145,8 +147,6 @@ class NativeEngine:
         self.layers = [
             read_layer(weights, self.family, self.attention, i) for i in range(self.config.num_hidden_layers)
         ]
-        # a mixture-of-experts model: its routers' choices can be recorded
-        self.can_record_routes = any(layer.router is not None for layer in self.layers)
 
     def sleep(self) -> None:
         """Drop the weights and the KV cache's storage until the next `load_weights` (base.py)."""
