@@ -46,7 +46,7 @@ def test_contrasts_pair_by_seed_and_judge_only_complete_ones():
     assert not reported["judged"] and reported["verdict"] is None
 
 
-@pytest.mark.parametrize("name", ["c1", "c2", "c3", "c4"])
+@pytest.mark.parametrize("name", ["c1", "c2", "c3", "c4", "c5-hard", "c5-groups", "c5-long", "c5-offpolicy"])
 def test_every_preregistered_cell_is_a_valid_config(name, tmp_path):
     from everyprompt.config import demo_config_path, read_yaml
     from everyprompt.sweep import SweepPlan
@@ -63,6 +63,33 @@ def test_every_preregistered_cell_is_a_valid_config(name, tmp_path):
         assert len(plan.cells()) == len(comparison.arms) * len(setup.seeds)
         if comparison.equal_rollouts:  # plain GRPO's rollouts at the setup's step count
             assert any(o.startswith("rl.max_rollouts=") for o in fixed)
+
+
+def test_the_second_step_changes_one_thing_each():
+    """docs/evidence.md's second step: PPO-clip and ESPO with C1's keys on the tiny set-up, each condition
+    one change to C1's runs (levels, group size, steps, mini-batches), every condition in the doc."""
+    from everyprompt.config import load_config
+
+    from tests.test_bench import ROOT
+
+    bench = _load("evidence")
+    c1, tiny = bench.COMPARISONS["c1"], bench.SETUPS["tiny"]
+    base = load_config(None, bench.fixed_overrides(c1, tiny, [], None, tiny.steps))
+    doc = (ROOT / "docs" / "evidence.md").read_text()
+    changed = {
+        "c5-hard": ("levels", [5]),
+        "c5-groups": ("group_size", 4),
+        "c5-long": ("steps", 360),
+        "c5-offpolicy": ("mini_batches", 8),
+    }
+    for name, (key, value) in changed.items():
+        comparison = bench.COMPARISONS[name]
+        assert comparison.arms == {arm: c1.arms[arm] for arm in ("ppo-clip", "espo")}
+        config = load_config(None, bench.fixed_overrides(comparison, tiny, [], None, tiny.steps))
+        assert getattr(config.rl, key) == value != getattr(base.rl, key)
+        differs = {k for k, v in config.rl.model_dump().items() if v != base.rl.model_dump()[k]}
+        assert differs == {key}
+        assert f"`{name}`" in doc or f"--comparison {name}" in doc
 
 
 @pytest.mark.slow  # an SFT checkpoint and six short runs, each a process (~1 min)

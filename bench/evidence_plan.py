@@ -1,0 +1,115 @@
+"""The plan of docs/evidence.md as data: the set-ups (a model and its base config) and the comparisons
+(arms, the judged and reported contrasts, the set-ups each runs on), which bench/evidence.py runs and
+judges."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from common import ROOT
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A model and base config every comparison on it shares."""
+
+    config: Path | None  # None: the demo config
+    seeds: tuple[int, ...]
+    steps: int  # RL steps of a run; the equal-rollout budget is steps x prompts x group size
+    shared_sft: bool  # every run starts from one SFT checkpoint (SFT seed 1)
+    needs: Path | None = None  # a model the setup needs (`make smollm2`, `make smollm2-moe`)
+
+
+SETUPS = {
+    "tiny": Setup(None, (0, 1, 2, 3, 4, 5), 120, True),
+    "smollm2": Setup(
+        ROOT / "configs" / "smollm2.yaml", (0, 1, 2), 30, False, ROOT / "models" / "smollm2-135m-instruct"
+    ),
+    "smollm2-moe": Setup(
+        ROOT / "configs" / "smollm2-moe.yaml", (0, 1, 2), 10, False, ROOT / "models" / "smollm2-moe"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    title: str
+    arms: dict[str, list[str]]  # the first is the baseline
+    judged: tuple[str, ...]  # arms judged against the baseline
+    reported: tuple[tuple[str, str], ...]  # (arm, reference) pairs reported, not judged
+    setups: tuple[str, ...]
+    fixed: tuple[str, ...] = ()
+    equal_rollouts: bool = False  # the same generated rollouts (rl.max_rollouts), not the same steps
+    steps_factor: int = 1  # runs this many times the setup's RL steps
+    exploratory: bool = False  # the second step's: candidates, not README claims (docs/evidence.md)
+
+
+DYNAMIC_SAMPLING = [
+    "zve.enabled=true",
+    "zve.expansion.max_group_size=8",
+    "zve.expansion.dynamic_sampling=true",
+    "zve.reshape.enabled=false",
+    "zve.zvp.enabled=false",
+    "zve.retirement.enabled=false",
+]
+COMPARISONS = {
+    "c1": Comparison(
+        "the policy loss",
+        {"ppo-clip": ["rl.loss=ppo_clip"], "espo": ["rl.loss=espo"], "gspo": ["rl.loss=gspo"]},
+        ("espo", "gspo"),
+        (("espo", "gspo"),),
+        ("tiny", "smollm2"),
+    ),
+    "c2": Comparison(
+        "zero-variance handling at equal compute",
+        {"grpo": ["zve.enabled=false"], "dynamic-sampling": DYNAMIC_SAMPLING, "zve": ["zve.enabled=true"]},
+        ("dynamic-sampling", "zve"),
+        (("zve", "dynamic-sampling"),),
+        ("tiny", "smollm2"),
+        equal_rollouts=True,
+    ),
+    "c3": Comparison(
+        "router replay with bf16 rollouts",
+        {"no-replay": ["rl.router_replay=off"], "r3": ["rl.router_replay=r3"]},
+        ("r3",),
+        (),
+        ("tiny", "smollm2-moe"),
+        fixed=("rollout.precision=bf16", "rl.old_logprobs=recompute"),
+    ),
+    "c4": Comparison(
+        "a ternary judge against a scalar reward model (simulated, same error rate)",
+        {
+            "scalar-rm": ["rewards.function=evidence_rewards:scalar_rm"],
+            "genrm": ["rewards.function=evidence_rewards:genrm"],
+        },
+        ("genrm",),
+        (),
+        ("tiny",),
+        fixed=("eval.reward=math",),  # held-out answers judged by their correctness, not by the model
+    ),
+}
+
+
+def _espo_where(condition: str, *keys: str, steps_factor: int = 1) -> Comparison:
+    """A condition of the second, exploratory step (docs/evidence.md): C1's PPO-clip and ESPO, one change."""
+    c1 = COMPARISONS["c1"]
+    arms = {arm: c1.arms[arm] for arm in ("ppo-clip", "espo")}
+    return Comparison(
+        f"ESPO where it might win (exploratory): {condition}",
+        arms,
+        ("espo",),
+        (),
+        ("tiny",),
+        keys,
+        steps_factor=steps_factor,
+        exploratory=True,
+    )
+
+
+COMPARISONS |= {
+    "c5-hard": _espo_where("harder prompts", "rl.levels=[5]"),
+    "c5-groups": _espo_where("smaller groups", "rl.group_size=4"),
+    "c5-long": _espo_where("longer runs", steps_factor=3),
+    "c5-offpolicy": _espo_where("more updates per batch", "rl.mini_batches=8"),
+}
