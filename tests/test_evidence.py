@@ -69,7 +69,6 @@ def test_the_second_step_changes_one_thing_each():
     """docs/evidence.md's second step: PPO-clip and ESPO with C1's keys on the tiny set-up, each condition
     one change to C1's runs (levels, group size, steps, mini-batches), every condition in the doc."""
     from everyprompt.config import load_config
-
     from tests.test_bench import ROOT
 
     bench = _load("evidence")
