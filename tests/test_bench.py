@@ -21,6 +21,7 @@ def _load(name: str):
     return module
 
 
+@pytest.mark.slow  # ~22 s; the losses it runs are tested in tests/algorithms/, the sweep behind it in tests/sweep/
 def test_algorithms_bench_smoke(tmp_path, capsys):
     bench = _load("algorithms")
     args = "--tiny --steps 2 --evals 1 --workers 1 --seeds 0".split() + ["--out", str(tmp_path)]
@@ -37,6 +38,7 @@ def test_algorithms_bench_smoke(tmp_path, capsys):
     assert "Policy-loss ablation" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # ~22 s; ZVE's stages and runs are tested in tests/zve/
 def test_zve_bench_smoke(tmp_path, capsys):
     bench = _load("zve")
     args = "--tiny --budget 8 --evals 1 --workers 1 --seeds 0 --methods GRPO ZVE".split()
