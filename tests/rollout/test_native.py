@@ -278,7 +278,7 @@ def test_batched_experts_equal_a_per_token_reference():
     import torch.nn.functional as F
 
     generator = torch.Generator().manual_seed(0)
-    tokens, hidden, inner, num_experts = 7, 8, 5, 4
+    tokens, hidden, inner, num_experts = 7, 8, 4, 4  # sizes in 16-byte units, as grouped_mm wants
     flat = torch.randn(tokens, hidden, generator=generator)
     gate_up = torch.randn(num_experts, hidden, 2 * inner, generator=generator)
     down = torch.randn(num_experts, inner, hidden, generator=generator)
@@ -290,12 +290,17 @@ def test_batched_experts_equal_a_per_token_reference():
             e = int(experts[t, k])
             gate, up = (flat[t] @ gate_up[e]).chunk(2)
             expected[t] += weights[t, k] * ((F.silu(gate) * up) @ down[e])
-    from everyprompt.rollout.native.moe import experts_batched, experts_grouped
+    from everyprompt.rollout.native.moe import experts_batched, experts_grouped, experts_grouped_mm
 
-    for path in (experts_batched, experts_grouped):
-        torch.testing.assert_close(
-            path(gate_up, down, flat, weights, experts), expected, atol=1e-5, rtol=1e-5
-        )
+    column_major = (gate_up.transpose(1, 2).contiguous().transpose(1, 2), down)  # as fp8's operand() gives
+    for path in (experts_batched, experts_grouped, experts_grouped_mm):
+        for operands in ((gate_up, down), column_major):
+            got = path(*operands, flat, weights, experts)
+            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    # a last expert no token chose: an empty last group, which changes nothing
+    unused = torch.cat([gate_up, torch.full_like(gate_up[:1], float("nan"))])
+    got = experts_grouped_mm(unused, torch.cat([down, down[:1]]), flat, weights, experts)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
 def test_grouped_sigmoid_routing_by_hand():
@@ -355,21 +360,26 @@ def test_router_logits_alone_are_recorded_without_routes(tiny_model):
     assert completion.router_logits.shape[0] == len(completion.prompt_ids) + len(completion.token_ids) - 1
 
 
-def test_batched_and_grouped_expert_paths_agree(tiny_model):
-    """Decode steps and short prefills run the experts batched over padded row blocks, long prefills one
-    expert at a time: same completions."""
+def test_batched_and_grouped_expert_paths_agree(tiny_model, monkeypatch):
+    """Decode steps and short prefills run the experts batched over padded row blocks, or (large experts
+    on the CPU) as grouped matmuls, long prefills one expert at a time: same completions."""
+    import everyprompt.rollout.native.moe as moe
+
     model, tokenizer = tiny_model
     requests = _requests(tokenizer, PROMPTS * 3)
     params = SamplingParams(12, record_routes=True)
     dense = NativeEngine.from_model(model, tokenizer)
-    grouped = NativeEngine.from_model(model, tokenizer)
-    grouped.moe.batched_tokens = 0  # never batched
-    by_id = {c.request_id: c for c in grouped.generate(requests, params)}
+    one_at_a_time = NativeEngine.from_model(model, tokenizer)
+    one_at_a_time.moe.batched_tokens = 0  # never batched
+    by_id = {c.request_id: c for c in one_at_a_time.generate(requests, params)}
+    monkeypatch.setattr(moe, "GROUPED_EXPERT_BYTES", 1)  # every expert counts as large: grouped matmuls
+    grouped = NativeEngine.from_model(model, tokenizer, compile="off")
+    grouped_by_id = {c.request_id: c for c in grouped.generate(requests, params)}
     for completion in dense.generate(requests, params):
-        reference = by_id[completion.request_id]
-        assert completion.token_ids == reference.token_ids
-        torch.testing.assert_close(completion.logprobs, reference.logprobs, atol=1e-5, rtol=0)
-        assert torch.equal(completion.routed_experts, reference.routed_experts)
+        for reference in (by_id[completion.request_id], grouped_by_id[completion.request_id]):
+            assert completion.token_ids == reference.token_ids
+            torch.testing.assert_close(completion.logprobs, reference.logprobs, atol=1e-5, rtol=0)
+            assert torch.equal(completion.routed_experts, reference.routed_experts)
 
 
 def test_interleaved_generate_calls_do_not_share_a_cache(tiny_model):
@@ -404,9 +414,11 @@ def test_recording_routes_of_a_dense_model_is_a_clear_error(tiny_model, flag):
         list(engine.generate(_requests(tokenizer, PROMPTS[:1]), SamplingParams(4, **{flag: True})))
 
 
-def test_experts_too_large_for_the_cpu_caches_run_one_at_a_time(tiny_model):
-    """The CPU decodes experts of 1 MiB or more one at a time (only the chosen ones' weights are read);
-    small ones, as the tiny demo model's, stay batched; long prefills are grouped whatever the size."""
+def test_experts_too_large_for_the_cpu_caches_run_grouped(tiny_model, monkeypatch):
+    """The CPU decodes experts of 1 MiB or more as grouped matmuls (only the chosen ones' weights are
+    read; one at a time where torch has no grouped_mm); small ones, as the tiny demo model's, stay
+    batched; long prefills run one expert at a time whatever the size."""
+    import everyprompt.rollout.native.moe as moe
     from everyprompt.rollout.native.families import FAMILIES
     from everyprompt.rollout.native.moe import GROUPED_EXPERT_BYTES, MixtureOfExperts
 
@@ -414,10 +426,21 @@ def test_experts_too_large_for_the_cpu_caches_run_one_at_a_time(tiny_model):
     layer = MixtureOfExperts(model.config, FAMILIES[model.config.model_type])
     flat = torch.zeros(4, 32)
     small = (torch.zeros(8, 32, 64), torch.zeros(8, 32, 32))
-    hidden, inner = 256, GROUPED_EXPERT_BYTES // 4 // (3 * 256) + 1  # just over 1 MiB of fp32
+    hidden, inner = (
+        256,
+        GROUPED_EXPERT_BYTES // 4 // (3 * 256) + 3,
+    )  # just over 1 MiB of fp32, 344 = 16-byte rows
     large = (torch.zeros(8, hidden, 2 * inner), torch.zeros(8, inner, hidden))
-    assert layer._batched(flat, *small) and not layer._batched(flat, *large)
-    assert not layer._batched(torch.zeros(layer.batched_tokens + 1, 32), *small)
+    odd = (torch.zeros(8, hidden, 2 * inner + 2), torch.zeros(8, inner + 1, hidden))  # rows of 1380 bytes
+    assert moe.GROUPED_MM  # the torch this project tests with has it
+    assert layer._path(flat, *small) is moe.experts_batched
+    assert layer._path(flat, *large) is moe.experts_grouped_mm
+    assert layer._path(torch.zeros(layer.batched_tokens + 1, 32), *small) is moe.experts_grouped
+    assert layer._path(flat, *odd) is moe.experts_grouped  # grouped_mm wants 16-byte strides
+    shifted = torch.zeros(8 * hidden * 2 * inner + 1)[1:].view(8, hidden, 2 * inner)  # starts 4 bytes in
+    assert layer._path(flat, shifted, large[1]) is moe.experts_grouped
+    monkeypatch.setattr(moe, "GROUPED_MM", False)
+    assert layer._path(flat, *large) is moe.experts_grouped
 
 
 def test_auto_compile_stays_eager_where_experts_run_one_at_a_time(tiny_model, monkeypatch):

@@ -105,7 +105,9 @@ class NativeEngine:
         # a mixture-of-experts model: its routers' choices can be recorded (kept while the engine sleeps)
         self.can_record_routes = any(layer.router is not None for layer in self.layers)
         if self.moe.routed_only(self.layers, self.device, dtype):
-            self.compiler.keep_eager("its experts run one at a time on the CPU, which a compiled step cannot")
+            self.compiler.keep_eager(
+                "on the CPU its experts read only the routed weights, which a compiled step cannot"
+            )
 
     @classmethod
     def check_config(cls, config) -> None:
