@@ -173,3 +173,31 @@ def test_on_stops_at_a_failing_compile(tiny_model, monkeypatch):
     engine = NativeEngine.from_model(model, tokenizer, batch_size=4, compile="on")
     with pytest.raises(RuntimeError, match="inductor cannot lower this graph"):
         list(engine.generate(_requests(tokenizer), SamplingParams(4)))
+
+
+@pytest.mark.slow
+def test_a_compiled_step_runs_large_experts_over_their_own_tokens(tiny_model, monkeypatch):
+    """Experts large enough to run over their own tokens on the CPU stay one opaque operator in the
+    compiled step (everyprompt::routed_experts): it is called at every compiled step, reads only the
+    routed experts, and the samples equal the eager engine's."""
+    import everyprompt.rollout.native.moe as moe
+
+    model, tokenizer = tiny_model
+    monkeypatch.setattr(moe, "GROUPED_EXPERT_BYTES", 1)  # the tiny model's experts count as large
+    calls = []
+    grouped = moe.experts_grouped_mm
+    monkeypatch.setattr(moe, "experts_grouped_mm", lambda *a: calls.append(a[2].shape[0]) or grouped(*a))
+    params = SamplingParams(12, record_routes=True)
+    eager = _by_id(
+        NativeEngine.from_model(model, tokenizer, batch_size=4).generate(_requests(tokenizer), params)
+    )
+    compiled = NativeEngine.from_model(model, tokenizer, batch_size=4, compile="on")
+    calls.clear()
+    got = _by_id(compiled.generate(_requests(tokenizer), params))
+    assert compiled.stats["compiled"] == 1.0
+    layers = sum(layer.router is not None for layer in compiled.layers)
+    assert len(calls) >= layers * 11  # every layer of every decode step (prefills too)
+    for request_id, reference in eager.items():
+        assert got[request_id].token_ids == reference.token_ids
+        torch.testing.assert_close(got[request_id].logprobs, reference.logprobs, atol=1e-5, rtol=0)
+        assert torch.equal(got[request_id].routed_experts, reference.routed_experts)

@@ -434,29 +434,18 @@ def test_experts_too_large_for_the_cpu_caches_run_grouped(tiny_model, monkeypatc
     odd = (torch.zeros(8, hidden, 2 * inner + 2), torch.zeros(8, inner + 1, hidden))  # rows of 1380 bytes
     assert moe.GROUPED_MM  # the torch this project tests with has it
     assert layer._path(flat, *small) is moe.experts_batched
-    assert layer._path(flat, *large) is moe.experts_grouped_mm
+    assert layer._path(flat, *large) is moe.experts_routed
     assert layer._path(torch.zeros(layer.batched_tokens + 1, 32), *small) is moe.experts_grouped
-    assert layer._path(flat, *odd) is moe.experts_grouped  # grouped_mm wants 16-byte strides
+    calls = []
+    for name in ("experts_grouped_mm", "experts_grouped"):
+        monkeypatch.setattr(moe, name, lambda *a, name=name: calls.append(name))
+    moe.experts_routed(*large, flat, None, None)
+    moe.experts_routed(*odd, flat, None, None)  # grouped_mm wants 16-byte strides
     shifted = torch.zeros(8 * hidden * 2 * inner + 1)[1:].view(8, hidden, 2 * inner)  # starts 4 bytes in
-    assert layer._path(flat, shifted, large[1]) is moe.experts_grouped
+    moe.experts_routed(shifted, large[1], flat, None, None)
     monkeypatch.setattr(moe, "GROUPED_MM", False)
-    assert layer._path(flat, *large) is moe.experts_grouped
-
-
-def test_auto_compile_stays_eager_where_experts_run_one_at_a_time(tiny_model, monkeypatch):
-    """A compiled step multiplies every expert; where eager steps read only the routed ones (the CPU, large
-    experts), `auto` never compiles; `on`, asked for by name, still does; the tiny model's small experts
-    keep `auto`."""
-    import everyprompt.rollout.native.moe as moe
-
-    model, tokenizer = tiny_model
-    assert NativeEngine.from_model(model, tokenizer, compile="auto").compiler.mode == "auto"
-    monkeypatch.setattr(moe, "GROUPED_EXPERT_BYTES", 1)  # every expert counts as large
-    assert NativeEngine.from_model(model, tokenizer, compile="auto").compiler.mode == "off"
-    assert NativeEngine.from_model(model, tokenizer, compile="on").compiler.mode == "on"
-    for precision in ("bf16", "fp8"):  # the bytes of what a call multiplies: fp8 is dequantised there
-        engine = NativeEngine.from_model(model, tokenizer, precision=precision, compile="auto")
-        assert engine.compiler.mode == "off"
+    moe.experts_routed(*large, flat, None, None)
+    assert calls == ["experts_grouped_mm", "experts_grouped", "experts_grouped", "experts_grouped"]
 
 
 def test_a_groups_prompt_is_prefilled_once_and_its_samples_equal_decoding_alone(tiny_model, monkeypatch):

@@ -70,13 +70,6 @@ class DecodeCompiler:
         self._marked: weakref.ref | None = None  # the first cache tensor of the caches last marked dynamic
         self.failure: str | None = None  # auto: why compiling failed (the engine then stays eager)
 
-    def keep_eager(self, reason: str) -> None:
-        """`auto` stays eager for good (`on`, asked for by name, is kept): the compiled step would be the
-        slower one, for `reason`."""
-        if self.mode == "auto":
-            log.info("rollout.compile=auto: decoding stays eager: %s", reason)
-            self.mode = "off"
-
     @property
     def bound(self) -> bool:
         return self._forward is not None

@@ -104,10 +104,6 @@ class NativeEngine:
         self.load_weights(state_dict)
         # a mixture-of-experts model: its routers' choices can be recorded (kept while the engine sleeps)
         self.can_record_routes = any(layer.router is not None for layer in self.layers)
-        if self.moe.routed_only(self.layers, self.device, dtype):
-            self.compiler.keep_eager(
-                "on the CPU its experts read only the routed weights, which a compiled step cannot"
-            )
 
     @classmethod
     def check_config(cls, config) -> None:

@@ -3,8 +3,9 @@
 chosen experts' SwiGLU outputs are summed with those weights, and a shared expert is added where the
 family has one. The experts run batched (all in two bmm calls over padded row blocks) for decode steps and
 short prefills; on the CPU, experts too large for its caches run as grouped matmuls over the tokens routed
-to each (two `grouped_mm` calls: only the chosen experts' weights are read, with no Python loop); long
-prefills run one expert at a time over its own tokens. All give the same result up to float rounding.
+to each (two `grouped_mm` calls: only the chosen experts' weights are read, with no Python loop; one
+opaque operator in a compiled step); long prefills run one expert at a time over its own tokens. All give
+the same result up to float rounding.
 """
 
 from __future__ import annotations
@@ -105,26 +106,16 @@ class MixtureOfExperts:
         """How the experts run: batched up to `batched_tokens` tokens, except on the CPU for experts whose
         weights do not fit its caches (`GROUPED_EXPERT_BYTES` or more each): a decode step there is bound
         by reading weights, and grouped matmuls read only the chosen experts' (SmolLM2's 8-expert upcycle,
-        one expert at a time, batch 64: 357 ms a step against 457 ms batched; batch 1: 47 against 159). A
-        compiled step stays batched (no data-dependent shapes). Longer inputs: one expert at a time."""
+        one expert at a time, batch 64: 357 ms a step against 457 ms batched; batch 1: 47 against 159); a
+        compiled step calls them as one operator (`routed_experts`). Longer inputs: one expert at a time."""
         if flat.shape[0] > self.batched_tokens:
             return experts_grouped
-        if flat.device.type != "cpu" or torch.compiler.is_compiling():
+        if flat.device.type != "cpu":
             return experts_batched
         if _expert_bytes(gate_up, down, gate_up.element_size()) < GROUPED_EXPERT_BYTES:
             return experts_batched
-        return experts_grouped_mm if GROUPED_MM and _aligned(gate_up, down) else experts_grouped
-
-    def routed_only(self, layers, device: torch.device, dtype: torch.dtype) -> bool:
-        """Whether eager decode steps run some layer's experts grouped (on the CPU, experts of
-        `GROUPED_EXPERT_BYTES` or more), reading only the routed experts' weights, which a compiled step
-        (batched over every expert) cannot: on SmolLM2's 8-expert upcycle the compiled step took 162 ms at
-        batch 1 against 55 ms eager (docs/performance.md)."""
-        if torch.device(device).type != "cpu":
-            return False
-        moe = [layer.experts for layer in layers if layer.router is not None]
-        size = torch.empty((), dtype=dtype).element_size()  # what a call multiplies in (fp8: dequantised)
-        return any(_expert_bytes(gate_up, down, size) >= GROUPED_EXPERT_BYTES for gate_up, down in moe)
+        # compiled: one opaque operator in the graph (its data-dependent shapes stay inside it)
+        return routed_experts if torch.compiler.is_compiling() else experts_routed
 
     def __call__(self, layer: Layer, x: torch.Tensor, routes: list | None = None) -> torch.Tensor:
         """Top-k routed experts of x [B, T, H]. With `routes` (a list), appends this layer's (expert
@@ -200,6 +191,31 @@ def experts_batched(gate_up, down, flat, weights, experts) -> torch.Tensor:
     # each token's k outputs gathered back and weighed: a gather and a sum, no scatter-add
     out = torch.bmm(act, down).view(-1, flat.shape[1])[slot].view(tokens, top_k, -1)
     return (out.float() * weights.float()[..., None]).sum(1).to(out.dtype)  # bf16: summed in float32
+
+
+def experts_routed(gate_up, down, flat, weights, experts) -> torch.Tensor:
+    """The routed experts over their own tokens only: grouped matmuls, or one expert at a time where
+    `grouped_mm` cannot take the operands."""
+    path = experts_grouped_mm if GROUPED_MM and _aligned(gate_up, down) else experts_grouped
+    return path(gate_up, down, flat, weights, experts)
+
+
+@torch.library.custom_op("everyprompt::routed_experts", mutates_args=())
+def routed_experts(
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    flat: torch.Tensor,
+    weights: torch.Tensor,
+    experts: torch.Tensor,
+) -> torch.Tensor:
+    """`experts_routed` as one operator, for a compiled decode step: the graph calls it as it is (its
+    data-dependent shapes stay inside), so a compiled step reads only the routed experts' weights too."""
+    return experts_routed(gate_up, down, flat, weights, experts)
+
+
+@routed_experts.register_fake
+def _(gate_up, down, flat, weights, experts):
+    return torch.empty_like(flat)
 
 
 def experts_grouped_mm(gate_up, down, flat, weights, experts) -> torch.Tensor:
