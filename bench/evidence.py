@@ -98,7 +98,7 @@ def contrasts(comparison: Comparison, setup: Setup, arms: dict[str, dict]) -> li
         seeds = sorted(set(mine) & set(theirs))
         differences = [mine[s] - theirs[s] for s in seeds]
         difference = paired_bootstrap(differences)
-        complete = set(setup.seeds) <= set(seeds)
+        complete = set(comparison.seeds_on(setup)) <= set(seeds)
         out.append(
             {
                 "arm": arm,
@@ -185,7 +185,7 @@ def run(name: str, setup_name: str, seeds: list[int], path: Path, work: Path, sm
     entry = payload["comparisons"].setdefault(name, {"title": comparison.title, "setups": {}})
     body = entry["setups"].setdefault(setup_name, {"arms": {}})
     body["fixed"] = [o.replace(f"{ROOT}/", "") for o in fixed]  # paths relative to the repository
-    body["seeds"] = list(setup.seeds)
+    body["seeds"] = list(comparison.seeds_on(setup))
     for arm, keys in comparison.arms.items():
         body["arms"].setdefault(arm, {"overrides": keys, "runs": []})
     root = work / f"{name}-{setup_name}"
@@ -238,7 +238,7 @@ def claims_table(payload: dict) -> str:
             found = {(c["arm"], c["reference"]): c for c in body.get("contrasts", [])}
             for arm in comparison.judged:
                 c = found.get((arm, baseline))
-                wanted = len(SETUPS[setup_name].seeds)
+                wanted = len(comparison.seeds_on(SETUPS[setup_name]))
                 if c is None or not c["seeds"]:
                     cells = ["0", "–", "–", "not run yet"]
                 else:
@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.comparison is None or args.setup is None:
         parser.error("--comparison and --setup name what to run (or --summary)")
-    seeds = args.seeds or list(SETUPS[args.setup].seeds)
+    seeds = args.seeds or list(COMPARISONS[args.comparison].seeds_on(SETUPS[args.setup]))
     work = args.out / "evidence_runs"
     run(args.comparison, args.setup, seeds, path, work, args.tiny, args.workers)
     print(f"wrote {repo_path(path)}")

@@ -43,6 +43,10 @@ class Comparison:
     equal_rollouts: bool = False  # the same generated rollouts (rl.max_rollouts), not the same steps
     steps_factor: int = 1  # runs this many times the setup's RL steps
     exploratory: bool = False  # the second step's: candidates, not README claims (docs/evidence.md)
+    seeds: tuple[int, ...] | None = None  # its own seeds (a confirmation's); None: the setup's
+
+    def seeds_on(self, setup: Setup) -> tuple[int, ...]:
+        return self.seeds or setup.seeds
 
 
 DYNAMIC_SAMPLING = [
@@ -91,7 +95,9 @@ COMPARISONS = {
 }
 
 
-def _espo_where(condition: str, *keys: str, steps_factor: int = 1) -> Comparison:
+def _espo_where(
+    condition: str, *keys: str, steps_factor: int = 1, seeds: tuple[int, ...] | None = None
+) -> Comparison:
     """A condition of the second, exploratory step (docs/evidence.md): C1's PPO-clip and ESPO, one change."""
     c1 = COMPARISONS["c1"]
     arms = {arm: c1.arms[arm] for arm in ("ppo-clip", "espo")}
@@ -104,6 +110,7 @@ def _espo_where(condition: str, *keys: str, steps_factor: int = 1) -> Comparison
         keys,
         steps_factor=steps_factor,
         exploratory=True,
+        seeds=seeds,
     )
 
 
@@ -112,4 +119,6 @@ COMPARISONS |= {
     "c5-groups": _espo_where("smaller groups", "rl.group_size=4"),
     "c5-long": _espo_where("longer runs", steps_factor=3),
     "c5-offpolicy": _espo_where("more updates per batch", "rl.mini_batches=8"),
+    # a candidate win's confirmation: the same two arms on new seeds (docs/evidence.md)
+    "c5-hard-confirm": _espo_where("harder prompts, confirmed", "rl.levels=[5]", seeds=(6, 7, 8, 9, 10, 11)),
 }

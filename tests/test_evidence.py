@@ -46,7 +46,9 @@ def test_contrasts_pair_by_seed_and_judge_only_complete_ones():
     assert not reported["judged"] and reported["verdict"] is None
 
 
-@pytest.mark.parametrize("name", ["c1", "c2", "c3", "c4", "c5-hard", "c5-groups", "c5-long", "c5-offpolicy"])
+@pytest.mark.parametrize(
+    "name", ["c1", "c2", "c3", "c4", "c5-hard", "c5-groups", "c5-long", "c5-offpolicy", "c5-hard-confirm"]
+)
 def test_every_preregistered_cell_is_a_valid_config(name, tmp_path):
     from everyprompt.config import demo_config_path, read_yaml
     from everyprompt.sweep import SweepPlan
@@ -58,9 +60,10 @@ def test_every_preregistered_cell_is_a_valid_config(name, tmp_path):
         sft = tmp_path / "sft" if setup.shared_sft else None
         fixed = bench.fixed_overrides(comparison, setup, [], sft, setup.steps)
         path = setup.config or demo_config_path()
-        plan = SweepPlan(read_yaml(path), fixed, {}, list(setup.seeds), str(path), comparison.arms)
+        seeds = list(comparison.seeds_on(setup))
+        plan = SweepPlan(read_yaml(path), fixed, {}, seeds, str(path), comparison.arms)
         plan.validate()  # every cell's config built and checked
-        assert len(plan.cells()) == len(comparison.arms) * len(setup.seeds)
+        assert len(plan.cells()) == len(comparison.arms) * len(seeds)
         if comparison.equal_rollouts:  # plain GRPO's rollouts at the setup's step count
             assert any(o.startswith("rl.max_rollouts=") for o in fixed)
 
@@ -89,6 +92,14 @@ def test_the_second_step_changes_one_thing_each():
         differs = {k for k, v in config.rl.model_dump().items() if v != base.rl.model_dump()[k]}
         assert differs == {key}
         assert f"`{name}`" in doc or f"--comparison {name}" in doc
+    confirm = bench.COMPARISONS["c5-hard-confirm"]  # the candidate's confirmation: new seeds, same runs
+    assert (
+        confirm.seeds_on(tiny) == (6, 7, 8, 9, 10, 11) and confirm.arms == bench.COMPARISONS["c5-hard"].arms
+    )
+    assert confirm.fixed == bench.COMPARISONS["c5-hard"].fixed and confirm.exploratory
+    # complete, and so judged, only with its own six seeds in
+    runs = {arm: {"runs": [{"seed": s, "greedy_accuracy": 0.8} for s in range(6)]} for arm in confirm.arms}
+    assert not bench.contrasts(confirm, tiny, runs)[0]["complete"]
 
 
 @pytest.mark.slow  # an SFT checkpoint and six short runs, each a process (~1 min)
