@@ -124,6 +124,7 @@ def load(path: Path) -> dict:
 def save(path: Path, payload: dict, smoke: bool) -> None:
     """Write `payload` with every contrast recomputed (a smoke run's file says it is one)."""
     for name, entry in payload["comparisons"].items():
+        entry["title"] = COMPARISONS[name].title  # the plan's, should it have been reworded
         for setup_name, body in entry["setups"].items():
             body["contrasts"] = contrasts(COMPARISONS[name], SETUPS[setup_name], body["arms"])
     payload["smoke"] = smoke

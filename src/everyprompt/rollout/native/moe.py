@@ -150,6 +150,15 @@ def _aligned(gate_up: torch.Tensor, down: torch.Tensor) -> bool:
     return sizes and gate_up.data_ptr() % 16 == 0 and down.data_ptr() % 16 == 0
 
 
+def _by_expert(experts: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (token, k) pairs of `experts` [N, k] grouped by expert: their order (pair i is token i // k's
+    choice) and each expert's pair count [E] (a scatter-add: a static size, so it compiles)."""
+    flat_experts = experts.reshape(-1)
+    order = torch.argsort(flat_experts, stable=True)
+    counts = torch.zeros(num_experts, dtype=torch.long, device=experts.device)
+    return order, counts.scatter_add_(0, flat_experts, torch.ones_like(order))
+
+
 def swiglu(pair, x: torch.Tensor) -> torch.Tensor:
     gate_up, down = pair
     gate, up = linear(x, gate_up).chunk(2, dim=-1)
@@ -164,12 +173,9 @@ def experts_batched(gate_up, down, flat, weights, experts) -> torch.Tensor:
     down [E, I, H]."""
     tokens, top_k = experts.shape
     num_experts, inner = down.shape[0], down.shape[1]
-    flat_experts = experts.reshape(-1)
-    order = torch.argsort(flat_experts, stable=True)  # (token, k) pairs grouped by expert
+    order, counts = _by_expert(experts, num_experts)
     device = flat.device
-    counts = torch.zeros(num_experts, dtype=torch.long, device=device)
-    counts.scatter_add_(0, flat_experts, torch.ones_like(order))
-    sorted_experts = flat_experts[order]
+    sorted_experts = experts.reshape(-1)[order]
     column = torch.arange(len(order), device=device) - (torch.cumsum(counts, 0) - counts)[sorted_experts]
     if device.type == "cpu":
         # the busiest expert's count: reading it costs nothing on the CPU. A compiled decode step keeps it
@@ -224,9 +230,8 @@ def experts_grouped_mm(gate_up, down, flat, weights, experts) -> torch.Tensor:
     loop of ~8 operators; SmolLM2's 8-expert upcycle decodes ~5% faster at batch 8 and 32,
     docs/performance.md); each token's k outputs gathered back and summed with their weights."""
     tokens, top_k = experts.shape
-    flat_experts = experts.reshape(-1)
-    order = torch.argsort(flat_experts, stable=True)
-    ends = torch.cumsum(torch.bincount(flat_experts, minlength=down.shape[0]), 0, dtype=torch.int32)
+    order, counts = _by_expert(experts, down.shape[0])
+    ends = torch.cumsum(counts, 0, dtype=torch.int32)
     hidden = F.grouped_mm(flat[order // top_k], gate_up, offs=ends)  # [N * k, 2I]
     inner = down.shape[1]
     out = F.grouped_mm(F.silu(hidden[:, :inner]) * hidden[:, inner:], down, offs=ends)  # [N * k, H]
@@ -239,17 +244,14 @@ def experts_grouped(gate_up, down, flat, weights, experts) -> torch.Tensor:
     one expert's share can be far above the mean)."""
     top_k = experts.shape[1]
     out = torch.zeros_like(flat)
-    token_of_pair = torch.arange(flat.shape[0], device=flat.device).repeat_interleave(top_k)  # [N*k]
-    flat_experts = experts.reshape(-1)
-    order = torch.argsort(flat_experts, stable=True)
-    counts = torch.bincount(flat_experts, minlength=down.shape[0]).tolist()
+    order, counts = _by_expert(experts, down.shape[0])
     start = 0
-    for expert, count in enumerate(counts):
+    for expert, count in enumerate(counts.tolist()):
         if count == 0:
             continue
         pairs = order[start : start + count]
         start += count
-        tokens = token_of_pair[pairs]
+        tokens = pairs // top_k
         gate, up = (flat[tokens] @ gate_up[expert]).chunk(2, dim=-1)
         hidden = (F.silu(gate) * up) @ down[expert]
         out.index_add_(0, tokens, hidden * weights.reshape(-1)[pairs, None])
