@@ -44,6 +44,7 @@ class Comparison:
     steps_factor: int = 1  # runs this many times the setup's RL steps
     exploratory: bool = False  # the second step's: candidates, not README claims (docs/evidence.md)
     seeds: tuple[int, ...] | None = None  # its own seeds (a confirmation's); None: the setup's
+    confirms: str | None = None  # the exploratory comparison whose candidate win this reruns on new seeds
 
     def seeds_on(self, setup: Setup) -> tuple[int, ...]:
         return self.seeds or setup.seeds
@@ -120,6 +121,7 @@ COMPARISONS |= {
 # a candidate win's confirmation: the same runs on new seeds (docs/evidence.md)
 COMPARISONS["c5-hard-confirm"] = replace(
     COMPARISONS["c5-hard"],
-    title=f"{COMPARISONS['c5-hard'].title}, confirmation on new seeds",
+    title="ESPO on harder prompts (exploratory), confirmation on seeds 6-11",
     seeds=(6, 7, 8, 9, 10, 11),
+    confirms="c5-hard",
 )

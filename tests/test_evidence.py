@@ -149,3 +149,34 @@ def test_the_claims_table_says_how_far_each_contrast_has_run():
         == "| C1 the policy loss | tiny | gspo - ppo-clip | 2 | +0.5 | [+0.0, +1.0] | incomplete (2 of 6 seeds) |"
     )
     assert rows[4].endswith("| smollm2 | espo - ppo-clip | 0 | – | – | not run yet |")
+
+
+def test_an_exploratory_win_is_a_claim_only_once_confirmed():
+    """docs/evidence.md: a win of the second step is a candidate; the README lists it only when the same
+    runs on new seeds also win, never the candidate alone, never a failed confirmation."""
+    bench = _load("evidence")
+    tiny = bench.SETUPS["tiny"]
+    first, confirm = bench.COMPARISONS["c5-hard"], bench.COMPARISONS["c5-hard-confirm"]
+
+    def body(comparison, espo):
+        seeds = comparison.seeds_on(tiny)
+        arms = {
+            "ppo-clip": {"runs": [{"seed": s, "greedy_accuracy": 0.80} for s in seeds]},
+            "espo": {"runs": [{"seed": s, "greedy_accuracy": v} for s, v in zip(seeds, espo, strict=True)]},
+        }
+        return {"setups": {"tiny": {"arms": arms, "contrasts": bench.contrasts(comparison, tiny, arms)}}}
+
+    win, tie = [0.82] * 6, [0.78, 0.82] * 3
+
+    def claims(first_espo, confirm_espo):
+        recorded = {"c5-hard": body(first, first_espo)}
+        if confirm_espo is not None:
+            recorded["c5-hard-confirm"] = body(confirm, confirm_espo)
+        return [row for row in bench.claims_table({"comparisons": recorded}).splitlines() if "C5" in row]
+
+    assert claims(win, None) == []  # a candidate
+    assert claims(win, tie) == []  # not confirmed
+    assert claims(tie, win) == []  # no candidate to confirm
+    assert claims(win, win) == [
+        f"| C5-HARD-CONFIRM {confirm.title} | tiny | espo - ppo-clip | 6 | +2.0 | [+2.0, +2.0] | **win** |"
+    ]
