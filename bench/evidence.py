@@ -237,12 +237,13 @@ def claims_table(payload: dict) -> str:
     for name, comparison in COMPARISONS.items():
         baseline = next(iter(comparison.arms))
         for setup_name in comparison.setups:
+            mine = found(name, setup_name)
+            candidate = found(comparison.confirms, setup_name) if comparison.confirms else {}
             for arm in comparison.judged:
-                c = found(name, setup_name).get((arm, baseline))
-                if comparison.exploratory:  # a candidate: a claim only once a confirmation upholds it
-                    first = found(comparison.confirms or "", setup_name).get((arm, baseline))
-                    if not (comparison.confirms and _won(c) and _won(first)):
-                        continue
+                c = mine.get((arm, baseline))
+                # the second step's: a claim only as a confirmation that upholds its candidate's win
+                if comparison.exploratory and not (_won(c) and _won(candidate.get((arm, baseline)))):
+                    continue
                 wanted = len(comparison.seeds_on(SETUPS[setup_name]))
                 lines.append(
                     f"| {name.upper()} {comparison.title} | {setup_name} | {arm} - {baseline} | "
