@@ -42,6 +42,8 @@ def test_dotted_overrides_are_parsed_as_yaml():
         ("nope=1", "nope"),
         ("rl.lr=abc", "rl.lr"),
         ("rl.group_size=1", "rl.group_size"),
+        ("kept_block_mib=0", "kept_block_mib"),
+        ("kept_block_mib=2048", "kept_block_mib"),
     ],
 )
 def test_bad_override_names_the_key(override, named):

@@ -13,12 +13,12 @@ import pytest
 PROBE = """
 import json, sys, torch
 from everyprompt.devices import keep_freed_memory, release_freed_memory
-kept = keep_freed_memory() if sys.argv[1] == "keep" else None
+kept = keep_freed_memory(int(sys.argv[2])) if sys.argv[1] == "keep" else None
 heap = []
 for line in open("/proc/self/maps"):
     if line.rstrip().endswith("[heap]"):
         heap = [int(bound, 16) for bound in line.split()[0].split("-")]
-block = torch.empty(96 * 2**20, dtype=torch.uint8)  # a chunk of LM-head logits' size
+block = torch.empty(int(sys.argv[3]) * 2**20, dtype=torch.uint8)  # 96 MiB: a chunk of LM-head logits
 for line in open("/proc/self/maps"):  # the heap grew to hold it, or it got a mapping of its own
     if line.rstrip().endswith("[heap]"):
         heap = [int(bound, 16) for bound in line.split()[0].split("-")]
@@ -27,8 +27,11 @@ print(json.dumps({"kept": kept, "in_heap": in_heap, "released": release_freed_me
 """
 
 
-def _probe(mode: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, check=True)
+def _probe(mode: str, kept_mib: int = 1024, block_mib: int = 96) -> dict:
+    """Where a `block_mib` MiB tensor lands after `keep_freed_memory(kept_mib)` (mode "keep") or with
+    glibc's defaults (any other mode)."""
+    args = [sys.executable, "-c", PROBE, mode, str(kept_mib), str(block_mib)]
+    out = subprocess.run(args, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -40,6 +43,22 @@ def test_large_tensors_come_from_the_heap_where_freed_memory_is_kept():
     assert kept["kept"] is True
     assert not default["in_heap"] and kept["in_heap"]
     assert not default["released"] and kept["released"]  # a step's end trims only where memory is kept
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc settings: Linux only")
+def test_blocks_above_the_kept_size_get_mappings_of_their_own():
+    """`kept_block_mib`: with 64 MiB kept, a 48 MiB block comes from the heap and a 96 MiB one is mapped
+    apart (returned to the OS when freed: it cannot leave a hole in the heap)."""
+    small, large = _probe("keep", kept_mib=64, block_mib=48), _probe("keep", kept_mib=64, block_mib=96)
+    assert small["kept"] is True and large["kept"] is True
+    assert small["in_heap"] and not large["in_heap"]
+
+
+def test_a_kept_size_out_of_range_is_refused():
+    from everyprompt.devices import keep_freed_memory
+
+    with pytest.raises(ValueError, match="block_mib must be 1..1024 MiB, got 0"):
+        keep_freed_memory(0)
 
 
 RELEASE = """

@@ -109,6 +109,14 @@ class Config(Section):
         "pages from the OS (glibc malloc's thresholds raised, the free pages handed back at each step's "
         "end; devices/host.py).",
     )
+    kept_block_mib: int = Field(
+        1024,
+        ge=1,
+        le=1024,
+        description="With keep_freed_memory: the largest block (MiB) kept for reuse; larger ones get fresh "
+        "pages and go back to the OS when freed. Smaller: a lower peak (less fragmentation), more page "
+        "faults (docs/performance.md).",
+    )
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)

@@ -13,6 +13,12 @@ up over a run (SmolLM2's recipe: +2.3 GiB over 12 steps with freed blocks kept f
 where its step ends (an RL step, an SFT step, a learner rank's update, a rollout worker's generate call):
 reuse within a step, where the same shapes recur (micro-batches, chunks, decode steps), none across
 steps. Off with `keep_freed_memory: false` in the config.
+
+Which blocks are kept is a size (`kept_block_mib`): a block above it still gets a mapping of its own and goes
+back to the OS when freed. Kept blocks fragment within a step too: freed activations leave holes the
+backward's differently sized tensors do not fit, and the heap grows past what is in use (SmolLM2's update
+at group size 16: 8.5 GiB resident for at most 5.0 GiB of live blocks, docs/performance.md). The smaller the
+kept blocks, the closer the resident set stays to what is in use, and the more page faults a step pays.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import sys
 
 M_TRIM_THRESHOLD = -1  # malloc.h
 M_MMAP_THRESHOLD = -3
-THRESHOLD = 1 << 30  # blocks up to 1 GiB come from (and return to) the heap
+TRIM_THRESHOLD = 1 << 30  # free memory at the heap's top stays until `release_freed_memory`
 _kept = False  # whether this process keeps freed memory (release is a no-op otherwise)
 
 
@@ -33,15 +39,19 @@ def _glibc(name: str):
     return getattr(ctypes.CDLL(None), name, None)  # (musl has neither mallopt nor malloc_trim)
 
 
-def keep_freed_memory() -> bool:
-    """Raise glibc malloc's mmap and trim thresholds for this process; False where the C library is not
-    glibc (nothing changed there)."""
+def keep_freed_memory(block_mib: int = 1024) -> bool:
+    """Set glibc malloc's mmap threshold to `block_mib` MiB (blocks up to it come from, and are freed back
+    into, the heap) and raise its trim threshold, for this process; False where the C library is not glibc
+    or refuses the size (nothing changed there)."""
     global _kept
+    if not 1 <= block_mib <= 1024:
+        raise ValueError(f"block_mib must be 1..1024 MiB, got {block_mib}")
     mallopt = _glibc("mallopt")
     if mallopt is None:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    _kept = bool(mallopt(M_MMAP_THRESHOLD, THRESHOLD)) and bool(mallopt(M_TRIM_THRESHOLD, THRESHOLD))
+    threshold = block_mib << 20
+    _kept = bool(mallopt(M_MMAP_THRESHOLD, threshold)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
     return _kept
 
 

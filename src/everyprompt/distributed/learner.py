@@ -59,7 +59,7 @@ class LearnerRank:
 
         os.environ.update(MASTER_ADDR=host, MASTER_PORT=str(port))
         if config.keep_freed_memory:
-            keep_freed_memory()
+            keep_freed_memory(config.kept_block_mib)
         # the GPU Ray gave this actor (cuda:0 of its visible devices) under `auto`, else the CPU; the
         # group's backend follows the device: NCCL between GPUs, gloo between CPUs
         device = resolve_device(config.model.device)

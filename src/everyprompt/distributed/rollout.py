@@ -41,11 +41,13 @@ class _CallDone:
 class RolloutWorker:
     """One engine (built by the engine factory) over a model rebuilt from a recipe."""
 
-    def __init__(self, recipe: ModelRecipe, tokenizer, rollout_config, threads: int, keep_freed: bool):
+    def __init__(self, recipe: ModelRecipe, tokenizer, rollout_config, threads: int, kept_block_mib: int):
+        """`kept_block_mib`: the largest freed block this process keeps (devices/host.py); 0: glibc's
+        defaults."""
         quiet_libraries()
         torch.set_num_threads(max(1, threads))
-        if keep_freed:
-            keep_freed_memory()
+        if kept_block_mib:
+            keep_freed_memory(kept_block_mib)
         weights = recipe.weights
         if not isinstance(weights, dict):  # a reference inside the recipe: Ray does not resolve it
             weights = require_ray().get(weights)
@@ -89,9 +91,8 @@ class RayEngine:
         cluster = self.config.cluster
         actor = self.ray.remote(RolloutWorker).options(**actor_options(cluster, max_concurrency=2))
         threads = max(1, int(cluster.num_cpus))
-        return actor.remote(
-            self.recipe, self.tokenizer, self.config.rollout, threads, self.config.keep_freed_memory
-        )
+        kept = self.config.kept_block_mib if self.config.keep_freed_memory else 0
+        return actor.remote(self.recipe, self.tokenizer, self.config.rollout, threads, kept)
 
     def _await_ready(self, workers) -> tuple[bool, bool]:
         refs = [worker.ready.remote() for worker in workers]

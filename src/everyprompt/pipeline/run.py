@@ -105,7 +105,7 @@ class Run:
         if config.threads:
             torch.set_num_threads(config.threads)
         if config.keep_freed_memory:
-            keep_freed_memory()
+            keep_freed_memory(config.kept_block_mib)
         self.device = learner_device(config)  # CUDA asked for and absent: exit 2 now, before any work
         random.seed(config.seed)
         torch.manual_seed(config.seed)
