@@ -463,6 +463,55 @@ def test_rl_step_bench_smoke(tmp_path, capsys):
     assert "wrote" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # ~40 s: two settings, each a process of two RL steps
+def test_heap_trace_bench_smoke(tmp_path, capsys, monkeypatch):
+    bench = _load("heap_trace")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the probes import the test reward below
+    model = _saved_tiny_model(tmp_path / "tiny")
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text(
+        "sft:\n  steps: 0\nrollout:\n  max_new_tokens: 8\ndata:\n  num_train: 16\n"
+        "rl:\n  prompts_per_step: 2\n  group_size: 2\n  micro_batch_size: 2\n  mini_batches: 1\n"
+    )
+    signal = "rewards.function=tests.trainer.flaky_reward:scattered"  # every group updates the model
+    argv = ["--model", str(model), "--config", str(recipe), "--kept", "1024,4", "--set", signal]
+    assert bench.main([*argv, "--out", str(tmp_path / "out")]) == 0
+    payload = json.loads((tmp_path / "out" / "heap_trace_tiny.json").read_text())
+    for row in payload["settings"].values():
+        assert {"rollout", "update", "micro_batch_1", "load"} <= set(row["phases"])
+        assert row["peak_rss_bytes"] > 0 and row["step_s"] > 0
+    assert set(payload["settings"]) == {"1024", "4"}
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_heap_trace_reads_each_phase_at_its_peak():
+    """By hand: the phase's highest resident sample carries its in-use and free bytes; the in-use
+    maximum is over all of the phase's samples."""
+    bench = _load("heap_trace")
+    sampler = object.__new__(bench.Sampler)  # no thread: the samples are given
+    gib = 2**30
+    sampler.samples = [
+        ("update", 5 * gib, 2 * gib, 3 * gib),
+        ("micro_batch_1", 6 * gib, 4 * gib, 1 * gib),
+        ("micro_batch_1", 8 * gib, 2 * gib, 5 * gib),
+        ("micro_batch_1", 7 * gib, 5 * gib, 1 * gib),
+        ("rollout", 3 * gib, None, None),
+    ]
+    phases = sampler.by_phase()
+    assert phases["micro_batch_1"] == {
+        "peak_rss_gib": 8.0,
+        "in_use_at_peak_gib": 2.0,
+        "free_at_peak_gib": 5.0,
+        "max_in_use_gib": 5.0,
+    }
+    assert phases["rollout"] == {
+        "peak_rss_gib": 3.0,
+        "in_use_at_peak_gib": None,
+        "free_at_peak_gib": None,
+        "max_in_use_gib": None,
+    }
+
+
 def test_rl_growth_grid_table_and_plot(tmp_path):
     bench = _load("rl_growth")
     grid = bench.points(ROOT / "configs" / "smollm2.yaml", [4, 8], [48, 96])

@@ -1,0 +1,197 @@
+"""Where an RL step's resident memory goes: the process's resident set against the bytes glibc's malloc has
+handed out (in use) and holds free, sampled every 50 ms and read by phase (the rollout, the update before
+its first micro-batch, each micro-batch's forward and backward), for one or more `kept_block_mib`
+settings (devices/host.py), each in a process of its own.
+
+A resident set well above the bytes in use is the heap's fragmentation: free blocks the next tensors do
+not fit. The figures answer which setting keeps the peak nearest to what is in use, and at what time.
+
+    python bench/heap_trace.py --model models/smollm2-135m-instruct --set rl.group_size=16 --kept 1024,4
+
+Writes bench/results/heap_trace_<model>.json (Linux with glibc 2.33 or later for the malloc figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import resource
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import RESULTS, ROOT, repo_path, run_probe, write_results  # noqa: E402
+from rl_step import bench_overrides  # noqa: E402
+
+GIB = 2**30
+FIELDS = (
+    "arena",
+    "ordblks",
+    "smblks",
+    "hblks",
+    "hblkhd",
+    "usmblks",
+    "fsmblks",
+    "uordblks",
+    "fordblks",
+    "keepcost",
+)
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in FIELDS]
+
+
+def _mallinfo():
+    """glibc's `mallinfo2` (bytes in use, bytes free in the heap), or None without it."""
+    function = getattr(ctypes.CDLL(None), "mallinfo2", None) if sys.platform.startswith("linux") else None
+    if function is None:
+        return None
+    function.restype = _MallInfo2
+
+    def read() -> tuple[int, int]:
+        info = function()
+        return info.uordblks + info.hblkhd, info.fordblks  # (mapped blocks are in use until freed)
+
+    return read
+
+
+class Sampler:
+    """A daemon thread sampling (phase, resident bytes, malloc's in-use and free bytes) every `period`."""
+
+    def __init__(self, period: float = 0.05):
+        self.phase, self.samples, self.period = "load", [], period
+        self.page = os.sysconf("SC_PAGE_SIZE")
+        self.malloc = _mallinfo()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def resident(self) -> int:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * self.page
+
+    def enter(self, phase: str) -> None:
+        """A new phase, sampled as it starts (a phase shorter than the period still shows)."""
+        self.phase = phase
+        self.sample()
+
+    def sample(self) -> None:
+        in_use, free = self.malloc() if self.malloc else (None, None)
+        self.samples.append((self.phase, self.resident(), in_use, free))
+
+    def _run(self) -> None:
+        while True:
+            self.sample()
+            time.sleep(self.period)
+
+    def by_phase(self) -> dict[str, dict]:
+        """Per phase: the highest resident set, malloc's in-use and free bytes at that moment, and the
+        highest in-use bytes."""
+        out: dict[str, dict] = {}
+        for phase, resident, in_use, free in self.samples:
+            row = out.setdefault(phase, {"peak_rss_gib": 0.0, "max_in_use_gib": None})
+            if resident / GIB > row["peak_rss_gib"]:
+                row["peak_rss_gib"] = resident / GIB
+                row["in_use_at_peak_gib"] = None if in_use is None else in_use / GIB
+                row["free_at_peak_gib"] = None if free is None else free / GIB
+            if in_use is not None:
+                row["max_in_use_gib"] = max(row["max_in_use_gib"] or 0.0, in_use / GIB)
+        return out
+
+
+def _phases(sampler: Sampler) -> None:
+    """Name the sampler's phase after the learner's: its update, then each micro-batch of it."""
+    from everyprompt.trainer.learner import Learner
+
+    update, micro_batch = Learner.update, Learner._micro_batch
+    count = [0]
+
+    def traced_update(self, batch):
+        count[0] = 0
+        sampler.enter("update")
+        try:
+            return update(self, batch)
+        finally:
+            sampler.enter("rollout")
+
+    def traced_micro_batch(self, *args, **kwargs):
+        count[0] += 1
+        sampler.enter(f"micro_batch_{count[0]}")
+        return micro_batch(self, *args, **kwargs)
+
+    Learner.update, Learner._micro_batch = traced_update, traced_micro_batch
+
+
+def probe(config: str, overrides: list[str], steps: int) -> dict:
+    """`steps` RL steps in this process, traced."""
+    from throughput_rl import everyprompt_steps
+
+    sampler = Sampler()
+    _phases(sampler)
+    with tempfile.TemporaryDirectory() as run_dir:
+        result = everyprompt_steps(overrides, steps, Path(run_dir), Path(config))
+    time.sleep(2 * sampler.period)
+    phases = sampler.by_phase()
+    peak = max(phases.values(), key=lambda row: row["peak_rss_gib"])
+    return {
+        **result,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "phases": phases,
+        "peak_phase": next(name for name, row in phases.items() if row is peak),
+        "malloc_figures": sampler.malloc is not None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", type=Path)
+    parser.add_argument("--config", type=Path, default=ROOT / "configs" / "smollm2.yaml")
+    parser.add_argument("--steps", type=int, default=2, help="RL steps per setting (the first is dropped)")
+    parser.add_argument("--set", action="append", default=[], help="a config override")
+    parser.add_argument("--kept", default="1024,4", help="kept_block_mib settings, comma-separated")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--probe", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.probe:
+        print(json.dumps(probe(*json.loads(args.probe))))
+        return 0
+    if args.model is None or not args.model.exists():
+        parser.error(f"--model {args.model}: no such file or directory")
+    try:
+        settings = [int(value) for value in args.kept.split(",")]
+    except ValueError:
+        parser.error(f"--kept {args.kept}: expected sizes in MiB, comma-separated")
+    from rl_step import matched_precision
+
+    overrides = bench_overrides(args.model, args.set)
+    overrides += matched_precision(args.config, overrides)
+    results: dict = {"benchmark": "heap_trace", "model": repo_path(args.model), "overrides": args.set}
+    results["settings"] = {}
+    for kept in settings:
+        print(f"kept_block_mib={kept}: {args.steps} steps ...")
+        row = run_probe(
+            __file__, "--probe", [str(args.config), [*overrides, f"kept_block_mib={kept}"], args.steps]
+        )
+        results["settings"][str(kept)] = row
+        peak = row["phases"][row["peak_phase"]]
+        in_use = peak["max_in_use_gib"]
+        print(
+            f"  peak {row['peak_rss_bytes'] / GIB:.2f} GiB resident (in {row['peak_phase']}; at most "
+            f"{'?' if in_use is None else f'{in_use:.2f}'} GiB in use there), {row['step_s']:.1f} s a step, "
+            f"{row['train_s']:.1f} s of it the update"
+        )
+    name = args.model.name.removesuffix(".gguf")
+    out = write_results(args.out / f"heap_trace_{name}.json", results)
+    print(f"wrote {repo_path(out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
