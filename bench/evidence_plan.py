@@ -96,8 +96,9 @@ COMPARISONS = {
 }
 
 
-def _espo_where(condition: str, *keys: str, steps_factor: int = 1) -> Comparison:
-    """A condition of the second, exploratory step (docs/evidence.md): C1's PPO-clip and ESPO, one change."""
+def _espo_where(condition: str, *keys: str, steps_factor: int = 1, setup: str = "tiny") -> Comparison:
+    """A condition of the second, exploratory step (docs/evidence.md): C1's PPO-clip and ESPO on `setup`,
+    one change."""
     c1 = COMPARISONS["c1"]
     arms = {arm: c1.arms[arm] for arm in ("ppo-clip", "espo")}
     return Comparison(
@@ -105,7 +106,7 @@ def _espo_where(condition: str, *keys: str, steps_factor: int = 1) -> Comparison
         arms,
         ("espo",),
         (),
-        ("tiny",),
+        (setup,),
         keys,
         steps_factor=steps_factor,
         exploratory=True,
@@ -117,6 +118,14 @@ COMPARISONS |= {
     "c5-groups": _espo_where("smaller groups", "rl.group_size=4"),
     "c5-long": _espo_where("longer runs", steps_factor=3),
     "c5-offpolicy": _espo_where("more updates per batch", "rl.mini_batches=8"),
+    # after C1 on SmolLM2 (a loss, ESPO clipping a third of its tokens from the first step on): the old
+    # policy's values from the learner itself, so a clip binds only where an update moved the policy
+    "c5-recompute": _espo_where(
+        "the learner's own old policy, two updates a batch",
+        "rl.old_logprobs=recompute",
+        "rl.mini_batches=2",
+        setup="smollm2",
+    ),
 }
 # a candidate win's confirmation: the same runs on new seeds (docs/evidence.md)
 COMPARISONS["c5-hard-confirm"] = replace(

@@ -47,7 +47,19 @@ def test_contrasts_pair_by_seed_and_judge_only_complete_ones():
 
 
 @pytest.mark.parametrize(
-    "name", ["c1", "c2", "c3", "c4", "c5-hard", "c5-groups", "c5-long", "c5-offpolicy", "c5-hard-confirm"]
+    "name",
+    [
+        "c1",
+        "c2",
+        "c3",
+        "c4",
+        "c5-hard",
+        "c5-groups",
+        "c5-long",
+        "c5-offpolicy",
+        "c5-hard-confirm",
+        "c5-recompute",
+    ],
 )
 def test_every_preregistered_cell_is_a_valid_config(name, tmp_path):
     from everyprompt.config import demo_config_path, read_yaml
@@ -66,6 +78,26 @@ def test_every_preregistered_cell_is_a_valid_config(name, tmp_path):
         assert len(plan.cells()) == len(comparison.arms) * len(seeds)
         if comparison.equal_rollouts:  # plain GRPO's rollouts at the setup's step count
             assert any(o.startswith("rl.max_rollouts=") for o in fixed)
+
+
+def test_the_smollm2_condition_changes_only_where_the_old_policy_comes_from():
+    """C5-recompute: C1's PPO-clip and ESPO on SmolLM2's set-up with the learner's own old policy and two
+    mini-batches, nothing else changed; pre-registered in docs/evidence.md."""
+    from everyprompt.config import load_config
+    from tests.test_bench import ROOT
+
+    bench = _load("evidence")
+    c1, smollm2 = bench.COMPARISONS["c1"], bench.SETUPS["smollm2"]
+    comparison = bench.COMPARISONS["c5-recompute"]
+    assert comparison.setups == ("smollm2",) and comparison.exploratory
+    assert comparison.arms == {arm: c1.arms[arm] for arm in ("ppo-clip", "espo")}
+    base = load_config(smollm2.config, bench.fixed_overrides(c1, smollm2, [], None, smollm2.steps)).rl
+    config = load_config(
+        smollm2.config, bench.fixed_overrides(comparison, smollm2, [], None, smollm2.steps)
+    ).rl
+    differs = {k: v for k, v in config.model_dump().items() if v != base.model_dump()[k]}
+    assert differs == {"old_logprobs": "recompute", "mini_batches": 2}
+    assert "--comparison c5-recompute --setup smollm2" in (ROOT / "docs" / "evidence.md").read_text()
 
 
 def test_the_second_step_changes_one_thing_each():
