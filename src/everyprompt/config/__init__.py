@@ -110,12 +110,12 @@ class Config(Section):
         "end; devices/host.py).",
     )
     kept_block_mib: int = Field(
-        1024,
+        4,
         ge=1,
         le=1024,
         description="With keep_freed_memory: the largest block (MiB) kept for reuse; larger ones get fresh "
         "pages and go back to the OS when freed. Smaller: a lower peak (less fragmentation), more page "
-        "faults (docs/performance.md).",
+        "faults; 4 was measured best on SmolLM2 (docs/performance.md, bench/heap_trace.py).",
     )
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)

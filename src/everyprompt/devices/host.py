@@ -1,24 +1,18 @@
-"""Host memory: large CPU tensors reuse freed memory instead of asking the OS for fresh pages.
+"""Host memory: which freed CPU blocks the process keeps for reuse, and when it hands them back.
 
-glibc's malloc serves a block above its mmap threshold (at most 32 MiB by default) with a fresh `mmap` and
-hands it back to the OS on free; the next tensor of that size faults in every page again, zero-filled by the
-kernel. A training step on a real model makes many such tensors (a chunk of LM-head logits is 100 MB, an
-embedding's gradient as much), and on a 2-core CPU the page faults cost as much as the arithmetic on
-them: SmolLM2-135M's training micro-batch (16 sequences, bf16 autocast) took 5.0 s with glibc's defaults,
-4.3 s with freed blocks kept (docs/performance.md). `keep_freed_memory` raises both thresholds so freed
-blocks stay in the process for the next tensor, as PyTorch's CUDA caching allocator does on a GPU and
-jemalloc or tcmalloc (preloaded) do on the CPU. Kept blocks can fragment, so the resident memory would creep
-up over a run (SmolLM2's recipe: +2.3 GiB over 12 steps with freed blocks kept for the whole run);
-`release_freed_memory` hands the free pages back to the OS, and every process that keeps them calls it
-where its step ends (an RL step, an SFT step, a learner rank's update, a rollout worker's generate call):
-reuse within a step, where the same shapes recur (micro-batches, chunks, decode steps), none across
-steps. Off with `keep_freed_memory: false` in the config.
-
-Which blocks are kept is a size (`kept_block_mib`): a block above it still gets a mapping of its own and goes
-back to the OS when freed. Kept blocks fragment within a step too: freed activations leave holes the
-backward's differently sized tensors do not fit, and the heap grows past what is in use (SmolLM2's update
-at group size 16: 8.5 GiB resident for at most 5.0 GiB of live blocks, docs/performance.md). The smaller the
-kept blocks, the closer the resident set stays to what is in use, and the more page faults a step pays.
+glibc's malloc serves a block above its mmap threshold with a fresh `mmap` and hands it back to the OS on
+free; the next tensor of that size faults in every page again, zero-filled by the kernel. Its default
+threshold moves (up to 32 MiB) with the blocks freed. `keep_freed_memory(block_mib)` fixes it: blocks up
+to `block_mib` MiB come from the heap and stay there when freed, for the next tensor; larger ones get a
+mapping of their own. Kept blocks fragment: freed activations leave holes that the backward's differently
+sized tensors do not fit, and the heap grows past what is in use. So the size trades page faults against
+resident memory, and was chosen by measurement (bench/heap_trace.py, SmolLM2-135M's RL step on 2 cores,
+docs/performance.md): with 1 GiB kept, the recipe's step peaked at 8.09 GiB resident for at most 4.94
+GiB in use, 32.0 s a step; with 4 MiB (`kept_block_mib`'s default), 6.50 GiB for 5.00 GiB, 31.6 s a step:
+the update paid 2.2 s more in page faults and generation about as much less. `release_freed_memory` hands
+the free pages back to the OS where a step ends (an RL step, an SFT step, a learner rank's update, a
+rollout worker's generate call): reuse within a step, none across. Off with `keep_freed_memory: false`
+in the config (glibc's defaults).
 """
 
 from __future__ import annotations
@@ -39,7 +33,7 @@ def _glibc(name: str):
     return getattr(ctypes.CDLL(None), name, None)  # (musl has neither mallopt nor malloc_trim)
 
 
-def keep_freed_memory(block_mib: int = 1024) -> bool:
+def keep_freed_memory(block_mib: int = 4) -> bool:
     """Set glibc malloc's mmap threshold to `block_mib` MiB (blocks up to it come from, and are freed back
     into, the heap) and raise its trim threshold, for this process; False where the C library is not glibc
     or refuses the size (nothing changed there)."""
