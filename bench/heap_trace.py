@@ -6,9 +6,11 @@ settings (devices/host.py), each in a process of its own.
 A resident set well above the bytes in use is the heap's fragmentation: free blocks the next tensors do
 not fit. The figures answer which setting keeps the peak nearest to what is in use, and at what time.
 
-    python bench/heap_trace.py --model models/smollm2-135m-instruct --set rl.group_size=16 --kept 1024,4
+    python bench/heap_trace.py --model models/smollm2-135m-instruct --kept 1024,4 --steps 3     # ~5 min
+    python bench/heap_trace.py --model models/smollm2-135m-instruct --kept 1024,4 --steps 3 \
+        --set rl.group_size=16 --tag group16                                                     # ~8 min
 
-Writes bench/results/heap_trace_<model>.json (Linux with glibc 2.33 or later for the malloc figures).
+Writes bench/results/heap_trace_<model>[_<tag>].json (Linux with glibc 2.33 or later for the malloc figures).
 """
 
 from __future__ import annotations
@@ -157,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], help="a config override")
     parser.add_argument("--kept", default="1024,4", help="kept_block_mib settings, comma-separated")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--tag", default="", help="appended to the results' file name (heap_trace_<model>_<tag>)"
+    )
     parser.add_argument("--probe", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.probe:
@@ -188,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['train_s']:.1f} s of it the update"
         )
     name = args.model.name.removesuffix(".gguf")
-    out = write_results(args.out / f"heap_trace_{name}.json", results)
+    out = write_results(args.out / f"heap_trace_{name}{'_' + args.tag if args.tag else ''}.json", results)
     print(f"wrote {repo_path(out)}")
     return 0
 
