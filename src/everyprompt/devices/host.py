@@ -8,8 +8,8 @@ mapping of their own. Kept blocks fragment: freed activations leave holes that t
 sized tensors do not fit, and the heap grows past what is in use. So the size trades page faults against
 resident memory, and was chosen by measurement (bench/heap_trace.py, SmolLM2-135M's RL step on 2 cores,
 docs/performance.md): with 1 GiB kept, the recipe's step peaked at 8.09 GiB resident for at most 4.94
-GiB in use, 32.0 s a step; with 4 MiB (`kept_block_mib`'s default), 6.50 GiB for 5.00 GiB, 31.6 s a step:
-the update paid 2.2 s more in page faults and generation about as much less. `release_freed_memory` hands
+GiB in use; with 4 MiB (`kept_block_mib`'s default), 6.50 GiB for 5.00 GiB, the update paying 1-2 s more
+in page faults (3-7% of the step; more at larger steps). `release_freed_memory` hands
 the free pages back to the OS where a step ends (an RL step, an SFT step, a learner rank's update, a
 rollout worker's generate call): reuse within a step, none across. Off with `keep_freed_memory: false`
 in the config (glibc's defaults).
