@@ -5,6 +5,7 @@ names files by paths relative to the repository."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -61,3 +62,19 @@ def run_probe(script: str | Path, flag: str, arguments: list, env: dict | None =
             f"{Path(script).name} {flag} {arguments} failed ({how}):\n{done.stderr[-4000:]}", how
         )
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def parse_probing(
+    parser: argparse.ArgumentParser, argv: list[str] | None, probe
+) -> argparse.Namespace | None:
+    """A model-taking bench's arguments. Called as its own probe process (`run_probe`'s `--probe JSON`):
+    runs `probe(*arguments)`, prints its JSON and returns None. Otherwise the arguments, once `--model`
+    names something that exists (a usage error, exit 2, if not)."""
+    parser.add_argument("--probe", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.probe:
+        print(json.dumps(probe(*json.loads(args.probe))))
+        return None
+    if args.model is None or not args.model.exists():
+        parser.error(f"--model {args.model}: no such file or directory")
+    return args

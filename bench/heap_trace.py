@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import os
 import resource
 import sys
@@ -28,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import RESULTS, ROOT, repo_path, run_probe, write_results  # noqa: E402
+from common import RESULTS, ROOT, parse_probing, repo_path, run_probe, write_results  # noqa: E402
 from rl_step import bench_overrides  # noqa: E402
 
 GIB = 2**30
@@ -162,13 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--tag", default="", help="appended to the results' file name (heap_trace_<model>_<tag>)"
     )
-    parser.add_argument("--probe", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.probe:
-        print(json.dumps(probe(*json.loads(args.probe))))
+    args = parse_probing(parser, argv, probe)
+    if args is None:
         return 0
-    if args.model is None or not args.model.exists():
-        parser.error(f"--model {args.model}: no such file or directory")
     try:
         settings = [int(value) for value in args.kept.split(",")]
     except ValueError:

@@ -17,14 +17,13 @@ Writes bench/results/memory_<model>.json.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import RESULTS, repo_path, run_probe, write_results  # noqa: E402
+from common import RESULTS, parse_probing, repo_path, run_probe, write_results  # noqa: E402
 
 
 def _resident(field: str) -> int:
@@ -102,13 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk", type=int, default=512)
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--probe", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.probe:
-        print(json.dumps(probe(*json.loads(args.probe))))
+    args = parse_probing(parser, argv, probe)
+    if args is None:
         return 0
-    if args.model is None or not args.model.exists():
-        parser.error(f"--model {args.model}: no such file or directory")
     started = time.perf_counter()
     rows = []
     for grad, count in ((False, args.rows), (True, args.grad_rows)):

@@ -15,7 +15,6 @@ Writes bench/results/rl_step_<model>.json.
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import sys
 import tempfile
@@ -24,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import RESULTS, ROOT, repo_path, run_probe, write_results  # noqa: E402
+from common import RESULTS, ROOT, parse_probing, repo_path, run_probe, write_results  # noqa: E402
 
 
 def probe(trainer: str, config: str, overrides: list[str], steps: int, run_dir: str, matched: bool) -> dict:
@@ -110,13 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         help="everyprompt's engine arithmetic: TRL's (matched: a recipe trained in bf16 decodes in bf16, "
         "as TRL's generate runs under the same autocast) or the recipe's own rollout.precision",
     )
-    parser.add_argument("--probe", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.probe:
-        print(json.dumps(probe(*json.loads(args.probe))))
+    args = parse_probing(parser, argv, probe)
+    if args is None:
         return 0
-    if args.model is None or not args.model.exists():
-        parser.error(f"--model {args.model}: no such file or directory")
     overrides = bench_overrides(args.model, args.set)
     started = time.perf_counter()
     results: dict = {"benchmark": "rl_step", "model": repo_path(args.model), "config": repo_path(args.config)}
