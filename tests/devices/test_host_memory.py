@@ -68,7 +68,7 @@ from everyprompt.devices import keep_freed_memory, release_freed_memory
 def resident():
     return int(open("/proc/self/statm").read().split()[1]) * 4096
 
-keep_freed_memory(1024)  # a 256 MiB block kept: above the default size it would be mapped apart
+keep_freed_memory(1024)  # a 256 MiB block is kept only with blocks that large kept
 x = torch.empty(256 * 2**20, dtype=torch.uint8).fill_(1)
 pin = torch.ones(16)  # a later small block, so the freed one is not at the heap's top
 with_x = resident()

@@ -110,12 +110,12 @@ class Config(Section):
         "end; devices/host.py).",
     )
     kept_block_mib: int = Field(
-        4,
+        1024,
         ge=1,
         le=1024,
         description="With keep_freed_memory: the largest block (MiB) kept for reuse; larger ones get fresh "
         "pages and go back to the OS when freed. Smaller: a lower peak (less fragmentation), more page "
-        "faults; 4: SmolLM2's step 20% smaller, 3-7% slower than with 1024 (docs/performance.md).",
+        "faults; 4: SmolLM2's step 20-25% smaller and up to a third slower in its update (docs/performance.md).",
     )
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)

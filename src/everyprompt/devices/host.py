@@ -6,10 +6,10 @@ threshold moves (up to 32 MiB) with the blocks freed. `keep_freed_memory(block_m
 to `block_mib` MiB come from the heap and stay there when freed, for the next tensor; larger ones get a
 mapping of their own. Kept blocks fragment: freed activations leave holes that the backward's differently
 sized tensors do not fit, and the heap grows past what is in use. So the size trades page faults against
-resident memory, and was chosen by measurement (bench/heap_trace.py, SmolLM2-135M's RL step on 2 cores,
-docs/performance.md): with 1 GiB kept, the recipe's step peaked at 8.09 GiB resident for at most 4.94
-GiB in use; with 4 MiB (`kept_block_mib`'s default), 6.50 GiB for 5.00 GiB, the update paying 1-2 s more
-in page faults (3-7% of the step; more at larger steps). `release_freed_memory` hands
+resident memory (bench/heap_trace.py, SmolLM2-135M's RL step on 2 cores, docs/performance.md): with 1
+GiB kept (`kept_block_mib`'s default), the recipe's step peaked at 8.09 GiB resident for at most 4.94 GiB
+in use; with 4 MiB, 6.50 GiB for 5.00 GiB, the update paying 2-9 s more in page faults (17.5 -> 19.7 s
+in one run, 26.2 s in another): a run short of memory sets 4, the default keeps the speed. `release_freed_memory` hands
 the free pages back to the OS where a step ends (an RL step, an SFT step, a learner rank's update, a
 rollout worker's generate call): reuse within a step, none across. Off with `keep_freed_memory: false`
 in the config (glibc's defaults).
@@ -33,7 +33,7 @@ def _glibc(name: str):
     return getattr(ctypes.CDLL(None), name, None)  # (musl has neither mallopt nor malloc_trim)
 
 
-def keep_freed_memory(block_mib: int = 4) -> bool:
+def keep_freed_memory(block_mib: int = 1024) -> bool:
     """Set glibc malloc's mmap threshold to `block_mib` MiB (blocks up to it come from, and are freed back
     into, the heap) and raise its trim threshold, for this process; False where the C library is not glibc
     or refuses the size (nothing changed there)."""
