@@ -1,6 +1,6 @@
 """Where an RL step's resident memory goes: the process's resident set against the bytes glibc's malloc has
 handed out (in use) and holds free, sampled every 50 ms and read by phase (the rollout, the update before
-its first micro-batch, each micro-batch's forward and backward), for one or more `kept_block_mib`
+its first micro-batch, each micro-batch's forward and backward, the weight sync after the update), for one or more `kept_block_mib`
 settings (devices/host.py), each in a process of its own.
 
 A resident set well above the bytes in use is the heap's fragmentation: free blocks the next tensors do
@@ -16,7 +16,6 @@ Writes bench/results/heap_trace_<model>[_<tag>].json (Linux with glibc 2.33 or l
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import resource
 import sys
@@ -28,49 +27,22 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import RESULTS, ROOT, parse_probing, repo_path, run_probe, write_results  # noqa: E402
-from rl_step import bench_overrides  # noqa: E402
+from rl_step import bench_overrides, matched_precision  # noqa: E402
 
 GIB = 2**30
-FIELDS = (
-    "arena",
-    "ordblks",
-    "smblks",
-    "hblks",
-    "hblkhd",
-    "usmblks",
-    "fsmblks",
-    "uordblks",
-    "fordblks",
-    "keepcost",
-)
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in FIELDS]
-
-
-def _mallinfo():
-    """glibc's `mallinfo2` (bytes in use, bytes free in the heap), or None without it."""
-    function = getattr(ctypes.CDLL(None), "mallinfo2", None) if sys.platform.startswith("linux") else None
-    if function is None:
-        return None
-    function.restype = _MallInfo2
-
-    def read() -> tuple[int, int]:
-        info = function()
-        return info.uordblks + info.hblkhd, info.fordblks  # (mapped blocks are in use until freed)
-
-    return read
 
 
 class Sampler:
-    """A daemon thread sampling (phase, resident bytes, malloc's in-use and free bytes) every `period`."""
+    """(phase, resident bytes, malloc's in-use and free bytes) samples: at each phase's start, and every
+    `period` from a daemon thread once started."""
 
     def __init__(self, period: float = 0.05):
         self.phase, self.samples, self.period = "load", [], period
         self.page = os.sysconf("SC_PAGE_SIZE")
-        self.malloc = _mallinfo()
+
+    def start(self) -> Sampler:
         threading.Thread(target=self._run, daemon=True).start()
+        return self
 
     def resident(self) -> int:
         with open("/proc/self/statm") as statm:
@@ -82,7 +54,9 @@ class Sampler:
         self.sample()
 
     def sample(self) -> None:
-        in_use, free = self.malloc() if self.malloc else (None, None)
+        from everyprompt.devices import heap_usage
+
+        in_use, free = heap_usage() or (None, None)
         self.samples.append((self.phase, self.resident(), in_use, free))
 
     def _run(self) -> None:
@@ -106,10 +80,12 @@ class Sampler:
 
 
 def _phases(sampler: Sampler) -> None:
-    """Name the sampler's phase after the learner's: its update, then each micro-batch of it."""
+    """Name the sampler's phase after the loop's: the update, each micro-batch of it, the weight sync that
+    follows (the engine loading the new weights), and the rollout (everything else)."""
     from everyprompt.trainer.learner import Learner
+    from everyprompt.trainer.rollout_side import RolloutSide
 
-    update, micro_batch = Learner.update, Learner._micro_batch
+    update, micro_batch, load_weights = Learner.update, Learner._micro_batch, RolloutSide.load_weights
     count = [0]
 
     def traced_update(self, batch):
@@ -125,26 +101,31 @@ def _phases(sampler: Sampler) -> None:
         sampler.enter(f"micro_batch_{count[0]}")
         return micro_batch(self, *args, **kwargs)
 
+    def traced_load_weights(self, *args, **kwargs):
+        sampler.enter("weight_sync")
+        try:
+            return load_weights(self, *args, **kwargs)
+        finally:
+            sampler.enter("rollout")
+
     Learner.update, Learner._micro_batch = traced_update, traced_micro_batch
+    RolloutSide.load_weights = traced_load_weights
 
 
 def probe(config: str, overrides: list[str], steps: int) -> dict:
     """`steps` RL steps in this process, traced."""
     from throughput_rl import everyprompt_steps
 
-    sampler = Sampler()
+    sampler = Sampler().start()
     _phases(sampler)
     with tempfile.TemporaryDirectory() as run_dir:
         result = everyprompt_steps(overrides, steps, Path(run_dir), Path(config))
-    time.sleep(2 * sampler.period)
     phases = sampler.by_phase()
-    peak = max(phases.values(), key=lambda row: row["peak_rss_gib"])
     return {
         **result,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "phases": phases,
-        "peak_phase": next(name for name, row in phases.items() if row is peak),
-        "malloc_figures": sampler.malloc is not None,
+        "peak_phase": max(phases, key=lambda name: phases[name]["peak_rss_gib"]),
     }
 
 
@@ -168,8 +149,6 @@ def main(argv: list[str] | None = None) -> int:
         settings = [int(value) for value in args.kept.split(",")]
     except ValueError:
         parser.error(f"--kept {args.kept}: expected sizes in MiB, comma-separated")
-    from rl_step import matched_precision
-
     overrides = bench_overrides(args.model, args.set)
     overrides += matched_precision(args.config, overrides)
     results: dict = {"benchmark": "heap_trace", "model": repo_path(args.model), "overrides": args.set}

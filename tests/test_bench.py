@@ -478,7 +478,8 @@ def test_heap_trace_bench_smoke(tmp_path, capsys, monkeypatch):
     assert bench.main([*argv, "--out", str(tmp_path / "out")]) == 0
     payload = json.loads((tmp_path / "out" / "heap_trace_tiny.json").read_text())
     for row in payload["settings"].values():
-        assert {"rollout", "update", "micro_batch_1", "load"} <= set(row["phases"])
+        assert {"rollout", "update", "micro_batch_1", "weight_sync", "load"} <= set(row["phases"])
+        assert row["phases"]["micro_batch_1"]["max_in_use_gib"] > 0  # glibc's own count was read
         assert row["peak_rss_bytes"] > 0 and row["step_s"] > 0
     assert set(payload["settings"]) == {"1024", "4"}
     assert "wrote" in capsys.readouterr().out
@@ -488,7 +489,7 @@ def test_heap_trace_reads_each_phase_at_its_peak():
     """By hand: the phase's highest resident sample carries its in-use and free bytes; the in-use
     maximum is over all of the phase's samples."""
     bench = _load("heap_trace")
-    sampler = object.__new__(bench.Sampler)  # no thread: the samples are given
+    sampler = bench.Sampler()  # not started: the samples are given
     gib = 2**30
     sampler.samples = [
         ("update", 5 * gib, 2 * gib, 3 * gib),

@@ -87,3 +87,21 @@ def test_kept_memory_is_handed_back_by_release():
     assert sizes["released"] is True
     assert sizes["kept"] > sizes["with"] - block // 8  # freed but kept in the process
     assert sizes["after"] < sizes["kept"] - block // 2  # handed back
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallinfo2: Linux only")
+def test_heap_usage_counts_a_block_while_it_lives():
+    import torch
+
+    from everyprompt.devices import heap_usage
+
+    block_bytes = 64 * 2**20
+    before = heap_usage()
+    if before is None:
+        pytest.skip("this C library has no mallinfo2 (glibc before 2.33, or not glibc)")
+    block = torch.ones(block_bytes, dtype=torch.uint8)
+    during = heap_usage()
+    del block
+    after = heap_usage()
+    assert during[0] - before[0] >= block_bytes  # handed out, whether from the heap or mapped apart
+    assert during[0] - after[0] >= block_bytes  # and counted back when freed

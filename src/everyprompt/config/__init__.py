@@ -115,7 +115,7 @@ class Config(Section):
         le=1024,
         description="With keep_freed_memory: the largest block (MiB) kept for reuse; larger ones get fresh "
         "pages and go back to the OS when freed. Smaller: a lower peak (less fragmentation), more page "
-        "faults; 4: SmolLM2's step 20-25% smaller and up to a third slower in its update (docs/performance.md).",
+        "faults; 4: SmolLM2's step peak about 20% lower, its update 13-50% slower in the runs measured (docs/performance.md).",
     )
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)

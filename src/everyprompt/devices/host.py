@@ -8,8 +8,8 @@ mapping of their own. Kept blocks fragment: freed activations leave holes that t
 sized tensors do not fit, and the heap grows past what is in use. So the size trades page faults against
 resident memory (bench/heap_trace.py, SmolLM2-135M's RL step on 2 cores, docs/performance.md): with 1
 GiB kept (`kept_block_mib`'s default), the recipe's step peaked at 8.09 GiB resident for at most 4.94 GiB
-in use; with 4 MiB, 6.50 GiB for 5.00 GiB, the update paying 2-9 s more in page faults (17.5 -> 19.7 s
-in one run, 26.2 s in another): a run short of memory sets 4, the default keeps the speed. `release_freed_memory` hands
+in use, its update 17.5 s; with 4 MiB, 6.50 GiB for 5.00 GiB, the update 19.7 s in that run and 26.2 s
+in another: a run short of memory sets 4, the default keeps the speed. `release_freed_memory` hands
 the free pages back to the OS where a step ends (an RL step, an SFT step, a learner rank's update, a
 rollout worker's generate call): reuse within a step, none across. Off with `keep_freed_memory: false`
 in the config (glibc's defaults).
@@ -59,3 +59,33 @@ def release_freed_memory() -> bool:
     trim.argtypes = [ctypes.c_size_t]
     trim(0)
     return True
+
+
+class _MallInfo2(ctypes.Structure):  # malloc.h's `struct mallinfo2` (glibc 2.33 and later)
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def heap_usage() -> tuple[int, int] | None:
+    """(bytes malloc has handed out and not had back, bytes free inside the heap) of this process, from
+    glibc's `mallinfo2`; None where the C library lacks it. A resident set well above the first is the
+    heap's fragmentation (bench/heap_trace.py)."""
+    mallinfo2 = _glibc("mallinfo2")
+    if mallinfo2 is None:
+        return None
+    mallinfo2.restype = _MallInfo2
+    info = mallinfo2()
+    return info.uordblks + info.hblkhd, info.fordblks  # (a mapped block is in use until freed)
