@@ -64,6 +64,17 @@ def run_probe(script: str | Path, flag: str, arguments: list, env: dict | None =
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def recipe_parser(doc: str) -> argparse.ArgumentParser:
+    """The arguments every RL-recipe bench takes: `--model` (a directory or `.gguf`), `--config` (the
+    recipe, configs/smollm2.yaml by default), `--set` (a config override, repeatable), `--out`."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path)
+    parser.add_argument("--config", type=Path, default=ROOT / "configs" / "smollm2.yaml")
+    parser.add_argument("--set", action="append", default=[], help="a config override (repeatable)")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    return parser
+
+
 def parse_probing(
     parser: argparse.ArgumentParser, argv: list[str] | None, probe
 ) -> argparse.Namespace | None:

@@ -15,7 +15,6 @@ Writes bench/results/heap_trace_<model>[_<tag>].json (Linux with glibc 2.33 or l
 
 from __future__ import annotations
 
-import argparse
 import os
 import resource
 import sys
@@ -26,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import RESULTS, ROOT, parse_probing, repo_path, run_probe, write_results  # noqa: E402
+from common import parse_probing, recipe_parser, repo_path, run_probe, write_results  # noqa: E402
 from rl_step import bench_overrides, matched_precision  # noqa: E402
 
 GIB = 2**30
@@ -130,15 +129,9 @@ def probe(config: str, overrides: list[str], steps: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--model", type=Path)
-    parser.add_argument("--config", type=Path, default=ROOT / "configs" / "smollm2.yaml")
+    parser = recipe_parser(__doc__)
     parser.add_argument("--steps", type=int, default=2, help="RL steps per setting (the first is dropped)")
-    parser.add_argument("--set", action="append", default=[], help="a config override")
     parser.add_argument("--kept", default="1024,4", help="kept_block_mib settings, comma-separated")
-    parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument(
         "--tag", default="", help="appended to the results' file name (heap_trace_<model>_<tag>)"
     )

@@ -14,14 +14,13 @@ Writes bench/results/rl_growth_<model>.json and rl_growth_<model>.png.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import RESULTS, ROOT, ProbeFailed, repo_path, write_results  # noqa: E402
+from common import ProbeFailed, recipe_parser, repo_path, write_results  # noqa: E402
 from rl_step import bench_overrides, matched_precision, measure  # noqa: E402
 
 TRAINERS = ("everyprompt", "trl")
@@ -126,18 +125,12 @@ def plot(results: list[dict], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--model", type=Path)
-    parser.add_argument("--config", type=Path, default=ROOT / "configs" / "smollm2.yaml")
+    parser = recipe_parser(__doc__)
     parser.add_argument("--groups", type=int, nargs="+", default=[4, 8, 16])
     parser.add_argument("--lengths", type=int, nargs="+", default=[48, 96, 192])
     parser.add_argument(
         "--steps", type=int, default=2, help="steps per trainer and point (the first dropped)"
     )
-    parser.add_argument("--set", action="append", default=[], help="a config override for every point")
-    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.model is None or not args.model.exists():
         parser.error(f"--model {args.model}: no such file or directory")

@@ -14,7 +14,6 @@ Writes bench/results/rl_step_<model>.json.
 
 from __future__ import annotations
 
-import argparse
 import resource
 import sys
 import tempfile
@@ -23,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import RESULTS, ROOT, parse_probing, repo_path, run_probe, write_results  # noqa: E402
+from common import parse_probing, recipe_parser, repo_path, run_probe, write_results  # noqa: E402
 
 
 def probe(trainer: str, config: str, overrides: list[str], steps: int, run_dir: str, matched: bool) -> dict:
@@ -80,15 +79,9 @@ def matched_precision(config: Path, overrides: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--model", type=Path)
-    parser.add_argument("--config", type=Path, default=ROOT / "configs" / "smollm2.yaml")
+    parser = recipe_parser(__doc__)
     parser.add_argument("--steps", type=int, default=4, help="steps per trainer (the first is dropped)")
-    parser.add_argument("--set", action="append", default=[], help="a config override for both trainers")
     parser.add_argument("--trainers", default="everyprompt,trl")
-    parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument(
         "--trl-allocator",
         choices=["default", "kept"],
