@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from everyprompt.run.files import write_text_atomic
 from everyprompt.run.machine import machine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,9 +38,10 @@ def repo_path(path: str | Path) -> str:
 
 
 def write_results(path: Path, payload: dict, dtype: str | None = None) -> Path:
-    """Write `payload` with the machine described, as JSON (creating the folder)."""
+    """Write `payload` with the machine described, as JSON (creating the folder), atomically: a kill leaves
+    the old file or the new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**payload, "machine": machine(dtype)}, indent=1, default=str))
+    write_text_atomic(path, json.dumps({**payload, "machine": machine(dtype)}, indent=1, default=str))
     return path
 
 

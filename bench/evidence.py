@@ -13,11 +13,17 @@ it cut short resume from their checkpoints (the sweeps under bench/results/evide
 is recomputed from the records at every write: the paired differences by seed, their mean, the 95%
 percentile-bootstrap interval and the verdict (docs/evidence.md), given only once every pre-registered
 seed of both arms is in.
+
+Calls on different comparisons may run at the same time (with `OMP_NUM_THREADS=1`, say, so that
+together they use each core once): each writes its own comparison's records into the file as it is when
+it saves, under a lock, atomically.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import statistics
@@ -121,8 +127,34 @@ def load(path: Path) -> dict:
     return {"benchmark": "evidence", "preregistration": "docs/evidence.md", "comparisons": {}}
 
 
-def save(path: Path, payload: dict, smoke: bool) -> None:
-    """Write `payload` with every contrast recomputed (a smoke run's file says it is one)."""
+def save(path: Path, payload: dict, smoke: bool, only: tuple[str, str] | None = None) -> dict:
+    """Write `payload` with every contrast recomputed (a smoke run's file says it is one). With `only`
+    (comparison, set-up): that entry of `payload` written into the file as it is now, under a lock, so
+    that calls running other comparisons at the same time keep each other's records."""
+    with _locked(path):
+        if only is not None:
+            name, setup_name = only
+            mine = payload["comparisons"][name]
+            payload = load(path)
+            entry = payload["comparisons"].setdefault(name, {"title": mine["title"], "setups": {}})
+            entry["setups"][setup_name] = mine["setups"][setup_name]
+        _write(path, payload, smoke)
+    return payload
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """An exclusive lock on a file beside `path`, held while it is read and rewritten."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(f".{path.name}.lock"), "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _write(path: Path, payload: dict, smoke: bool) -> None:
     for name, entry in payload["comparisons"].items():
         entry["title"] = COMPARISONS[name].title  # the plan's, should it have been reworded
         for setup_name, body in entry["setups"].items():
@@ -209,11 +241,11 @@ def run(name: str, setup_name: str, seeds: list[int], path: Path, work: Path, sm
             SweepRunner(plan, sweep_dir, workers, console).run()
         except StopRequested as stop:  # Ctrl-C / SIGTERM: the cells checkpointed; keep what finished
             harvest(root, body, fixed, levels)
-            save(path, payload, smoke)
+            save(path, payload, smoke, only=(name, setup_name))
             console.print(f"stopped; the same command continues ({stop})")
             raise SystemExit(stop.exit_code) from None
         harvest(root, body, fixed, levels)
-    save(path, payload, smoke)
+    payload = save(path, payload, smoke, only=(name, setup_name))
     console.print(summary(payload))
 
 

@@ -29,6 +29,7 @@ from common import parse_probing, recipe_parser, repo_path, run_probe, write_res
 from rl_step import bench_overrides, matched_precision  # noqa: E402
 
 GIB = 2**30
+THP = "+thp"  # a --kept setting's suffix: transparent huge pages for torch's large CPU blocks
 
 
 class Sampler:
@@ -56,7 +57,8 @@ class Sampler:
         from everyprompt.devices import heap_usage
 
         in_use, free = heap_usage() or (None, None)
-        self.samples.append((self.phase, self.resident(), in_use, free))
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        self.samples.append((self.phase, self.resident(), in_use, free, time.perf_counter(), faults))
 
     def _run(self) -> None:
         while True:
@@ -64,11 +66,19 @@ class Sampler:
             time.sleep(self.period)
 
     def by_phase(self) -> dict[str, dict]:
-        """Per phase: the highest resident set, malloc's in-use and free bytes at that moment, and the
-        highest in-use bytes."""
+        """Per phase: the highest resident set, malloc's in-use and free bytes at that moment, the highest
+        in-use bytes, and the seconds and page faults (minor: a page mapped in, zero-filled) spent in it,
+        each interval between two samples counted to the first one's phase (a phase starts with a
+        sample)."""
         out: dict[str, dict] = {}
-        for phase, resident, in_use, free in self.samples:
-            row = out.setdefault(phase, {"peak_rss_gib": 0.0, "max_in_use_gib": None})
+        samples = sorted(self.samples, key=lambda sample: sample[4])  # two threads append them
+        for (phase, resident, in_use, free, at, faults), after in zip(samples, [*samples[1:], None]):
+            row = out.setdefault(
+                phase, {"peak_rss_gib": 0.0, "max_in_use_gib": None, "seconds": 0.0, "page_faults": 0}
+            )
+            if after is not None:
+                row["seconds"] += after[4] - at
+                row["page_faults"] += after[5] - faults
             if resident / GIB > row["peak_rss_gib"]:
                 row["peak_rss_gib"] = resident / GIB
                 row["in_use_at_peak_gib"] = None if in_use is None else in_use / GIB
@@ -131,7 +141,12 @@ def probe(config: str, overrides: list[str], steps: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = recipe_parser(__doc__)
     parser.add_argument("--steps", type=int, default=2, help="RL steps per setting (the first is dropped)")
-    parser.add_argument("--kept", default="1024,4", help="kept_block_mib settings, comma-separated")
+    parser.add_argument(
+        "--kept",
+        default="1024,4",
+        help="kept_block_mib settings, comma-separated; a `+thp` suffix (e.g. 4+thp) also has torch's CPU "
+        "allocator ask for transparent huge pages for blocks of 2 MiB or more (THP_MEM_ALLOC_ENABLE=1)",
+    )
     parser.add_argument(
         "--tag", default="", help="appended to the results' file name (heap_trace_<model>_<tag>)"
     )
@@ -139,19 +154,22 @@ def main(argv: list[str] | None = None) -> int:
     if args is None:
         return 0
     try:
-        settings = [int(value) for value in args.kept.split(",")]
+        settings = [(int(value.removesuffix(THP)), value.endswith(THP)) for value in args.kept.split(",")]
     except ValueError:
-        parser.error(f"--kept {args.kept}: expected sizes in MiB, comma-separated")
+        parser.error(
+            f"--kept {args.kept}: expected sizes in MiB (each optionally with {THP}), comma-separated"
+        )
     overrides = bench_overrides(args.model, args.set)
     overrides += matched_precision(args.config, overrides)
     results: dict = {"benchmark": "heap_trace", "model": repo_path(args.model), "overrides": args.set}
     results["settings"] = {}
-    for kept in settings:
-        print(f"kept_block_mib={kept}: {args.steps} steps ...")
-        row = run_probe(
-            __file__, "--probe", [str(args.config), [*overrides, f"kept_block_mib={kept}"], args.steps]
-        )
-        results["settings"][str(kept)] = row
+    for kept, huge in settings:
+        print(f"kept_block_mib={kept}{' with huge pages' if huge else ''}: {args.steps} steps ...")
+        # torch reads its variable once, at its first allocation: it must be there when the process starts
+        env = {**os.environ, "THP_MEM_ALLOC_ENABLE": "1"} if huge else None
+        arguments = [str(args.config), [*overrides, f"kept_block_mib={kept}"], args.steps]
+        row = run_probe(__file__, "--probe", arguments, env=env)
+        results["settings"][f"{kept}{THP if huge else ''}"] = {**row, "huge_pages": huge}
         peak = row["phases"][row["peak_phase"]]
         in_use = peak["max_in_use_gib"]
         print(

@@ -46,6 +46,29 @@ def test_contrasts_pair_by_seed_and_judge_only_complete_ones():
     assert not reported["judged"] and reported["verdict"] is None
 
 
+def test_calls_on_other_comparisons_keep_each_others_records(tmp_path):
+    """Two calls that loaded the file before either saved (c1 and c2 running at once): each save writes
+    its own comparison into the file as it is then, so the later one does not drop the earlier's runs."""
+    bench = _load("evidence")
+    path = tmp_path / "evidence.json"
+
+    def call(name, arms):
+        payload = bench.load(path)  # what the call read when it started
+        entry = payload["comparisons"].setdefault(name, {"title": "", "setups": {}})
+        runs = {arm: {"overrides": [], "runs": [{"seed": 0, "greedy_accuracy": 0.5}]} for arm in arms}
+        entry["setups"]["tiny"] = {"arms": runs}
+        return payload
+
+    first, second = call("c1", ["ppo-clip", "espo"]), call("c2", ["grpo", "zve"])
+    bench.save(path, first, False, only=("c1", "tiny"))
+    written = bench.save(path, second, False, only=("c2", "tiny"))
+    on_disk = json.loads(path.read_text())
+    assert set(on_disk["comparisons"]) == {"c1", "c2"} == set(written["comparisons"])
+    assert set(on_disk["comparisons"]["c1"]["setups"]["tiny"]["arms"]) == {"ppo-clip", "espo"}
+    assert on_disk["comparisons"]["c1"]["title"] == bench.COMPARISONS["c1"].title
+    assert not list(tmp_path.glob(".evidence.json.tmp-*"))  # written through a renamed temporary file
+
+
 @pytest.mark.parametrize(
     "name",
     [
