@@ -4,11 +4,13 @@ its first micro-batch, each micro-batch's forward and backward, the weight sync 
 settings (devices/host.py), each in a process of its own.
 
 A resident set well above the bytes in use is the heap's fragmentation: free blocks the next tensors do
-not fit. The figures answer which setting keeps the peak nearest to what is in use, and at what time.
+not fit. The figures answer which setting keeps the peak nearest to what is in use, and at what time; each
+phase's seconds and page faults say what fresh pages cost (a `+thp` setting asks for huge pages).
 
     python bench/heap_trace.py --model models/smollm2-135m-instruct --kept 1024,4 --steps 3     # ~5 min
     python bench/heap_trace.py --model models/smollm2-135m-instruct --kept 1024,4 --steps 3 \
         --set rl.group_size=16 --tag group16                                                     # ~8 min
+    python bench/heap_trace.py --model models/smollm2-135m-instruct --kept 4,4+thp --steps 2 --tag thp
 
 Writes bench/results/heap_trace_<model>[_<tag>].json (Linux with glibc 2.33 or later for the malloc figures).
 """
