@@ -197,6 +197,7 @@ def test_router_perturbation_is_the_engines_precision_error(tmp_path, precision)
     assert bool(torch.isfinite(perturbation).all())
 
 
+@pytest.mark.slow  # ~65 s (the largest of the default run); the engine's paths it times are tested in tests/rollout/
 def test_throughput_bench_smoke(tmp_path, capsys):
     bench = _load("throughput")
     assert bench.main(["--tiny", "--out", str(tmp_path)]) == 0
