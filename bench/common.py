@@ -88,6 +88,11 @@ def parse_probing(
     if args.probe:
         print(json.dumps(probe(*json.loads(args.probe))))
         return None
+    return require_model(parser, args)
+
+
+def require_model(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """`args`, once `--model` names something that exists (a usage error, exit 2, if not)."""
     if args.model is None or not args.model.exists():
         parser.error(f"--model {args.model}: no such file or directory")
     return args

@@ -127,17 +127,15 @@ def load(path: Path) -> dict:
     return {"benchmark": "evidence", "preregistration": "docs/evidence.md", "comparisons": {}}
 
 
-def save(path: Path, payload: dict, smoke: bool, only: tuple[str, str] | None = None) -> dict:
-    """Write `payload` with every contrast recomputed (a smoke run's file says it is one). With `only`
-    (comparison, set-up): that entry of `payload` written into the file as it is now, under a lock, so
-    that calls running other comparisons at the same time keep each other's records."""
+def save(path: Path, payload: dict, smoke: bool, name: str, setup_name: str) -> dict:
+    """Write `payload`'s records of comparison `name` on `setup_name` into the file as it is now, under a
+    lock, with every contrast recomputed (a smoke run's file says it is one), so that calls running other
+    comparisons at the same time keep each other's records; the payload written."""
     with _locked(path):
-        if only is not None:
-            name, setup_name = only
-            mine = payload["comparisons"][name]
-            payload = load(path)
-            entry = payload["comparisons"].setdefault(name, {"title": mine["title"], "setups": {}})
-            entry["setups"][setup_name] = mine["setups"][setup_name]
+        mine = payload["comparisons"][name]
+        payload = load(path)
+        entry = payload["comparisons"].setdefault(name, {"title": mine["title"], "setups": {}})
+        entry["setups"][setup_name] = mine["setups"][setup_name]
         _write(path, payload, smoke)
     return payload
 
@@ -241,11 +239,11 @@ def run(name: str, setup_name: str, seeds: list[int], path: Path, work: Path, sm
             SweepRunner(plan, sweep_dir, workers, console).run()
         except StopRequested as stop:  # Ctrl-C / SIGTERM: the cells checkpointed; keep what finished
             harvest(root, body, fixed, levels)
-            save(path, payload, smoke, only=(name, setup_name))
+            save(path, payload, smoke, name, setup_name)
             console.print(f"stopped; the same command continues ({stop})")
             raise SystemExit(stop.exit_code) from None
         harvest(root, body, fixed, levels)
-    payload = save(path, payload, smoke, only=(name, setup_name))
+    payload = save(path, payload, smoke, name, setup_name)
     console.print(summary(payload))
 
 

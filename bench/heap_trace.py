@@ -35,8 +35,8 @@ THP = "+thp"  # a --kept setting's suffix: transparent huge pages for torch's la
 
 
 class Sampler:
-    """(phase, resident bytes, malloc's in-use and free bytes) samples: at each phase's start, and every
-    `period` from a daemon thread once started."""
+    """(phase, resident bytes, malloc's in-use and free bytes, time, page faults so far) samples: at each
+    phase's start, and every `period` from a daemon thread once started."""
 
     def __init__(self, period: float = 0.05):
         self.phase, self.samples, self.period = "load", [], period
@@ -137,6 +137,7 @@ def probe(config: str, overrides: list[str], steps: int) -> dict:
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "phases": phases,
         "peak_phase": max(phases, key=lambda name: phases[name]["peak_rss_gib"]),
+        "huge_pages": os.environ.get("THP_MEM_ALLOC_ENABLE") == "1",  # as torch read it at its start
     }
 
 
@@ -171,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         env = {**os.environ, "THP_MEM_ALLOC_ENABLE": "1"} if huge else None
         arguments = [str(args.config), [*overrides, f"kept_block_mib={kept}"], args.steps]
         row = run_probe(__file__, "--probe", arguments, env=env)
-        results["settings"][f"{kept}{THP if huge else ''}"] = {**row, "huge_pages": huge}
+        results["settings"][f"{kept}{THP if huge else ''}"] = row
         peak = row["phases"][row["peak_phase"]]
         in_use = peak["max_in_use_gib"]
         print(

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import ProbeFailed, recipe_parser, repo_path, write_results  # noqa: E402
+from common import ProbeFailed, recipe_parser, repo_path, require_model, write_results  # noqa: E402
 from rl_step import bench_overrides, matched_precision, measure  # noqa: E402
 
 TRAINERS = ("everyprompt", "trl")
@@ -131,9 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--steps", type=int, default=2, help="steps per trainer and point (the first dropped)"
     )
-    args = parser.parse_args(argv)
-    if args.model is None or not args.model.exists():
-        parser.error(f"--model {args.model}: no such file or directory")
+    args = require_model(parser, parser.parse_args(argv))
     base = bench_overrides(args.model, args.set)
     started = time.perf_counter()
     measured: dict[tuple[int, int], dict] = {}  # the recipe's own point is on both axes: measured once

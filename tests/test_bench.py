@@ -485,8 +485,11 @@ def test_heap_trace_bench_smoke(tmp_path, capsys, monkeypatch):
         assert {"rollout", "update", "micro_batch_1", "weight_sync", "load"} <= set(row["phases"])
         assert row["phases"]["micro_batch_1"]["max_in_use_gib"] > 0  # glibc's own count was read
         assert row["peak_rss_bytes"] > 0 and row["step_s"] > 0
-        assert row["phases"]["update"]["seconds"] > 0 and row["phases"]["micro_batch_1"]["page_faults"] >= 0
+        # the phases' seconds cover the steps; loading and running a model maps pages in
+        assert sum(p["seconds"] for p in row["phases"].values()) > row["step_s"]
+        assert sum(p["page_faults"] for p in row["phases"].values()) > 0
     assert set(payload["settings"]) == {"1024", "4+thp"}
+    # the probe process itself saw torch's variable only where the setting asked for it
     assert [row["huge_pages"] for row in payload["settings"].values()] == [False, True]
     assert "wrote" in capsys.readouterr().out
 

@@ -60,8 +60,8 @@ def test_calls_on_other_comparisons_keep_each_others_records(tmp_path):
         return payload
 
     first, second = call("c1", ["ppo-clip", "espo"]), call("c2", ["grpo", "zve"])
-    bench.save(path, first, False, only=("c1", "tiny"))
-    written = bench.save(path, second, False, only=("c2", "tiny"))
+    bench.save(path, first, False, "c1", "tiny")
+    written = bench.save(path, second, False, "c2", "tiny")
     on_disk = json.loads(path.read_text())
     assert set(on_disk["comparisons"]) == {"c1", "c2"} == set(written["comparisons"])
     assert set(on_disk["comparisons"]["c1"]["setups"]["tiny"]["arms"]) == {"ppo-clip", "espo"}
