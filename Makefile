@@ -3,6 +3,14 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Compiled bytecode kept in the venv, whatever the shell says: with PYTHONDONTWRITEBYTECODE set (as on some
+# machines) every process compiles the sources of torch and transformers again, ~3 s for each of the test
+# run's many child processes (runs, sweeps, workers); under .venv, src/ and tests/ stay free of __pycache__
+unexport PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX := $(CURDIR)/$(VENV)/pycache
+# The default test run on two pytest-xdist workers, one thread each (tests/conftest.py); the tests of
+# tests/distributed share one worker. TEST_WORKERS=0 runs them in this process, one after the other.
+TEST_WORKERS ?= 2
 # No .pyc precompilation of every installed file: imports compile what they use (saves ~40 s).
 PIP := $(BIN)/pip install --quiet --no-compile --disable-pip-version-check
 
@@ -21,7 +29,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow

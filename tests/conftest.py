@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # two workers on two cores: one thread each, children included
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 from everyprompt.config import Config, ModelConfig, load_config
 from everyprompt.models import load_model_and_tokenizer
@@ -81,7 +87,7 @@ settings.register_profile("default", max_examples=100, deadline=None)
 settings.register_profile(
     "thorough", max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
-settings.load_profile(__import__("os").environ.get("HYPOTHESIS_PROFILE", "default"))
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 @pytest.fixture(autouse=True)
@@ -97,3 +103,12 @@ def _no_rollout_thread_outlives_its_test():
             return
         time.sleep(0.05)
     raise AssertionError("an asynchronous run's rollout thread outlived the test that started it")
+
+
+def pytest_collection_modifyitems(config, items):
+    """With pytest-xdist (`-n 2 --dist loadgroup`), the tests of tests/distributed run on one worker, one
+    after the other: they share one local Ray instance and count Ray's processes on the whole machine."""
+    ray_tests = pytest.mark.xdist_group("ray")
+    for item in items:
+        if "distributed" in item.path.parts:
+            item.add_marker(ray_tests)

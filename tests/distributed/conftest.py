@@ -51,7 +51,7 @@ def actor_processes(name: str) -> list[int]:
     return found
 
 
-def actors_left(*names: str, wait_s: float = 10.0) -> list[int]:
+def actors_left(*names: str, wait_s: float = 30.0) -> list[int]:
     """The processes of actors of classes `names` still alive after up to `wait_s` seconds (a killed
     actor's process exits shortly after the kill returns)."""
     deadline = time.monotonic() + wait_s

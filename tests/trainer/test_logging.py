@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -95,7 +96,11 @@ def test_wandb_offline_for_real(tmp_path, monkeypatch):
         logger.log(step, {"reward/accuracy_marker": 0.125 * step})
     logger.close()
     (record,) = list((run_dir / "wandb").glob("offline-run-*-rl/run-*.wandb"))
-    data = record.read_bytes()
+    # wandb's service closes the file a moment after `finish()` returns (only its header was there once,
+    # on a loaded machine): read it until its records are in, for up to 30 s
+    deadline = time.monotonic() + 30
+    while b"0.375" not in (data := record.read_bytes()) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert data.count(b"reward/accuracy_marker") >= 3 and b"0.375" in data and b"espo_marker" in data
 
 
