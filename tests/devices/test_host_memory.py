@@ -103,5 +103,7 @@ def test_heap_usage_counts_a_block_while_it_lives():
     during = heap_usage()
     del block
     after = heap_usage()
-    assert during[0] - before[0] >= block_bytes  # handed out, whether from the heap or mapped apart
-    assert during[0] - after[0] >= block_bytes  # and counted back when freed
+    # other threads of this process (pytest-xdist's messaging) allocate and free a few bytes meanwhile
+    slack = 2**20
+    assert during[0] - before[0] >= block_bytes - slack  # handed out, whether from the heap or mapped apart
+    assert during[0] - after[0] >= block_bytes - slack  # and counted back when freed
