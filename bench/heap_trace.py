@@ -11,6 +11,8 @@ phase's seconds and page faults say what fresh pages cost (a `+thp` setting asks
     python bench/heap_trace.py --model models/smollm2-135m-instruct --kept 1024,4 --steps 3 \
         --set rl.group_size=16 --tag group16                                                     # ~8 min
     python bench/heap_trace.py --model models/smollm2-135m-instruct --kept 4,4+thp --steps 2 --tag thp
+    python bench/heap_trace.py --model models/smollm2-135m-instruct --kept 1024,1024+trim --steps 2 \
+        --set rl.group_size=16 --tag trim
 
 Writes bench/results/heap_trace_<model>[_<tag>].json (Linux with glibc 2.33 or later for the malloc figures).
 """
@@ -31,7 +33,9 @@ from common import parse_probing, recipe_parser, repo_path, run_probe, write_res
 from rl_step import bench_overrides, matched_precision  # noqa: E402
 
 GIB = 2**30
-THP = "+thp"  # a --kept setting's suffix: transparent huge pages for torch's large CPU blocks
+# a --kept setting's suffixes: transparent huge pages for torch's large CPU blocks; malloc_trim (the heap's
+# free pages handed back) before each micro-batch of the update
+FLAGS = {"thp": "THP_MEM_ALLOC_ENABLE", "trim": "HEAP_TRACE_TRIM"}
 
 
 class Sampler:
@@ -107,8 +111,14 @@ def _phases(sampler: Sampler) -> None:
         finally:
             sampler.enter("rollout")
 
+    trim = os.environ.get(FLAGS["trim"]) == "1"
+
     def traced_micro_batch(self, *args, **kwargs):
         count[0] += 1
+        if trim:
+            from everyprompt.devices import release_freed_memory
+
+            release_freed_memory()
         sampler.enter(f"micro_batch_{count[0]}")
         return micro_batch(self, *args, **kwargs)
 
@@ -137,8 +147,17 @@ def probe(config: str, overrides: list[str], steps: int) -> dict:
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "phases": phases,
         "peak_phase": max(phases, key=lambda name: phases[name]["peak_rss_gib"]),
-        "huge_pages": os.environ.get("THP_MEM_ALLOC_ENABLE") == "1",  # as torch read it at its start
+        "huge_pages": os.environ.get(FLAGS["thp"]) == "1",  # as torch read it at its start
+        "trim_each_micro_batch": os.environ.get(FLAGS["trim"]) == "1",
     }
+
+
+def _setting(value: str) -> tuple[str, int, list[str]]:
+    """`1024`, `4+thp`, `1024+trim`: (the setting's name, its size in MiB, its flags); ValueError if bad."""
+    size, *flags = value.strip().split("+")
+    if not size.isdigit() or any(flag not in FLAGS for flag in flags) or len(set(flags)) < len(flags):
+        raise ValueError(value)
+    return value.strip(), int(size), flags
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         "--kept",
         default="1024,4",
         help="kept_block_mib settings, comma-separated; a `+thp` suffix (e.g. 4+thp) also has torch's CPU "
-        "allocator ask for transparent huge pages for blocks of 2 MiB or more (THP_MEM_ALLOC_ENABLE=1)",
+        "allocator ask for transparent huge pages for blocks of 2 MiB or more (THP_MEM_ALLOC_ENABLE=1); "
+        "`+trim` hands the heap's free pages back (malloc_trim) before each micro-batch of the update",
     )
     parser.add_argument(
         "--tag", default="", help="appended to the results' file name (heap_trace_<model>_<tag>)"
@@ -157,22 +177,22 @@ def main(argv: list[str] | None = None) -> int:
     if args is None:
         return 0
     try:
-        settings = [(int(value.removesuffix(THP)), value.endswith(THP)) for value in args.kept.split(",")]
+        settings = [_setting(value) for value in args.kept.split(",")]
     except ValueError:
         parser.error(
-            f"--kept {args.kept}: expected sizes in MiB (each optionally with {THP}), comma-separated"
+            f"--kept {args.kept}: expected sizes in MiB, each optionally with +thp and +trim, comma-separated"
         )
     overrides = bench_overrides(args.model, args.set)
     overrides += matched_precision(args.config, overrides)
     results: dict = {"benchmark": "heap_trace", "model": repo_path(args.model), "overrides": args.set}
     results["settings"] = {}
-    for kept, huge in settings:
-        print(f"kept_block_mib={kept}{' with huge pages' if huge else ''}: {args.steps} steps ...")
+    for name, kept, flags in settings:
+        print(f"kept_block_mib={kept}{''.join(' +' + flag for flag in flags)}: {args.steps} steps ...")
         # torch reads its variable once, at its first allocation: it must be there when the process starts
-        env = {**os.environ, "THP_MEM_ALLOC_ENABLE": "1"} if huge else None
+        env = {**os.environ, **{FLAGS[flag]: "1" for flag in flags}} if flags else None
         arguments = [str(args.config), [*overrides, f"kept_block_mib={kept}"], args.steps]
         row = run_probe(__file__, "--probe", arguments, env=env)
-        results["settings"][f"{kept}{THP if huge else ''}"] = row
+        results["settings"][name] = row
         peak = row["phases"][row["peak_phase"]]
         in_use = peak["max_in_use_gib"]
         print(

@@ -478,7 +478,7 @@ def test_heap_trace_bench_smoke(tmp_path, capsys, monkeypatch):
         "rl:\n  prompts_per_step: 2\n  group_size: 2\n  micro_batch_size: 2\n  mini_batches: 1\n"
     )
     signal = "rewards.function=tests.trainer.flaky_reward:scattered"  # every group updates the model
-    argv = ["--model", str(model), "--config", str(recipe), "--kept", "1024,4+thp", "--set", signal]
+    argv = ["--model", str(model), "--config", str(recipe), "--kept", "1024,4+thp+trim", "--set", signal]
     assert bench.main([*argv, "--out", str(tmp_path / "out")]) == 0
     payload = json.loads((tmp_path / "out" / "heap_trace_tiny.json").read_text())
     for row in payload["settings"].values():
@@ -488,10 +488,23 @@ def test_heap_trace_bench_smoke(tmp_path, capsys, monkeypatch):
         # the phases' seconds cover the steps; loading and running a model maps pages in
         assert sum(p["seconds"] for p in row["phases"].values()) > row["step_s"]
         assert sum(p["page_faults"] for p in row["phases"].values()) > 0
-    assert set(payload["settings"]) == {"1024", "4+thp"}
-    # the probe process itself saw torch's variable only where the setting asked for it
+    assert set(payload["settings"]) == {"1024", "4+thp+trim"}
+    # the probe process itself saw the variables only where the setting asked for them
     assert [row["huge_pages"] for row in payload["settings"].values()] == [False, True]
+    assert [row["trim_each_micro_batch"] for row in payload["settings"].values()] == [False, True]
     assert "wrote" in capsys.readouterr().out
+
+
+def test_heap_trace_settings_are_sizes_with_known_flags(tmp_path, capsys):
+    bench = _load("heap_trace")
+    assert bench._setting("1024") == ("1024", 1024, [])
+    assert bench._setting("4+thp+trim") == ("4+thp+trim", 4, ["thp", "trim"])
+    for bad in ("4+x", "4+trim+trim", "+thp", "big"):
+        with pytest.raises(ValueError):
+            bench._setting(bad)
+    with pytest.raises(SystemExit) as stop:
+        bench.main(["--model", str(tmp_path), "--kept", "1024,4+x"])
+    assert stop.value.code == 2 and "--kept 1024,4+x" in capsys.readouterr().err
 
 
 def test_heap_trace_reads_each_phase_at_its_peak():
