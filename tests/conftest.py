@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-if os.environ.get("PYTEST_XDIST_WORKER"):  # two workers on two cores: one thread each, children included
+if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker per core (`make test`): one thread each, children too
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
 
