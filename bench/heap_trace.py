@@ -5,7 +5,8 @@ settings (devices/host.py), each in a process of its own.
 
 A resident set well above the bytes in use is the heap's fragmentation: free blocks the next tensors do
 not fit. The figures answer which setting keeps the peak nearest to what is in use, and at what time; each
-phase's seconds and page faults say what fresh pages cost (a `+thp` setting asks for huge pages).
+phase's seconds and page faults say what fresh pages cost (a `+thp` setting asks for huge pages; `+trim`
+hands the heap's free pages back before each micro-batch).
 
     python bench/heap_trace.py --model models/smollm2-135m-instruct --kept 1024,4 --steps 3     # ~5 min
     python bench/heap_trace.py --model models/smollm2-135m-instruct --kept 1024,4 --steps 3 \
@@ -94,14 +95,15 @@ class Sampler:
         return out
 
 
-def _phases(sampler: Sampler) -> None:
+def _phases(sampler: Sampler) -> list[int]:
     """Name the sampler's phase after the loop's: the update, each micro-batch of it, the weight sync that
-    follows (the engine loading the new weights), and the rollout (everything else)."""
+    follows (the engine loading the new weights), and the rollout (everything else). With `+trim` in the
+    environment, the heap is trimmed before each micro-batch; the count of trims done, as a one-item list."""
     from everyprompt.trainer.learner import Learner
     from everyprompt.trainer.rollout_side import RolloutSide
 
     update, micro_batch, load_weights = Learner.update, Learner._micro_batch, RolloutSide.load_weights
-    count = [0]
+    count, trims = [0], [0]
 
     def traced_update(self, batch):
         count[0] = 0
@@ -118,7 +120,7 @@ def _phases(sampler: Sampler) -> None:
         if trim:
             from everyprompt.devices import release_freed_memory
 
-            release_freed_memory()
+            trims[0] += release_freed_memory()
         sampler.enter(f"micro_batch_{count[0]}")
         return micro_batch(self, *args, **kwargs)
 
@@ -131,6 +133,7 @@ def _phases(sampler: Sampler) -> None:
 
     Learner.update, Learner._micro_batch = traced_update, traced_micro_batch
     RolloutSide.load_weights = traced_load_weights
+    return trims
 
 
 def probe(config: str, overrides: list[str], steps: int) -> dict:
@@ -138,7 +141,7 @@ def probe(config: str, overrides: list[str], steps: int) -> dict:
     from throughput_rl import everyprompt_steps
 
     sampler = Sampler().start()
-    _phases(sampler)
+    trims = _phases(sampler)
     with tempfile.TemporaryDirectory() as run_dir:
         result = everyprompt_steps(overrides, steps, Path(run_dir), Path(config))
     phases = sampler.by_phase()
@@ -148,16 +151,17 @@ def probe(config: str, overrides: list[str], steps: int) -> dict:
         "phases": phases,
         "peak_phase": max(phases, key=lambda name: phases[name]["peak_rss_gib"]),
         "huge_pages": os.environ.get(FLAGS["thp"]) == "1",  # as torch read it at its start
-        "trim_each_micro_batch": os.environ.get(FLAGS["trim"]) == "1",
+        "trims": trims[0],  # malloc_trim calls that handed pages back (0 unless the setting asked for them)
     }
 
 
 def _setting(value: str) -> tuple[str, int, list[str]]:
     """`1024`, `4+thp`, `1024+trim`: (the setting's name, its size in MiB, its flags); ValueError if bad."""
-    size, *flags = value.strip().split("+")
+    value = value.strip()
+    size, *flags = value.split("+")
     if not size.isdigit() or any(flag not in FLAGS for flag in flags) or len(set(flags)) < len(flags):
         raise ValueError(value)
-    return value.strip(), int(size), flags
+    return value, int(size), flags
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {"benchmark": "heap_trace", "model": repo_path(args.model), "overrides": args.set}
     results["settings"] = {}
     for name, kept, flags in settings:
-        print(f"kept_block_mib={kept}{''.join(' +' + flag for flag in flags)}: {args.steps} steps ...")
+        print(f"kept_block_mib={name}: {args.steps} steps ...")
         # torch reads its variable once, at its first allocation: it must be there when the process starts
         env = {**os.environ, **{FLAGS[flag]: "1" for flag in flags}} if flags else None
         arguments = [str(args.config), [*overrides, f"kept_block_mib={kept}"], args.steps]

@@ -491,7 +491,9 @@ def test_heap_trace_bench_smoke(tmp_path, capsys, monkeypatch):
     assert set(payload["settings"]) == {"1024", "4+thp+trim"}
     # the probe process itself saw the variables only where the setting asked for them
     assert [row["huge_pages"] for row in payload["settings"].values()] == [False, True]
-    assert [row["trim_each_micro_batch"] for row in payload["settings"].values()] == [False, True]
+    # the heap was trimmed before each micro-batch (2 steps of 4 sequences in micro-batches of 2) only where
+    # the setting asked for it
+    assert [row["trims"] for row in payload["settings"].values()] == [0, 4]
     assert "wrote" in capsys.readouterr().out
 
 
