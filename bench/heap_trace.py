@@ -6,7 +6,8 @@ settings (devices/host.py), each in a process of its own.
 A resident set well above the bytes in use is the heap's fragmentation: free blocks the next tensors do
 not fit. The figures answer which setting keeps the peak nearest to what is in use, and at what time; each
 phase's seconds and page faults say what fresh pages cost (a `+thp` setting asks for huge pages; `+trim`
-hands the heap's free pages back before each micro-batch).
+hands the heap's free pages back before each micro-batch; `+jemalloc` and `+tcmalloc` replace glibc's
+malloc with that allocator, preloaded, where glibc's in-use figures no longer apply).
 
     python bench/heap_trace.py --model models/smollm2-135m-instruct --kept 1024,4 --steps 3     # ~5 min
     python bench/heap_trace.py --model models/smollm2-135m-instruct --kept 1024,4 --steps 3 \
@@ -14,6 +15,8 @@ hands the heap's free pages back before each micro-batch).
     python bench/heap_trace.py --model models/smollm2-135m-instruct --kept 4,4+thp --steps 2 --tag thp
     python bench/heap_trace.py --model models/smollm2-135m-instruct --kept 1024,1024+trim --steps 2 \
         --set rl.group_size=16 --tag trim
+    python bench/heap_trace.py --model models/smollm2-135m-instruct --kept 1024,1024+jemalloc --steps 2 \
+        --set rl.group_size=16 --tag jemalloc      # needs libjemalloc.so.2 (Debian: libjemalloc2)
 
 Writes bench/results/heap_trace_<model>[_<tag>].json (Linux with glibc 2.33 or later for the malloc figures).
 """
@@ -34,9 +37,24 @@ from common import parse_probing, recipe_parser, repo_path, run_probe, write_res
 from rl_step import bench_overrides, matched_precision  # noqa: E402
 
 GIB = 2**30
-# a --kept setting's suffixes: transparent huge pages for torch's large CPU blocks; malloc_trim (the heap's
-# free pages handed back) before each micro-batch of the update
-FLAGS = {"thp": "THP_MEM_ALLOC_ENABLE", "trim": "HEAP_TRACE_TRIM"}
+# a --kept setting's suffixes, each the environment its process starts with: transparent huge pages for
+# torch's large CPU blocks; malloc_trim (the heap's free pages handed back) before each micro-batch of the
+# update; another malloc, preloaded (found by the dynamic loader's search, as LD_PRELOAD names it)
+FLAGS = {
+    "thp": {"THP_MEM_ALLOC_ENABLE": "1"},
+    "trim": {"HEAP_TRACE_TRIM": "1"},
+    "jemalloc": {"LD_PRELOAD": "libjemalloc.so.2"},
+    "tcmalloc": {"LD_PRELOAD": "libtcmalloc_minimal.so.4"},
+}
+ALLOCATORS = ("jemalloc", "tcmalloc")
+
+
+def allocator() -> str:
+    """The malloc this process runs on: a preloaded one of ALLOCATORS where its library is mapped, else
+    glibc (a library the loader could not find leaves glibc's, with only a warning on stderr)."""
+    with open("/proc/self/maps") as maps:
+        mapped = maps.read()
+    return next((name for name in ALLOCATORS if f"lib{name}" in mapped), "glibc")
 
 
 class Sampler:
@@ -46,6 +64,7 @@ class Sampler:
     def __init__(self, period: float = 0.05):
         self.phase, self.samples, self.period = "load", [], period
         self.page = os.sysconf("SC_PAGE_SIZE")
+        self.glibc = allocator() == "glibc"  # glibc's counts say nothing of another malloc's heap
 
     def start(self) -> Sampler:
         threading.Thread(target=self._run, daemon=True).start()
@@ -63,7 +82,7 @@ class Sampler:
     def sample(self) -> None:
         from everyprompt.devices import heap_usage
 
-        in_use, free = heap_usage() or (None, None)
+        in_use, free = (heap_usage() if self.glibc else None) or (None, None)
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         self.samples.append((self.phase, self.resident(), in_use, free, time.perf_counter(), faults))
 
@@ -113,7 +132,7 @@ def _phases(sampler: Sampler) -> list[int]:
         finally:
             sampler.enter("rollout")
 
-    trim = os.environ.get(FLAGS["trim"]) == "1"
+    trim = os.environ.get("HEAP_TRACE_TRIM") == "1"
 
     def traced_micro_batch(self, *args, **kwargs):
         count[0] += 1
@@ -150,7 +169,8 @@ def probe(config: str, overrides: list[str], steps: int) -> dict:
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "phases": phases,
         "peak_phase": max(phases, key=lambda name: phases[name]["peak_rss_gib"]),
-        "huge_pages": os.environ.get(FLAGS["thp"]) == "1",  # as torch read it at its start
+        "huge_pages": os.environ.get("THP_MEM_ALLOC_ENABLE") == "1",  # as torch read it at its start
+        "allocator": allocator(),
         "trims": trims[0],  # malloc_trim calls that handed pages back (0 unless the setting asked for them)
     }
 
@@ -159,7 +179,8 @@ def _setting(value: str) -> tuple[str, int, list[str]]:
     """`1024`, `4+thp`, `1024+trim`: (the setting's name, its size in MiB, its flags); ValueError if bad."""
     value = value.strip()
     size, *flags = value.split("+")
-    if not size.isdigit() or any(flag not in FLAGS for flag in flags) or len(set(flags)) < len(flags):
+    bad = any(flag not in FLAGS for flag in flags) or len(set(flags)) < len(flags)
+    if not size.isdigit() or bad or len(set(flags) & set(ALLOCATORS)) > 1:
         raise ValueError(value)
     return value, int(size), flags
 
@@ -172,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         default="1024,4",
         help="kept_block_mib settings, comma-separated; a `+thp` suffix (e.g. 4+thp) also has torch's CPU "
         "allocator ask for transparent huge pages for blocks of 2 MiB or more (THP_MEM_ALLOC_ENABLE=1); "
-        "`+trim` hands the heap's free pages back (malloc_trim) before each micro-batch of the update",
+        "`+trim` hands the heap's free pages back (malloc_trim) before each micro-batch of the update; "
+        "`+jemalloc` or `+tcmalloc` preloads that malloc in place of glibc's",
     )
     parser.add_argument(
         "--tag", default="", help="appended to the results' file name (heap_trace_<model>_<tag>)"
@@ -184,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = [_setting(value) for value in args.kept.split(",")]
     except ValueError:
         parser.error(
-            f"--kept {args.kept}: expected sizes in MiB, each optionally with +thp and +trim, comma-separated"
+            f"--kept {args.kept}: expected sizes in MiB, comma-separated, each optionally with +thp, +trim "
+            "and one of +jemalloc and +tcmalloc"
         )
     overrides = bench_overrides(args.model, args.set)
     overrides += matched_precision(args.config, overrides)
@@ -193,9 +216,19 @@ def main(argv: list[str] | None = None) -> int:
     for name, kept, flags in settings:
         print(f"kept_block_mib={name}: {args.steps} steps ...")
         # torch reads its variable once, at its first allocation: it must be there when the process starts
-        env = {**os.environ, **{FLAGS[flag]: "1" for flag in flags}} if flags else None
+        env = (
+            {**os.environ, **{key: val for flag in flags for key, val in FLAGS[flag].items()}}
+            if flags
+            else None
+        )
         arguments = [str(args.config), [*overrides, f"kept_block_mib={kept}"], args.steps]
         row = run_probe(__file__, "--probe", arguments, env=env)
+        wanted = next((flag for flag in flags if flag in ALLOCATORS), "glibc")
+        if row["allocator"] != wanted:
+            print(
+                f"error: {name}: the probe ran on {row['allocator']}'s malloc, not {wanted}'s (library not found?)"
+            )
+            return 1
         results["settings"][name] = row
         peak = row["phases"][row["peak_phase"]]
         in_use = peak["max_in_use_gib"]

@@ -1,5 +1,6 @@
 """Smoke tests of the benchmark scripts on a 2-layer model (the real runs are minutes long)."""
 
+import ctypes.util
 import importlib.util
 import json
 import math
@@ -491,6 +492,7 @@ def test_heap_trace_bench_smoke(tmp_path, capsys, monkeypatch):
     assert set(payload["settings"]) == {"1024", "4+thp+trim"}
     # the probe process itself saw the variables only where the setting asked for them
     assert [row["huge_pages"] for row in payload["settings"].values()] == [False, True]
+    assert [row["allocator"] for row in payload["settings"].values()] == ["glibc", "glibc"]
     # the heap was trimmed before each micro-batch (2 steps of 4 sequences in micro-batches of 2) only where
     # the setting asked for it
     assert [row["trims"] for row in payload["settings"].values()] == [0, 4]
@@ -501,12 +503,46 @@ def test_heap_trace_settings_are_sizes_with_known_flags(tmp_path, capsys):
     bench = _load("heap_trace")
     assert bench._setting("1024") == ("1024", 1024, [])
     assert bench._setting("4+thp+trim") == ("4+thp+trim", 4, ["thp", "trim"])
-    for bad in ("4+x", "4+trim+trim", "+thp", "big"):
+    assert bench._setting("1024+jemalloc") == ("1024+jemalloc", 1024, ["jemalloc"])
+    for bad in ("4+x", "4+trim+trim", "+thp", "big", "4+jemalloc+tcmalloc"):
         with pytest.raises(ValueError):
             bench._setting(bad)
     with pytest.raises(SystemExit) as stop:
         bench.main(["--model", str(tmp_path), "--kept", "1024,4+x"])
     assert stop.value.code == 2 and "--kept 1024,4+x" in capsys.readouterr().err
+
+
+def test_heap_trace_refuses_a_run_on_another_malloc_than_named(tmp_path, capsys, monkeypatch):
+    """A preloaded library the loader cannot find leaves glibc's malloc with only a warning: the bench
+    says so and writes nothing, rather than report glibc's figures as the other allocator's."""
+    bench = _load("heap_trace")
+    model = _saved_tiny_model(tmp_path / "tiny")
+    seen = []
+
+    def probe_on_glibc(script, flag, arguments, env=None):
+        seen.append(env["LD_PRELOAD"])
+        return {"allocator": bench.allocator(), "phases": {}, "peak_phase": None}
+
+    monkeypatch.setattr(bench, "run_probe", probe_on_glibc)
+    out = tmp_path / "out"
+    assert bench.main(["--model", str(model), "--kept", "1024+tcmalloc", "--out", str(out)]) == 1
+    assert seen == ["libtcmalloc_minimal.so.4"] and not out.exists()
+    assert "ran on glibc's malloc, not tcmalloc's" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # ~20 s: a process of two RL steps
+@pytest.mark.skipif(ctypes.util.find_library("jemalloc") is None, reason="libjemalloc is not installed")
+def test_heap_trace_runs_on_the_preloaded_malloc(tmp_path, monkeypatch):
+    bench = _load("heap_trace")
+    model = _saved_tiny_model(tmp_path / "tiny")
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text("sft:\n  steps: 0\nrollout:\n  max_new_tokens: 8\nrl:\n  prompts_per_step: 2\n")
+    argv = ["--model", str(model), "--config", str(recipe), "--kept", "1024+jemalloc", "--steps", "2"]
+    assert bench.main([*argv, "--out", str(tmp_path / "out")]) == 0
+    row = json.loads((tmp_path / "out" / "heap_trace_tiny.json").read_text())["settings"]["1024+jemalloc"]
+    assert row["allocator"] == "jemalloc" and row["peak_rss_bytes"] > 0
+    # glibc's counts of its own heap are not reported as jemalloc's
+    assert all(phase["max_in_use_gib"] is None for phase in row["phases"].values())
 
 
 def test_heap_trace_reads_each_phase_at_its_peak():
