@@ -24,6 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import parse_probing, recipe_parser, repo_path, run_probe, write_results  # noqa: E402
 
+from everyprompt.devices.malloc import preloaded_environment, running_malloc, wanted_malloc  # noqa: E402
+
 
 def probe(trainer: str, config: str, overrides: list[str], steps: int, run_dir: str, matched: bool) -> dict:
     """One trainer's steps in this process, with its peak resident set."""
@@ -34,6 +36,7 @@ def probe(trainer: str, config: str, overrides: list[str], steps: int, run_dir: 
     else:
         result = trl_steps(overrides, steps, Path(run_dir), Path(config), matched=matched)
     result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    result["malloc"] = running_malloc()
     return result
 
 
@@ -62,8 +65,16 @@ def measure(
     if trainer == "everyprompt" and rollout_precision == "matched":
         overrides = [*overrides, *matched_precision(config, overrides)]
     matched = trl_micro_batch == "matched"
+    # everyprompt's process on the malloc its config names, as the everyprompt command would start it;
+    # TRL's on glibc's, as it ships
+    env = None
+    if trainer == "everyprompt":
+        from everyprompt.config import load_config
+
+        env = preloaded_environment(wanted_malloc(load_config(config, overrides).malloc))
     with tempfile.TemporaryDirectory() as run_dir:
-        return run_probe(__file__, "--probe", [trainer, str(config), overrides, steps, run_dir, matched])
+        arguments = [trainer, str(config), overrides, steps, run_dir, matched]
+        return run_probe(__file__, "--probe", arguments, env=env)
 
 
 def matched_precision(config: Path, overrides: list[str]) -> list[str]:

@@ -6,13 +6,22 @@ import sys
 
 from everyprompt.cli.args import add_config_argument, config_from, split_config_args
 from everyprompt.config import ConfigError, load_config
+from everyprompt.devices.malloc import use_malloc
 from everyprompt.run.layout import RunLayout, run_of
+
+
+def _on_its_malloc(config):
+    """The config, once this process runs on the malloc it names (else the command starts again with it
+    preloaded: devices/malloc.py)."""
+    use_malloc(config.malloc)
+    return config
 
 
 def cmd_demo(args) -> int:
     from everyprompt.pipeline import demo
 
-    demo(config_from(args.config, [f"seed={args.seed}"] if args.seed is not None else []), args.run_dir)
+    config = config_from(args.config, [f"seed={args.seed}"] if args.seed is not None else [])
+    demo(_on_its_malloc(config), args.run_dir)
     return 0
 
 
@@ -23,16 +32,17 @@ def cmd_train(args) -> int:
         saved = RunLayout(args.resume).config
         if not saved.is_file():
             raise ConfigError(f"--resume {args.resume}: no {saved.name} there; is it a run directory?")
-        train(load_config(saved, split_config_args(args.config)[1]), run_dir=args.resume, resume=True)
+        config = load_config(saved, split_config_args(args.config)[1])
+        train(_on_its_malloc(config), run_dir=args.resume, resume=True)
     else:
-        train(config_from(args.config), run_dir=args.run_dir)
+        train(_on_its_malloc(config_from(args.config)), run_dir=args.run_dir)
     return 0
 
 
 def cmd_sft(args) -> int:
     from everyprompt.pipeline import warm_start
 
-    warm_start(config_from(args.config), args.run_dir)
+    warm_start(_on_its_malloc(config_from(args.config)), args.run_dir)
     return 0
 
 

@@ -117,6 +117,13 @@ class Config(Section):
         "pages and go back to the OS when freed. Smaller: a lower peak (less fragmentation), more page "
         "faults; 4: SmolLM2's step peak about 20% lower, its update 13-50% slower in the runs measured (docs/performance.md).",
     )
+    malloc: Literal["glibc", "auto", "tcmalloc", "jemalloc"] = Field(
+        "glibc",
+        description="The C allocator the training commands run on (devices/malloc.py): glibc's, or tcmalloc or "
+        "jemalloc preloaded (the command starts itself again with the library; its processes inherit it); "
+        "auto: tcmalloc where installed, else glibc's. tcmalloc: SmolLM2's step at group size 16 peaked 20% "
+        "lower, no slower (docs/performance.md). keep_freed_memory applies to glibc's alone.",
+    )
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)

@@ -20,6 +20,8 @@ from __future__ import annotations
 import ctypes
 import sys
 
+from everyprompt.devices.malloc import running_malloc
+
 M_TRIM_THRESHOLD = -1  # malloc.h
 M_MMAP_THRESHOLD = -3
 TRIM_THRESHOLD = 1 << 30  # free memory at the heap's top stays until `release_freed_memory`
@@ -35,13 +37,13 @@ def _glibc(name: str):
 
 def keep_freed_memory(block_mib: int = 1024) -> bool:
     """Set glibc malloc's mmap threshold to `block_mib` MiB (blocks up to it come from, and are freed back
-    into, the heap) and raise its trim threshold, for this process; False where the C library is not glibc
-    or refuses the size (nothing changed there)."""
+    into, the heap) and raise its trim threshold, for this process; False where the C library is not glibc,
+    another malloc is preloaded (devices/malloc.py), or glibc refuses the size (nothing changed there)."""
     global _kept
     if not 1 <= block_mib <= 1024:
         raise ValueError(f"block_mib must be 1..1024 MiB, got {block_mib}")
     mallopt = _glibc("mallopt")
-    if mallopt is None:
+    if mallopt is None or running_malloc() != "glibc":  # another malloc preloaded: glibc's is not used
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     threshold = block_mib << 20
