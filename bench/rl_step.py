@@ -8,8 +8,10 @@ that process's peak resident set (`ru_maxrss`), model loading included. TRL come
 
     python bench/rl_step.py --model models/smollm2-135m-instruct          # ~10 minutes on 2 cores
     python bench/rl_step.py --model models/smollm2-135m-instruct --set rl.group_size=4
+    python bench/rl_step.py --model models/smollm2-135m-instruct --set rl.group_size=16 --set malloc=tcmalloc \
+        --tag group16_tcmalloc      # everyprompt on tcmalloc (TRL on glibc's, as it ships)
 
-Writes bench/results/rl_step_<model>.json.
+Writes bench/results/rl_step_<model>[_<tag>].json.
 """
 
 from __future__ import annotations
@@ -113,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         help="everyprompt's engine arithmetic: TRL's (matched: a recipe trained in bf16 decodes in bf16, "
         "as TRL's generate runs under the same autocast) or the recipe's own rollout.precision",
     )
+    parser.add_argument(
+        "--tag", default="", help="appended to the results' file name (rl_step_<model>_<tag>)"
+    )
     args = parse_probing(parser, argv, probe)
     if args is None:
         return 0
@@ -152,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         ("_trl_allocator_kept" if kept else "")
         + ("_trl_whole_batch" if args.trl_micro_batch == "step" else "")
         + ("_rollout_as_recipe" if args.rollout_precision == "recipe" else "")
+        + (f"_{args.tag}" if args.tag else "")
     )
     out = write_results(args.out / f"rl_step_{name}{suffix}.json", results)
     print(f"wrote {repo_path(out)}")

@@ -61,7 +61,7 @@ def rl_step_table(results: list[dict]) -> str:
             f"| **{result['step_ratio']:.2f}x** | {ours['peak_rss_bytes'] / gib:.2f} / "
             f"{trl['peak_rss_bytes'] / gib:.2f} | **{result['memory_ratio']:.2f}x** "
             f"| {ours['prompts_per_step']} prompts x {ours['group_size']} samples, {ours['max_new_tokens']} "
-            f"new tokens at most, `{result['config']}`{_extra(result)} |"
+            f"new tokens at most, `{result['config']}`{_extra(result)}{_malloc(ours)} |"
         )
     lines.append(
         "\n`python bench/rl_step.py --model PATH` (each trainer in its own process, micro-batches of the "
@@ -70,9 +70,16 @@ def rl_step_table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _malloc(ours: dict) -> str:
+    """everyprompt's malloc where its probe ran on another than glibc's (the config's `malloc`)."""
+    name = ours.get("malloc", "glibc")
+    return "" if name == "glibc" else f"; everyprompt on {name}"
+
+
 def _extra(result: dict) -> str:
-    """The set-up's overrides of everyprompt's side, as the table's set-up column names them."""
-    given = result.get("everyprompt_overrides") or []
+    """The set-up's overrides (`--set`, both sides'; then everyprompt's own), as the table's set-up column
+    names them."""
+    given = [*(result.get("overrides") or []), *(result.get("everyprompt_overrides") or [])]
     return (" with " + ", ".join(f"`{o}`" for o in given)) if given else ""
 
 

@@ -444,6 +444,12 @@ def test_rl_step_decodes_in_trls_arithmetic_and_the_table_keeps_that_comparison(
         " with `rollout.precision=bf16`, `rl.old_logprobs=recompute`"
     )
     assert table._extra(row) == ""
+    assert table._malloc({"malloc": "tcmalloc"}) == "; everyprompt on tcmalloc"
+    assert table._malloc({}) == table._malloc({"malloc": "glibc"}) == ""  # (results from before the field)
+    # the --set overrides (both sides') come first
+    assert table._extra({"overrides": ["malloc=tcmalloc"], "everyprompt_overrides": matched[:1]}) == (
+        " with `malloc=tcmalloc`, `rollout.precision=bf16`"
+    )
 
 
 @pytest.mark.slow  # each trainer in a process of its own (~40 s)
@@ -457,9 +463,10 @@ def test_rl_step_bench_smoke(tmp_path, capsys):
     )
     trainers = "everyprompt,trl" if importlib.util.find_spec("trl") else "everyprompt"
     argv = ["--model", str(model), "--config", str(recipe), "--steps", "2", "--trainers", trainers]
-    assert bench.main([*argv, "--out", str(tmp_path / "out")]) == 0
-    payload = json.loads((tmp_path / "out" / "rl_step_tiny.json").read_text())
+    assert bench.main([*argv, "--out", str(tmp_path / "out"), "--tag", "smoke"]) == 0
+    payload = json.loads((tmp_path / "out" / "rl_step_tiny_smoke.json").read_text())
     ours = payload["everyprompt"]
+    assert ours["malloc"] == "glibc"  # the config's default, in the probe's own process
     assert payload["everyprompt_overrides"] == ["rollout.precision=bf16", "rl.old_logprobs=recompute"]
     assert ours["step_s"] > 0 and ours["peak_rss_bytes"] > 0 and ours["group_size"] == 2
     if "trl" in payload:

@@ -14,6 +14,7 @@ from everyprompt.devices.malloc import (
     MALLOCS,
     STARTED_FOR,
     installed,
+    malloc_note,
     running_malloc,
     use_malloc,
     wanted_malloc,
@@ -58,6 +59,20 @@ def test_the_cli_exits_2_for_a_malloc_not_installed(monkeypatch, tmp_path, capsy
     assert main(["train", *TINY_OVERRIDES, "malloc=tcmalloc", "--run-dir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert "apt-get install libtcmalloc-minimal4" in err and "Traceback" not in err
+
+
+def test_the_line_a_run_prints_about_its_malloc(monkeypatch):
+    assert malloc_note("glibc") is None  # glibc's, as asked: nothing to say
+    monkeypatch.setattr(malloc, "installed", lambda name: name == "glibc")
+    assert malloc_note("auto") == (
+        "malloc: glibc's (auto: libtcmalloc_minimal.so.4 is not installed; Debian/Ubuntu: apt-get install "
+        "libtcmalloc-minimal4)"
+    )
+    monkeypatch.setattr(malloc, "installed", lambda name: True)  # a script, where nothing preloaded it
+    assert malloc_note("jemalloc") == (
+        "malloc: jemalloc names jemalloc, and this process runs on glibc's: a malloc is preloaded when a "
+        "process starts (the everyprompt command does it; a script: LD_PRELOAD=libjemalloc.so.2)"
+    )
 
 
 def test_a_process_started_for_a_malloc_that_lacks_it_stops(monkeypatch):

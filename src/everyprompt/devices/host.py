@@ -12,7 +12,8 @@ in use, its update 17.5 s; with 4 MiB, 6.50 GiB for 5.00 GiB, the update 19.7 s 
 in another: a run short of memory sets 4, the default keeps the speed. `release_freed_memory` hands
 the free pages back to the OS where a step ends (an RL step, an SFT step, a learner rank's update, a
 rollout worker's generate call): reuse within a step, none across. Off with `keep_freed_memory: false`
-in the config (glibc's defaults).
+in the config (glibc's defaults). Another malloc preloaded (the config's `malloc`, devices/malloc.py) has
+its own size classes and no such trade: these settings then do nothing.
 """
 
 from __future__ import annotations

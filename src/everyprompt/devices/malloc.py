@@ -25,7 +25,7 @@ MALLOCS: dict[str, tuple[str, str, str] | None] = {
     "tcmalloc": ("libtcmalloc_minimal.so.4", "tcmalloc_minimal", "libtcmalloc-minimal4"),
     "jemalloc": ("libjemalloc.so.2", "jemalloc", "libjemalloc2"),
 }
-AUTO_ORDER = ("tcmalloc",)  # what `auto` takes where it is installed, else glibc's
+AUTO = "tcmalloc"  # what `auto` takes where it is installed, else glibc's
 STARTED_FOR = "EVERYPROMPT_MALLOC"  # set on the restarted process: the malloc it was started for
 
 
@@ -45,10 +45,10 @@ def installed(name: str) -> bool:
 
 
 def wanted_malloc(choice: str) -> str:
-    """The malloc the config's `malloc` asks for: `auto` is the first of AUTO_ORDER installed, else glibc;
+    """The malloc the config's `malloc` asks for: `auto` is AUTO where installed, else glibc;
     a named one that is not installed is an InputError saying how to install it."""
     if choice == "auto":
-        return next((name for name in AUTO_ORDER if installed(name)), "glibc")
+        return AUTO if installed(AUTO) else "glibc"
     if choice not in MALLOCS:
         raise InputError(f"malloc: {choice!r} is not one of auto, {', '.join(MALLOCS)}")
     if not installed(choice):
@@ -58,6 +58,23 @@ def wanted_malloc(choice: str) -> str:
             f"apt-get install {package}) or set malloc: glibc"
         )
     return choice
+
+
+def malloc_note(choice: str) -> str | None:
+    """The line a run prints about its malloc: a preloaded one named; one the config names that this process
+    lacks (a script calling the library, where nothing preloaded it); `auto` where nothing is installed."""
+    wanted, running = wanted_malloc(choice), running_malloc()
+    if wanted not in ("glibc", running):
+        return (
+            f"malloc: {choice} names {wanted}, and this process runs on {running}'s: a malloc is preloaded "
+            f"when a process starts (the everyprompt command does it; a script: LD_PRELOAD={MALLOCS[wanted][0]})"
+        )
+    if running != "glibc":
+        return f"malloc: {running} (preloaded)"
+    if choice == "auto":
+        library, _, package = MALLOCS[AUTO]
+        return f"malloc: glibc's (auto: {library} is not installed; Debian/Ubuntu: apt-get install {package})"
+    return None
 
 
 def preloaded_environment(name: str) -> dict[str, str]:

@@ -22,7 +22,7 @@ from everyprompt.data.formatting import prompt_format_of
 from everyprompt.data.passrate import PassRateStore
 from everyprompt.data.rows import ConfigRows
 from everyprompt.devices import keep_freed_memory, resolve_device
-from everyprompt.devices.malloc import MALLOCS, running_malloc, wanted_malloc
+from everyprompt.devices.malloc import malloc_note
 from everyprompt.evaluate import evaluate_config, held_out_rewards
 from everyprompt.logs import quiet_libraries, record_warnings
 from everyprompt.models.io import load_model_and_tokenizer, load_pretrained
@@ -105,7 +105,8 @@ class Run:
             require_wandb()
         if config.threads:
             torch.set_num_threads(config.threads)
-        self._say_malloc(config.malloc)
+        if note := malloc_note(config.malloc):
+            self.console.print(note, markup=False, highlight=False)
         if config.keep_freed_memory:
             keep_freed_memory(config.kept_block_mib)
         self.device = learner_device(config)  # CUDA asked for and absent: exit 2 now, before any work
@@ -113,19 +114,6 @@ class Run:
         torch.manual_seed(config.seed)
         self.rows = ConfigRows(config)
         self._shown: set[str] = set()  # stages whose first rendered prompt was printed
-
-    def _say_malloc(self, choice: str) -> None:
-        """Name a preloaded malloc; where the config names a malloc this process cannot have (it is preloaded at a process's start,
-        which the everyprompt command does and a script calling the library does not), say so."""
-        wanted, running = wanted_malloc(choice), running_malloc()
-        if running != "glibc":
-            self.console.print(f"malloc: {running} (preloaded)")
-        if wanted not in ("glibc", running):
-            self.console.print(
-                f"[yellow]malloc: {choice} names {wanted}; this process runs on {running}'s: a malloc is "
-                f"preloaded at a process's start (the everyprompt command does it; a script: LD_PRELOAD="
-                f"{MALLOCS[wanted][0]})[/]"
-            )
 
     # ------------------------------------------------------------ model
     def warm_started_model(self):
