@@ -36,25 +36,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import parse_probing, recipe_parser, repo_path, run_probe, write_results  # noqa: E402
 from rl_step import bench_overrides, matched_precision  # noqa: E402
 
+from everyprompt.devices.malloc import MALLOCS, running_malloc  # noqa: E402
+
 GIB = 2**30
 # a --kept setting's suffixes, each the environment its process starts with: transparent huge pages for
 # torch's large CPU blocks; malloc_trim (the heap's free pages handed back) before each micro-batch of the
 # update; another malloc, preloaded (found by the dynamic loader's search, as LD_PRELOAD names it)
+ALLOCATORS = tuple(name for name, library in MALLOCS.items() if library)  # (devices/malloc.py)
 FLAGS = {
     "thp": {"THP_MEM_ALLOC_ENABLE": "1"},
     "trim": {"HEAP_TRACE_TRIM": "1"},
-    "jemalloc": {"LD_PRELOAD": "libjemalloc.so.2"},
-    "tcmalloc": {"LD_PRELOAD": "libtcmalloc_minimal.so.4"},
+    **{name: {"LD_PRELOAD": MALLOCS[name][0]} for name in ALLOCATORS},
 }
-ALLOCATORS = ("jemalloc", "tcmalloc")
-
-
-def allocator() -> str:
-    """The malloc this process runs on: a preloaded one of ALLOCATORS where its library is mapped, else
-    glibc (a library the loader could not find leaves glibc's, with only a warning on stderr)."""
-    with open("/proc/self/maps") as maps:
-        mapped = maps.read()
-    return next((name for name in ALLOCATORS if f"lib{name}" in mapped), "glibc")
+# the malloc a process runs on (a library the loader could not find leaves glibc's, with only a warning)
+allocator = running_malloc
 
 
 class Sampler:
