@@ -36,20 +36,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import parse_probing, recipe_parser, repo_path, run_probe, write_results  # noqa: E402
 from rl_step import bench_overrides, matched_precision  # noqa: E402
 
-from everyprompt.devices.malloc import MALLOCS, running_malloc  # noqa: E402
+from everyprompt.devices.malloc import MALLOCS, preloaded_environment, running_malloc, wanted_malloc  # noqa: E402
+from everyprompt.errors import InputError  # noqa: E402
 
 GIB = 2**30
-# a --kept setting's suffixes, each the environment its process starts with: transparent huge pages for
-# torch's large CPU blocks; malloc_trim (the heap's free pages handed back) before each micro-batch of the
-# update; another malloc, preloaded (found by the dynamic loader's search, as LD_PRELOAD names it)
-ALLOCATORS = tuple(name for name, library in MALLOCS.items() if library)  # (devices/malloc.py)
-FLAGS = {
-    "thp": {"THP_MEM_ALLOC_ENABLE": "1"},
-    "trim": {"HEAP_TRACE_TRIM": "1"},
-    **{name: {"LD_PRELOAD": MALLOCS[name][0]} for name in ALLOCATORS},
-}
-# the malloc a process runs on (a library the loader could not find leaves glibc's, with only a warning)
-allocator = running_malloc
+# a --kept setting's suffixes: transparent huge pages for torch's large CPU blocks and malloc_trim (the
+# heap's free pages handed back) before each micro-batch of the update, each a variable its process starts
+# with; and the malloc it runs on (the config's `malloc`, preloaded as the everyprompt command would:
+# devices/malloc.py), glibc's where the setting names none, whatever the recipe says
+ENVIRONMENT = {"thp": {"THP_MEM_ALLOC_ENABLE": "1"}, "trim": {"HEAP_TRACE_TRIM": "1"}}
+ALLOCATORS = tuple(MALLOCS)
+FLAGS = (*ENVIRONMENT, *ALLOCATORS)
 
 
 class Sampler:
@@ -59,7 +56,7 @@ class Sampler:
     def __init__(self, period: float = 0.05):
         self.phase, self.samples, self.period = "load", [], period
         self.page = os.sysconf("SC_PAGE_SIZE")
-        self.glibc = allocator() == "glibc"  # glibc's counts say nothing of another malloc's heap
+        self.glibc = running_malloc() == "glibc"  # glibc's counts say nothing of another malloc's heap
 
     def start(self) -> Sampler:
         threading.Thread(target=self._run, daemon=True).start()
@@ -165,7 +162,7 @@ def probe(config: str, overrides: list[str], steps: int) -> dict:
         "phases": phases,
         "peak_phase": max(phases, key=lambda name: phases[name]["peak_rss_gib"]),
         "huge_pages": os.environ.get("THP_MEM_ALLOC_ENABLE") == "1",  # as torch read it at its start
-        "allocator": allocator(),
+        "allocator": running_malloc(),
         "trims": trims[0],  # malloc_trim calls that handed pages back (0 unless the setting asked for them)
     }
 
@@ -180,6 +177,11 @@ def _setting(value: str) -> tuple[str, int, list[str]]:
     return value, int(size), flags
 
 
+def _malloc_of(flags: list[str]) -> str:
+    """The malloc a setting's flags name; glibc's where none does."""
+    return next((flag for flag in flags if flag in ALLOCATORS), "glibc")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = recipe_parser(__doc__)
     parser.add_argument("--steps", type=int, default=2, help="RL steps per setting (the first is dropped)")
@@ -189,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         help="kept_block_mib settings, comma-separated; a `+thp` suffix (e.g. 4+thp) also has torch's CPU "
         "allocator ask for transparent huge pages for blocks of 2 MiB or more (THP_MEM_ALLOC_ENABLE=1); "
         "`+trim` hands the heap's free pages back (malloc_trim) before each micro-batch of the update; "
-        "`+jemalloc` or `+tcmalloc` preloads that malloc in place of glibc's",
+        "`+jemalloc` or `+tcmalloc` preloads that malloc in place of glibc's (the default, whatever the recipe's "
+        "`malloc`)",
     )
     parser.add_argument(
         "--tag", default="", help="appended to the results' file name (heap_trace_<model>_<tag>)"
@@ -202,27 +205,28 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         parser.error(
             f"--kept {args.kept}: expected sizes in MiB, comma-separated, each optionally with +thp, +trim "
-            "and one of +jemalloc and +tcmalloc"
+            "and one of +glibc, +jemalloc and +tcmalloc"
         )
+    try:
+        for _, _, flags in settings:
+            wanted_malloc(_malloc_of(flags))
+    except InputError as err:
+        parser.error(f"--kept {args.kept}: {err}")
     overrides = bench_overrides(args.model, args.set)
     overrides += matched_precision(args.config, overrides)
     results: dict = {"benchmark": "heap_trace", "model": repo_path(args.model), "overrides": args.set}
     results["settings"] = {}
     for name, kept, flags in settings:
         print(f"kept_block_mib={name}: {args.steps} steps ...")
-        # torch reads its variable once, at its first allocation: it must be there when the process starts
-        env = (
-            {**os.environ, **{key: val for flag in flags for key, val in FLAGS[flag].items()}}
-            if flags
-            else None
-        )
-        arguments = [str(args.config), [*overrides, f"kept_block_mib={kept}"], args.steps]
+        # torch reads its variable once, at its first allocation, and a malloc is preloaded: both must be
+        # there when the process starts
+        malloc = _malloc_of(flags)
+        env = preloaded_environment(malloc)
+        env.update(value for flag in flags for value in ENVIRONMENT.get(flag, {}).items())
+        arguments = [str(args.config), [*overrides, f"kept_block_mib={kept}", f"malloc={malloc}"], args.steps]
         row = run_probe(__file__, "--probe", arguments, env=env)
-        wanted = next((flag for flag in flags if flag in ALLOCATORS), "glibc")
-        if row["allocator"] != wanted:
-            print(
-                f"error: {name}: the probe ran on {row['allocator']}'s malloc, not {wanted}'s (library not found?)"
-            )
+        if row["allocator"] != malloc:  # the loader refused the library, with only a warning
+            print(f"error: {name}: the probe ran on {row['allocator']}'s malloc, not {malloc}'s")
             return 1
         results["settings"][name] = row
         peak = row["phases"][row["peak_phase"]]

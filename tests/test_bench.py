@@ -520,20 +520,30 @@ def test_heap_trace_settings_are_sizes_with_known_flags(tmp_path, capsys):
 
 
 def test_heap_trace_refuses_a_run_on_another_malloc_than_named(tmp_path, capsys, monkeypatch):
-    """A preloaded library the loader cannot find leaves glibc's malloc with only a warning: the bench
-    says so and writes nothing, rather than report glibc's figures as the other allocator's."""
+    """A malloc not installed is refused before any run; one the loader then does not map (it leaves
+    glibc's with only a warning) stops the bench with nothing written, rather than glibc's figures reported
+    as the other allocator's. Each setting names its malloc to the probe's config too (glibc's by default,
+    whatever the recipe's `malloc`)."""
+    from everyprompt.devices import malloc
+
     bench = _load("heap_trace")
     model = _saved_tiny_model(tmp_path / "tiny")
+    out = tmp_path / "out"
+    monkeypatch.setattr(malloc, "installed", lambda name: name == "glibc")
+    with pytest.raises(SystemExit) as stop:
+        bench.main(["--model", str(model), "--kept", "1024+tcmalloc", "--out", str(out)])
+    assert stop.value.code == 2 and "apt-get install libtcmalloc-minimal4" in capsys.readouterr().err
     seen = []
 
     def probe_on_glibc(script, flag, arguments, env=None):
-        seen.append(env["LD_PRELOAD"])
-        return {"allocator": bench.allocator(), "phases": {}, "peak_phase": None}
+        seen.append((env.get("LD_PRELOAD"), env.get("THP_MEM_ALLOC_ENABLE"), arguments[1][-1]))
+        return {"allocator": bench.running_malloc(), "phases": {}, "peak_phase": None}
 
+    monkeypatch.setattr(malloc, "installed", lambda name: True)
     monkeypatch.setattr(bench, "run_probe", probe_on_glibc)
-    out = tmp_path / "out"
-    assert bench.main(["--model", str(model), "--kept", "1024+tcmalloc", "--out", str(out)]) == 1
-    assert seen == ["libtcmalloc_minimal.so.4"] and not out.exists()
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    assert bench.main(["--model", str(model), "--kept", "1024+thp+tcmalloc", "--out", str(out)]) == 1
+    assert seen == [("libtcmalloc_minimal.so.4", "1", "malloc=tcmalloc")] and not out.exists()
     assert "ran on glibc's malloc, not tcmalloc's" in capsys.readouterr().out
 
 

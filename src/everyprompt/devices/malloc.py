@@ -88,7 +88,7 @@ def preloaded_environment(name: str) -> dict[str, str]:
     return {**os.environ, "LD_PRELOAD": preload, STARTED_FOR: name}
 
 
-def use_malloc(choice: str, argv: list[str] | None = None) -> str:
+def use_malloc(choice: str) -> str:
     """Make this command's process run on the config's malloc: return its name where it already does,
     else start the command again (`os.execve`, the same arguments) with the library preloaded, which does
     not return. RunError where a process started for it still lacks it (the loader refused the library)."""
@@ -100,9 +100,7 @@ def use_malloc(choice: str, argv: list[str] | None = None) -> str:
             f"malloc: {wanted}: this process was started with {MALLOCS[wanted][0]} preloaded and runs on "
             f"{running}'s malloc; see the loader's message above, or set malloc: glibc"
         )
-    env = preloaded_environment(wanted)
-    args = argv if argv is not None else sys.orig_argv
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, *args[1:]], env)
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], preloaded_environment(wanted))
     raise AssertionError("unreachable")  # pragma: no cover (execve does not return)
