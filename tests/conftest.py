@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -36,6 +38,20 @@ TINY_OVERRIDES = [
     "checkpoint.every=1",
     "logging.progress=false",
 ]
+
+
+MEASURED = ("time/", "memory/")  # what the clock and the kernel measure, never what a run computed
+MEASURED_ENDINGS = ("_s", "_ms", "per_s", "occupancy")
+
+
+def computed_figures(run_dir) -> list[dict]:
+    """A run's `metrics.jsonl` rows without the figures that differ between two runs of the same
+    computation (timings, memory): what two runs of one seed must agree on bit for bit."""
+    rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    return [
+        {k: v for k, v in row.items() if not k.startswith(MEASURED) and not k.endswith(MEASURED_ENDINGS)}
+        for row in rows
+    ]
 
 
 # the layer stack of the tiny transformers models that tests build directly from a transformers config

@@ -20,7 +20,7 @@ from everyprompt.devices.malloc import (
     wanted_malloc,
 )
 from everyprompt.errors import InputError, RunError
-from tests.conftest import TINY_OVERRIDES
+from tests.conftest import TINY_OVERRIDES, computed_figures
 
 TCMALLOC = pytest.mark.skipif(
     not installed("tcmalloc"), reason="tcmalloc is not installed (libtcmalloc-minimal4)"
@@ -117,3 +117,24 @@ def test_the_train_command_runs_on_the_malloc_its_config_names(tmp_path):
     assert run.returncode == 0, run.stderr
     assert "malloc: tcmalloc (preloaded)" in run.stderr
     assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") == 1
+
+
+@pytest.mark.slow
+@TCMALLOC
+def test_a_malloc_changes_no_figure_a_run_computes(tmp_path):
+    # torch's CPU allocator aligns its own blocks, so the malloc under it should change memory and time,
+    # never the arithmetic: the same seed gives every loss, reward and gradient norm bit for bit
+    figures = {}
+    for name in ("glibc", "tcmalloc"):
+        signal = "rewards.function=tests.trainer.flaky_reward:scattered"  # every step has a gradient
+        argv = ["-m", "everyprompt.cli", "train", *TINY_OVERRIDES, signal, f"malloc={name}"]
+        run = subprocess.run(
+            [sys.executable, *argv, "--run-dir", str(tmp_path / name)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert run.returncode == 0, run.stderr
+        figures[name] = computed_figures(tmp_path / name)
+    assert len(figures["glibc"]) == 2 and all("actor/grad_norm" in row for row in figures["glibc"])
+    assert figures["tcmalloc"] == figures["glibc"]

@@ -45,6 +45,7 @@ def _run(root, name, loss, seed, final=None, steps=10, accuracy=lambda s: s / 10
             "zve/zero_variance_rate": 0.5,
             "time/step_s": float(step),
             "actor/entropy": 1.0,
+            "memory/peak_rss_gib": 2.0 + min(step, 5) / 10,
         }
         record.update((extra or {}).get(step, {}))
         records.append(record)
@@ -100,6 +101,7 @@ def test_each_columns_figure_of_a_run_by_hand(tmp_path):
     assert run_value(run, by_key["reward/accuracy"], "pass@4") == pytest.approx(1.95)
     assert run_value(run, by_key["zve/zero_variance_rate"], "pass@4") == 0.5  # mean
     assert run_value(run, by_key["time/step_s"], "pass@4") == 10.5  # median of 1..20
+    assert run_value(run, by_key["memory/peak_rss_gib"], "pass@4") == 2.5  # the largest, from step 5 on
 
 
 # ------------------------------------------------------------------ arms, keys, the table

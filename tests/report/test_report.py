@@ -15,7 +15,7 @@ def _write(path, records):
 
 def _run(tmp_path):
     """20 RL steps: accuracy 0.1 .. 2.0 / 10, an eval at steps 10 and 20, step 5 logged twice (a resume
-    re-logs it; the second record wins), a NaN loss at step 7."""
+    re-logs it; the second record wins), a NaN loss at step 7, the peak memory 1.05 .. 1.6 GiB."""
     records = []
     for step in range(1, 21):
         record = {
@@ -25,6 +25,7 @@ def _run(tmp_path):
             "zve/zero_variance_rate": 0.5 if step <= 10 else 0.1,
             "rollout/tokens_per_s": float(step * 100),
             "actor/skipped_updates": 1.0 if step == 7 else 0.0,
+            "memory/peak_rss_gib": 1.0 + 0.05 * min(step, 12),  # a high-water mark: rises, then stays
         }
         if step % 10 == 0:
             record["eval/greedy_accuracy"] = 0.4 if step == 10 else 0.7
@@ -67,6 +68,9 @@ def test_summary_figures_by_hand(tmp_path):
     assert "mismatch/logp_abs_diff" not in rows  # not logged, no row
     assert format_row(rows["reward/accuracy"]) == "0.075 -> 0.975 (first / last 2 steps)"
     assert format_row(rows["actor/skipped_updates"]) == "1 (sum)"
+    assert rows["memory/peak_rss_gib"]["value"] == pytest.approx(1.6)  # the largest, reached at step 12
+    assert format_row(rows["memory/peak_rss_gib"]) == "1.600 (max)"
+    assert "memory/cuda_peak_gib" not in rows  # a CPU run logs no CUDA figure
 
 
 def test_report_writes_summary_markdown_and_curves(tmp_path):
@@ -80,6 +84,7 @@ def test_report_writes_summary_markdown_and_curves(tmp_path):
         "policy loss",
         "zero-variance groups",
         "rollout tokens/s",
+        "learner's peak memory (GiB)",
     ]
     out = tmp_path / "report"
     assert json.loads((out / "summary.json").read_text())["rl"]["last_step"] == 20

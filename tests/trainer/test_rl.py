@@ -116,7 +116,7 @@ def test_train_and_demo_train_alike(tmp_path):
     config's asynchronous loop, a reward under which every step updates): every figure but the timings."""
     from everyprompt.config import load_config
     from everyprompt.pipeline.commands import demo
-    from tests.conftest import TINY_OVERRIDES
+    from tests.conftest import TINY_OVERRIDES, computed_figures
 
     def config():
         return load_config(None, [*TINY_OVERRIDES, "rewards.function=tests.trainer.flaky_reward:scattered"])
@@ -124,15 +124,7 @@ def test_train_and_demo_train_alike(tmp_path):
     train(config(), run_dir=tmp_path / "train")
     demo(config(), run_dir=tmp_path / "demo")
 
-    def figures(name):
-        rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
-        timing = ("_s", "_ms", "per_s", "occupancy")  # the clock's figures differ run to run
-        return [
-            {k: v for k, v in row.items() if not k.startswith("time/") and not k.endswith(timing)}
-            for row in rows
-        ]
-
-    trained, demoed = figures("train"), figures("demo")
+    trained, demoed = computed_figures(tmp_path / "train"), computed_figures(tmp_path / "demo")
     assert len(trained) == 2 and any(row.get("actor/no_signal_update") == 0.0 for row in trained)
     assert json.dumps(trained, sort_keys=True) == json.dumps(demoed, sort_keys=True)
     final = json.loads((tmp_path / "train" / "eval.json").read_text())["greedy_accuracy"]

@@ -29,10 +29,11 @@ PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("routing agreement", ("mismatch/routing_agreement",)),
     ("rollout tokens/s", ("rollout/tokens_per_s",)),
     ("seconds per step", ("time/step_s", "time/rollout_s", "time/train_s")),
+    ("learner's peak memory (GiB)", ("memory/peak_rss_gib", "memory/cuda_peak_gib")),
 )
 
 # summary rows: (label, key, how): "ends" compares the first and last tenth of the steps, "mean",
-# "median", "sum", or "evals" (first and last logged value)
+# "median", "max", "sum", or "evals" (first and last logged value)
 ROWS: tuple[tuple[str, str, str], ...] = (
     ("SFT loss", "sft/loss", "ends"),
     ("training accuracy", "reward/accuracy", "ends"),
@@ -46,6 +47,8 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("|dlogp| trainer vs engine", "mismatch/logp_abs_diff", "mean"),
     ("rollout tokens/s", "rollout/tokens_per_s", "median"),
     ("seconds per step", "time/step_s", "median"),
+    ("learner's peak resident memory (GiB)", "memory/peak_rss_gib", "max"),
+    ("learner's peak CUDA memory (GiB)", "memory/cuda_peak_gib", "max"),
     ("policy loss", "loss/policy", "mean"),
     ("skipped updates (non-finite)", "actor/skipped_updates", "sum"),
     ("steps without signal (no update)", "actor/no_signal_update", "sum"),
@@ -125,6 +128,8 @@ def summarize(metrics: Metrics, pass_k: int | None = None) -> list[dict]:
             row["value"] = _mean(values)
         elif how == "median":
             row["value"] = _median(values)
+        elif how == "max":
+            row["value"] = max((v for v in values if math.isfinite(v)), default=float("nan"))
         else:
             row["value"] = sum(v for v in values if math.isfinite(v))
         row["non_finite"] = sum(not math.isfinite(v) for v in values)

@@ -12,7 +12,7 @@ from everyprompt.report.runs import Arm, RunRecord
 from everyprompt.report.stats import Difference, Spread, bootstrap_difference, finite
 
 # the table's columns: (label, how a run gives its figure, compared to the first arm)
-FINAL, ENDS, MEAN, MEDIAN = "final", "ends", "mean", "median"
+FINAL, ENDS, MEAN, MEDIAN, MAX = "final", "ends", "mean", "median", "max"
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,7 @@ class Column:
     label: str
     key: str
     how: str  # final: the held-out eval after the last step; ends: mean of the last tenth of the steps;
-    # mean / median: over every step
+    # mean / median / max: over every step
     percent: bool = False
     compare: bool = False  # show the difference to the first arm with its interval
 
@@ -32,6 +32,7 @@ COLUMNS = (
     Column("zero-variance rate", "zve/zero_variance_rate", MEAN, percent=True),
     Column("entropy (last tenth)", "actor/entropy", ENDS),
     Column("s / step", "time/step_s", MEDIAN),
+    Column("peak GiB", "memory/peak_rss_gib", MAX),
 )
 
 # (figure title, metric keys: one panel each, those no run logged left out)
@@ -74,6 +75,8 @@ def run_value(run: RunRecord, column: Column, pass_name: str | None) -> float:
         return float("nan")
     if column.how == ENDS:
         return _mean(values[-max(1, len(values) // 10) :])
+    if column.how == MAX:
+        return max(values)
     return _mean(values) if column.how == MEAN else _median(values)
 
 

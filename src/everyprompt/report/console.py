@@ -71,7 +71,7 @@ def comparison_table(arms) -> Table:
     out.add_column("arm")
     out.add_column("runs", justify="right")
     for column in columns:
-        out.add_column(column.label, justify="right")
+        out.add_column(column.label, justify="right", no_wrap=column.compare)  # an interval stays whole
     for arm, entries in zip(arms, rows):
         cells = []
         for column, entry in zip(columns, entries):

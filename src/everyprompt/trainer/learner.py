@@ -30,6 +30,7 @@ import torch
 from everyprompt.algorithms import host_floats, policy_loss, policy_loss_spec, zvp_token_advantages
 from everyprompt.batch import RolloutBatch
 from everyprompt.config import Config
+from everyprompt.devices.memory import memory_metrics
 from everyprompt.errors import RunError
 from everyprompt.models.lora import is_lora, merged_state_dict
 from everyprompt.rollout import derive_seed
@@ -147,6 +148,7 @@ class Learner(LearnerSide):
             metrics["actor/no_signal_update"] = 1.0
         self.version += 1
         metrics["time/train_s"] = time.perf_counter() - started
+        metrics.update(memory_metrics(self.device))
         return metrics
 
     def _optimize(self, batch: RolloutBatch) -> dict[str, float]:
