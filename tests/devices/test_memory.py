@@ -1,5 +1,5 @@
-"""The memory figures an RL update logs (devices/memory.py): the host's resident peak as the kernel keeps
-it, CUDA's peaks per step, and both reaching a run's metrics.jsonl."""
+"""The memory figures an SFT step and an RL update log (devices/memory.py): the host's resident peak as the kernel keeps
+it, CUDA's peaks per step, and both reaching a run's metrics (SFT and RL)."""
 
 import json
 import subprocess
@@ -63,10 +63,13 @@ def test_a_cuda_learner_reports_its_steps_peaks_and_resets_them(monkeypatch):
     assert len(calls) == 3
 
 
-def test_every_rl_step_logs_the_learners_peak(tmp_path):
-    config = tiny_config("sft.steps=0")
+def test_every_sft_and_rl_step_logs_the_learners_peak(tmp_path):
+    config = tiny_config()
     train(config, run_dir=tmp_path)
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    peaks = [row["memory/peak_rss_gib"] for row in rows]
-    assert len(peaks) == config.rl.steps and all(peak > 0.1 for peak in peaks)
-    assert peaks == sorted(peaks)  # a high-water mark never falls
+    for log, steps in (
+        (tmp_path / "sft" / "metrics.jsonl", config.sft.steps),
+        (tmp_path / "metrics.jsonl", config.rl.steps),
+    ):
+        peaks = [json.loads(line)["memory/peak_rss_gib"] for line in log.read_text().splitlines()]
+        assert len(peaks) == steps and all(peak > 0.1 for peak in peaks)
+        assert peaks == sorted(peaks)  # a high-water mark never falls

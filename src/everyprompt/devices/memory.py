@@ -1,4 +1,4 @@
-"""The memory figures every RL update logs: how much the learner's process has held.
+"""The memory figures every RL update and SFT step logs: how much the learner's process has held.
 
 - `memory/peak_rss_gib`: the process's resident high-water mark since it started (the kernel's
   `ru_maxrss`), host memory, in GiB. It only grows: a step that needed more than any before raises it.

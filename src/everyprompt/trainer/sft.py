@@ -13,6 +13,7 @@ from everyprompt.config import LoggingConfig, SFTConfig
 from everyprompt.data.datasets import DataError
 from everyprompt.data.formatting import PlainFormat
 from everyprompt.devices import release_freed_memory
+from everyprompt.devices.memory import memory_metrics
 from everyprompt.models.precision import autocast
 from everyprompt.processes import GracefulStop, StopRequested
 from everyprompt.run.layout import RunLayout
@@ -102,6 +103,7 @@ def run_sft(
                 metrics = _sft_step(model, loss, optimizer, scheduler)
                 release_freed_memory()  # reuse within a step, not across (devices/host.py)
                 metrics["time/step_s"] = time.perf_counter() - started
+                metrics.update(memory_metrics(next(model.parameters()).device))
                 logger.log(step, metrics)
                 history.append(metrics)
                 stopping = stop.signum is not None and step < sft.steps
