@@ -1,5 +1,5 @@
-"""The memory figures an SFT step and an RL update log (devices/memory.py): the host's resident peak as the kernel keeps
-it, CUDA's peaks per step, and both reaching a run's metrics (SFT and RL)."""
+"""The memory figures an SFT step and an RL update log (devices/memory.py): the host's resident peak as
+the kernel keeps it, CUDA's peaks per step, and both reaching a run's metrics."""
 
 import json
 import subprocess
