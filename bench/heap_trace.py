@@ -37,6 +37,7 @@ from common import parse_probing, recipe_parser, repo_path, run_probe, write_res
 from rl_step import bench_overrides, matched_precision  # noqa: E402
 
 from everyprompt.devices.malloc import MALLOCS, preloaded_environment, running_malloc, wanted_malloc  # noqa: E402
+from everyprompt.devices.memory import peak_resident_bytes  # noqa: E402
 from everyprompt.errors import InputError  # noqa: E402
 
 GIB = 2**30
@@ -158,7 +159,7 @@ def probe(config: str, overrides: list[str], steps: int) -> dict:
     phases = sampler.by_phase()
     return {
         **result,
-        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_rss_bytes": peak_resident_bytes(),
         "phases": phases,
         "peak_phase": max(phases, key=lambda name: phases[name]["peak_rss_gib"]),
         "huge_pages": os.environ.get("THP_MEM_ALLOC_ENABLE") == "1",  # as torch read it at its start

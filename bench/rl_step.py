@@ -16,7 +16,6 @@ Writes bench/results/rl_step_<model>[_<tag>].json.
 
 from __future__ import annotations
 
-import resource
 import sys
 import tempfile
 import time
@@ -27,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import parse_probing, recipe_parser, repo_path, run_probe, write_results  # noqa: E402
 
 from everyprompt.devices.malloc import preloaded_environment, running_malloc, wanted_malloc  # noqa: E402
+from everyprompt.devices.memory import peak_resident_bytes  # noqa: E402
 
 
 def probe(trainer: str, config: str, overrides: list[str], steps: int, run_dir: str, matched: bool) -> dict:
@@ -37,7 +37,7 @@ def probe(trainer: str, config: str, overrides: list[str], steps: int, run_dir: 
         result = everyprompt_steps(overrides, steps, Path(run_dir), Path(config))
     else:
         result = trl_steps(overrides, steps, Path(run_dir), Path(config), matched=matched)
-    result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    result["peak_rss_bytes"] = peak_resident_bytes()
     result["malloc"] = running_malloc()
     return result
 

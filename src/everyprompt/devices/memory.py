@@ -20,9 +20,14 @@ GIB = 1 << 30
 _MAXRSS_UNIT = 1 if sys.platform == "darwin" else 1024
 
 
+def peak_resident_bytes() -> int:
+    """The process's resident high-water mark so far, in bytes (the benches' `peak_rss_bytes` too)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * _MAXRSS_UNIT
+
+
 def peak_resident_gib() -> float:
     """The process's resident high-water mark so far, in GiB."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * _MAXRSS_UNIT / GIB
+    return peak_resident_bytes() / GIB
 
 
 def memory_metrics(device: torch.device) -> dict[str, float]:

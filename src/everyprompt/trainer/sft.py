@@ -92,6 +92,7 @@ def run_sft(
         run_root=run_dir,
     )
     model.train()
+    device = next(model.parameters()).device
     history = []
     try:
         with GracefulStop() as stop:
@@ -103,7 +104,7 @@ def run_sft(
                 metrics = _sft_step(model, loss, optimizer, scheduler)
                 release_freed_memory()  # reuse within a step, not across (devices/host.py)
                 metrics["time/step_s"] = time.perf_counter() - started
-                metrics.update(memory_metrics(next(model.parameters()).device))
+                metrics.update(memory_metrics(device))
                 logger.log(step, metrics)
                 history.append(metrics)
                 stopping = stop.signum is not None and step < sft.steps
