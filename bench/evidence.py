@@ -9,7 +9,9 @@ A run is recorded in bench/results/evidence.json (its held-out figures and a few
 its sweep ends, so the work carries across sessions and machines through the committed JSON: a later
 call runs only the (arm, seed) cells not recorded, all of them in one sweep where they can be (both cores
 busy). On the same machine, the cells a killed call finished are recorded by the next call, and the ones
-it cut short resume from their checkpoints (the sweeps under bench/results/evidence_runs/). Each contrast
+it cut short resume from their checkpoints (the sweeps under bench/results/evidence_runs/). A finished
+cell's checkpoints are deleted once it is recorded (its record needs only eval.json and metrics.jsonl; a
+MoE cell would otherwise keep 8 GB): `--keep-checkpoints` keeps them. Each contrast
 is recomputed from the records at every write: the paired differences by seed, their mean, the 95%
 percentile-bootstrap interval and the verdict (docs/evidence.md), given only once every pre-registered
 seed of both arms is in.
@@ -26,6 +28,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -162,9 +165,13 @@ def _write(path: Path, payload: dict, smoke: bool) -> None:
 
 
 # ---------------------------------------------------------------- running what is missing
-def harvest(root: Path, body: dict, fixed: list[str], levels: list[int] | None) -> None:
+def harvest(
+    root: Path, body: dict, fixed: list[str], levels: list[int] | None, keep_checkpoints: bool = False
+) -> None:
     """Record every finished cell of the sweeps under `root` whose (arm, seed) is not recorded yet and
-    whose sweep ran with `fixed` (a sweep of other settings is left alone)."""
+    whose sweep ran with `fixed` (a sweep of other settings is left alone); then, unless
+    `keep_checkpoints`, delete the checkpoints of each finished cell of those sweeps."""
+    from everyprompt.run.layout import RunLayout
     from everyprompt.sweep import SweepPlan
     from everyprompt.sweep.runner import cell_is_done
 
@@ -178,15 +185,27 @@ def harvest(root: Path, body: dict, fixed: list[str], levels: list[int] | None) 
             else {}
         )
         for cell in plan.cells():
-            runs = body["arms"][cell.arm]["runs"]
-            if any(r["seed"] == cell.seed for r in runs) or not cell_is_done(plan_file.parent / cell.name):
+            runs, cell_dir = body["arms"][cell.arm]["runs"], plan_file.parent / cell.name
+            if not cell_is_done(cell_dir):
                 continue
-            seconds = status.get(cell.name, {}).get("seconds") or float("nan")
-            runs.append(record_of(cell.arm, cell.seed, plan_file.parent / cell.name, seconds, levels))
-            runs.sort(key=lambda r: r["seed"])
+            if not any(r["seed"] == cell.seed for r in runs):
+                seconds = status.get(cell.name, {}).get("seconds") or float("nan")
+                runs.append(record_of(cell.arm, cell.seed, cell_dir, seconds, levels))
+                runs.sort(key=lambda r: r["seed"])
+            if not keep_checkpoints:  # a finished run resumes from nothing: its record is what counts
+                shutil.rmtree(RunLayout(cell_dir).checkpoints, ignore_errors=True)
 
 
-def run(name: str, setup_name: str, seeds: list[int], path: Path, work: Path, smoke: bool, workers: int):
+def run(
+    name: str,
+    setup_name: str,
+    seeds: list[int],
+    path: Path,
+    work: Path,
+    smoke: bool,
+    workers: int,
+    keep_checkpoints: bool = False,
+):
     from rich.console import Console
 
     from everyprompt.config import demo_config_path, load_config, read_yaml
@@ -220,7 +239,7 @@ def run(name: str, setup_name: str, seeds: list[int], path: Path, work: Path, sm
     for arm, keys in comparison.arms.items():
         body["arms"].setdefault(arm, {"overrides": keys, "runs": []})
     root = work / f"{name}-{setup_name}"
-    harvest(root, body, fixed, levels)  # cells a killed call finished on this machine
+    harvest(root, body, fixed, levels, keep_checkpoints)  # cells a killed call finished on this machine
     # one sweep per set of arms that miss the same seeds: all of them at once when nothing is recorded,
     # so both cores stay busy; no recorded cell is run again
     by_seeds: dict[tuple[int, ...], list[str]] = {}
@@ -238,11 +257,11 @@ def run(name: str, setup_name: str, seeds: list[int], path: Path, work: Path, sm
         try:
             SweepRunner(plan, sweep_dir, workers, console).run()
         except StopRequested as stop:  # Ctrl-C / SIGTERM: the cells checkpointed; keep what finished
-            harvest(root, body, fixed, levels)
+            harvest(root, body, fixed, levels, keep_checkpoints)
             save(path, payload, smoke, name, setup_name)
             console.print(f"stopped; the same command continues ({stop})")
             raise SystemExit(stop.exit_code) from None
-        harvest(root, body, fixed, levels)
+        harvest(root, body, fixed, levels, keep_checkpoints)
     payload = save(path, payload, smoke, name, setup_name)
     console.print(summary(payload))
 
@@ -336,6 +355,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--readme", action="store_true", help="write the README's claims table, run nothing")
     parser.add_argument("--tiny", action="store_true", help="a smoke run on a 2-layer model (its own file)")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--keep-checkpoints", action="store_true", help="keep a finished cell's checkpoints once recorded"
+    )
     args = parser.parse_args(argv)
     path = args.out / ("evidence_smoke.json" if args.tiny else "evidence.json")
     if args.summary:
@@ -351,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--comparison and --setup name what to run (or --summary)")
     seeds = args.seeds or list(COMPARISONS[args.comparison].seeds_on(SETUPS[args.setup]))
     work = args.out / "evidence_runs"
-    run(args.comparison, args.setup, seeds, path, work, args.tiny, args.workers)
+    run(args.comparison, args.setup, seeds, path, work, args.tiny, args.workers, args.keep_checkpoints)
     print(f"wrote {repo_path(path)}")
     return 0
 

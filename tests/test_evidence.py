@@ -69,6 +69,30 @@ def test_calls_on_other_comparisons_keep_each_others_records(tmp_path):
     assert not list(tmp_path.glob(".evidence.json.tmp-*"))  # written through a renamed temporary file
 
 
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_recorded_cell_gives_up_its_checkpoints_unless_told_to_keep_them(tmp_path, keep):
+    """What harvest records comes from eval.json and metrics.jsonl alone; a finished cell's checkpoints
+    (8 GB for a MoE cell) go once it is recorded. A cell still running keeps its own: it resumes from them."""
+    from everyprompt.config import demo_config_path, read_yaml
+    from everyprompt.sweep import SweepPlan
+
+    bench = _load("evidence")
+    fixed = ["rl.steps=2"]
+    plan = SweepPlan(read_yaml(demo_config_path()), fixed, {}, [0, 1], "demo", {"a": [], "b": []})
+    sweep = tmp_path / "c1-tiny" / "sweep"
+    plan.save(sweep)
+    for cell in plan.cells():
+        (sweep / cell.name / "checkpoints" / "step_2").mkdir(parents=True)
+        if cell.name != "b,seed=1":  # finished; b seed 1 is still running
+            (sweep / cell.name / "eval.json").write_text(json.dumps({"greedy_accuracy": 0.5}))
+            (sweep / cell.name / "metrics.jsonl").write_text(json.dumps({"step": 1}) + "\n")
+    body = {"arms": {"a": {"runs": []}, "b": {"runs": []}}}
+    bench.harvest(tmp_path / "c1-tiny", body, fixed, None, keep_checkpoints=keep)
+    assert {arm: [r["seed"] for r in a["runs"]] for arm, a in body["arms"].items()} == {"a": [0, 1], "b": [0]}
+    kept = sorted(p.parent.name for p in sweep.glob("*/checkpoints"))
+    assert kept == (["a,seed=0", "a,seed=1", "b,seed=0", "b,seed=1"] if keep else ["b,seed=1"])
+
+
 @pytest.mark.parametrize(
     "name",
     [
@@ -172,6 +196,10 @@ def test_evidence_bench_smoke(tmp_path):
     }
     assert all(0 <= r["greedy_accuracy"] <= 1 for a in body["arms"].values() for r in a["runs"])
     assert [c["seeds"] for c in body["contrasts"]] == [[0, 1]] * 3 and not body["contrasts"][0]["complete"]
+    # the recorded cells keep their records' files, not their checkpoints
+    cells = [p.parent for p in (tmp_path / "evidence_runs").glob("c1-tiny/*/*/eval.json")]
+    assert len(cells) == 6 and all((c / "metrics.jsonl").is_file() for c in cells)
+    assert not [c for c in cells if (c / "checkpoints").exists()]
     # a second call finds every cell recorded and runs nothing
     assert bench.main(argv) == 0
     again = json.loads((tmp_path / "evidence_smoke.json").read_text())

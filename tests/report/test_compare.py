@@ -225,3 +225,17 @@ def test_a_damaged_sweep_file_is_named_not_a_traceback(tmp_path, capsys):
     (sweep / "sweep.json").write_text("{}")
     with pytest.raises(ReportError, match="sweep.json: not a sweep plan"):
         load_runs([sweep])
+
+
+def test_every_summary_row_and_table_column_names_a_known_figure():
+    """A `how` is a REDUCTIONS entry (or one of the two-figure rows, or the final eval): a misspelt one
+    fails here, not as a KeyError in a user's report."""
+    from everyprompt.report import REDUCTIONS, ROWS
+    from everyprompt.report.compare import FINAL
+
+    assert {how for _, _, how in ROWS} - set(REDUCTIONS) == {"ends", "evals"}
+    assert {c.how for c in COLUMNS} <= {FINAL, *REDUCTIONS}
+    # each reduction by hand on [1, nan, 3, 2]: non-finite values are skipped
+    values = [1.0, float("nan"), 3.0, 2.0]
+    expected = {"mean": 2.0, "median": 2.0, "max": 3.0, "sum": 6.0, "last tenth": 2.0}
+    assert {name: reduce(values) for name, reduce in REDUCTIONS.items()} == expected

@@ -3,6 +3,7 @@ import math
 
 import pytest
 import torch
+from safetensors import SafetensorError
 
 from everyprompt.batch import RolloutBatch
 from everyprompt.pipeline import Run, train
@@ -151,7 +152,18 @@ def test_a_damaged_checkpoint_is_named_and_the_run_resumes_from_the_newest_compl
         resolve_checkpoint(tmp_path / "nowhere")
 
 
-def test_an_unwritable_checkpoint_directory_fails_at_once_and_keeps_the_previous_one(tmp_path, monkeypatch):
+FULL_DISK = {  # how a full disk reaches save_checkpoint: from the OS, and from safetensors' own writer
+    "oserror": lambda: OSError(28, "No space left on device"),
+    "safetensors": lambda: SafetensorError(
+        "Error while serializing: I/O error: No space left on device (os error 28)"
+    ),
+}
+
+
+@pytest.mark.parametrize("source", sorted(FULL_DISK))
+def test_an_unwritable_checkpoint_directory_fails_at_once_and_keeps_the_previous_one(
+    tmp_path, monkeypatch, source
+):
     import everyprompt.trainer.checkpoint as checkpoint_module
     from everyprompt.trainer.checkpoint import verify_checkpoint
 
@@ -160,15 +172,53 @@ def test_an_unwritable_checkpoint_directory_fails_at_once_and_keeps_the_previous
 
     def full_disk(model, tokenizer, path, merged=False):
         real_save(model, tokenizer, path, merged)
-        raise OSError(28, "No space left on device")
+        raise FULL_DISK[source]()
 
     monkeypatch.setattr(checkpoint_module, "save_pretrained", full_disk)
     trainer.step = 2
-    with pytest.raises(CheckpointError, match=r"cannot write checkpoint .*step_2: No space left on device"):
+    with pytest.raises(CheckpointError, match=r"cannot write checkpoint .*step_2: .*No space left on device"):
         trainer.save()
     assert resolve_checkpoint(tmp_path).name == "step_1"
     verify_checkpoint(resolve_checkpoint(tmp_path))
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "sft", "step_1"]
+
+
+def test_a_checkpoint_write_that_fails_otherwise_leaves_no_half_written_copy(tmp_path, monkeypatch):
+    import everyprompt.trainer.checkpoint as checkpoint_module
+
+    trainer = train(tiny_config("rl.steps=1"), run_dir=tmp_path)
+    real_save = checkpoint_module.save_pretrained
+
+    def interrupted(model, tokenizer, path, merged=False):
+        real_save(model, tokenizer, path, merged)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(checkpoint_module, "save_pretrained", interrupted)
+    trainer.step = 2
+    with pytest.raises(KeyboardInterrupt):
+        trainer.save()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "sft", "step_1"]
+
+
+def test_a_disk_too_full_for_the_next_checkpoint_is_warned_of_when_this_one_is_written(
+    tmp_path, monkeypatch, caplog
+):
+    import collections
+    import shutil
+
+    from everyprompt.trainer.checkpoint import checkpoint_bytes
+
+    trainer = train(tiny_config("rl.steps=1"), run_dir=tmp_path)
+    size = checkpoint_bytes(resolve_checkpoint(tmp_path))
+    usage = collections.namedtuple("usage", "total used free")
+    for free, warned in [(10 * size, False), (size - 1, True)]:
+        monkeypatch.setattr(shutil, "disk_usage", lambda path, free=free: usage(0, 0, free))
+        caplog.clear()
+        trainer.step += 1
+        with caplog.at_level("WARNING", logger="everyprompt.trainer.checkpoint"):
+            trainer.save()
+        assert ("the next checkpoint will not fit" in caplog.text) is warned, (free, caplog.text)
+    assert f"step_{trainer.step} takes {size / 1e9:.2f} GB and only {(size - 1) / 1e9:.2f} GB" in caplog.text
 
 
 def test_a_run_directory_that_cannot_be_written_is_named_at_once(tmp_path, capsys):

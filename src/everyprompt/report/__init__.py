@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,8 +33,8 @@ PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("learner's peak memory (GiB)", ("memory/peak_rss_gib", "memory/cuda_peak_gib")),
 )
 
-# summary rows: (label, key, how): "ends" compares the first and last tenth of the steps, "mean",
-# "median", "max", "sum", or "evals" (first and last logged value)
+# summary rows: (label, key, how): "ends" compares the first and last tenth of the steps, "evals" the first
+# and last logged value; any other `how` is one figure, a REDUCTIONS entry ("mean", "median", "max", "sum")
 ROWS: tuple[tuple[str, str, str], ...] = (
     ("SFT loss", "sft/loss", "ends"),
     ("training accuracy", "reward/accuracy", "ends"),
@@ -105,6 +106,29 @@ def _median(values: list[float]) -> float:
     return finite[middle] if len(finite) % 2 else (finite[middle - 1] + finite[middle]) / 2
 
 
+def _max(values: list[float]) -> float:
+    return max((v for v in values if math.isfinite(v)), default=float("nan"))
+
+
+def _sum(values: list[float]) -> float:
+    return sum(v for v in values if math.isfinite(v))
+
+
+def _last_tenth(values: list[float]) -> float:
+    return _mean(values[-max(1, len(values) // 10) :])
+
+
+# how one figure is made from a run's per-step values (non-finite values are skipped): the summary rows
+# and the comparison table's columns name one of these
+REDUCTIONS: dict[str, Callable[[list[float]], float]] = {
+    "mean": _mean,
+    "median": _median,
+    "max": _max,
+    "sum": _sum,
+    "last tenth": _last_tenth,
+}
+
+
 def summarize(metrics: Metrics, pass_k: int | None = None) -> list[dict]:
     """One row per ROWS entry the run logged: {'label', 'key', 'how', ...figures}."""
     rows = []
@@ -124,14 +148,8 @@ def summarize(metrics: Metrics, pass_k: int | None = None) -> list[dict]:
         elif how == "evals":
             row["first"], row["last"] = values[0], values[-1]
             row["first_step"], row["last_step"] = steps[0], steps[-1]
-        elif how == "mean":
-            row["value"] = _mean(values)
-        elif how == "median":
-            row["value"] = _median(values)
-        elif how == "max":
-            row["value"] = max((v for v in values if math.isfinite(v)), default=float("nan"))
         else:
-            row["value"] = sum(v for v in values if math.isfinite(v))
+            row["value"] = REDUCTIONS[how](values)
         row["non_finite"] = sum(not math.isfinite(v) for v in values)
         rows.append(row)
     return rows

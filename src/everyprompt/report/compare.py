@@ -7,20 +7,18 @@ import io
 import math
 from dataclasses import dataclass, replace
 
-from everyprompt.report import _mean, _median, _moving_average
+from everyprompt.report import REDUCTIONS, _mean, _moving_average
 from everyprompt.report.runs import Arm, RunRecord
 from everyprompt.report.stats import Difference, Spread, bootstrap_difference, finite
 
-# the table's columns: (label, how a run gives its figure, compared to the first arm)
-FINAL, ENDS, MEAN, MEDIAN, MAX = "final", "ends", "mean", "median", "max"
+FINAL = "final"  # a column's figure from the held-out eval after the last step
 
 
 @dataclass(frozen=True)
 class Column:
     label: str
     key: str
-    how: str  # final: the held-out eval after the last step; ends: mean of the last tenth of the steps;
-    # mean / median / max: over every step
+    how: str  # FINAL, or a REDUCTIONS entry over the run's steps ("last tenth", "mean", "median", "max")
     percent: bool = False
     compare: bool = False  # show the difference to the first arm with its interval
 
@@ -28,11 +26,11 @@ class Column:
 COLUMNS = (
     Column("held-out greedy", "greedy_accuracy", FINAL, percent=True, compare=True),
     Column("held-out pass@k", "pass@k", FINAL, percent=True, compare=True),
-    Column("training accuracy (last tenth)", "reward/accuracy", ENDS, percent=True),
-    Column("zero-variance rate", "zve/zero_variance_rate", MEAN, percent=True),
-    Column("entropy (last tenth)", "actor/entropy", ENDS),
-    Column("s / step", "time/step_s", MEDIAN),
-    Column("peak GiB", "memory/peak_rss_gib", MAX),
+    Column("training accuracy (last tenth)", "reward/accuracy", "last tenth", percent=True),
+    Column("zero-variance rate", "zve/zero_variance_rate", "mean", percent=True),
+    Column("entropy (last tenth)", "actor/entropy", "last tenth"),
+    Column("s / step", "time/step_s", "median"),
+    Column("peak GiB", "memory/peak_rss_gib", "max"),
 )
 
 # (figure title, metric keys: one panel each, those no run logged left out)
@@ -71,13 +69,7 @@ def run_value(run: RunRecord, column: Column, pass_name: str | None) -> float:
         key = pass_name if column.key == "pass@k" else column.key
         return run.final.get(key, float("nan")) if key else float("nan")
     values = finite(run.series(column.key)[1])
-    if not values:
-        return float("nan")
-    if column.how == ENDS:
-        return _mean(values[-max(1, len(values) // 10) :])
-    if column.how == MAX:
-        return max(values)
-    return _mean(values) if column.how == MEAN else _median(values)
+    return REDUCTIONS[column.how](values) if values else float("nan")
 
 
 @dataclass

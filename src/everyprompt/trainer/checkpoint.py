@@ -10,11 +10,13 @@ falls back to the newest complete checkpoint (`run/resume.py` decides where a ru
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from everyprompt.errors import InputError
 from everyprompt.models.io import save_pretrained
@@ -23,6 +25,8 @@ from everyprompt.run.layout import LATEST, series
 
 STATE_FILE = "trainer_state.pt"
 MANIFEST = "manifest.json"
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(InputError):
@@ -71,17 +75,42 @@ def save_checkpoint(
         else:
             os.replace(temporary, final)
         fsync(root)
-    except OSError as err:
+    except (OSError, SafetensorError) as err:  # safetensors reports a full disk as its own error
         shutil.rmtree(temporary, ignore_errors=True)
+        reason = getattr(err, "strerror", None) or err
         raise CheckpointError(
-            f"cannot write checkpoint {final}: {err.strerror or err} ({type(err).__name__}); the previous "
+            f"cannot write checkpoint {final}: {reason} ({type(err).__name__}); the previous "
             "checkpoints are untouched"
         ) from None
+    except BaseException:  # anything else (a bug, Ctrl-C): still leave no half-written copy behind
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
     if state is not None and latest:
         _point_latest(root, name)
     if keep_last:
         _prune(final, keep_last)
+    _warn_if_the_next_cannot_fit(final)
     return final
+
+
+def checkpoint_bytes(path: Path) -> int:
+    """The size of a written checkpoint, from its manifest."""
+    files = json.loads((Path(path) / MANIFEST).read_text())["files"]
+    return sum(entry["size"] for entry in files.values())
+
+
+def _warn_if_the_next_cannot_fit(final: Path) -> None:
+    """The next checkpoint is written whole before an old one is pruned: warn while there is time to act,
+    not when a run dies on a full disk hours later."""
+    size, free = checkpoint_bytes(final), shutil.disk_usage(final.parent).free
+    if free < size:
+        log.warning(
+            "%s takes %.2f GB and only %.2f GB are free on its disk: the next checkpoint will not fit (free "
+            "some space, or lower checkpoint.keep_last)",
+            final,
+            size / 1e9,
+            free / 1e9,
+        )
 
 
 def _point_latest(root: Path, name: str) -> None:
