@@ -33,7 +33,8 @@ class CheckpointError(InputError):
     """A checkpoint that cannot be written or resumed from; the message names the path and the problem."""
 
 
-def _write_manifest(directory: Path) -> None:
+def _write_manifest(directory: Path) -> int:
+    """Fsync every file, record each one's size and SHA-256 in the manifest; the checkpoint's bytes."""
     files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
     for file in files:
         fsync(file)
@@ -41,6 +42,7 @@ def _write_manifest(directory: Path) -> None:
     (directory / MANIFEST).write_text(json.dumps({"files": entries}, indent=1))
     fsync(directory / MANIFEST)
     fsync(directory)
+    return sum(entry["size"] for entry in entries.values())
 
 
 def save_checkpoint(
@@ -66,7 +68,7 @@ def save_checkpoint(
         save_pretrained(model, tokenizer, temporary, merged=merged)
         if state is not None:
             torch.save(state, temporary / STATE_FILE)
-        _write_manifest(temporary)
+        size = _write_manifest(temporary)
         if final.exists():  # the same name again (a resumed run's final step): swap, never delete first
             old = root / f".old-{name}-{os.getpid()}"
             os.replace(final, old)
@@ -75,34 +77,27 @@ def save_checkpoint(
         else:
             os.replace(temporary, final)
         fsync(root)
-    except (OSError, SafetensorError) as err:  # safetensors reports a full disk as its own error
+    except BaseException as err:  # whatever stopped the write (a bug, Ctrl-C too): no half-written copy
         shutil.rmtree(temporary, ignore_errors=True)
+        if not isinstance(err, (OSError, SafetensorError)):  # safetensors reports a full disk as its own
+            raise
         reason = getattr(err, "strerror", None) or err
         raise CheckpointError(
             f"cannot write checkpoint {final}: {reason} ({type(err).__name__}); the previous "
             "checkpoints are untouched"
         ) from None
-    except BaseException:  # anything else (a bug, Ctrl-C): still leave no half-written copy behind
-        shutil.rmtree(temporary, ignore_errors=True)
-        raise
     if state is not None and latest:
         _point_latest(root, name)
     if keep_last:
         _prune(final, keep_last)
-    _warn_if_the_next_cannot_fit(final)
+    _warn_if_the_next_cannot_fit(final, size)
     return final
 
 
-def checkpoint_bytes(path: Path) -> int:
-    """The size of a written checkpoint, from its manifest."""
-    files = json.loads((Path(path) / MANIFEST).read_text())["files"]
-    return sum(entry["size"] for entry in files.values())
-
-
-def _warn_if_the_next_cannot_fit(final: Path) -> None:
+def _warn_if_the_next_cannot_fit(final: Path, size: int) -> None:
     """The next checkpoint is written whole before an old one is pruned: warn while there is time to act,
     not when a run dies on a full disk hours later."""
-    size, free = checkpoint_bytes(final), shutil.disk_usage(final.parent).free
+    free = shutil.disk_usage(final.parent).free
     if free < size:
         log.warning(
             "%s takes %.2f GB and only %.2f GB are free on its disk: the next checkpoint will not fit (free "
