@@ -170,30 +170,30 @@ def harvest(
 ) -> None:
     """Record every finished cell of the sweeps under `root` whose (arm, seed) is not recorded yet and
     whose sweep ran with `fixed` (a sweep of other settings is left alone); then, unless
-    `keep_checkpoints`, delete the checkpoints of each finished cell of those sweeps."""
+    `keep_checkpoints`, delete the checkpoints of every cell of those sweeps whose (arm, seed) is
+    recorded: a finished one, or a stopped one that another sweep has since run whole (nothing resumes
+    either)."""
     from everyprompt.run.layout import RunLayout
     from everyprompt.sweep import SweepPlan
     from everyprompt.sweep.runner import cell_is_done
 
+    cells = []  # (arm, seed, its directory) of every cell of the sweeps that ran with `fixed`
     for plan_file in sorted(root.glob("*/sweep.json")):
         plan = SweepPlan.load(plan_file.parent)
         if plan.fixed != fixed:
             continue
-        status = (
-            json.loads((plan_file.parent / "status.json").read_text())
-            if (plan_file.parent / "status.json").is_file()
-            else {}
-        )
+        status_file = plan_file.parent / "status.json"
+        status = json.loads(status_file.read_text()) if status_file.is_file() else {}
         for cell in plan.cells():
             runs, cell_dir = body["arms"][cell.arm]["runs"], plan_file.parent / cell.name
-            if not cell_is_done(cell_dir):
-                continue
-            if not any(r["seed"] == cell.seed for r in runs):
+            cells.append((cell.arm, cell.seed, cell_dir))
+            if cell_is_done(cell_dir) and not any(r["seed"] == cell.seed for r in runs):
                 seconds = status.get(cell.name, {}).get("seconds") or float("nan")
                 runs.append(record_of(cell.arm, cell.seed, cell_dir, seconds, levels))
                 runs.sort(key=lambda r: r["seed"])
-            if not keep_checkpoints:  # a finished run resumes from nothing: its record is what counts
-                shutil.rmtree(RunLayout(cell_dir).checkpoints, ignore_errors=True)
+    for arm, seed, cell_dir in [] if keep_checkpoints else cells:
+        if any(r["seed"] == seed for r in body["arms"][arm]["runs"]):  # nothing resumes it now
+            shutil.rmtree(RunLayout(cell_dir).checkpoints, ignore_errors=True)
 
 
 def run(

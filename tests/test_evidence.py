@@ -86,11 +86,28 @@ def test_a_recorded_cell_gives_up_its_checkpoints_unless_told_to_keep_them(tmp_p
         if cell.name != "b,seed=1":  # finished; b seed 1 is still running
             (sweep / cell.name / "eval.json").write_text(json.dumps({"greedy_accuracy": 0.5}))
             (sweep / cell.name / "metrics.jsonl").write_text(json.dumps({"step": 1}) + "\n")
+    # an earlier sweep stopped with a at seed 0 unfinished, and b at seed 1 not started; a seed 0 has since
+    # run whole above, so nothing resumes the stopped one
+    stopped = tmp_path / "c1-tiny" / "stopped"
+    plan.save(stopped)
+    (stopped / "a,seed=0" / "checkpoints" / "step_1").mkdir(parents=True)
+    (stopped / "b,seed=1" / "checkpoints" / "step_1").mkdir(parents=True)
     body = {"arms": {"a": {"runs": []}, "b": {"runs": []}}}
     bench.harvest(tmp_path / "c1-tiny", body, fixed, None, keep_checkpoints=keep)
     assert {arm: [r["seed"] for r in a["runs"]] for arm, a in body["arms"].items()} == {"a": [0, 1], "b": [0]}
-    kept = sorted(p.parent.name for p in sweep.glob("*/checkpoints"))
-    assert kept == (["a,seed=0", "a,seed=1", "b,seed=0", "b,seed=1"] if keep else ["b,seed=1"])
+    kept = sorted(
+        str(p.parent.relative_to(tmp_path / "c1-tiny")) for p in tmp_path.glob("c1-tiny/*/*/checkpoints")
+    )
+    everything = [
+        "stopped/a,seed=0",
+        "stopped/b,seed=1",
+        "sweep/a,seed=0",
+        "sweep/a,seed=1",
+        "sweep/b,seed=0",
+    ]
+    assert kept == (
+        sorted([*everything, "sweep/b,seed=1"]) if keep else ["stopped/b,seed=1", "sweep/b,seed=1"]
+    )
 
 
 @pytest.mark.parametrize(
