@@ -191,7 +191,9 @@ def harvest(
                 seconds = status.get(cell.name, {}).get("seconds") or float("nan")
                 runs.append(record_of(cell.arm, cell.seed, cell_dir, seconds, levels))
                 runs.sort(key=lambda r: r["seed"])
-    for arm, seed, cell_dir in [] if keep_checkpoints else cells:
+    if keep_checkpoints:
+        return
+    for arm, seed, cell_dir in cells:
         if any(r["seed"] == seed for r in body["arms"][arm]["runs"]):  # nothing resumes it now
             shutil.rmtree(RunLayout(cell_dir).checkpoints, ignore_errors=True)
 
