@@ -153,7 +153,7 @@ def _plant_route_buffer(monkeypatch):
         return record
 
     monkeypatch.setattr(state_module.Record, "start", classmethod(on_host))
-    return "buffer[rows[:, None], columns[None, :]] = values.to(buffer.dtype)"
+    return "buffer[rows, columns] = values.to(buffer.dtype)"
 
 
 def _plant_host_scales(monkeypatch, two_dimensional_only: bool = False) -> None:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from everyprompt.rollout.native.families import Family, rope_tables
-from everyprompt.rollout.native.weights import Projection, StateDict, linear
+from everyprompt.rollout.native.weights import FP8Weight, Projection, StateDict, linear
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -154,6 +154,9 @@ class GroupedQueryAttention:
         out = torch.bmm(torch.softmax(scores, dim=-1), values).view(batch, 1, heads * dim)
         return _output(w, out)
 
+    def prepare(self, w: GroupedWeights) -> None:
+        """Nothing to derive from the weights before decoding."""
+
     def _qk_norm(self, w: GroupedWeights, qk: torch.Tensor) -> torch.Tensor:
         """The query and key heads qk [B, T, heads + kv_heads, D] normalised as the family does: per
         head (one RMSNorm call over all heads), over all query heads and all key heads, or not at all."""
@@ -182,7 +185,7 @@ class LatentWeights:
     kv_a_bias: torch.Tensor | None = None
     o_bias: torch.Tensor | None = None
     # decode's absorbed forms of kv_b, laid out for batched matmuls over heads: W_k^T [heads, nope, rank]
-    # and W_v^T [heads, rank, v]; made from the plain kv_b at the first decode step, not at every step
+    # and W_v^T [heads, rank, v]; made from the plain kv_b by `LatentAttention.prepare`, not at every step
     k_absorbed: torch.Tensor | None = None
     v_absorbed: torch.Tensor | None = None
 
@@ -246,6 +249,16 @@ class LatentAttention:
             attn.q_a_bias = weights.bias(prefix + "q_a_proj.bias")
         return attn
 
+    def prepare(self, w: LatentWeights) -> None:
+        """Decode's absorbed forms of `kv_b` (below), made once per weights: at a load, or for fp8 on
+        the call's dequantised copy (a quantised `kv_b` is absorbed once dequantised)."""
+        if isinstance(w.kv_b, FP8Weight):
+            return
+        rank, heads, nope = self.kv_rank, self.heads, self.nope
+        kv_b = w.kv_b.reshape(rank, heads, nope + self.v_dim)  # c @ kv_b[:, h] = [k_nope_h, v_h]
+        w.k_absorbed = kv_b[..., :nope].permute(1, 2, 0).contiguous()
+        w.v_absorbed = kv_b[..., nope:].permute(1, 0, 2).contiguous()
+
     def _deinterleave(self, dim: int) -> torch.Tensor:
         """Row order of a rotary block: evens then odds for interleaved checkpoints, else unchanged."""
         if not self.interleaved:
@@ -282,10 +295,6 @@ class LatentAttention:
         cache[rows, 0, positions] = latent[:, 0]
         width = bias.shape[-1]
         keys = cache[:, 0, :width]  # [B, S, rank + rope]
-        if w.k_absorbed is None:  # once per weights (a load, or an fp8 call's dequantised copy)
-            kv_b = w.kv_b.reshape(rank, heads, nope + self.v_dim)  # c @ kv_b[:, h] = [k_nope_h, v_h]
-            w.k_absorbed = kv_b[..., :nope].permute(1, 2, 0).contiguous()
-            w.v_absorbed = kv_b[..., nope:].permute(1, 0, 2).contiguous()
         q_latent = torch.bmm(q_nope[:, 0].transpose(0, 1), w.k_absorbed).transpose(0, 1)  # W_k^T q_nope
         query = torch.cat([q_latent, q_rot[:, 0]], dim=-1)  # [B, heads, rank + rope]
         scores = torch.baddbmm(bias, query, keys.transpose(1, 2), alpha=self.scale)  # [B, heads, S]

@@ -7,6 +7,11 @@ from __future__ import annotations
 import torch
 
 
+# the static step's cache width grows in steps of this many positions: calls whose prompts differ a little in
+# length share one storage (and its graphs), at the price of attending over up to this many masked positions
+WIDTH_STEP = 128
+
+
 class KVCache:
     """Cache storage for `layers` decoder layers of an attention variant (`layout`: its `cache_layout`)."""
 
@@ -46,6 +51,18 @@ class KVCache:
             )
             self._storage = self.allocate(rows, columns)
         return [tuple(t[:slots, :, :width] for t in entry) for entry in self._storage]
+
+    def whole(self, rows: int, width: int) -> list[tuple[torch.Tensor, ...]]:
+        """The whole storage, at least `rows` rows and `width` positions (grown to a multiple of
+        `WIDTH_STEP` positions when it must grow): the static step's cache, which keeps its address from
+        call to call while calls fit it (a graph captured over it stays valid)."""
+        have = self._storage[0][0] if self._storage else None
+        if have is None or have.dtype != self.dtype or have.shape[0] < rows or have.shape[2] < width:
+            columns = -(-width // WIDTH_STEP) * WIDTH_STEP
+            if have is not None:
+                rows, columns = max(rows, have.shape[0]), max(columns, have.shape[2])
+            self._storage = self.allocate(rows, columns)
+        return self._storage
 
     def release(self) -> None:
         self._storage = []

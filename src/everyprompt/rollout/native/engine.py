@@ -35,14 +35,17 @@ from everyprompt.rollout.base import (
     register_engine,
 )
 from everyprompt.rollout.native.attention import ATTENTIONS, decode_bias, rms_norm
-from everyprompt.rollout.native.cache import KVCache, compact, copy_rows, readable
+from everyprompt.rollout.native.cache import KVCache, compact, copy_rows
 from everyprompt.rollout.native.compiled import DecodeCompiler
 from everyprompt.rollout.native.families import FAMILIES, check_family
+from everyprompt.rollout.native.graphs import DEFAULT_BUCKETS, StepGraphs, graphs_wanted
 from everyprompt.rollout.native.moe import MixtureOfExperts, swiglu
 from everyprompt.rollout.native.queue import LiveRequests, Queue
-from everyprompt.rollout.native.state import Record, Slots, on_device
+from everyprompt.rollout.native.state import Record, on_device
+from everyprompt.rollout.native.static import StaticStep, StepBuffers
+from everyprompt.rollout.native.stepping import PlainStep
 from everyprompt.rollout.native.turns import Turns, ending, force, take_tokens
-from everyprompt.rollout.native.weights import Layer, StateDict, fp8_matmuls, read_layer
+from everyprompt.rollout.native.weights import Layer, StateDict, copy_into, fp8_matmuls, read_layer
 from everyprompt.rollout.sampling import sample_tokens
 from everyprompt.rollout.stops import StopStrings, stop_token_ids
 
@@ -71,6 +74,8 @@ class NativeEngine:
         compile: str = "off",
         device: torch.device | str = "cpu",
         fp8_matmul: bool | None = None,
+        cuda_graphs: str = "auto",
+        graph_buckets=DEFAULT_BUCKETS,
     ):
         """`precision` (fp32 | bf16 | fp8) overrides `dtype`; fp8 keeps the attention and expert / MLP
         projections in float8_e4m3fn (per-output-channel scales, re-quantised by every `load_weights`),
@@ -78,7 +83,10 @@ class NativeEngine:
         decode step eager or through torch.compile (compiled.py). `device`: where the weights, the cache
         and every per-call tensor live (a resolved device, devices/placement.py). `fp8_matmul`: fp8
         projections multiplied in FP8 (`FP8Weight.matmul`) rather than dequantised; None: where the
-        device has FP8 matmuls (weights.fp8_matmuls)."""
+        device has FP8 matmuls (weights.fp8_matmuls). `cuda_graphs` (auto | on | off, graphs.py; or
+        `eager`: the static step without graphs, on any device, the reference the graphs are tested
+        against) and `graph_buckets` (increasing batch sizes): the static decode step (static.py), on a
+        CUDA device by default unless `compile` is on."""
         if precision is not None:
             if precision not in PRECISIONS:
                 raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
@@ -99,8 +107,16 @@ class NativeEngine:
         self.cache = KVCache(self.attention.cache_layout, config.num_hidden_layers, dtype, self.device)
         self.moe = MixtureOfExperts(config, self.family)
         self.compiler = DecodeCompiler(compile)
+        # the static step: on a CUDA device (captured as graphs where real CUDA runs), or asked for
+        self.static = cuda_graphs == "eager" or (graphs_wanted(cuda_graphs, self.device) and compile != "on")
+        buckets = tuple(b for b in graph_buckets if b < batch_size) + (batch_size,)
+        capture = self.static and cuda_graphs != "eager" and torch.cuda.is_available()
+        self.graphs = StepGraphs(buckets, capture=capture, device=self.device)
+        self._static: StaticStep | None = None
+        self._decode_layers: list[Layer] | None = None  # fp8's dequantised layers, kept for the static step
         self._open_calls = 0  # generate() iterators not yet finished (the shared cache serves one)
         self.stats: dict[str, float] = {}  # the last generate call's throughput figures
+        self.embed = self.final_norm = self.lm_head = self.layers = None
         self.load_weights(state_dict)
         # a mixture-of-experts model: its routers' choices can be recorded (kept while the engine sleeps)
         self.can_record_routes = any(layer.router is not None for layer in self.layers)
@@ -136,22 +152,55 @@ class NativeEngine:
 
     # ---------------------------------------------------------------- weights
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Take `state_dict` (the trainer's names and layout) as the engine's weights; wakes a sleeping engine."""
+        """Take `state_dict` (the trainer's names and layout) as the engine's weights; wakes a sleeping
+        engine. Weights of the shapes already held are copied into their storage (same addresses, so
+        captured graphs stay valid); otherwise they replace it."""
         weights = StateDict(state_dict, self.dtype, fp8=self.precision == "fp8", device=self.device)
-        self.embed = weights.plain("model.embed_tokens.weight")
-        self.final_norm = weights.plain("model.norm.weight")
         head = "lm_head.weight" if "lm_head.weight" in weights else "model.embed_tokens.weight"
-        self.lm_head = weights.operand(head)
-        self.layers = [
-            read_layer(weights, self.family, self.attention, i) for i in range(self.config.num_hidden_layers)
-        ]
+        new = (
+            weights.plain("model.embed_tokens.weight"),
+            weights.plain("model.norm.weight"),
+            weights.operand(head),
+            [
+                self._prepared(read_layer(weights, self.family, self.attention, i))
+                for i in range(self.config.num_hidden_layers)
+            ],
+        )
+        held = None if self.layers is None else (self.embed, self.final_norm, self.lm_head, self.layers)
+        if held is None or not copy_into(held, new):
+            self.embed, self.final_norm, self.lm_head, self.layers = new
+            self._decode_layers = None
+        elif self._decode_layers is not None:
+            copy_into(self._decode_layers, self._dequantized(self.layers))
 
     def sleep(self) -> None:
-        """Drop the weights and the KV cache's storage until the next `load_weights` (base.py)."""
+        """Drop the weights, the KV cache's storage and the static step's buffers until the next
+        `load_weights` (base.py); captured graphs go with them."""
         if self._open_calls:
             raise RuntimeError("sleep() while a generate call's iterator is still open")
         self.embed = self.final_norm = self.lm_head = self.layers = None
+        self._decode_layers = self._static = None
+        self.graphs.reset()
         self.cache.release()
+
+    def _prepared(self, layer: Layer) -> Layer:
+        """`layer` with what its attention derives from its weights for decoding made now (attention.py)."""
+        self.attention.prepare(layer.attention)
+        return layer
+
+    def _dequantized(self, layers: list[Layer]) -> list[Layer]:
+        return [self._prepared(layer.dequantized(keep_matmuls=self.fp8_matmul)) for layer in layers]
+
+    def _call_layers(self, static: bool) -> list[Layer]:
+        """The layers a generate call decodes with: the weights themselves, or fp8's dequantised copies,
+        made per call, or once per weight load for the static step (its graphs read their addresses)."""
+        if not any(layer.quantized for layer in self.layers):
+            return self.layers
+        if not static:
+            return self._dequantized(self.layers)
+        if self._decode_layers is None:
+            self._decode_layers = self._dequantized(self.layers)
+        return self._decode_layers
 
     # ---------------------------------------------------------------- forward
     def _mlp(self, layer: Layer, x: torch.Tensor, routes: list | None = None) -> torch.Tensor:
@@ -202,13 +251,12 @@ class NativeEngine:
     def _generate(self, source: Queue | LiveRequests, params: SamplingParams, shared: bool):
         began, requests = time.perf_counter(), source.requests
         pool, width = source.pool(self.batch_size), source.width(params)
-        state = Slots(pool, params.max_new_tokens, self.config.vocab_size, self.device)
         stops = StopStrings(self.tokenizer, params.stop)
-        forward, sample, compiled = self._step_functions()
-        # a compiled step reads the call's whole cache width (masked), so its cache is contiguous and of
-        # one layout for the whole call; an eager one reads the slots up to the furthest position
-        caches = self.cache.views(pool, width, shared, exact=compiled)
-        layers = [layer.dequantized(keep_matmuls=self.fp8_matmul) for layer in self.layers]
+        stepper = self._stepper(shared)
+        state = stepper.slots(pool, params.max_new_tokens)
+        caches = stepper.views(pool, width, shared)
+        layers = self._call_layers(stepper.static)
+        stepper.start(caches, layers, pool)
         record = Record.start(self, params, pool, width)
         clock = dict.fromkeys(("prefill_s", "decode_s", "sample_s"), 0.0)
         clock.update(
@@ -241,8 +289,8 @@ class NativeEngine:
             index = rows[1]
             tick = time.perf_counter()
             step = state.step[index]
-            sampled, logprobs, entropies = sample(
-                state.logits[index], state.seed[index], step, *source.sampling(active, state, params)
+            sampled, logprobs, entropies = stepper.sample(
+                state, active, index, source.sampling(active, state, params)
             )
             state.logprobs[index, step] = logprobs
             state.entropies[index, step] = entropies
@@ -275,22 +323,7 @@ class NativeEngine:
                 clock["shrinks"] += 1
             tick = time.perf_counter()
             running_index = rows[1] if running == rows[0] else on_device(running, self.device)
-            if len(running) == len(state.request):  # every row runs (slots ascend): fed is in row order
-                fed_tokens = fed
-            else:
-                fed_tokens = torch.full(
-                    (len(state.request),), self.pad_token_id, dtype=torch.long, device=self.device
-                )
-                fed_tokens[running_index] = fed
-            positions, seen = state.length, caches  # idle rows write at their own row's stale length
-            if not compiled:  # the rows and cache slots this step reads, known on the host: the rows
-                top = running[-1] + 1  # past the last running one are left out (a live pool keeps them)
-                seen = readable(caches, max(state.host_length[:top]) + 1, top)
-                fed_tokens, positions = fed_tokens[:top], positions[:top]
-            logits, routes = forward(layers, fed_tokens, positions, seen, record is not None)
-            state.logits[running_index] = logits[running_index]
-            if record is not None:
-                record.store(routes, running_index, state.length[running_index], step=0)
+            stepper.forward(layers, state, running, running_index, fed, caches, record)
             state.length[running_index] += 1
             for slot in running:
                 state.host_length[slot] += 1
@@ -298,20 +331,28 @@ class NativeEngine:
             clock["decode_s"] += stepped
             clock["decode_steps"] += 1
             clock["busy"] += len(running) / pool
-            if not compiled:
+            if not (stepper.compiled or stepper.static):
                 self.compiler.add_eager(sampling + stepped)
         self.stats = call_stats(clock, time.perf_counter() - began, pool)
         self.stats["sample_ms"] = 1000 * clock["sample_s"] / max(clock["sample_steps"], 1)
         self.stats.update(self.compiler.stats())
+        self.stats.update(stepper.stats())
 
-    def _step_functions(self):
-        """The decode forward and the sampler of a generate call, and whether they are compiled
-        (`compile`: on, or auto once eager decoding has cost enough)."""
+    def _stepper(self, shared: bool):
+        """How this call decodes: the static step (where asked for, on the engine's shared cache), else
+        the plain step, compiled (`compile`: on, or auto once eager decoding has cost enough) or eager."""
+        if self.static and shared:
+            if self._static is None:
+                routers = [layer.router for layer in self.layers if layer.router is not None]
+                moe = (len(routers), self.moe.routing.top_k, routers[0].shape[1]) if routers else None
+                buffers = StepBuffers.allocate(self.batch_size, self.config.vocab_size, self.device, moe)
+                self._static = StaticStep(self, buffers, self.graphs)
+            return self._static
         if not self.compiler.active:
-            return self._decode, sample_tokens, False
+            return PlainStep(self, self._decode, sample_tokens, compiled=False)
         if not self.compiler.bound:
             self.compiler.bind(self._decode, sample_tokens)
-        return self.compiler.forward, self.compiler.sample, True
+        return PlainStep(self, self.compiler.forward, self.compiler.sample, compiled=True)
 
     def _decode(self, layers, tokens, positions, caches, record: bool):
         """One decode step of every cache row: the logits [B, V] of each row's next token after feeding

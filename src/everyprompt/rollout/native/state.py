@@ -52,14 +52,21 @@ class Record:
         """Write one forward's (experts, logits) per MoE layer, each [B, T, .], into cache rows `rows` at
         positions `columns`: every position of a prefill ([T] columns, step None), or each row's one fed
         token of a decode step ([len(rows)] columns, step 0: rows index the forward's batch too)."""
-        for field, buffer in enumerate((self.routes, self.logits)):
-            if buffer is None:  # only what was asked for is stacked: a replay run records routes alone
-                continue
-            values = torch.stack([layer[field] for layer in captured], dim=2)  # [B, T, L_moe, k or E]
-            if step is None:
-                buffer[rows[:, None], columns[None, :]] = values.to(buffer.dtype)
-            else:
-                buffer[rows, columns] = values[rows, step].to(buffer.dtype)
+        values = [
+            None if buffer is None else torch.stack([layer[field] for layer in captured], dim=2)
+            for field, buffer in enumerate((self.routes, self.logits))
+        ]  # [B, T, L_moe, k or E]; only what was asked for is stacked (a replay run records routes alone)
+        if step is None:
+            self.put(*values, rows[:, None], columns[None, :])
+        else:
+            self.put(*(None if v is None else v[rows, step] for v in values), rows, columns)
+
+    def put(self, routes, logits, rows: torch.Tensor, columns: torch.Tensor) -> None:
+        """Write experts and router logits (already stacked over MoE layers, [..., L_moe, k or E]; None
+        where not recorded) at cache rows `rows` and positions `columns` (broadcast together)."""
+        for values, buffer in ((routes, self.routes), (logits, self.logits)):
+            if buffer is not None:
+                buffer[rows, columns] = values.to(buffer.dtype)
 
     def select(self, rows: torch.Tensor) -> None:
         self.routes = None if self.routes is None else self.routes[rows]
@@ -82,11 +89,20 @@ class Slots:
     """Per-slot decoding state of one `generate` call (row i of every tensor is cache row i): tensors on
     `device` for the step, and their host mirror for the loop's decisions."""
 
-    def __init__(self, slots: int, max_new_tokens: int, vocab_size: int, device: torch.device):
-        self.length = torch.zeros(slots, dtype=torch.long, device=device)  # tokens in the cache
-        self.step = torch.zeros(slots, dtype=torch.long, device=device)  # tokens sampled so far
-        self.seed = torch.zeros(slots, dtype=torch.long, device=device)
-        self.logits = torch.zeros(slots, vocab_size, device=device)  # pending next-token logits
+    STEP = ("length", "step", "seed", "logits")  # what a decode step reads (static.StepBuffers has them)
+
+    def __init__(self, slots: int, max_new_tokens: int, vocab_size: int, device: torch.device, buffers=None):
+        """`buffers` (static.StepBuffers): the step tensors are views of the engine's static buffers, and
+        `select` moves rows within them, so that their addresses never change."""
+        self._buffers = buffers
+        if buffers is None:
+            self.length = torch.zeros(slots, dtype=torch.long, device=device)  # tokens in the cache
+            self.step = torch.zeros(slots, dtype=torch.long, device=device)  # tokens sampled so far
+            self.seed = torch.zeros(slots, dtype=torch.long, device=device)
+            self.logits = torch.zeros(slots, vocab_size, device=device)  # pending next-token logits
+        else:
+            for name in self.STEP:
+                setattr(self, name, getattr(buffers, name)[:slots])
         self.logprobs = torch.zeros(slots, max_new_tokens, device=device)
         self.entropies = torch.zeros(slots, max_new_tokens, device=device)
         # the host mirror: index into the call's requests (-1: free), cache length, token limit, the
@@ -111,8 +127,13 @@ class Slots:
     def select(self, rows: list[int], device: torch.device) -> None:
         """Keep `rows` (host indices), in that order, as rows [0, len(rows))."""
         index = on_device(rows, device)
-        for name in ("length", "step", "seed", "logits", "logprobs", "entropies"):
-            setattr(self, name, getattr(self, name)[index])
+        for name in (*self.STEP, "logprobs", "entropies"):
+            values = getattr(self, name)
+            if self._buffers is not None and name in self.STEP:  # moved within the static buffer
+                values[: len(rows)] = values[index]
+                setattr(self, name, values[: len(rows)])
+            else:
+                setattr(self, name, values[index])
         for name in ("request", "host_length", "limit", "tokens", "observation", "observed"):
             values = getattr(self, name)
             setattr(self, name, [values[row] for row in rows])

@@ -122,6 +122,47 @@ def _dequantized(value):
     return value
 
 
+def copy_into(held, new) -> bool:
+    """Copy the tensors of `new` into those of `held`, two structures of the same shape (tensors,
+    FP8Weights, tuples, lists, dataclasses, None): the weights keep their storage addresses. Copies
+    nothing and returns False where any tensor's shape, dtype or device, or the structure, differs."""
+    pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+    if not _pair(held, new, pairs):
+        return False
+    for target, source in pairs:
+        target.copy_(source)
+    return True
+
+
+def _pair(held, new, pairs: list) -> bool:
+    if isinstance(held, torch.Tensor) or isinstance(new, torch.Tensor):
+        same = (
+            isinstance(held, torch.Tensor)
+            and isinstance(new, torch.Tensor)
+            and held.shape == new.shape
+            and held.dtype == new.dtype
+            and held.device == new.device
+        )
+        if same:
+            pairs.append((held, new))
+        return same
+    if isinstance(held, FP8Weight):
+        return isinstance(new, FP8Weight) and all(
+            _pair(getattr(held, name), getattr(new, name), pairs) for name in ("data", "scale")
+        )
+    if isinstance(held, (tuple, list)):
+        return (
+            type(held) is type(new)
+            and len(held) == len(new)
+            and all(_pair(a, b, pairs) for a, b in zip(held, new))
+        )
+    if is_dataclass(held):
+        return type(held) is type(new) and all(
+            _pair(getattr(held, f.name), getattr(new, f.name), pairs) for f in fields(held)
+        )
+    return held == new
+
+
 class StateDict:
     """Reads a transformers state dict into the engine's layout at `dtype` on `device` (`fp8`: projections
     quantised). The weights may come from anywhere (the learner's GPU, host memory after a transfer):

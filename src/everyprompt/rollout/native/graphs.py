@@ -1,0 +1,149 @@
+"""CUDA graphs of the native engine's static decode step (static.py), one per phase and batch bucket.
+
+On a GPU a small model's decode step is a few hundred kernel launches around a few milliseconds of
+arithmetic; replaying a captured graph launches them all at once. The rules are the fast engines' (nano-vllm,
+vLLM): a step of n rows runs as its bucket, the smallest of `buckets` >= n, its padding rows inert (static.py
+says why); above the largest bucket it runs eagerly at its own size. A bucket's graph is captured the first
+time the bucket runs (after a warm-up run on a side stream, which sets up the libraries' workspaces and
+computes the very values the step writes), into one memory pool that every graph of the engine shares: a
+step writes everything it keeps into the engine's step buffers, so what a graph allocates is scratch,
+reused by the next graph. Graphs stay valid while the buffers, the cache storage and the weights keep
+their addresses (the engine's `load_weights` copies in place); the engine drops them (`reset`) when any of
+these is reallocated.
+
+`rollout.cuda_graphs`:
+  auto  graphs on a CUDA device, none elsewhere (the default);
+  on    graphs (a CUDA device is required: refused at the config otherwise);
+  off   no graphs: the engine's eager or compiled step.
+A capture that fails (an operator that cannot be captured, a host read on the way) is reported once, with
+why, and the engine decodes with the same static step run eagerly from then on: a run never dies of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Hashable
+
+import torch
+
+log = logging.getLogger(__name__)
+
+GRAPH_MODES = ("auto", "on", "off")
+# nano-vllm's buckets: 1, 2, 4, 8, then every 16 up to 512 (a 64-row pool shrinking to nothing meets 8)
+DEFAULT_BUCKETS = (1, 2, 4, 8, *range(16, 513, 16))
+
+
+def check_buckets(buckets) -> tuple[int, ...]:
+    """`buckets` as a tuple; ValueError unless they are increasing positive integers."""
+    values = tuple(buckets)
+    if not values or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in values):
+        raise ValueError(f"expected a list of positive integers, got {list(values)}")
+    if any(later <= earlier for earlier, later in zip(values, values[1:])):
+        raise ValueError(f"expected increasing batch sizes, got {list(values)}")
+    return values
+
+
+def graphs_wanted(mode: str, device: torch.device) -> bool:
+    """Whether `mode` captures graphs on `device` (auto: where it is a CUDA device)."""
+    if mode not in GRAPH_MODES:
+        raise ValueError(f"rollout.cuda_graphs must be one of {', '.join(GRAPH_MODES)}, got {mode!r}")
+    return mode != "off" and torch.device(device).type == "cuda"
+
+
+class StepGraphs:
+    """The graphs of one engine: `run(phase, key, rows, body)` runs `body(bucket)` for a step of `rows`
+    rows, replayed from its graph when it has one. `capture=False` runs every body eagerly (the CPU's
+    static step, and the reference the graphs are tested against)."""
+
+    def __init__(self, buckets=DEFAULT_BUCKETS, capture: bool = False, device: torch.device | None = None):
+        self.buckets, self.capture, self.device = check_buckets(buckets), capture, device
+        self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self._pool = None
+        self.failure: str | None = None  # why a capture failed (the engine then runs its bodies eagerly)
+        self.capture_s = 0.0  # time spent capturing (warm-ups included), this engine's life
+        self.pool_bytes = 0  # device memory the captures reserved
+        self._call = dict.fromkeys(("replays", "eager", "captures"), 0)
+
+    def padded(self, rows: int) -> int:
+        """The rows a step of `rows` runs: its bucket, or `rows` itself above the largest bucket."""
+        for bucket in self.buckets:
+            if bucket >= rows:
+                return bucket
+        return rows
+
+    def run(self, phase: str, key: Hashable, rows: int, body: Callable[[int], None]) -> None:
+        """One step of `rows` rows: `body(padded rows)` through its bucket's graph (captured now if it has
+        none), or eagerly (no capture, a failed one, or above the largest bucket)."""
+        size = self.padded(rows)
+        if not self.capture or self.failure is not None or size not in self.buckets:
+            self._call["eager"] += 1
+            body(size)
+            return
+        graph = self._graphs.get((phase, key, size))
+        if graph is None:
+            graph = self._capture(phase, size, body)
+            if graph is None:
+                self._call["eager"] += 1
+                body(size)
+                return
+            self._graphs[(phase, key, size)] = graph
+        graph.replay()
+        self._call["replays"] += 1
+
+    def _capture(self, phase: str, size: int, body: Callable[[int], None]):
+        """`body(size)` captured as a CUDA graph (None, reported once, if capture fails)."""
+        began = time.perf_counter()
+        reserved = torch.cuda.memory_reserved(self.device)
+        try:
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                body(size)  # warm-up: library workspaces, lazily made tables; writes what the step writes
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                body(size)
+        except Exception as err:  # noqa: BLE001 (any capture failure: the step runs eagerly instead)
+            first_line = (str(err).strip().splitlines() or [""])[0]
+            self.failure = f"{type(err).__name__}: {first_line}"
+            log.warning(
+                "rollout.cuda_graphs: capturing the %s step of %d rows failed (%s); decoding without CUDA "
+                "graphs from now on (rollout.cuda_graphs=off skips the attempt)",
+                phase,
+                size,
+                self.failure,
+            )
+            self._graphs.clear()
+            return None
+        self.capture_s += time.perf_counter() - began
+        self.pool_bytes += max(torch.cuda.memory_reserved(self.device) - reserved, 0)
+        self._call["captures"] += 1
+        return graph
+
+    def reset(self) -> None:
+        """Drop every graph (the buffers, cache or weights they read were reallocated)."""
+        self._graphs.clear()
+        self._pool = None
+
+    @property
+    def graphs(self) -> int:
+        return len(self._graphs)
+
+    def start_call(self) -> None:
+        self._call = dict.fromkeys(self._call, 0)
+
+    def stats(self) -> dict[str, float]:
+        """A generate call's figures: replayed and eager static steps, captures made, and the engine's
+        capture cost so far (seconds, MiB reserved), whether a capture failed."""
+        return {
+            "graph_replays": float(self._call["replays"]),
+            "graph_eager_steps": float(self._call["eager"]),
+            "graph_captures": float(self._call["captures"]),
+            "graphs": float(self.graphs),
+            "graph_capture_s": self.capture_s,
+            "graph_pool_mib": self.pool_bytes / 2**20,
+            "graph_failed": float(self.failure is not None),
+        }

@@ -1,0 +1,173 @@
+"""The native engine's static decode step: a step whose every input and output lives in a buffer
+allocated once per engine, so that it can be captured as a CUDA graph (graphs.py) and replayed.
+
+A step has two phases, each one body over rows [0, b) of the buffers, b the step's bucket (graphs.py):
+- `sample`: the pending logits [b, V] of each row, its seed and its count of sampled tokens (the sampler's
+  noise is a pure function of seed and count) and the sampling settings (the call's, baked into the
+  graph, or each row's, from buffers) give the sampled tokens, their log-probs and entropies [b];
+- `forward`: the fed tokens [b] at each row's cache length [b] go through the model, writing each row's key
+  and value at that position (in place, at device-side positions) and attending over the cache's whole
+  width, masked by each row's length read from the device; the next-token logits [b, V] go into the
+  pending logits, and each MoE layer's experts and router logits into the route buffers.
+Nothing in a body reads the device back, branches on a device value, or keeps what it allocates: what
+changes between steps is device data. The loop around it (engine.py) fills the fed tokens and per-row
+settings before a step, and after it copies out what it keeps (tokens, log-probs, routes) from the rows
+that run, then reads the sampled tokens back: the step's one sync.
+
+Padding rows are inert: rows of the bucket that do not run this step (free, finished, waiting for an
+environment, or past the call's pool) are fed the pad token at their own row's length (a row beyond the
+call's rows at length 0), so they write only cache positions of their own row that a later occupant
+writes before reading, and nothing of theirs is copied out. On a GPU the MoE layer's expert blocks are
+sized for the worst case (moe.py), so a padding token takes no other token's place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from everyprompt.rollout.native.graphs import StepGraphs
+from everyprompt.rollout.native.state import Slots
+from everyprompt.rollout.sampling import sample_tokens
+
+
+@dataclass
+class StepBuffers:
+    """The static step's buffers, `rows` rows each (row i is cache row i), on the engine's device."""
+
+    fed: torch.Tensor  # [N] int64: the token each row is fed this step
+    length: torch.Tensor  # [N] int64: tokens in each row's cache (the fed token's position)
+    step: torch.Tensor  # [N] int64: tokens sampled so far (the sampler's noise counter)
+    seed: torch.Tensor  # [N] int64
+    logits: torch.Tensor  # [N, V] float32: each row's pending next-token logits
+    temperature: torch.Tensor  # [N, 1] float32: per-row settings (a server's rows each ask their own)
+    top_p: torch.Tensor  # [N, 1] float32
+    greedy: torch.Tensor  # [N] bool
+    sampled: torch.Tensor  # [N] int64: the sample phase's tokens ...
+    logprobs: torch.Tensor  # [N] float32: ... their log-probs ...
+    entropies: torch.Tensor  # [N] float32: ... and the entropies of their distributions
+    routes: torch.Tensor | None = None  # [N, L_moe, k] int16: the forward's experts per MoE layer
+    router_logits: torch.Tensor | None = None  # [N, L_moe, E] float32
+
+    @classmethod
+    def allocate(cls, rows: int, vocab_size: int, device, moe: tuple[int, int, int] | None = None):
+        """Buffers of `rows` rows; `moe` (layers, top_k, experts) for a mixture-of-experts model."""
+
+        def zeros(*shape, dtype=torch.float32):
+            return torch.zeros(*shape, dtype=dtype, device=device)
+
+        long = torch.long
+        return cls(
+            fed=zeros(rows, dtype=long),
+            length=zeros(rows, dtype=long),
+            step=zeros(rows, dtype=long),
+            seed=zeros(rows, dtype=long),
+            logits=zeros(rows, vocab_size),
+            temperature=torch.ones(rows, 1, device=device),
+            top_p=torch.ones(rows, 1, device=device),
+            greedy=zeros(rows, dtype=torch.bool),
+            sampled=zeros(rows, dtype=long),
+            logprobs=zeros(rows),
+            entropies=zeros(rows),
+            routes=None if moe is None else zeros(rows, moe[0], moe[1], dtype=torch.int16),
+            router_logits=None if moe is None else zeros(rows, moe[0], moe[2]),
+        )
+
+    @property
+    def rows(self) -> int:
+        return self.fed.shape[0]
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+
+class StaticStep:
+    """The static step of one engine, as its generate loop's step (the calls of stepping.PlainStep): its
+    buffers back the call's `Slots`, its cache is the engine's whole storage, and each phase runs through
+    its graphs. The engine's `_decode(layers, tokens, positions, caches, record)` is the decode forward."""
+
+    static, compiled = True, False
+
+    def __init__(self, engine, buffers: StepBuffers, graphs: StepGraphs):
+        self.engine, self.buffers, self.graphs = engine, buffers, graphs
+        self.caches: list[tuple[torch.Tensor, ...]] = []  # the cache storage, whole: rows [0, N)
+        self.layers: list | None = None  # the call's decode layers (kept: graphs read their addresses)
+        self._whole: list[tuple[torch.Tensor, ...]] = []
+
+    def views(self, pool: int, width: int, shared: bool):
+        """The call's cache: the first `pool` rows of the engine's storage, its whole width."""
+        self._whole = self.engine.cache.whole(self.buffers.rows, width)
+        return [tuple(t[:pool] for t in entry) for entry in self._whole]
+
+    def slots(self, pool: int, max_new_tokens: int) -> Slots:
+        engine = self.engine
+        return Slots(pool, max_new_tokens, engine.config.vocab_size, engine.device, self.buffers)
+
+    def start(self, caches, layers, pool: int) -> None:
+        """A call's decode layers; every row's length starts at 0 (a padding row, fed at its length,
+        stays within the storage). Graphs are dropped if the cache storage or the layers moved."""
+        if self.layers is not layers or not self.caches or self.caches[0][0] is not self._whole[0][0]:
+            self.graphs.reset()
+        self.caches, self.layers = self._whole, layers
+        self.buffers.length.zero_()
+        self.graphs.start_call()
+
+    def sample(self, state: Slots, active: list[int], index: torch.Tensor, settings):
+        """The sample phase for rows `active` (host) / `index` (device): their tokens, log-probs and
+        entropies. `settings`: the call's (temperature, top_p, greedy), or each active row's tensors."""
+        buffers = self.buffers
+        per_row = isinstance(settings[2], torch.Tensor)
+        if per_row:
+            temperature, top_p, greedy = settings
+            buffers.temperature[index] = temperature
+            buffers.top_p[index] = top_p
+            buffers.greedy[index] = greedy
+
+        def body(rows: int) -> None:
+            options = (
+                (buffers.temperature[:rows], buffers.top_p[:rows], buffers.greedy[:rows])
+                if per_row
+                else settings
+            )
+            tokens, logprobs, entropies = sample_tokens(
+                buffers.logits[:rows], buffers.seed[:rows], buffers.step[:rows], *options
+            )
+            buffers.sampled[:rows].copy_(tokens)
+            buffers.logprobs[:rows].copy_(logprobs)
+            buffers.entropies[:rows].copy_(entropies)
+
+        self.graphs.run("sample", "rows" if per_row else tuple(settings), active[-1] + 1, body)
+        return buffers.sampled[index], buffers.logprobs[index], buffers.entropies[index]
+
+    def forward(self, layers, state: Slots, running: list[int], running_index, fed, caches, record) -> None:
+        """The forward phase: `fed` [n] into rows `running` (host, ascending) / `running_index` (device),
+        the bucket's other rows fed the pad token; their next-token logits go to the pending logits, their
+        routes into `record` when the call records."""
+        buffers = self.buffers
+        routes = record is not None and record.routes is not None
+        router_logits = record is not None and record.logits is not None
+        buffers.fed.fill_(self.engine.pad_token_id)
+        buffers.fed[running_index] = fed
+
+        def body(rows: int) -> None:
+            caches = [tuple(t[:rows] for t in entry) for entry in self.caches]
+            out, captured = self.engine._decode(
+                self.layers, buffers.fed[:rows], buffers.length[:rows], caches, routes or router_logits
+            )
+            buffers.logits[:rows].copy_(out)
+            for wanted, field, buffer in ((routes, 0, buffers.routes), (router_logits, 1, buffers.router_logits)):
+                if wanted:
+                    buffer[:rows].copy_(torch.stack([layer[field][:, 0] for layer in captured], dim=1))
+
+        self.graphs.run("forward", (routes, router_logits), running[-1] + 1, body)
+        if record is not None:
+            record.put(
+                buffers.routes[running_index] if routes else None,
+                buffers.router_logits[running_index] if router_logits else None,
+                running_index,
+                buffers.length[running_index],
+            )
+
+    def stats(self) -> dict[str, float]:
+        return {"static_step": 1.0, **self.graphs.stats()}
