@@ -7,6 +7,8 @@ validate a value without importing the layers that implement it (they import the
   two agree); an engine a user registers with `rollout.register_engine` is added to `ENGINES` then.
 - Built-in tasks: `data.task` names one of `TASKS` (`data/tasks.py` registers each under these names, and a
   test checks the two agree).
+- The native engine's CUDA graphs: `rollout.cuda_graphs` is one of `GRAPH_MODES`; `rollout.graph_buckets`
+  defaults to `GRAPH_BUCKETS` and must pass `check_buckets` (rollout/native/graphs.py uses both).
 """
 
 from __future__ import annotations
@@ -24,3 +26,18 @@ ENGINES: set[str] = {NATIVE_ENGINE, HF_ENGINE}  # every engine name registered o
 def engine_choices() -> list[str]:
     """What `rollout.engine` accepts: `auto` and every engine."""
     return [AUTO_ENGINE, *sorted(ENGINES)]
+
+
+GRAPH_MODES = ("auto", "on", "off")
+# nano-vllm's buckets: 1, 2, 4, 8, then every 16 up to 512 (a 64-row pool shrinking to nothing meets 8)
+GRAPH_BUCKETS = (1, 2, 4, 8, *range(16, 513, 16))
+
+
+def check_buckets(buckets) -> tuple[int, ...]:
+    """`buckets` as a tuple; ValueError unless they are increasing positive integers."""
+    values = tuple(buckets)
+    if not values or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in values):
+        raise ValueError("expected a list of positive integers")
+    if any(later <= earlier for earlier, later in zip(values, values[1:])):
+        raise ValueError("expected increasing batch sizes")
+    return values

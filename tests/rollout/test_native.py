@@ -462,14 +462,14 @@ def test_a_groups_prompt_is_prefilled_once_and_its_samples_equal_decoding_alone(
     params = SamplingParams(10, record_routes=True)
     engine = NativeEngine.from_model(model, tokenizer, batch_size=12)
     prefilled: list[int] = []
-    forward = engine._forward
+    forward = engine.forward
 
     def counting(layers, tokens, *args, **kwargs):
         if tokens.shape[1] > 1:  # a prefill (a decode step feeds one token a row)
             prefilled.append(tokens.shape[0])
         return forward(layers, tokens, *args, **kwargs)
 
-    monkeypatch.setattr(engine, "_forward", counting)
+    monkeypatch.setattr(engine, "forward", counting)
     grouped = list(engine.generate(requests, params))
     assert prefilled == [3]  # one admission of 12 requests; 3 distinct prompts computed
     assert len({tuple(c.token_ids) for c in grouped}) > 3  # the samples of a group differ

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from everyprompt.choices import engine_choices
+from everyprompt.choices import GRAPH_BUCKETS, check_buckets, engine_choices
 from everyprompt.config.base import YAML_WORDS, Section
 from everyprompt.devices import check_device_setting
 
@@ -27,6 +27,16 @@ class RolloutConfig(Section):
         "auto",
         description="Native engine: run the decode step through torch.compile (`on`), eager (`off`), or "
         "compile once eager decoding has cost about what a compile does (`auto`; docs/rollout.md).",
+    )
+    cuda_graphs: Annotated[Literal["auto", "on", "off"], YAML_WORDS] = Field(
+        "auto",
+        description="Native engine: its decode step captured as CUDA graphs, one per batch bucket (`auto`: on a "
+        "CUDA device unless `compile` is on; `on`: a CUDA device is required; `off`; docs/gpu.md).",
+    )
+    graph_buckets: list[int] = Field(
+        default_factory=lambda: list(GRAPH_BUCKETS),
+        description="Batch sizes (increasing) the CUDA-graph step is captured at; a step runs padded to the "
+        "next one, eagerly above the largest (default 1, 2, 4, 8, then every 16 to 512).",
     )
     device: str = Field(
         "auto",
@@ -86,6 +96,23 @@ class RolloutConfig(Section):
     @classmethod
     def _known_engine(cls, name: str) -> str:
         return _known_engine(name)
+
+    @field_validator("graph_buckets")
+    @classmethod
+    def _increasing_buckets(cls, buckets: list[int]) -> list[int]:
+        return list(check_buckets(buckets))
+
+    @model_validator(mode="after")
+    def _graphs_on_cuda(self) -> RolloutConfig:
+        if self.cuda_graphs == "on" and self.device == "cpu":
+            raise ValueError(
+                "rollout.cuda_graphs=on needs a CUDA device; rollout.device is cpu (set auto, cuda or cuda:N)"
+            )
+        if self.cuda_graphs == "on" and self.compile == "on":
+            raise ValueError(
+                "rollout.cuda_graphs=on and rollout.compile=on: the decode step is either captured or compiled"
+            )
+        return self
 
     def segment_tokens(self) -> int:
         """With `partial`: the tokens a sequence generates per step."""

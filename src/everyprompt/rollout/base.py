@@ -15,7 +15,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 
-from everyprompt.choices import AUTO_ENGINE, ENGINES, engine_choices
+from everyprompt.choices import AUTO_ENGINE, ENGINES, GRAPH_BUCKETS, engine_choices
 from everyprompt.devices import resolve_device
 from everyprompt.errors import InputError
 
@@ -259,6 +259,8 @@ def build_engine(config, model, tokenizer) -> RolloutEngine:
         config.precision,
         compile=config.compile,
         device=resolve_device(config.device, "rollout.device"),
+        cuda_graphs=config.cuda_graphs,
+        graph_buckets=config.graph_buckets,
     )
 
 
@@ -270,11 +272,15 @@ def make_engine(
     precision: str = "fp32",
     compile: str = "off",
     device: torch.device | str = "cpu",
+    cuda_graphs: str = "auto",
+    graph_buckets=GRAPH_BUCKETS,
 ) -> RolloutEngine:
     """Engine `name` (or `auto`'s choice) over `model`'s weights, on `device`; UnsupportedModelError if it
     cannot run the model there. `compile` goes to engines that compile their decode step (`compiles`);
-    others run eager under `auto` and refuse `on`. `device` goes to engines that place themselves
-    (`places`); the others run on the CPU and refuse any other device."""
+    others run eager under `auto` and refuse `on`. `cuda_graphs` and `graph_buckets` go to engines that
+    capture it as CUDA graphs (`graphs`); others refuse `on`, as does a device that is not CUDA. `device`
+    goes to engines that place themselves (`places`); the others run on the CPU and refuse any other
+    device."""
     chosen = resolve_engine(name, model.config, precision)
     if name == AUTO:
         log.info("rollout.engine=auto runs %s with the %s engine", model.config.model_type, chosen)
@@ -294,5 +300,16 @@ def make_engine(
         raise UnsupportedModelError(
             f"rollout.compile=on compiles the native engine's decode step; the {chosen} engine does not "
             "(set rollout.compile=auto or off)"
+        )
+    if getattr(cls, "graphs", False):
+        options.update(cuda_graphs=cuda_graphs, graph_buckets=graph_buckets)
+    elif cuda_graphs == "on":
+        raise UnsupportedModelError(
+            f"rollout.cuda_graphs=on captures the native engine's decode step; the {chosen} engine does not "
+            "(set rollout.cuda_graphs=auto or off)"
+        )
+    if cuda_graphs == "on" and device.type != "cuda":
+        raise UnsupportedModelError(
+            f"rollout.cuda_graphs=on needs a CUDA device; the engine runs on {device} (rollout.device)"
         )
     return cls.from_model(model, tokenizer, batch_size=batch_size, precision=precision, **options)

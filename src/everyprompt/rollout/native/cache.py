@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import torch
 
-
 # the static step's cache width grows in steps of this many positions: calls whose prompts differ a little in
 # length share one storage (and its graphs), at the price of attending over up to this many masked positions
 WIDTH_STEP = 128

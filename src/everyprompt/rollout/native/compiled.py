@@ -98,7 +98,7 @@ class DecodeCompiler:
         self._pending = {"forward", "sample"}
 
     def forward(self, layers, tokens, positions, caches, record: bool):
-        """The engine's `_decode`, compiled: rows (dim 0) and cache width (dim 2) dynamic. A call's caches
+        """The engine's `decode`, compiled: rows (dim 0) and cache width (dim 2) dynamic. A call's caches
         are marked once (they change only when the pool shrinks), the per-step tensors every step."""
         for tensor in (tokens, positions):
             torch._dynamo.mark_dynamic(tensor, 0)

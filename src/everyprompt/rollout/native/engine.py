@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-from everyprompt.choices import NATIVE_ENGINE
+from everyprompt.choices import GRAPH_BUCKETS, NATIVE_ENGINE, check_buckets
 from everyprompt.models.lora import merged_state_dict
 from everyprompt.rollout.base import (
     Completion,
@@ -35,16 +35,17 @@ from everyprompt.rollout.base import (
     register_engine,
 )
 from everyprompt.rollout.native.attention import ATTENTIONS, decode_bias, rms_norm
-from everyprompt.rollout.native.cache import KVCache, compact, copy_rows
+from everyprompt.rollout.native.cache import KVCache, compact
 from everyprompt.rollout.native.compiled import DecodeCompiler
 from everyprompt.rollout.native.families import FAMILIES, check_family
-from everyprompt.rollout.native.graphs import DEFAULT_BUCKETS, StepGraphs, graphs_wanted
+from everyprompt.rollout.native.graphs import StepGraphs, graphs_wanted
 from everyprompt.rollout.native.moe import MixtureOfExperts, swiglu
 from everyprompt.rollout.native.queue import LiveRequests, Queue
+from everyprompt.rollout.native.rows import finish, prefill
 from everyprompt.rollout.native.state import Record, on_device
 from everyprompt.rollout.native.static import StaticStep, StepBuffers
 from everyprompt.rollout.native.stepping import PlainStep
-from everyprompt.rollout.native.turns import Turns, ending, force, take_tokens
+from everyprompt.rollout.native.turns import Turns, force, take_tokens
 from everyprompt.rollout.native.weights import Layer, StateDict, copy_into, fp8_matmuls, read_layer
 from everyprompt.rollout.sampling import sample_tokens
 from everyprompt.rollout.stops import StopStrings, stop_token_ids
@@ -58,6 +59,7 @@ class NativeEngine:
 
     PRECISIONS = tuple(PRECISIONS)
     compiles = True  # `compile`: the decode step through torch.compile (compiled.py)
+    graphs = True  # `cuda_graphs`, `graph_buckets`: the static decode step as CUDA graphs (graphs.py)
     episodes = True  # multi-turn requests (GenerationRequest.episode): observations fed into the sequence
     places = True  # `device`: weights, cache and decoding state on that device
 
@@ -75,7 +77,7 @@ class NativeEngine:
         device: torch.device | str = "cpu",
         fp8_matmul: bool | None = None,
         cuda_graphs: str = "auto",
-        graph_buckets=DEFAULT_BUCKETS,
+        graph_buckets=GRAPH_BUCKETS,
     ):
         """`precision` (fp32 | bf16 | fp8) overrides `dtype`; fp8 keeps the attention and expert / MLP
         projections in float8_e4m3fn (per-output-channel scales, re-quantised by every `load_weights`),
@@ -109,7 +111,10 @@ class NativeEngine:
         self.compiler = DecodeCompiler(compile)
         # the static step: on a CUDA device (captured as graphs where real CUDA runs), or asked for
         self.static = cuda_graphs == "eager" or (graphs_wanted(cuda_graphs, self.device) and compile != "on")
-        buckets = tuple(b for b in graph_buckets if b < batch_size) + (batch_size,)
+        try:
+            buckets = tuple(b for b in check_buckets(graph_buckets) if b < batch_size) + (batch_size,)
+        except ValueError as err:
+            raise ValueError(f"graph_buckets {list(graph_buckets)}: {err}") from None
         capture = self.static and cuda_graphs != "eager" and torch.cuda.is_available()
         self.graphs = StepGraphs(buckets, capture=capture, device=self.device)
         self._static: StaticStep | None = None
@@ -136,6 +141,8 @@ class NativeEngine:
         compile: str = "off",
         device: torch.device | str = "cpu",
         fp8_matmul: bool | None = None,
+        cuda_graphs: str = "auto",
+        graph_buckets=GRAPH_BUCKETS,
     ) -> NativeEngine:
         return cls(
             model.config,
@@ -148,6 +155,8 @@ class NativeEngine:
             compile=compile,
             device=device,
             fp8_matmul=fp8_matmul,
+            cuda_graphs=cuda_graphs,
+            graph_buckets=graph_buckets,
         )
 
     # ---------------------------------------------------------------- weights
@@ -208,7 +217,7 @@ class NativeEngine:
             return self.moe(layer, x, routes)
         return swiglu(layer.mlp, x)
 
-    def _forward(
+    def forward(
         self, layers, tokens, positions, caches, rows, bias, last, routes: list | None = None
     ) -> torch.Tensor:
         """Logits [B, V] at position `last` [B] of each row, the last position if None (attention.py: prefill
@@ -266,13 +275,13 @@ class NativeEngine:
         turns = Turns()  # episodes waiting for their environment's answer
         while True:
             if turns.pending and (ended := turns.resolve(state, requests)):
-                yield from self._finish(requests, state, ended, record, began, stops)
+                yield from finish(self, requests, state, ended, record, began, stops)
             free = state.free
             admitted = source.take(len(free)) if free else []
             if admitted:
                 tick = time.perf_counter()
-                self._prefill(
-                    layers, requests, admitted, free[: len(admitted)], state, caches, params, record
+                prefill(
+                    self, layers, requests, admitted, free[: len(admitted)], state, caches, params, record
                 )
                 clock["prefill_s"] += time.perf_counter() - tick
                 clock["admissions"] += 1
@@ -306,7 +315,7 @@ class NativeEngine:
             if forced:
                 sampled = force(sampled, forced, index, step, state)
             if finished:
-                yield from self._finish(requests, state, finished, record, began, stops)
+                yield from finish(self, requests, state, finished, record, began, stops)
             running = [position for position, slot in enumerate(active) if state.request[slot] >= 0]
             if not running:
                 continue
@@ -349,87 +358,17 @@ class NativeEngine:
                 self._static = StaticStep(self, buffers, self.graphs)
             return self._static
         if not self.compiler.active:
-            return PlainStep(self, self._decode, sample_tokens, compiled=False)
+            return PlainStep(self, self.decode, sample_tokens, compiled=False)
         if not self.compiler.bound:
-            self.compiler.bind(self._decode, sample_tokens)
+            self.compiler.bind(self.decode, sample_tokens)
         return PlainStep(self, self.compiler.forward, self.compiler.sample, compiled=True)
 
-    def _decode(self, layers, tokens, positions, caches, record: bool):
+    def decode(self, layers, tokens, positions, caches, record: bool):
         """One decode step of every cache row: the logits [B, V] of each row's next token after feeding
         `tokens` [B] at `positions` [B] (cache views up to the furthest position + 1 when eager, the call's
         whole width when compiled) and, when `record`, each MoE layer's (experts, router logits)."""
         bias = decode_bias(positions, caches[0][0].shape[2], self.dtype, self.attention.mask_layout)
         routes: list | None = [] if record else None
         rows = torch.arange(tokens.shape[0], device=tokens.device)
-        logits = self._forward(layers, tokens[:, None], positions[:, None], caches, rows, bias, None, routes)
+        logits = self.forward(layers, tokens[:, None], positions[:, None], caches, rows, bias, None, routes)
         return logits, routes
-
-    def _prefill(self, layers, requests, admitted, slots: list[int], state, caches, params, record):
-        """Run the admitted prompts (right-padded) into cache rows `slots`; their next-token logits become
-        the rows' pending logits (and their routes go into `record`, when the call records). A prompt
-        admitted more than once (a group's samples) is computed once and its cache rows copied."""
-        prompts = [requests[i].prompt_ids for i in admitted]
-        lengths = [len(p) for p in prompts]
-        forward_row: dict[tuple[int, ...], int] = {}  # each distinct prompt's row of the forward
-        shared = [forward_row.setdefault(tuple(prompt), len(forward_row)) for prompt in prompts]
-        unique = [shared.index(k) for k in range(len(forward_row))]  # the admitted row computing each
-        tokens = torch.full((len(unique), max(lengths)), self.pad_token_id, dtype=torch.long)
-        for k, row in enumerate(unique):
-            tokens[k, : lengths[row]] = torch.tensor(prompts[row])
-        tokens = tokens.to(self.device)
-        # the rows' slots, lengths, seeds and forward rows, the forward's slots and lengths: one copy
-        seeds = [requests[i].seed for i in admitted]
-        n = len(prompts)
-        flat = on_device(
-            [*slots, *lengths, *seeds, *shared, *[slots[r] for r in unique], *[lengths[r] for r in unique]],
-            self.device,
-        )
-        rows, lengths_, seeds, shared_ = flat[: 4 * n].view(4, n)
-        computed, computed_lengths = flat[4 * n :].view(2, len(unique))
-        positions = torch.arange(tokens.shape[1], device=self.device)
-        routes: list | None = [] if record is not None else None
-        logits = self._forward(
-            layers, tokens, positions.expand_as(tokens), caches, computed, None, computed_lengths - 1, routes
-        )
-        if len(unique) < len(prompts):  # copies of the computed prompts' rows for the repeated ones
-            copy_rows(caches, computed[shared_], rows, tokens.shape[1])
-            logits = logits[shared_]
-            routes = None if routes is None else [tuple(t[shared_] for t in layer) for layer in routes]
-        if record is not None:
-            record.store(routes, rows, positions)
-        state.length[rows] = lengths_
-        state.step[rows] = 0
-        state.logits[rows] = logits
-        state.seed[rows] = seeds
-        for slot, request, length in zip(slots, admitted, lengths):
-            state.request[slot], state.host_length[slot], state.tokens[slot] = request, length, []
-            state.limit[slot] = min(
-                params.max_new_tokens, requests[request].max_new_tokens or params.max_new_tokens
-            )
-
-    def _finish(self, requests, state, finished: list[int], record, began, stops):
-        """Yield the completions of the `finished` slots and free them: their log-probs, entropies and
-        recorded routes come to the host in one copy per kind."""
-        index = on_device(finished, self.device)
-        counts = [len(state.tokens[slot]) for slot in finished]
-        values = torch.stack([state.logprobs[index], state.entropies[index]]).cpu()
-        recorded = [{}] * len(finished)
-        if record is not None:  # the last sampled token was never fed, so it has no route
-            fed = [len(requests[state.request[slot]].prompt_ids) + n - 1 for slot, n in zip(finished, counts)]
-            recorded = record.take(index, fed)
-        for row, (slot, count, extra) in enumerate(zip(finished, counts, recorded)):
-            request, token_ids = requests[state.request[slot]], state.tokens[slot]
-            reason, mask = ending(token_ids, state.observed[slot], self.stop_ids, stops)
-            state.request[slot], state.observation[slot], state.observed[slot] = -1, [], []
-            yield Completion(
-                request_id=request.request_id,
-                prompt_ids=list(request.prompt_ids),
-                token_ids=list(token_ids),
-                logprobs=values[0, row, :count].clone(),
-                entropies=values[1, row, :count].clone(),
-                **extra,
-                completion_mask=mask,
-                episode=request.episode,
-                finish_reason=reason,
-                timing={"finished_s": time.perf_counter() - began},
-            )

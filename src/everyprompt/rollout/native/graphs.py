@@ -27,21 +27,9 @@ from collections.abc import Callable, Hashable
 
 import torch
 
+from everyprompt.choices import GRAPH_BUCKETS, GRAPH_MODES, check_buckets
+
 log = logging.getLogger(__name__)
-
-GRAPH_MODES = ("auto", "on", "off")
-# nano-vllm's buckets: 1, 2, 4, 8, then every 16 up to 512 (a 64-row pool shrinking to nothing meets 8)
-DEFAULT_BUCKETS = (1, 2, 4, 8, *range(16, 513, 16))
-
-
-def check_buckets(buckets) -> tuple[int, ...]:
-    """`buckets` as a tuple; ValueError unless they are increasing positive integers."""
-    values = tuple(buckets)
-    if not values or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in values):
-        raise ValueError(f"expected a list of positive integers, got {list(values)}")
-    if any(later <= earlier for earlier, later in zip(values, values[1:])):
-        raise ValueError(f"expected increasing batch sizes, got {list(values)}")
-    return values
 
 
 def graphs_wanted(mode: str, device: torch.device) -> bool:
@@ -56,7 +44,7 @@ class StepGraphs:
     rows, replayed from its graph when it has one. `capture=False` runs every body eagerly (the CPU's
     static step, and the reference the graphs are tested against)."""
 
-    def __init__(self, buckets=DEFAULT_BUCKETS, capture: bool = False, device: torch.device | None = None):
+    def __init__(self, buckets=GRAPH_BUCKETS, capture: bool = False, device: torch.device | None = None):
         self.buckets, self.capture, self.device = check_buckets(buckets), capture, device
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self._pool = None

@@ -85,7 +85,7 @@ class StepBuffers:
 class StaticStep:
     """The static step of one engine, as its generate loop's step (the calls of stepping.PlainStep): its
     buffers back the call's `Slots`, its cache is the engine's whole storage, and each phase runs through
-    its graphs. The engine's `_decode(layers, tokens, positions, caches, record)` is the decode forward."""
+    its graphs. The engine's `decode(layers, tokens, positions, caches, record)` is the decode forward."""
 
     static, compiled = True, False
 
@@ -152,11 +152,14 @@ class StaticStep:
 
         def body(rows: int) -> None:
             caches = [tuple(t[:rows] for t in entry) for entry in self.caches]
-            out, captured = self.engine._decode(
+            out, captured = self.engine.decode(
                 self.layers, buffers.fed[:rows], buffers.length[:rows], caches, routes or router_logits
             )
             buffers.logits[:rows].copy_(out)
-            for wanted, field, buffer in ((routes, 0, buffers.routes), (router_logits, 1, buffers.router_logits)):
+            for wanted, field, buffer in (
+                (routes, 0, buffers.routes),
+                (router_logits, 1, buffers.router_logits),
+            ):
                 if wanted:
                     buffer[:rows].copy_(torch.stack([layer[field][:, 0] for layer in captured], dim=1))
 

@@ -129,8 +129,9 @@ def copy_into(held, new) -> bool:
     pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
     if not _pair(held, new, pairs):
         return False
-    for target, source in pairs:
-        target.copy_(source)
+    with torch.inference_mode():  # a generate call's dequantised copies are inference tensors
+        for target, source in pairs:
+            target.copy_(source)
     return True
 
 

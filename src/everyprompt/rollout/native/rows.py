@@ -1,0 +1,86 @@
+"""How requests enter and leave the native engine's cache rows: the prefill of admitted prompts (a prompt
+admitted more than once, a group's samples, computed once and its rows copied), and the completions of
+finished rows (their log-probs, entropies and routes brought to the host in one copy per kind)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from everyprompt.rollout.base import Completion
+from everyprompt.rollout.native.cache import copy_rows
+from everyprompt.rollout.native.state import on_device
+from everyprompt.rollout.native.turns import ending
+
+
+def prefill(engine, layers, requests, admitted, slots: list[int], state, caches, params, record) -> None:
+    """Run the admitted prompts (right-padded) into cache rows `slots`; their next-token logits become
+    the rows' pending logits (and their routes go into `record`, when the call records). A prompt
+    admitted more than once (a group's samples) is computed once and its cache rows copied."""
+    prompts = [requests[i].prompt_ids for i in admitted]
+    lengths = [len(p) for p in prompts]
+    forward_row: dict[tuple[int, ...], int] = {}  # each distinct prompt's row of the forward
+    shared = [forward_row.setdefault(tuple(prompt), len(forward_row)) for prompt in prompts]
+    unique = [shared.index(k) for k in range(len(forward_row))]  # the admitted row computing each
+    tokens = torch.full((len(unique), max(lengths)), engine.pad_token_id, dtype=torch.long)
+    for k, row in enumerate(unique):
+        tokens[k, : lengths[row]] = torch.tensor(prompts[row])
+    tokens = tokens.to(engine.device)
+    # the rows' slots, lengths, seeds and forward rows, the forward's slots and lengths: one copy
+    seeds = [requests[i].seed for i in admitted]
+    n = len(prompts)
+    flat = on_device(
+        [*slots, *lengths, *seeds, *shared, *[slots[r] for r in unique], *[lengths[r] for r in unique]],
+        engine.device,
+    )
+    rows, lengths_, seeds, shared_ = flat[: 4 * n].view(4, n)
+    computed, computed_lengths = flat[4 * n :].view(2, len(unique))
+    positions = torch.arange(tokens.shape[1], device=engine.device)
+    routes: list | None = [] if record is not None else None
+    logits = engine.forward(
+        layers, tokens, positions.expand_as(tokens), caches, computed, None, computed_lengths - 1, routes
+    )
+    if len(unique) < len(prompts):  # copies of the computed prompts' rows for the repeated ones
+        copy_rows(caches, computed[shared_], rows, tokens.shape[1])
+        logits = logits[shared_]
+        routes = None if routes is None else [tuple(t[shared_] for t in layer) for layer in routes]
+    if record is not None:
+        record.store(routes, rows, positions)
+    state.length[rows] = lengths_
+    state.step[rows] = 0
+    state.logits[rows] = logits
+    state.seed[rows] = seeds
+    for slot, request, length in zip(slots, admitted, lengths):
+        state.request[slot], state.host_length[slot], state.tokens[slot] = request, length, []
+        state.limit[slot] = min(
+            params.max_new_tokens, requests[request].max_new_tokens or params.max_new_tokens
+        )
+
+
+def finish(engine, requests, state, finished: list[int], record, began, stops):
+    """Yield the completions of the `finished` slots and free them: their log-probs, entropies and
+    recorded routes come to the host in one copy per kind."""
+    index = on_device(finished, engine.device)
+    counts = [len(state.tokens[slot]) for slot in finished]
+    values = torch.stack([state.logprobs[index], state.entropies[index]]).cpu()
+    recorded = [{}] * len(finished)
+    if record is not None:  # the last sampled token was never fed, so it has no route
+        fed = [len(requests[state.request[slot]].prompt_ids) + n - 1 for slot, n in zip(finished, counts)]
+        recorded = record.take(index, fed)
+    for row, (slot, count, extra) in enumerate(zip(finished, counts, recorded)):
+        request, token_ids = requests[state.request[slot]], state.tokens[slot]
+        reason, mask = ending(token_ids, state.observed[slot], engine.stop_ids, stops)
+        state.request[slot], state.observation[slot], state.observed[slot] = -1, [], []
+        yield Completion(
+            request_id=request.request_id,
+            prompt_ids=list(request.prompt_ids),
+            token_ids=list(token_ids),
+            logprobs=values[0, row, :count].clone(),
+            entropies=values[1, row, :count].clone(),
+            **extra,
+            completion_mask=mask,
+            episode=request.episode,
+            finish_reason=reason,
+            timing={"finished_s": time.perf_counter() - began},
+        )
