@@ -150,7 +150,7 @@ def _phases(sampler: Sampler) -> list[int]:
 
 def probe(config: str, overrides: list[str], steps: int) -> dict:
     """`steps` RL steps in this process, traced."""
-    from throughput_rl import everyprompt_steps
+    from throughput.rl import everyprompt_steps
 
     sampler = Sampler().start()
     trims = _phases(sampler)

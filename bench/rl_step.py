@@ -31,7 +31,7 @@ from everyprompt.devices.memory import peak_resident_bytes  # noqa: E402
 
 def probe(trainer: str, config: str, overrides: list[str], steps: int, run_dir: str, matched: bool) -> dict:
     """One trainer's steps in this process, with its peak resident set."""
-    from throughput_rl import everyprompt_steps, trl_steps
+    from throughput.rl import everyprompt_steps, trl_steps
 
     if trainer == "everyprompt":
         result = everyprompt_steps(overrides, steps, Path(run_dir), Path(config))

@@ -1,5 +1,5 @@
 """The README's speed table, generated from the model benchmarks' results (bench/results/throughput_*.json
-written by `bench/throughput.py --model PATH`, and the RL step against TRL from rl_step_*.json written by
+written by `bench/throughput --model PATH`, and the RL step against TRL from rl_step_*.json written by
 `bench/rl_step.py --model PATH`); tests/test_bench.py fails when the README and the results disagree.
 
     python bench/speed_table.py        # rewrites the table between the README's speed-table markers
@@ -130,7 +130,7 @@ def table(results: list[dict]) -> str:
     machine = results[0]["machine"]
     lines.append(
         f"\n{machine.get('cpu', 'CPU')}, {machine.get('torch_threads')} torch threads, torch {machine.get('torch')}, "
-        f"{machine.get('dtype')}, device {results[0]['device']}; `python bench/throughput.py --model PATH`, "
+        f"{machine.get('dtype')}, device {results[0]['device']}; `python bench/throughput --model PATH`, "
         "then `python bench/speed_table.py`."
     )
     return "\n".join(lines)
@@ -151,6 +151,6 @@ def write_readme(results: list[dict], rl_steps: list[dict], readme: Path = READM
 if __name__ == "__main__":
     found = model_results()
     if not found:
-        sys.exit("no model benchmark results in bench/results (run bench/throughput.py --model PATH)")
+        sys.exit("no model benchmark results in bench/results (run bench/throughput --model PATH)")
     write_readme(found, rl_step_results())
     print(f"wrote the speed table of {len(found)} model(s) into README.md")

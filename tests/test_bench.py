@@ -15,7 +15,10 @@ ROOT = Path(__file__).resolve().parent.parent
 def _load(name: str):
     if str(ROOT / "bench") not in sys.path:  # the scripts import their shared helpers (bench/setups.py)
         sys.path.insert(0, str(ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    path = ROOT / "bench" / f"{name}.py"
+    if not path.exists():  # a benchmark that is a package of its own (bench/throughput/)
+        path = ROOT / "bench" / name / "__main__.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # (a dataclass looks its module up while it is being made)
     spec.loader.exec_module(module)

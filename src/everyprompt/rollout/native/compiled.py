@@ -18,7 +18,7 @@ by default under the system temp directory) makes a second process's compile a f
        renting until the rent paid equals the price of buying, which never spends more than twice what
        the better choice in hindsight would have, whatever the run's length. The default threshold is
        the compile time over the fraction of a decode step the compiled graph saves, measured by
-       bench/throughput.py (docs/rollout.md).
+       bench/throughput (docs/rollout.md).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import torch
 log = logging.getLogger(__name__)
 
 COMPILE_MODES = ("auto", "on", "off")
-# bench/throughput.py (results/throughput.json), 2 CPU cores, the demo model, 64 rows: compiling takes
+# bench/throughput (results/throughput.json), 2 CPU cores, the demo model, 64 rows: compiling takes
 # 45.6 s from a cold inductor cache (7.4 s warm) and the compiled step saves 2.36 of the eager 6.09 ms
 # (39%); buying pays once eager decoding has cost 45.6 / 0.39 ~ 118 s (the cold figure: a run cannot
 # tell beforehand whether its cache is warm)

@@ -10,6 +10,7 @@ the same result up to float rounding.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -103,14 +104,17 @@ class MixtureOfExperts:
         self.batched_tokens = 512  # at most this many tokens: all experts in one bmm
 
     def _path(self, flat: torch.Tensor, gate_up, down) -> Experts:
-        """How the experts run: batched up to `batched_tokens` tokens, except on the CPU for experts whose
+        """How the experts run: grouped matmuls where a CUDA device's grouped GEMM takes them; else batched
+        up to `batched_tokens` tokens, on the CPU except for experts whose
         weights do not fit its caches (`GROUPED_EXPERT_BYTES` or more each): a decode step there is bound
         by reading weights, and grouped matmuls read only the chosen experts' (SmolLM2's 8-expert upcycle,
         one expert at a time, batch 64: 357 ms a step against 457 ms batched; batch 1: 47 against 159); a
         compiled step calls them as one operator (`routed_experts`). Longer inputs: one expert at a time."""
+        if _grouped_on_device(flat, gate_up, down):  # any length: no host read, so it captures too
+            return experts_grouped_mm
         if flat.shape[0] > self.batched_tokens:
             return experts_grouped
-        if flat.device.type != "cpu":
+        if flat.device.type != "cpu":  # no host read: it captures into a CUDA graph
             return experts_batched
         if _expert_bytes(gate_up, down, gate_up.element_size()) < GROUPED_EXPERT_BYTES:
             return experts_batched
@@ -148,6 +152,22 @@ def _aligned(gate_up: torch.Tensor, down: torch.Tensor) -> bool:
     16-byte units (the activations it multiplies are then aligned too)."""
     sizes = all(size * down.element_size() % 16 == 0 for size in down.shape[1:])
     return sizes and gate_up.data_ptr() % 16 == 0 and down.data_ptr() % 16 == 0
+
+
+def _grouped_on_device(flat: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> bool:
+    """Whether an accelerator runs these experts as grouped matmuls (each expert over its own tokens, the
+    offsets computed on the device): CUDA's grouped GEMM takes bfloat16 on compute capability 8.0 and up,
+    with aligned operands. Elsewhere the batched path (blocks as wide as the worst case) runs."""
+    if not GROUPED_MM or flat.dtype != torch.bfloat16 or flat.device.type != "cuda":
+        return False
+    return _capability(flat.device) >= (8, 0) and _aligned(gate_up, down)
+
+
+@functools.cache
+def _capability(device: torch.device) -> tuple[int, int]:
+    if not torch.cuda.is_available():  # a fake CUDA device (tests): no CUDA kernel exists
+        return (0, 0)
+    return torch.cuda.get_device_capability(device)
 
 
 def _by_expert(experts: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,17 +12,17 @@ Each comparison runs in one process on the same model, prompts and sampling sett
   (d) one RL step (rollout, rewards, update, weight sync) of everyprompt vs TRL's GRPOTrainer on the
       demo model after SFT, with the same group size, prompts per step, lr and completion cap.
 
-    python bench/throughput.py           # ~10 minutes on 2 CPU cores (trains the SFT checkpoint if missing)
-    python bench/throughput.py --tiny    # seconds: a smoke run on a 2-layer model (skips TRL unless --trl)
+    python bench/throughput           # ~10 minutes on 2 CPU cores (trains the SFT checkpoint if missing)
+    python bench/throughput --tiny    # seconds: a smoke run on a 2-layer model (skips TRL unless --trl)
 
 Writes bench/results/throughput.json; prints the summary table last.
 
 With `--model PATH` (a checkpoint directory or a .gguf file) it measures that model instead
-(bench/throughput_model.py: decode at several batch sizes against `generate` and against its floor,
+(bench/throughput/model.py: decode at several batch sizes against `generate` and against its floor,
 long-tailed lengths, prefill), on `--device` (cpu, cuda, cuda:N) in `--dtype`:
 
-    python bench/throughput.py --model models/smollm2-135m-instruct            # bench/results/throughput_smollm2-135m-instruct.json
-    python bench/throughput.py --model models/smollm2-135m-instruct --device cuda --dtype bf16
+    python bench/throughput --model models/smollm2-135m-instruct            # bench/results/throughput_smollm2-135m-instruct.json
+    python bench/throughput --model models/smollm2-135m-instruct --device cuda --dtype bf16
 """
 
 from __future__ import annotations
@@ -33,16 +33,16 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: its shared helpers
 
 from common import RESULTS, repo_path, write_results  # noqa: E402
-from throughput_engine import engine_vs_hf, engine_vs_hf_rollout, short_op  # noqa: E402
-from throughput_floor import compile_cost, compile_probe, decode_floor, training_floor  # noqa: E402
-from throughput_rl import everyprompt_steps, trl_steps  # noqa: E402
-from throughput_rollout import reward_overlap, scheduling  # noqa: E402
-from throughput_setup import load_demo_model  # noqa: E402
 
 from algorithms import TINY, prepare_sft  # noqa: E402
+from throughput.engine import engine_vs_hf, engine_vs_hf_rollout, short_op  # noqa: E402
+from throughput.floor import compile_cost, compile_probe, decode_floor, training_floor  # noqa: E402
+from throughput.rl import everyprompt_steps, trl_steps  # noqa: E402
+from throughput.rollout import reward_overlap, scheduling  # noqa: E402
+from throughput.setup import load_demo_model  # noqa: E402
 
 # sizes per comparison: (--tiny smoke run, real run)
 SCALES = {
@@ -284,9 +284,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def measure_model(args) -> int:
-    from throughput_model import model_suite
-
     from everyprompt.devices.placement import DeviceError, resolve_device
+    from throughput.model import model_suite
 
     try:
         device = resolve_device(args.device, "--device")

@@ -1,4 +1,4 @@
-"""`bench/throughput.py --model PATH`: the native engine on a real model (a checkpoint directory or a
+"""`bench/throughput --model PATH`: the native engine on a real model (a checkpoint directory or a
 `.gguf` file) against transformers' `generate` on the same device, dtype and prompts, in one process.
 
   decode      tokens/s at several batch sizes, both sides decoding exactly `new_tokens` a sequence;
@@ -20,8 +20,9 @@ from pathlib import Path
 
 import torch
 from common import ROOT
-from throughput_floor import middle_step_gemms
-from throughput_setup import draw_lengths, hf_sample, native_engine
+
+from throughput.floor import middle_step_gemms
+from throughput.setup import draw_lengths, hf_sample, native_engine
 
 SIZES = {  # (--quick, full)
     "batches": ((1, 4), (1, 8, 32, 64)),

@@ -1,11 +1,12 @@
-"""(a) of bench/throughput.py: the native and hf engines against transformers' `generate`, on a fixed batch
+"""(a) of bench/throughput: the native and hf engines against transformers' `generate`, on a fixed batch
 and on a rollout's long-tailed lengths, and where each one's time goes (torch profiler)."""
 
 from __future__ import annotations
 
 from common import best_of
-from throughput_setup import fixed_batch, hf_sample, long_tailed, native_engine
-from throughput_setup import hf_engine as build_hf_engine
+
+from throughput.setup import fixed_batch, hf_sample, long_tailed, native_engine
+from throughput.setup import hf_engine as build_hf_engine
 
 
 # ---------------------------------------------------------------- (a) engine vs transformers

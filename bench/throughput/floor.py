@@ -1,4 +1,4 @@
-"""(e) of bench/throughput.py: the decode step and the RL update against their GEMMs alone (bench/floor.py), and
+"""(e) of bench/throughput: the decode step and the RL update against their GEMMs alone (bench/floor.py), and
 what compiling the decode step costs and when it pays."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 
 from common import best_of, run_probe
-from throughput_setup import fixed_batch, load_demo_model, native_engine
+
+from throughput.setup import fixed_batch, load_demo_model, native_engine
 
 
 # ---------------------------------------------------------------- (e) the compute floor
@@ -25,7 +26,7 @@ def middle_step_gemms(engine, requests, new_tokens: int) -> list:
     from everyprompt.rollout import SamplingParams
 
     recorder, middle, seen = GemmRecorder(), max(new_tokens // 2, 1), [0]
-    decode = engine._decode
+    decode = engine.decode
 
     def recorded(*args, **kwargs):
         seen[0] += 1
@@ -34,11 +35,11 @@ def middle_step_gemms(engine, requests, new_tokens: int) -> list:
         with recorder:
             return decode(*args, **kwargs)
 
-    engine._decode = recorded
+    engine.decode = recorded
     try:
         list(engine.generate(requests, SamplingParams(new_tokens)))
     finally:
-        del engine._decode
+        del engine.decode
     return recorder.calls
 
 
@@ -91,7 +92,7 @@ def compile_cost(base: list[str], batch: int, new_tokens: int, floor: dict, cold
     import tempfile
 
     out = {}
-    script = Path(__file__).with_name("throughput.py")  # its hidden --compile-probe runs compile_probe
+    script = Path(__file__).with_name("__main__.py")  # its hidden --compile-probe runs compile_probe
     with tempfile.TemporaryDirectory() as cache:
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache} if cold else dict(os.environ)
         for name in ("cold", "warm") if cold else ("warm",):

@@ -1,4 +1,4 @@
-"""(d) of bench/throughput.py: one RL step of everyprompt against TRL's GRPOTrainer, same model, group size,
+"""(d) of bench/throughput: one RL step of everyprompt against TRL's GRPOTrainer, same model, group size,
 prompts per step, learning rate and completion cap, split by phase."""
 
 from __future__ import annotations

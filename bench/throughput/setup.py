@@ -1,4 +1,4 @@
-"""The throughput benchmark's set-up (bench/throughput.py): the model and prompts of a config, the engines
+"""The throughput benchmark's set-up (bench/throughput): the model and prompts of a config, the engines
 under test, (a)'s fixed batch and the long-tailed rollout workload of (a) and (c), and (b)'s slow reward."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""(b) and (c) of bench/throughput.py: a slow reward overlapped with generation or scored after it, and
+"""(b) and (c) of bench/throughput: a slow reward overlapped with generation or scored after it, and
 length-aware admission (`longest_first`) against `fifo` on long-tailed lengths."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import statistics
 import time
 
 from common import best_of
-from throughput_setup import SLOW_REWARD_S, long_tailed, native_engine
+
+from throughput.setup import SLOW_REWARD_S, long_tailed, native_engine
 
 
 # ---------------------------------------------------------------- (b) reward overlap
