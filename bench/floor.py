@@ -109,11 +109,14 @@ def replay_seconds(
     repeats: int = 7,
     loops: int = 20,
     device: torch.device | str = "cpu",
+    captured: bool = False,
 ) -> float:
     """Seconds one pass over `calls` takes alone (the best of `repeats` means over `loops` passes).
     `distinct`: every call gets operands of its own (as in the computation, where each layer has its
     weights and cache); else calls of one shape share operands (less memory; a floor from warm caches,
-    so a lower one). `device`: where the operands are made (the time includes waiting for the device)."""
+    so a lower one). `device`: where the operands are made (the time includes waiting for the device).
+    `captured` (a CUDA device): the pass captured as one CUDA graph and replayed, so the launches' own
+    cost is left out too: the floor a captured decode step is measured against."""
     made: dict = {}
     prepared = [
         (
@@ -125,14 +128,23 @@ def replay_seconds(
     ]
     best = float("inf")
     with torch.inference_mode():
-        for op, args, kwargs in prepared:  # warm up
-            op(*args, **kwargs)
+
+        def one_pass():
+            for op, args, kwargs in prepared:
+                op(*args, **kwargs)
+
+        one_pass()  # warm up
+        if captured:
+            _synchronize(device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                one_pass()
+            one_pass = graph.replay
         for _ in range(repeats):
             _synchronize(device)
             began = time.perf_counter()
             for _ in range(loops):
-                for op, args, kwargs in prepared:
-                    op(*args, **kwargs)
+                one_pass()
             _synchronize(device)
             best = min(best, (time.perf_counter() - began) / loops)
     return best

@@ -78,14 +78,26 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="with --model: the compiled decode step (rollout.compile=on) measured beside the eager one",
     )
+    parser.add_argument(
+        "--graphs",
+        action="store_true",
+        help="with --model: the static decode step (CUDA graphs on a CUDA device, eager elsewhere) measured "
+        "beside the plain one, and its greedy completions checked against the eager step's",
+    )
+    parser.add_argument(
+        "--decode-only", action="store_true", help="with --model: decode only (no long-tail or prefill runs)"
+    )
     args = parser.parse_args(argv)
     if args.compile_probe:
         print(json.dumps(compile_probe(*json.loads(args.compile_probe))))
         return 0
     if args.model is not None:
         return measure_model(args)
-    if args.device != "cpu" or args.quick or args.compile:
-        parser.error("--device, --quick and --compile go with --model (the demo suite runs on the CPU)")
+    if args.device != "cpu" or args.quick or args.compile or args.graphs or args.decode_only:
+        parser.error(
+            "--device, --quick, --compile, --graphs and --decode-only go with --model (the demo suite runs on "
+            "the CPU)"
+        )
 
     from rich.console import Console
     from rich.table import Table
@@ -298,7 +310,9 @@ def measure_model(args) -> int:
     started = time.perf_counter()
     results = {
         "benchmark": "throughput_model",
-        **model_suite(args.model, device, args.dtype, args.quick, args.compile),
+        **model_suite(
+            args.model, device, args.dtype, args.quick, args.compile, args.graphs, args.decode_only
+        ),
     }
     results["model"] = repo_path(args.model)
     results["wall_seconds"] = time.perf_counter() - started

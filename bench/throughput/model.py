@@ -34,6 +34,7 @@ SIZES = {  # (--quick, full)
     "short": ((2, 4), (8, 24)),
     "long": ((8, 12), (96, 160)),
     "repeats": (1, 2),
+    "agree": ((6, 8), (64, 64)),  # (prompts, new tokens) of the static step's greedy agreement check
 }
 
 
@@ -77,9 +78,26 @@ def load(path: Path, device: torch.device, dtype: str):
     return model, tokenizer, prompts
 
 
-def engine(model, tokenizer, slots: int, dtype: str, device: torch.device, compile: str = "off"):
-    """The native engine over `model`, never stopping early (equal work)."""
-    return native_engine(model, tokenizer, slots, eos=False, compile=compile, precision=dtype, device=device)
+def engine(
+    model, tokenizer, slots: int, dtype: str, device: torch.device, compile: str = "off", cuda_graphs="off"
+):
+    """The native engine over `model`, never stopping early (equal work): the plain step unless
+    `cuda_graphs` says otherwise."""
+    return native_engine(
+        model,
+        tokenizer,
+        slots,
+        eos=False,
+        compile=compile,
+        precision=dtype,
+        device=device,
+        cuda_graphs=cuda_graphs,
+    )
+
+
+def static_mode(device: torch.device) -> str:
+    """How the static step runs here: captured as CUDA graphs on a CUDA device, eagerly elsewhere."""
+    return "on" if device.type == "cuda" else "eager"
 
 
 def requests(prompts: list[list[int]], count: int, lengths: list[int] | None = None):
@@ -101,9 +119,12 @@ def left_padded(tokenizer, prompts: list[list[int]], device: torch.device) -> di
 
 
 # ---------------------------------------------------------------- measurements
-def decode(model, tokenizer, prompts, batches, new_tokens, repeats, dtype, device, compile=False):
+def decode(
+    model, tokenizer, prompts, batches, new_tokens, repeats, dtype, device, compile=False, graphs=False
+):
     """Tokens/s at each batch size, the engine against `generate`, equal work; the engine's step
-    against its GEMMs alone; with `compile`, the compiled decode step's too."""
+    against its GEMMs alone; with `compile`, the compiled decode step's too; with `graphs`, the static
+    step's (CUDA graphs on a CUDA device)."""
     rows = []
     for batch in batches:
         work = requests(prompts, batch)
@@ -113,6 +134,14 @@ def decode(model, tokenizer, prompts, batches, new_tokens, repeats, dtype, devic
             f"{row['generate_tokens_per_s']:.1f} ({row['speedup']:.2f}x); step {row['step_ms']:.1f} ms, "
             f"floor {row['floor_ms']:.1f} ms"
         )
+        if graphs:
+            row.update(graphs_at(model, tokenizer, work, new_tokens, repeats, dtype, device, row))
+            print(
+                f"    static step ({row['graphs_mode']}): {row['graphs_tokens_per_s']:.1f} tokens/s "
+                f"({row['graphs_speedup']:.2f}x generate); step {row['graphs_step_ms']:.2f} ms, "
+                f"{row['graphs_step_vs_captured_floor']:.2f}x its matmuls captured; capture "
+                f"{row['graph_capture_s']:.2f} s"
+            )
         if compile:
             row.update(compiled_at(model, tokenizer, work, new_tokens, repeats, dtype, device, row))
             print(
@@ -138,6 +167,60 @@ def compiled_at(model, tokenizer, work, new_tokens, repeats, dtype, device, eage
         "compiled_step_vs_floor": step_ms / eager["floor_ms"],
         "compile_s": max(0.0, first_s - seconds),  # the first call of a later batch size reuses the graph
     }
+
+
+def graphs_at(model, tokenizer, work, new_tokens, repeats, dtype, device, plain: dict) -> dict:
+    """The static step (`static_mode`) on `work`, against the plain step's row `plain`: its first call
+    (captures included) timed apart."""
+    native = engine(model, tokenizer, len(work), dtype, device, cuda_graphs=static_mode(device))
+    first_s, _, first = equal_work(native, work, new_tokens, 1, device)
+    seconds, tokens, stats = equal_work(native, work, new_tokens, repeats, device)
+    step_ms = stats["decode_step_ms"] + stats.get("sample_ms", 0.0)
+    return {
+        "graphs_mode": static_mode(device),
+        "graphs_s": seconds,
+        "graphs_tokens_per_s": tokens / seconds,
+        "graphs_speedup": plain["generate_s"] / seconds,
+        "graphs_step_ms": step_ms,
+        "graphs_vs_plain_step": plain["step_ms"] / step_ms,
+        "graphs_step_vs_floor": step_ms / plain["floor_ms"],
+        "graphs_step_vs_captured_floor": step_ms / plain["captured_floor_ms"],
+        "graph_first_call_s": first_s,
+        "graph_capture_s": first["graph_capture_s"],
+        "graph_pool_mib": first["graph_pool_mib"],
+        "graph_replays": stats["graph_replays"],
+        "graph_failed": stats["graph_failed"],
+    }
+
+
+def graphs_agree(model, tokenizer, prompts, dtype, device, count: int = 64, new_tokens: int = 64) -> dict:
+    """Greedy completions of `count` prompts through the static step (graphs on a CUDA device) against the
+    same step run eagerly (the same kernels: tokens equal, log-probs within 1e-3 is the bar) and against
+    the plain step (attending over fewer positions, so its low-precision rounding differs)."""
+    from everyprompt.rollout import SamplingParams
+
+    params = SamplingParams(new_tokens, greedy=True)
+    work = requests(prompts, count)
+    runs = {
+        mode: {
+            c.request_id: c
+            for c in engine(model, tokenizer, count, dtype, device, cuda_graphs=mode).generate(work, params)
+        }
+        for mode in (static_mode(device), "eager", "off")
+    }
+    graphs = runs[static_mode(device)]
+    out = {"prompts": count, "new_tokens": new_tokens, "graphs_mode": static_mode(device)}
+    for name, other in (("eager", runs["eager"]), ("plain", runs["off"])):
+        same = [graphs[i].token_ids == other[i].token_ids for i in graphs]
+        diffs = [
+            float((graphs[i].logprobs - other[i].logprobs).abs().max())
+            for i in graphs
+            if graphs[i].token_ids == other[i].token_ids
+        ]
+        out[f"tokens_equal_{name}"] = sum(same)
+        out[f"max_logprob_diff_{name}"] = max(diffs, default=float("nan"))
+    out["agrees"] = out["tokens_equal_eager"] == count and out["max_logprob_diff_eager"] <= 1e-3
+    return out
 
 
 def equal_work(native, work, new_tokens: int, repeats: int, device) -> tuple[float, int, dict]:
@@ -182,10 +265,15 @@ def step_floor(native, work, new_tokens: int, device: torch.device) -> dict:
 
     calls = middle_step_gemms(native, work, new_tokens)
     flops = sum(call.flops() for call in calls)
+    eager = 1000 * replay_seconds(calls, device=device)
     return {
         "gemms": len(calls),
         "gemm_gflop": flops / 1e9,
-        "floor_ms": 1000 * replay_seconds(calls, device=device),
+        "floor_ms": eager,
+        # the same products captured as one CUDA graph (launches left out); eager where there is no CUDA
+        "captured_floor_ms": 1000 * replay_seconds(calls, device=device, captured=True)
+        if device.type == "cuda"
+        else eager,
     }
 
 
@@ -300,13 +388,21 @@ def prefill_at(model, tokenizer, ids: list[list[int]], repeats, dtype, device) -
     }
 
 
-def model_suite(path: Path, device: torch.device, dtype: str, quick: bool, compile: bool = False) -> dict:
+def model_suite(
+    path: Path,
+    device: torch.device,
+    dtype: str,
+    quick: bool,
+    compile: bool = False,
+    graphs: bool = False,
+    decode_only: bool = False,
+) -> dict:
     size = sizes(quick)
     model, tokenizer, prompts = load(path, device, dtype)
     params = sum(p.numel() for p in model.parameters())
     print(f"{path}: {model.config.model_type}, {params / 1e6:.1f}M parameters, {dtype} on {device}")
     out: dict = {"model": str(path), "model_type": model.config.model_type, "parameters": params}
-    out["device"], out["quick"], out["compiled"] = str(device), quick, compile
+    out["device"], out["quick"], out["compiled"], out["graphs"] = str(device), quick, compile, graphs
     print("decode: engine vs generate, equal work ...")
     out["decode"] = decode(
         model,
@@ -318,8 +414,15 @@ def model_suite(path: Path, device: torch.device, dtype: str, quick: bool, compi
         dtype,
         device,
         compile,
+        graphs,
     )
     out["bandwidth"] = bandwidth_bound(model, device)
+    if graphs:
+        print("greedy completions: the static step against the eager ones ...")
+        out["graphs_agree"] = graphs_agree(model, tokenizer, prompts, dtype, device, *size["agree"])
+        print(f"  {out['graphs_agree']}")
+    if decode_only:
+        return out
     print("long-tailed lengths: continuous vs static batching ...")
     out["long_tail"] = long_tail(
         model,

@@ -36,7 +36,10 @@ def native_engine(
     compile: str = "off",
     precision: str = "fp32",
     device="cpu",
+    cuda_graphs: str = "off",
 ):
+    """The native engine over `model` (`eos` False: it never stops early, for equal work). `cuda_graphs`
+    off by default: the plain step, which the figures before CUDA graphs were taken with."""
     from everyprompt.rollout.native import NativeEngine
 
     return NativeEngine(
@@ -48,6 +51,7 @@ def native_engine(
         precision=precision,
         compile=compile,
         device=device,
+        cuda_graphs=cuda_graphs,
     )
 
 

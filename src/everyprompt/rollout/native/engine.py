@@ -163,7 +163,7 @@ class NativeEngine:
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Take `state_dict` (the trainer's names and layout) as the engine's weights; wakes a sleeping
         engine. Weights of the shapes already held are copied into their storage (same addresses, so
-        captured graphs stay valid); otherwise they replace it."""
+        captured graphs stay valid) unless a generate call is still open; otherwise they replace it."""
         weights = StateDict(state_dict, self.dtype, fp8=self.precision == "fp8", device=self.device)
         head = "lm_head.weight" if "lm_head.weight" in weights else "model.embed_tokens.weight"
         new = (
@@ -176,7 +176,8 @@ class NativeEngine:
             ],
         )
         held = None if self.layers is None else (self.embed, self.final_norm, self.lm_head, self.layers)
-        if held is None or not copy_into(held, new):
+        # an open call (an iterator not yet finished) keeps decoding with the weights it started with
+        if held is None or self._open_calls or not copy_into(held, new):
             self.embed, self.final_norm, self.lm_head, self.layers = new
             self._decode_layers = None
         elif self._decode_layers is not None:

@@ -92,7 +92,8 @@ class StepGraphs:
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
+            # thread-local: the learner may be using the GPU from another thread meanwhile (asynchrony)
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 body(size)
         except Exception as err:  # noqa: BLE001 (any capture failure: the step runs eagerly instead)
             first_line = (str(err).strip().splitlines() or [""])[0]

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# The GPU suite: everything a lent GPU should measure, in one call of at most 8 minutes (docs/gpu.md).
+#
+#   bench/gpu_suite.sh --stage      here, before the calls: the wheels the GPU machine's image lacks
+#                                   (.gpu-wheels/) and the SmolLM2 GGUF in two halves (.gpu-model/)
+#   bench/gpu_suite.sh --receive    first call (carry .gpu-model/1): keeps that half on the warm machine
+#   bench/gpu_suite.sh              second call (carry .gpu-model/2 and .gpu-wheels): the suite
+#   bench/gpu_suite.sh --smoke      the same steps on tiny models on the CPU, in CI-sized time (a test)
+#
+# Steps, each with its own time limit inside the suite's deadline, each logged to OUT/<step>.log, its exit
+# status to OUT/steps.txt; a step that fails does not stop the others, and the suite's exit status is the
+# number of steps that failed:
+#   setup    a venv over the image's torch (--system-site-packages), the carried wheels, this project
+#   models   SmolLM2-135M-Instruct and its 8-expert upcycle (smoke: a tiny dense Llama and its upcycle)
+#   dense    bench/throughput on the dense model, bf16: decode at batch 1/8/32/64 with the plain step
+#            and with CUDA graphs, against `generate` and against the step's matmuls (eager and captured),
+#            and graphs' greedy completions against the eager step's on 64 prompts
+#   rl_step  one RL step of configs/smollm2.yaml against TRL's GRPOTrainer on the same card (TRL
+#            generating with transformers: vLLM cannot be installed on these machines)
+#   moe      the decode bench on the 8-expert upcycle
+#   test-gpu make test-gpu (pytest -m gpu)
+# Results: OUT (default $OUT where the device tool sets it, else bench/results/gpu), one JSON per bench.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+SMOKE=0
+MODE=run
+RESULTS="${OUT:-bench/results/gpu}"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --smoke) SMOKE=1 ;;
+    --stage) MODE=stage ;;
+    --receive) MODE=receive ;;
+    --out) RESULTS="$2"; shift ;;
+    *) echo "gpu_suite: unknown argument $1 (--smoke, --stage, --receive, --out DIR)" >&2; exit 2 ;;
+  esac
+  shift
+done
+PY="${PYTHON:-.venv/bin/python}"
+
+# the wheels the image lacks (docs/gpu.md lists what it has), for its Python 3.12, installed without
+# dependency resolution: the image's own packages stand in for the rest
+WHEELS="pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
+  math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2 gguf==0.19.0
+  trl==1.16.0 datasets==4.7.0 dill==0.4.0 multiprocess==0.70.18"
+
+if [ "$MODE" = stage ]; then
+  rm -rf .gpu-wheels .gpu-model && mkdir -p .gpu-wheels .gpu-model || exit 1
+  # shellcheck disable=SC2086
+  "$PY" -m pip download --quiet --no-deps --only-binary=:all: --dest .gpu-wheels --python-version 3.12 \
+    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform any $WHEELS || exit 1
+  make smollm2 >/dev/null || exit 1
+  gguf=models/SmolLM2-135M-Instruct.Q4_1.gguf
+  half=$(( ($(stat -c %s "$gguf") + 1) / 2 ))
+  head -c "$half" "$gguf" > .gpu-model/1 && tail -c +"$((half + 1))" "$gguf" > .gpu-model/2 || exit 1
+  du -sh .gpu-wheels .gpu-model/1 .gpu-model/2
+  exit 0
+fi
+if [ "$MODE" = receive ]; then
+  exec python3 bench/gpu_models.py --receive
+fi
+
+mkdir -p "$RESULTS/models"
+: > "$RESULTS/steps.txt"
+BUDGET_S=$([ $SMOKE = 1 ] && echo 300 || echo 480)
+FAILED=0
+
+step() {  # step NAME LIMIT_S COMMAND...: run it within its limit and what is left of the budget
+  local name=$1 limit=$2 rc left
+  shift 2
+  left=$((BUDGET_S - SECONDS))
+  [ "$left" -lt "$limit" ] && limit=$left
+  if [ "$limit" -le 5 ]; then
+    echo "$name skipped (the suite's $BUDGET_S s were spent)" | tee -a "$RESULTS/steps.txt"
+    FAILED=$((FAILED + 1))
+    return
+  fi
+  local began=$SECONDS
+  timeout --kill-after=10 "$limit" "$@" > "$RESULTS/$name.log" 2>&1
+  rc=$?
+  echo "$name exit $rc in $((SECONDS - began)) s (limit $limit s)" | tee -a "$RESULTS/steps.txt"
+  tail -n 8 "$RESULTS/$name.log" | sed "s/^/  $name| /"
+  [ "$rc" -ne 0 ] && FAILED=$((FAILED + 1))
+}
+
+setup() {
+  set -e
+  [ -x .venv/bin/python ] || python3 -m venv --system-site-packages .venv
+  # shellcheck disable=SC2086
+  .venv/bin/pip install --quiet --no-index --no-deps --find-links .gpu-wheels $WHEELS
+  .venv/bin/pip install --quiet --no-index --no-deps --no-build-isolation -e .
+  touch .venv/.installed  # make's stamp: the venv is ready (make test-gpu uses it as it is)
+  .venv/bin/python -c "import everyprompt, trl, datasets, math_verify, gguf, pydantic, torch, transformers
+print('torch', torch.__version__, 'transformers', transformers.__version__, 'trl', trl.__version__,
+      'cuda', torch.cuda.is_available() and torch.cuda.get_device_name(0))"
+}
+
+if [ $SMOKE = 1 ]; then
+  DEVICE=cpu DTYPE=fp32 QUICK=--quick CONFIG=configs/demo.yaml STEPS=2
+  MODELS_ARGS="--smoke $RESULTS/models"
+  TEST_GPU=("$PY" -m pytest -q -m gpu -rs -p no:cacheprovider tests/gpu)
+  if "$PY" -c "import trl" 2>/dev/null; then TRAINERS=everyprompt,trl; else TRAINERS=everyprompt; fi
+else
+  step setup 90 setup
+  DEVICE=cuda DTYPE=bf16 QUICK= CONFIG=configs/smollm2.yaml STEPS=6
+  MODELS_ARGS=
+  TEST_GPU=(make test-gpu)
+  TRAINERS=everyprompt,trl
+fi
+[ "$TRAINERS" = everyprompt ] && echo "rl_step: TRL is not installed here; everyprompt's steps alone" \
+  | tee -a "$RESULTS/steps.txt"
+
+step models 120 "$PY" bench/gpu_models.py $MODELS_ARGS
+mapfile -t PAIR < <(tail -n 2 "$RESULTS/models.log")
+DENSE_MODEL=${PAIR[0]:-missing} MOE_MODEL=${PAIR[1]:-missing}
+BENCH=("$PY" bench/throughput --device "$DEVICE" --dtype "$DTYPE" --graphs --decode-only $QUICK --out "$RESULTS")
+step dense 150 "${BENCH[@]}" --model "$DENSE_MODEL"
+step rl_step 180 "$PY" bench/rl_step.py --model "$DENSE_MODEL" --config "$CONFIG" --steps "$STEPS" \
+  --trainers "$TRAINERS" --set rollout.precision="$( [ $SMOKE = 1 ] && echo fp32 || echo bf16 )" --out "$RESULTS"
+step moe 120 "${BENCH[@]}" --model "$MOE_MODEL"
+step test-gpu 120 "${TEST_GPU[@]}"
+
+echo "gpu_suite: $FAILED step(s) failed; results in $RESULTS ($SECONDS s)"
+exit "$FAILED"

@@ -1,0 +1,41 @@
+"""bench/gpu_suite.sh --smoke: the GPU suite's every step on tiny models on the CPU, so that the one call a
+lent GPU gets runs a script that is known to work (its GPU figures are the GPU's to give)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_gpu_suite_runs_every_step_on_tiny_models(tmp_path):
+    out = tmp_path / "gpu"
+    env = {**os.environ, "PYTHON": sys.executable}
+    done = subprocess.run(
+        ["bash", "bench/gpu_suite.sh", "--smoke", "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    steps = (out / "steps.txt").read_text().splitlines()
+    ran = [line.split()[0] for line in steps if " exit " in line]
+    assert ran == ["models", "dense", "rl_step", "moe", "test-gpu"], steps
+    assert all(" exit 0 " in line for line in steps if " exit " in line), steps
+    for name in ("tiny-dense", "tiny-moe8"):
+        payload = json.loads((out / f"throughput_{name}.json").read_text())
+        assert payload["graphs"] is True and [row["batch"] for row in payload["decode"]] == [1, 4]
+        for row in payload["decode"]:  # the static step measured beside the plain one, equal work
+            assert row["graphs_mode"] == "eager" and row["graphs_tokens_per_s"] > 0 and row["graph_failed"] == 0
+            assert row["captured_floor_ms"] == row["floor_ms"] > 0  # no CUDA: the eager floor
+        agree = payload["graphs_agree"]
+        assert agree["agrees"] and agree["tokens_equal_eager"] == agree["prompts"] == 6
+    rl = json.loads((out / "rl_step_tiny-dense.json").read_text())
+    assert rl["everyprompt"]["step_s"] > 0
+    assert "gpu_suite: 0 step(s) failed" in done.stdout
