@@ -32,7 +32,9 @@ def test_the_gpu_suite_runs_every_step_on_tiny_models(tmp_path):
         payload = json.loads((out / f"throughput_{name}.json").read_text())
         assert payload["graphs"] is True and [row["batch"] for row in payload["decode"]] == [1, 4]
         for row in payload["decode"]:  # the static step measured beside the plain one, equal work
-            assert row["graphs_mode"] == "eager" and row["graphs_tokens_per_s"] > 0 and row["graph_failed"] == 0
+            assert (
+                row["graphs_mode"] == "eager" and row["graphs_tokens_per_s"] > 0 and row["graph_failed"] == 0
+            )
             assert row["captured_floor_ms"] == row["floor_ms"] > 0  # no CUDA: the eager floor
         agree = payload["graphs_agree"]
         assert agree["agrees"] and agree["tokens_equal_eager"] == agree["prompts"] == 6
