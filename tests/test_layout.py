@@ -187,3 +187,69 @@ def test_the_built_in_engines_are_the_names_the_config_accepts():
 
     assert {NATIVE_ENGINE, HF_ENGINE} <= ENGINES
     assert set(registered_engines()) == ENGINES  # no name the config accepts lacks its engine
+
+
+def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The project modules `path` imports, at the top or inside a function (its own packages left out:
+    importing a module runs its package's __init__ anyway)."""
+    import ast
+
+    own = _module_name(path)
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            continue
+        found |= {n for n in names if n in modules and n != own and not own.startswith(n + ".")}
+    return found
+
+
+def import_cycles(modules: dict[str, Path]) -> list[list[str]]:
+    """Every cycle of modules that import each other (strongly connected sets of two or more)."""
+    graph = {name: _imports(path, modules) for name, path in modules.items()}
+    order, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+    def visit(module: str) -> None:
+        order[module] = low[module] = len(order)
+        stack.append(module)
+        on_stack.add(module)
+        for target in graph[module]:
+            if target not in order:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in on_stack:
+                low[module] = min(low[module], order[target])
+        if low[module] == order[module]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == module:
+                    break
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for module in graph:
+        if module not in order:
+            visit(module)
+    return cycles
+
+
+def test_no_modules_import_each_other_not_even_inside_a_function(tmp_path):
+    assert import_cycles(_modules()) == []
+    # the check sees a cycle made of a top-level import and a function-level one
+    package = tmp_path / "everyprompt"
+    package.mkdir()
+    (package / "a.py").write_text("from everyprompt.b import f\n")
+    (package / "b.py").write_text("def f():\n    from everyprompt.a import g\n")
+    planted = {"everyprompt.a": package / "a.py", "everyprompt.b": package / "b.py"}
+    global PACKAGE
+    saved, PACKAGE = PACKAGE, tmp_path / "everyprompt"
+    try:
+        assert import_cycles(planted) == [["everyprompt.a", "everyprompt.b"]]
+    finally:
+        PACKAGE = saved

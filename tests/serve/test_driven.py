@@ -5,7 +5,11 @@ groups posted and the endpoint then serves the new weights."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -142,3 +146,74 @@ def test_an_outside_driver_samples_scores_and_the_run_trains_on_its_groups(tmp_p
 def test_what_the_driver_does_is_refused_beside_external(setting):
     with pytest.raises(ConfigError, match=r"external.enabled: the driver samples, scores and picks"):
         tiny_config("model.preset=tiny-chat-moe", "external.enabled=true", setting)
+
+
+def _group(k: int) -> dict:
+    """A scored group the driver made up: its rewards' mean is k / 4, so a step's mean names its groups."""
+    rewards = [float(k), 0.0, 0.0, 0.0]
+    sample = {"prompt_token_ids": [5, 6, 7], "token_ids": [8, 9, 10], "logprobs": [-1.0] * 3}
+    return {"samples": [{**sample, "reward": r, "finish_reason": "length"} for r in rewards]}
+
+
+def _start(arguments: list[str], log) -> subprocess.Popen:
+    command = [sys.executable, "-m", "everyprompt.cli", "train", *arguments]
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait_for(condition, process: subprocess.Popen, what: str, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert process.poll() is None, f"the run ended while waiting for {what}"
+        assert time.monotonic() < deadline, f"no {what} within {seconds} s"
+        time.sleep(0.1)
+
+
+def _serving(base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/rollouts", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def test_acknowledged_groups_survive_a_kill_and_are_trained_on_exactly_once(tmp_path):
+    """Groups answered 200 are on disk before the answer: a run killed with SIGKILL right after, and
+    resumed, trains on each of them once, in the order posted; the driver posts only what is new."""
+    from tests.conftest import SYNCHRONOUS, TINY_OVERRIDES
+
+    port, run_dir = free_port(), tmp_path / "run"
+    base = f"http://127.0.0.1:{port}/v1"
+    overrides = [
+        *TINY_OVERRIDES,
+        *SYNCHRONOUS,
+        "sft.steps=0",
+        "external.enabled=true",
+        f"external.port={port}",
+    ]
+    overrides += ["external.wait_s=120", "rl.steps=3", "rl.prompts_per_step=2", f"rl.group_size={GROUP}"]
+    overrides += ["rollout.max_new_tokens=16", "eval.every=0", "data.num_eval=2", "checkpoint.every=1"]
+    with open(tmp_path / "first.log", "wb") as log:
+        first = _start([*overrides, "--run-dir", str(run_dir)], log)
+        try:
+            _wait_for(lambda: _serving(base), first, "the endpoint")
+            assert httpx.post(f"{base}/rollouts", json={"groups": [_group(1), _group(2)]}).status_code == 200
+            _wait_for(lambda: (run_dir / "checkpoints" / "step_1").is_dir(), first, "step 1's checkpoint")
+            answer = httpx.post(f"{base}/rollouts", json={"groups": [_group(3), _group(4), _group(5)]})
+            assert answer.status_code == 200 and answer.json()["accepted"] == 3
+        finally:
+            os.killpg(first.pid, signal.SIGKILL)  # acknowledged, then killed: nothing after the answer runs
+            first.wait(30)
+    with open(tmp_path / "second.log", "wb") as log:
+        second = _start(["--resume", str(run_dir)], log)
+        try:
+            _wait_for(lambda: _serving(base), second, "the resumed run's endpoint")
+            state = httpx.get(f"{base}/rollouts", timeout=5).json()
+            assert state["received"] == 5  # every acknowledged group is back, before the driver posts again
+            assert httpx.post(f"{base}/rollouts", json={"groups": [_group(6)]}).status_code == 200
+            assert second.wait(180) == 0, (tmp_path / "second.log").read_text()[-3000:]
+        finally:
+            if second.poll() is None:
+                os.killpg(second.pid, signal.SIGKILL)
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2, 3]
+    # steps 1-3 trained on groups (1, 2), (3, 4), (5, 6): each step's mean reward is (k1 + k2) / 8
+    assert [line["reward/mean"] for line in lines] == pytest.approx([3 / 8, 7 / 8, 11 / 8])

@@ -27,7 +27,7 @@ def local_sides(config: Config, model, tokenizer, prompts, run_dir, store, refer
     if config.external.enabled:
         from everyprompt.serve.driven import DrivenRolloutSide
 
-        return DrivenRolloutSide(config, model, tokenizer, prompts), learner, []
+        return DrivenRolloutSide(config, model, tokenizer, prompts, run_dir), learner, []
     return RolloutSide.build(config, model, tokenizer, prompts, run_dir, store), learner, []
 
 

@@ -12,6 +12,7 @@ functions that find them. No other module spells these names: they import them f
       completions.jsonl     `everyprompt eval`: its greedy completions (prompt, completion, answer, reward)
       summary.json          `demo`: accuracy before and after RL
       genrm_samples.jsonl   judged rows of a generative reward model
+      rollouts.jsonl        a driven run's acknowledged groups, one line a request (docs/serving.md)
       sft/                  the SFT phase's metrics.jsonl and tensorboard/
       checkpoints/
         sft                 the finished SFT model
@@ -40,6 +41,7 @@ EVAL = "eval.json"
 EVAL_COMPLETIONS = "completions.jsonl"  # `everyprompt eval`: the greedy completions, beside eval.json
 DEMO_SUMMARY = "summary.json"
 GENRM_SAMPLES = "genrm_samples.jsonl"
+ROLLOUTS_JOURNAL = "rollouts.jsonl"  # a driven run's acknowledged groups (serve/intake.py)
 SFT = "sft"  # the SFT phase's log folder, and the name of its finished checkpoint
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
@@ -94,6 +96,7 @@ class RunLayout(_Folder):
     completions = _In(EVAL_COMPLETIONS)
     demo_summary = _In(DEMO_SUMMARY)
     genrm_samples = _In(GENRM_SAMPLES)
+    rollouts_journal = _In(ROLLOUTS_JOURNAL)
     cell_log = _In(CELL_LOG)
     report = _In(REPORT)
     report_summary = _In(REPORT, REPORT_SUMMARY)

@@ -15,8 +15,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from everyprompt.rollout.sampling import derive_seed
-from everyprompt.serve.driven import Rollouts
 from everyprompt.serve.engine import Sequence, ServingEngine
+from everyprompt.serve.intake import Rollouts
 from everyprompt.serve.protocol import (
     FINISH,
     ChatRequest,
@@ -42,7 +42,7 @@ def create_app(
     server: ServingEngine, model_name: str, limits: Limits, api_key: str | None = None, intake=None
 ) -> FastAPI:
     """The app over `server`, whose engine thread it starts and, at shutdown (after uvicorn has finished
-    the open responses), stops and joins. `intake` (serve/driven.py): a run driven from outside takes
+    the open responses), stops and joins. `intake` (serve/intake.py): a run driven from outside takes
     scored groups at `/v1/rollouts`."""
 
     @asynccontextmanager
@@ -104,11 +104,11 @@ def create_app(
             problem = intake.add(body)
             if problem:
                 raise RequestError(400, problem, "groups")
-            return {"accepted": len(body.groups), "queued": intake.groups.qsize(), "version": server.version}
+            return {"accepted": len(body.groups), "queued": intake.queued, "version": server.version}
 
         @app.get("/v1/rollouts")
         async def rollouts_state():
-            return {"queued": intake.groups.qsize(), "received": intake.received, "version": server.version}
+            return {"queued": intake.queued, "received": intake.received, "version": server.version}
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):

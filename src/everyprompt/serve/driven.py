@@ -9,99 +9,17 @@ server), the groups posted and the version of the weights served."""
 from __future__ import annotations
 
 import math
-import queue
 import threading
 import time
-from typing import Literal
+from pathlib import Path
 
 import torch
-from pydantic import BaseModel, Field
 
 from everyprompt.batch import RolloutBatch
 from everyprompt.data.formatting import prompt_format_of
 from everyprompt.errors import RunError
-
-POLL_S = 1.0  # how often a step waiting for groups looks whether the server still runs
-
-
-class Sample(BaseModel):
-    """One rollout of a group, as the driver saw it: `prompt_token_ids` and `token_ids` as the endpoint
-    returned them (`return_token_ids`); a multi-turn rollout's `token_ids` hold every token after the
-    prompt and `mask` says which are the model's (True) and which its environment's (False)."""
-
-    prompt_token_ids: list[int] = Field(min_length=1)
-    token_ids: list[int] = Field(min_length=1)
-    logprobs: list[float]  # the model's log-prob of each token (any value at environment tokens)
-    mask: list[bool] | None = None
-    reward: float | None  # None: could not be scored (left out of the group's statistics)
-    finish_reason: Literal["stop", "length", "eos"] = "stop"
-
-
-class Group(BaseModel):
-    samples: list[Sample] = Field(min_length=1)
-
-
-class Rollouts(BaseModel):
-    groups: list[Group] = Field(min_length=1)
-
-
-class Intake:
-    """The groups posted and not yet trained on; `check` refuses a group the learner could not train on."""
-
-    def __init__(self, group_size: int, vocab_size: int, max_tokens: int):
-        self.group_size, self.vocab_size, self.max_tokens = group_size, vocab_size, max_tokens
-        self.groups: queue.Queue[Group] = queue.Queue()
-        self.received = 0
-
-    def check(self, group: Group, where: str) -> str | None:
-        """What is wrong with `group` (the message of a 400), or None."""
-        if len(group.samples) != self.group_size:
-            return f"{where}: {len(group.samples)} samples; rl.group_size is {self.group_size}"
-        for number, sample in enumerate(group.samples):
-            at = f"{where}.samples[{number}]"
-            if len(sample.logprobs) != len(sample.token_ids):
-                return f"{at}: {len(sample.logprobs)} logprobs for {len(sample.token_ids)} token_ids"
-            if sample.mask is not None and len(sample.mask) != len(sample.token_ids):
-                return f"{at}: {len(sample.mask)} mask values for {len(sample.token_ids)} token_ids"
-            if sample.mask is not None and not any(sample.mask):
-                return f"{at}: no token of the model's own (mask is all false)"
-            if len(sample.token_ids) > self.max_tokens:
-                return f"{at}: {len(sample.token_ids)} token_ids; at most {self.max_tokens}"
-            ids = [*sample.prompt_token_ids, *sample.token_ids]
-            if any(not 0 <= t < self.vocab_size for t in ids):
-                return f"{at}: token ids must be in [0, {self.vocab_size})"
-            if sample.reward is not None and not math.isfinite(sample.reward):
-                return f"{at}: reward must be a finite number or null"
-        return None
-
-    def add(self, rollouts: Rollouts) -> str | None:
-        """Queue every group, or none of them (the message of the first problem)."""
-        for number, group in enumerate(rollouts.groups):
-            problem = self.check(group, f"groups[{number}]")
-            if problem:
-                return problem
-        for group in rollouts.groups:
-            self.groups.put(group)
-            self.received += 1
-        return None
-
-    def take(self, count: int, wait_s: float, alive) -> list[Group]:
-        """The next `count` groups, waiting up to `wait_s` seconds for them; RunError past that."""
-        taken, deadline = [], time.monotonic() + wait_s
-        while len(taken) < count:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise RunError(
-                    f"external.wait_s={wait_s:g} s passed with {len(taken)} of the step's {count} groups "
-                    "posted to /v1/rollouts (is the driver running? docs/serving.md)"
-                )
-            if not alive():
-                raise RunError("the run's server stopped while waiting for groups")
-            try:
-                taken.append(self.groups.get(timeout=min(left, POLL_S)))
-            except queue.Empty:
-                continue
-        return taken
+from everyprompt.run.layout import RunLayout
+from everyprompt.serve.intake import Group, Intake
 
 
 def assemble(groups: list[Group], tokenizer, version: int, max_new_tokens: int) -> RolloutBatch:
@@ -148,7 +66,7 @@ class DrivenRolloutSide:
 
     episodes = None  # the driver runs any environment itself
 
-    def __init__(self, config, model, tokenizer, prompts: list[dict]):
+    def __init__(self, config, model, tokenizer, prompts: list[dict], run_dir: Path):
         import uvicorn
 
         from everyprompt.rollout import build_engine
@@ -175,7 +93,8 @@ class DrivenRolloutSide:
             max_n=max(config.rl.group_size, 8),
         )
         self.serving = ServingEngine(engine, tokenizer, limits.max_prompt_tokens, limits.max_tokens)
-        self.intake = Intake(config.rl.group_size, len(tokenizer), rollout.max_new_tokens)
+        journal = RunLayout(run_dir).rollouts_journal  # read back first: a resumed run's groups come first
+        self.intake = Intake(config.rl.group_size, len(tokenizer), rollout.max_new_tokens, journal)
         self.version, self._eval_engine = 0, None
         key = api_key_for(external.host, None)  # $EVERYPROMPT_API_KEY: never a config file's
         self.socket, self.url = listen(external.host, external.port, "external.port")
@@ -229,7 +148,7 @@ class DrivenRolloutSide:
         batch = assemble(groups, self.tokenizer, self.version, self.config.rollout.max_new_tokens)
         batch.stats = {
             **batch_stats(batch, self.config.zve.correct_reward),
-            "external/queued": float(self.intake.groups.qsize()),
+            "external/queued": float(self.intake.queued),
         }
         batch.timing = {"rollout_s": time.perf_counter() - began, "external_wait_s": waited}
         return batch
@@ -241,13 +160,15 @@ class DrivenRolloutSide:
         }
 
     def state_dict(self) -> dict:
-        return {"received": self.intake.received}
+        return {"received": self.intake.received, "taken": self.intake.taken}
 
     def load_state_dict(self, state: dict) -> None:
-        pass  # the groups a driver posted before a restart went with the process; it posts new ones
+        """Resume after the groups the checkpoint's steps took: the journal's later ones are queued."""
+        self.intake.resume(state.get("taken", 0))
 
     def close(self) -> None:
         self.server.should_exit = True
         self.thread.join(10)
         self.serving.close()
         self.socket.close()
+        self.intake.close()
