@@ -18,6 +18,8 @@
 #   rl_step  one RL step of configs/smollm2.yaml against TRL's GRPOTrainer on the same card (TRL
 #            generating with transformers: vLLM cannot be installed on these machines)
 #   moe      the decode bench on the 8-expert upcycle
+#   learner  one learner update of the recipe profiled (bench/learner_profile.py: its top operators by
+#            device time, its host syncs)
 #   test-gpu make test-gpu (pytest -m gpu)
 # Results: OUT (default $OUT where the device tool sets it, else bench/results/gpu), one JSON per bench.
 set -uo pipefail
@@ -96,13 +98,15 @@ print('torch', torch.__version__, 'transformers', transformers.__version__, 'trl
 }
 
 if [ $SMOKE = 1 ]; then
-  DEVICE=cpu DTYPE=fp32 QUICK=--quick CONFIG=configs/demo.yaml STEPS=2
+  DEVICE=cpu DTYPE=fp32 QUICK=--quick CONFIG=configs/demo.yaml STEPS=2 UPDATES=1
+  RECIPE=(--set sft.steps=0 --set rollout.precision=fp32)  # the demo recipe without its SFT warm start
   MODELS_ARGS="--smoke $RESULTS/models"
   TEST_GPU=("$PY" -m pytest -q -m gpu -rs -p no:cacheprovider tests/gpu)
   if "$PY" -c "import trl" 2>/dev/null; then TRAINERS=everyprompt,trl; else TRAINERS=everyprompt; fi
 else
   step setup 90 setup
-  DEVICE=cuda DTYPE=bf16 QUICK= CONFIG=configs/smollm2.yaml STEPS=6
+  DEVICE=cuda DTYPE=bf16 QUICK= CONFIG=configs/smollm2.yaml STEPS=6 UPDATES=3
+  RECIPE=(--set rollout.precision=bf16)  # the engine in the learner's arithmetic, as the H100 run had it
   MODELS_ARGS=
   TEST_GPU=(make test-gpu)
   TRAINERS=everyprompt,trl
@@ -116,8 +120,10 @@ DENSE_MODEL=${PAIR[0]:-missing} MOE_MODEL=${PAIR[1]:-missing}
 BENCH=("$PY" bench/throughput --device "$DEVICE" --dtype "$DTYPE" --graphs --decode-only $QUICK --out "$RESULTS")
 step dense 150 "${BENCH[@]}" --model "$DENSE_MODEL"
 step rl_step 180 "$PY" bench/rl_step.py --model "$DENSE_MODEL" --config "$CONFIG" --steps "$STEPS" \
-  --trainers "$TRAINERS" --set rollout.precision="$( [ $SMOKE = 1 ] && echo fp32 || echo bf16 )" --out "$RESULTS"
+  --trainers "$TRAINERS" "${RECIPE[@]}" --out "$RESULTS"
 step moe 120 "${BENCH[@]}" --model "$MOE_MODEL"
+step learner 90 "$PY" bench/learner_profile.py --model "$DENSE_MODEL" --config "$CONFIG" --updates "$UPDATES" \
+  "${RECIPE[@]}" --out "$RESULTS"
 step test-gpu 120 "${TEST_GPU[@]}"
 
 echo "gpu_suite: $FAILED step(s) failed; results in $RESULTS ($SECONDS s)"

@@ -26,7 +26,7 @@ def test_the_gpu_suite_runs_every_step_on_tiny_models(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     steps = (out / "steps.txt").read_text().splitlines()
     ran = [line.split()[0] for line in steps if " exit " in line]
-    assert ran == ["models", "dense", "rl_step", "moe", "test-gpu"], steps
+    assert ran == ["models", "dense", "rl_step", "moe", "learner", "test-gpu"], steps
     assert all(" exit 0 " in line for line in steps if " exit " in line), steps
     for name in ("tiny-dense", "tiny-moe8"):
         payload = json.loads((out / f"throughput_{name}.json").read_text())
@@ -40,4 +40,7 @@ def test_the_gpu_suite_runs_every_step_on_tiny_models(tmp_path):
         assert agree["agrees"] and agree["tokens_equal_eager"] == agree["prompts"] == 6
     rl = json.loads((out / "rl_step_tiny-dense.json").read_text())
     assert rl["everyprompt"]["step_s"] > 0
+    learner = json.loads((out / "learner_profile_tiny-dense.json").read_text())
+    assert learner["update_s"] > 0 and learner["top_ops"] and learner["device"] == "cpu"
+    assert (out / "learner_profile_tiny-dense.txt").stat().st_size > 0
     assert "gpu_suite: 0 step(s) failed" in done.stdout

@@ -346,3 +346,17 @@ def test_a_capture_that_fails_is_reported_once_and_the_step_runs_eagerly(tiny, c
     assert len(warnings) == 1 and "decoding without CUDA graphs" in warnings[0]
     assert engine.stats["graph_failed"] == 1.0 and engine.stats["graph_replays"] == 0
     assert engine.stats["graph_eager_steps"] > 0
+
+
+def test_a_phase_is_captured_for_a_bounded_number_of_keys(replayed):
+    from everyprompt.rollout.native.graphs import MAX_KEYS
+
+    graphs = StepGraphs((1, 2, 4), capture=True)
+    ran: list[int] = []
+    for key in range(MAX_KEYS + 3):
+        graphs.run("sample", key, 3, ran.append)
+        graphs.run("sample", key, 3, ran.append)  # the second time: a replay for the captured keys
+    assert graphs.graphs == MAX_KEYS and len(replayed) == MAX_KEYS
+    # a capture is followed by its first replay (which runs the step); the keys past the bound run eagerly
+    assert graphs.stats()["graph_replays"] == 2 * MAX_KEYS and graphs.stats()["graph_eager_steps"] == 6
+    assert set(ran) == {4}  # every step ran its bucket's rows

@@ -31,6 +31,10 @@ from everyprompt.choices import GRAPH_BUCKETS, GRAPH_MODES, check_buckets
 
 log = logging.getLogger(__name__)
 
+# the most variants (keys) a phase is captured for: a server whose clients ask for many sampling settings
+# gets graphs for the first few, and runs the others' steps eagerly (the same step, the same numbers)
+MAX_KEYS = 8
+
 
 def graphs_wanted(mode: str, device: torch.device) -> bool:
     """Whether `mode` captures graphs on `device` (auto: where it is a CUDA device)."""
@@ -61,14 +65,21 @@ class StepGraphs:
         return rows
 
     def run(self, phase: str, key: Hashable, rows: int, body: Callable[[int], None]) -> None:
-        """One step of `rows` rows: `body(padded rows)` through its bucket's graph (captured now if it has
-        none), or eagerly (no capture, a failed one, or above the largest bucket)."""
+        """One step of `rows` rows: `body(padded rows)` through the graph of its phase, key (what the body
+        bakes in: the call's sampling settings, what it records) and bucket, captured now if it has none;
+        or eagerly (no capture, a failed one, above the largest bucket, or a phase's `MAX_KEYS` keys
+        taken)."""
         size = self.padded(rows)
-        if not self.capture or self.failure is not None or size not in self.buckets:
+        graph = self._graphs.get((phase, key, size))
+        if graph is None and (
+            not self.capture
+            or self.failure is not None
+            or size not in self.buckets
+            or len({k for p, k, _ in self._graphs if p == phase} - {key}) >= MAX_KEYS
+        ):
             self._call["eager"] += 1
             body(size)
             return
-        graph = self._graphs.get((phase, key, size))
         if graph is None:
             graph = self._capture(phase, size, body)
             if graph is None:

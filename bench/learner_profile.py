@@ -1,0 +1,122 @@
+"""Where a learner update's time goes: one RL update of a recipe (configs/smollm2.yaml by default) timed and
+profiled with torch.profiler, on the recipe's device (a GPU where torch sees one).
+
+The run's first batches are made by its own rollout side (synchronously), the first updates warm up, and
+the last is profiled: its operators by their own device time (self CUDA time on a GPU, CPU time elsewhere),
+and the host syncs it made (CUDA's stream, event and device synchronisations and device-to-host copies,
+counted from the profiler's runtime events). The GPU suite runs it (bench/gpu_suite.sh).
+
+    python bench/learner_profile.py --model models/smollm2-135m-instruct
+    python bench/learner_profile.py --model DIR --config configs/demo.yaml --updates 2   # smoke
+
+Writes OUT/learner_profile_<model>.json and the profiler's table beside it (.txt).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import recipe_parser, repo_path, write_results  # noqa: E402
+
+SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+
+
+def profile_update(config_path: Path, overrides: list[str], updates: int, run_dir: Path) -> tuple[dict, str]:
+    from torch.profiler import ProfilerActivity, profile
+
+    from everyprompt.config import load_config
+    from everyprompt.pipeline import Run
+
+    base = [
+        "rl.steps=1",
+        "checkpoint.every=0",
+        "rl.max_staleness=0",
+        "eval.every=0",
+        "logging.progress=false",
+    ]
+    config = load_config(config_path, [*overrides, *base])
+    trainer = Run(config, run_dir).trainer()
+    try:
+        batches = [trainer.rollout.next_batch(step) for step in range(updates + 1)]
+        device = next(trainer.learner.model.parameters()).device
+        times = []
+        for batch in batches[:-1]:
+            synchronize(device)
+            began = time.perf_counter()
+            trainer.learner.update(batch)
+            synchronize(device)
+            times.append(time.perf_counter() - began)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        with profile(activities=activities) as prof:
+            trainer.learner.update(batches[-1])
+            synchronize(device)
+    finally:
+        trainer.close()
+    events = prof.key_averages()
+    by = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    top = sorted(events, key=lambda e: getattr(e, by), reverse=True)[:25]
+    syncs = {name: 0 for name in (*SYNCS, "device-to-host copies")}
+    for event in events:
+        if event.key in SYNCS:
+            syncs[event.key] += event.count
+        elif "Memcpy DtoH" in event.key:  # CUDA's name of a device-to-host copy
+            syncs["device-to-host copies"] += event.count
+    last = batches[-1]
+    result = {
+        "device": str(device),
+        "update_s": statistics.median(times[1:]) if len(times) > 1 else times[0],
+        "update_s_all": times,
+        "sequences": len(last),
+        "tokens": sum(len(p) + len(c) for p, c in zip(last.prompt_ids, last.completion_ids)),
+        "host_syncs": syncs,
+        "top_ops": [
+            {
+                "op": e.key,
+                "count": e.count,
+                "self_ms": getattr(e, by) / 1000,
+                "cpu_ms": e.cpu_time_total / 1000,
+            }
+            for e in top
+        ],
+        "optimizer_fused": bool(trainer.learner.optimizer.defaults.get("fused")),
+    }
+    return result, events.table(sort_by=by, row_limit=40)
+
+
+def synchronize(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = recipe_parser(__doc__)
+    parser.add_argument("--updates", type=int, default=3, help="timed updates before the profiled one")
+    args = parser.parse_args(argv)
+    if args.model is None or not args.model.exists():
+        parser.error(f"--model {args.model}: no such checkpoint directory")
+    with tempfile.TemporaryDirectory() as run_dir:
+        result, table = profile_update(
+            args.config, [f"model.path={args.model}", *args.set], args.updates, Path(run_dir)
+        )
+    result.update(model=repo_path(args.model), config=repo_path(args.config), overrides=args.set)
+    name = args.model.name.removesuffix(".gguf")
+    out = write_results(args.out / f"learner_profile_{name}.json", result)
+    out.with_suffix(".txt").write_text(table)
+    print(table)
+    print(
+        f"update {result['update_s']:.3f} s on {result['device']} ({result['sequences']} sequences, "
+        f"{result['tokens']} tokens); host syncs {result['host_syncs']}; wrote {repo_path(out)}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
