@@ -10,7 +10,7 @@
 # Steps, each with its own time limit inside the suite's deadline, each logged to OUT/<step>.log, its exit
 # status to OUT/steps.txt; a step that fails does not stop the others, and the suite's exit status is the
 # number of steps that failed:
-#   setup    a venv over the image's torch (--system-site-packages), the carried wheels, this project
+#   setup    the image's Python environment (its torch) as .venv, with the carried wheels and this project
 #   models   SmolLM2-135M-Instruct and its 8-expert upcycle (smoke: a tiny dense Llama and its upcycle)
 #   dense    bench/throughput on the dense model, bf16: decode at batch 1/8/32/64 with the plain step
 #            and with CUDA graphs, against `generate` and against the step's matmuls (eager and captured),
@@ -86,12 +86,15 @@ step() {  # step NAME LIMIT_S COMMAND...: run it within its limit and what is le
 }
 
 setup() {
+  # the image's own Python environment (a venv holding its torch) is the one to use: .venv points at it,
+  # so that make's targets run there; the carried wheels and this project go into it (the machine is bare
+  # at each start and given back after)
   set -e
-  [ -x .venv/bin/python ] || python3 -m venv --system-site-packages .venv
+  [ -e .venv ] || ln -s "$(python3 -c 'import sys; print(sys.prefix)')" .venv
   # shellcheck disable=SC2086
-  .venv/bin/pip install --quiet --no-index --no-deps --find-links .gpu-wheels $WHEELS
-  .venv/bin/pip install --quiet --no-index --no-deps --no-build-isolation -e .
-  touch .venv/.installed  # make's stamp: the venv is ready (make test-gpu uses it as it is)
+  .venv/bin/python -m pip install --quiet --no-index --no-deps --find-links .gpu-wheels $WHEELS
+  .venv/bin/python -m pip install --quiet --no-index --no-deps --no-build-isolation -e .
+  touch .venv/.installed  # make's stamp: the environment is ready (make test-gpu uses it as it is)
   .venv/bin/python -c "import everyprompt, trl, datasets, math_verify, gguf, pydantic, torch, transformers
 print('torch', torch.__version__, 'transformers', transformers.__version__, 'trl', trl.__version__,
       'cuda', torch.cuda.is_available() and torch.cuda.get_device_name(0))"
