@@ -2,6 +2,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from everyprompt.cli import main
@@ -163,3 +164,15 @@ def test_every_shipped_config_is_valid(path):
     """Each recipe in configs/ loads as shipped (model paths need not exist to validate)."""
     config = load_config(path)
     assert config.rl.steps > 0 and (config.model.path or config.model.preset)
+
+
+def test_sleep_while_training_auto_keeps_an_engine_with_cuda_graphs_awake():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    auto = load_config(None, []).rollout
+    assert auto.sleep_while_training == "auto"
+    assert auto.sleeps(cpu) and not auto.sleeps(cuda)  # graphs (auto) on CUDA: kept, not recaptured
+    assert load_config(None, ["rollout.cuda_graphs=off"]).rollout.sleeps(cuda)
+    assert load_config(None, ["rollout.sleep_while_training=true"]).rollout.sleeps(cuda)
+    assert not load_config(None, ["rollout.sleep_while_training=false"]).rollout.sleeps(cpu)
+    with pytest.raises(ConfigError, match="rollout.sleep_while_training"):
+        load_config(None, ["rollout.sleep_while_training=sometimes"])

@@ -360,3 +360,23 @@ def test_a_phase_is_captured_for_a_bounded_number_of_keys(replayed):
     # a capture is followed by its first replay (which runs the step); the keys past the bound run eagerly
     assert graphs.stats()["graph_replays"] == 2 * MAX_KEYS and graphs.stats()["graph_eager_steps"] == 6
     assert set(ran) == {4}  # every step ran its bucket's rows
+
+
+def test_a_steps_metrics_add_up_its_calls_graph_figures(tiny, replayed):
+    from everyprompt.trainer.tally import StepTally
+
+    model, tokenizer = tiny
+    engine = _engine(model, tokenizer, "eager")
+    engine.graphs.capture = True
+    tally = StepTally()
+    for _ in range(2):  # the first call captures, the second replays only
+        list(engine.generate(_requests(tokenizer), SamplingParams(8)))
+        tally.engine_calls.append(dict(engine.stats))
+    metrics = tally.metrics()
+    assert metrics["rollout/graph_captures"] == len(replayed) > 0
+    assert metrics["rollout/graph_replays"] == sum(c["graph_replays"] for c in tally.engine_calls) > 0
+    assert metrics["rollout/graph_capture_s"] >= 0
+    plain, engine = StepTally(), _engine(model, tokenizer, "off")
+    list(engine.generate(_requests(tokenizer), SamplingParams(8)))
+    plain.engine_calls.append(dict(engine.stats))
+    assert not any(key.startswith("rollout/graph") for key in plain.metrics())  # no static step, no figures

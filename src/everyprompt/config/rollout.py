@@ -43,10 +43,12 @@ class RolloutConfig(Section):
         description="Where the native engine keeps its weights, KV cache and decoding state: auto (CUDA when "
         "torch sees it, else the CPU), cpu, cuda, or cuda:N (docs/gpu.md).",
     )
-    sleep_while_training: bool = Field(
-        True,
-        description="Synchronous runs: the engine frees its weights and KV cache while the learner "
-        "updates and takes them back at the weight sync (docs/performance.md); false keeps them.",
+    sleep_while_training: bool | Literal["auto"] = Field(
+        "auto",
+        description="Synchronous runs: the engine frees its weights and KV cache while the learner updates "
+        "and takes them back at the weight sync (docs/performance.md); false keeps them; auto: true unless "
+        "the engine keeps CUDA graphs (a CUDA rollout device with cuda_graphs not off), which sleeping "
+        "would drop and recapture every step.",
     )
     max_new_tokens: int = Field(64, gt=0, description="Completion length cap (tokens).")
     temperature: float = Field(
@@ -113,6 +115,12 @@ class RolloutConfig(Section):
                 "rollout.cuda_graphs=on and rollout.compile=on: the decode step is either captured or compiled"
             )
         return self
+
+    def sleeps(self, device) -> bool:
+        """Whether the engine sleeps while the learner trains, on its resolved `device`."""
+        if self.sleep_while_training != "auto":
+            return self.sleep_while_training
+        return not (device.type == "cuda" and self.cuda_graphs != "off")
 
     def segment_tokens(self) -> int:
         """With `partial`: the tokens a sequence generates per step."""

@@ -198,5 +198,10 @@ class RayEngine:
             "wall_s": wall,
             "workers": float(len(calls)),
             "compiled": max((c.get("compiled", 0.0) for c in calls), default=0.0),
+            **{
+                name: sum(c.get(name, 0.0) for c in calls)
+                for name in ("graph_replays", "graph_captures", "graph_capture_s")
+                if any(name in c for c in calls)
+            },
             "cluster/actor_restarts": float(restarts),
         }

@@ -57,4 +57,7 @@ class StepTally:
             out["rollout/decode_step_ms"] = (
                 sum(c["decode_step_ms"] * c["decode_steps"] for c in calls) / steps
             )
+            if any("graph_replays" in c for c in calls):  # the native engine's static step (graphs.py)
+                for name in ("graph_replays", "graph_captures", "graph_capture_s"):
+                    out[f"rollout/{name}"] = sum(c.get(name, 0.0) for c in calls)
         return out

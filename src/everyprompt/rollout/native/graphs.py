@@ -55,7 +55,7 @@ class StepGraphs:
         self.failure: str | None = None  # why a capture failed (the engine then runs its bodies eagerly)
         self.capture_s = 0.0  # time spent capturing (warm-ups included), this engine's life
         self.pool_bytes = 0  # device memory the captures reserved
-        self._call = dict.fromkeys(("replays", "eager", "captures"), 0)
+        self._call = dict.fromkeys(("replays", "eager", "captures", "capture_s"), 0)
 
     def padded(self, rows: int) -> int:
         """The rows a step of `rows` runs: its bucket, or `rows` itself above the largest bucket."""
@@ -119,6 +119,7 @@ class StepGraphs:
             self._graphs.clear()
             return None
         self.capture_s += time.perf_counter() - began
+        self._call["capture_s"] += time.perf_counter() - began
         self.pool_bytes += max(torch.cuda.memory_reserved(self.device) - reserved, 0)
         self._call["captures"] += 1
         return graph
@@ -136,14 +137,15 @@ class StepGraphs:
         self._call = dict.fromkeys(self._call, 0)
 
     def stats(self) -> dict[str, float]:
-        """A generate call's figures: replayed and eager static steps, captures made, and the engine's
-        capture cost so far (seconds, MiB reserved), whether a capture failed."""
+        """A generate call's figures: replayed and eager static steps, captures made and their seconds,
+        and the engine's so far (graphs held, capture seconds, MiB reserved), whether a capture failed."""
         return {
             "graph_replays": float(self._call["replays"]),
             "graph_eager_steps": float(self._call["eager"]),
             "graph_captures": float(self._call["captures"]),
+            "graph_capture_s": float(self._call["capture_s"]),
             "graphs": float(self.graphs),
-            "graph_capture_s": self.capture_s,
+            "graph_capture_total_s": self.capture_s,
             "graph_pool_mib": self.pool_bytes / 2**20,
             "graph_failed": float(self.failure is not None),
         }
