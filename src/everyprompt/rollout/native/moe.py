@@ -160,14 +160,26 @@ def _grouped_on_device(flat: torch.Tensor, gate_up: torch.Tensor, down: torch.Te
     with aligned operands. Elsewhere the batched path (blocks as wide as the worst case) runs."""
     if not GROUPED_MM or flat.dtype != torch.bfloat16 or flat.device.type != "cuda":
         return False
-    return _capability(flat.device) >= (8, 0) and _aligned(gate_up, down)
+    return _aligned(gate_up, down) and _grouped_mm_runs(flat.device)
 
 
 @functools.cache
-def _capability(device: torch.device) -> tuple[int, int]:
-    if not torch.cuda.is_available():  # a fake CUDA device (tests): no CUDA kernel exists
-        return (0, 0)
-    return torch.cuda.get_device_capability(device)
+def _grouped_mm_runs(device: torch.device) -> bool:
+    """Whether this CUDA device's grouped GEMM runs and agrees with plain matmuls, tried once on small
+    bf16 operands (compute capability 8.0 and up; never on a fake CUDA device): where it does not, the
+    batched path runs instead of a run failing at its first MoE layer."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability(device) < (8, 0):
+        return False
+    try:
+        generator = torch.Generator(device="cpu").manual_seed(0)
+        a = torch.randn(24, 32, generator=generator).to(device, torch.bfloat16)
+        b = torch.randn(3, 32, 16, generator=generator).to(device, torch.bfloat16)
+        ends = torch.tensor([8, 8, 24], dtype=torch.int32, device=device)  # the second group is empty
+        out = F.grouped_mm(a, b, offs=ends)
+        expected = torch.cat([a[:8] @ b[0], a[8:24] @ b[2]])
+        return bool(torch.allclose(out.float(), expected.float(), atol=0.1, rtol=0.05))
+    except Exception:  # noqa: BLE001 (an unsupported kernel: the batched path serves)
+        return False
 
 
 def _by_expert(experts: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
