@@ -189,14 +189,14 @@ def test_on_fake_cuda_a_static_step_reads_nothing_back_and_keeps_every_address(
 
     with fake_cuda() as check:
 
-        def watched(self, phase, key, rows, body):
+        def watched(self, phase, key, rows, body, outputs):
             def counted(size):
                 before = check.total_syncs
                 body(size)
                 inside.append(check.total_syncs - before)
                 addresses.append(_addresses(engine))
 
-            run(self, phase, key, rows, counted)
+            run(self, phase, key, rows, counted, outputs)
 
         monkeypatch.setattr(StepGraphs, "run", watched)
         engine = NativeEngine.from_model(model, tokenizer, 4, device="cuda:0")  # it moves the weights
@@ -224,8 +224,8 @@ class ReplayedClosure:
 def replayed(monkeypatch):
     captured: list[tuple[str, int]] = []
 
-    def capture(self, phase, size, body):
-        body(size)  # the warm-up
+    def capture(self, phase, size, body, outputs):
+        body(size)  # the warm-up (its outputs are this step's, as the real capture's first replay writes)
         captured.append((phase, size))
         self._call["captures"] += 1
         return ReplayedClosure(body, size)
@@ -354,8 +354,8 @@ def test_a_phase_is_captured_for_a_bounded_number_of_keys(replayed):
     graphs = StepGraphs((1, 2, 4), capture=True)
     ran: list[int] = []
     for key in range(MAX_KEYS + 3):
-        graphs.run("sample", key, 3, ran.append)
-        graphs.run("sample", key, 3, ran.append)  # the second time: a replay for the captured keys
+        graphs.run("sample", key, 3, ran.append, lambda size: [])
+        graphs.run("sample", key, 3, ran.append, lambda size: [])  # a replay for the captured keys
     assert graphs.graphs == MAX_KEYS and len(replayed) == MAX_KEYS
     # a capture is followed by its first replay (which runs the step); the keys past the bound run eagerly
     assert graphs.stats()["graph_replays"] == 2 * MAX_KEYS and graphs.stats()["graph_eager_steps"] == 6
@@ -380,3 +380,46 @@ def test_a_steps_metrics_add_up_its_calls_graph_figures(tiny, replayed):
     list(engine.generate(_requests(tokenizer), SamplingParams(8)))
     plain.engine_calls.append(dict(engine.stats))
     assert not any(key.startswith("rollout/graph") for key in plain.metrics())  # no static step, no figures
+
+
+def test_a_graph_whose_first_replay_disagrees_with_the_eager_step_is_not_trusted(monkeypatch, caplog):
+    """The capture machinery stood in for on the CPU: the body really runs (warm-up, then inside the
+    'capture'), and the graph's replay writes a wrong token: the engine must not keep that graph."""
+    import contextlib
+
+    out = torch.zeros(4, dtype=torch.long)
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    class WrongGraph:
+        def replay(self):
+            out[0] += 1  # not what the step computes
+
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: Stream())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph, **options: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", WrongGraph)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 0)
+
+    def body(size):
+        out[:size] = torch.arange(size)
+
+    graphs = StepGraphs((1, 2, 4), capture=True)
+    with caplog.at_level(logging.WARNING, logger="everyprompt.rollout.native.graphs"):
+        graphs.run("sample", "key", 3, body, lambda size: [out[:size]])
+    assert graphs.failure is not None and "first replay wrote other values" in graphs.failure
+    assert graphs.graphs == 0 and torch.equal(out, torch.arange(4))  # the step ran eagerly after all
+    assert graphs.stats()["graph_eager_steps"] == 1 and "decoding without CUDA graphs" in caplog.text
+
+    class QuietGraph:  # its replay leaves what the step wrote: it agrees
+        def replay(self):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", QuietGraph)
+    trusted = StepGraphs((1, 2, 4), capture=True)
+    trusted.run("sample", "key", 3, body, lambda size: [out[:size]])
+    assert trusted.failure is None and trusted.graphs == 1 and trusted.stats()["graph_captures"] == 1

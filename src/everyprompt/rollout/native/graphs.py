@@ -15,8 +15,10 @@ these is reallocated.
   auto  graphs on a CUDA device, none elsewhere (the default);
   on    graphs (a CUDA device is required: refused at the config otherwise);
   off   no graphs: the engine's eager or compiled step.
-A capture that fails (an operator that cannot be captured, a host read on the way) is reported once, with
-why, and the engine decodes with the same static step run eagerly from then on: a run never dies of it.
+A graph is trusted only once its first replay has written what the eager warm-up wrote on the same inputs.
+A capture that fails (an operator that cannot be captured, a host read on the way, a replay that disagrees)
+is reported once, with why, and the engine decodes with the same static step run eagerly from then on: a
+run never dies of it.
 """
 
 from __future__ import annotations
@@ -43,6 +45,13 @@ def graphs_wanted(mode: str, device: torch.device) -> bool:
     return mode != "off" and torch.device(device).type == "cuda"
 
 
+def _agree(got: torch.Tensor, expected: torch.Tensor) -> bool:
+    """A graph's output against the eager step's: integers (tokens, routes) equal, values within 1e-3."""
+    if not got.is_floating_point():
+        return torch.equal(got, expected)
+    return torch.allclose(got, expected, atol=1e-3, rtol=1e-3, equal_nan=True)
+
+
 class StepGraphs:
     """The graphs of one engine: `run(phase, key, rows, body)` runs `body(bucket)` for a step of `rows`
     rows, replayed from its graph when it has one. `capture=False` runs every body eagerly (the CPU's
@@ -64,11 +73,18 @@ class StepGraphs:
                 return bucket
         return rows
 
-    def run(self, phase: str, key: Hashable, rows: int, body: Callable[[int], None]) -> None:
+    def run(
+        self,
+        phase: str,
+        key: Hashable,
+        rows: int,
+        body: Callable[[int], None],
+        outputs: Callable[[int], list[torch.Tensor]],
+    ) -> None:
         """One step of `rows` rows: `body(padded rows)` through the graph of its phase, key (what the body
         bakes in: the call's sampling settings, what it records) and bucket, captured now if it has none;
         or eagerly (no capture, a failed one, above the largest bucket, or a phase's `MAX_KEYS` keys
-        taken)."""
+        taken). `outputs(size)`: the buffers the body writes (a new graph's first replay must equal them)."""
         size = self.padded(rows)
         graph = self._graphs.get((phase, key, size))
         if graph is None and (
@@ -80,18 +96,21 @@ class StepGraphs:
             self._call["eager"] += 1
             body(size)
             return
-        if graph is None:
-            graph = self._capture(phase, size, body)
+        if graph is None:  # captured, and replayed once: that replay is this step
+            graph = self._capture(phase, size, body, outputs)
             if graph is None:
                 self._call["eager"] += 1
                 body(size)
                 return
             self._graphs[(phase, key, size)] = graph
-        graph.replay()
+        else:
+            graph.replay()
         self._call["replays"] += 1
 
-    def _capture(self, phase: str, size: int, body: Callable[[int], None]):
-        """`body(size)` captured as a CUDA graph (None, reported once, if capture fails)."""
+    def _capture(self, phase: str, size: int, body, outputs):
+        """`body(size)` captured as a CUDA graph and replayed once, trusted only if that replay wrote what
+        the eager warm-up did on the same inputs (tokens equal, values within 1e-3); None, reported once,
+        if capture fails or the replay disagrees."""
         began = time.perf_counter()
         reserved = torch.cuda.memory_reserved(self.device)
         try:
@@ -100,12 +119,18 @@ class StepGraphs:
             with torch.cuda.stream(stream):
                 body(size)  # warm-up: library workspaces, lazily made tables; writes what the step writes
             torch.cuda.current_stream(self.device).wait_stream(stream)
+            eager = [tensor.clone() for tensor in outputs(size)]
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
             # thread-local: the learner may be using the GPU from another thread meanwhile (asynchrony)
             with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 body(size)
+            graph.replay()
+            if not all(_agree(a, b) for a, b in zip(outputs(size), eager)):
+                raise RuntimeError(
+                    "its first replay wrote other values than the eager step on the same inputs"
+                )
         except Exception as err:  # noqa: BLE001 (any capture failure: the step runs eagerly instead)
             first_line = (str(err).strip().splitlines() or [""])[0]
             self.failure = f"{type(err).__name__}: {first_line}"

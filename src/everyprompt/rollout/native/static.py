@@ -137,7 +137,10 @@ class StaticStep:
             buffers.logprobs[:rows].copy_(logprobs)
             buffers.entropies[:rows].copy_(entropies)
 
-        self.graphs.run("sample", "rows" if per_row else tuple(settings), active[-1] + 1, body)
+        def outputs(rows: int) -> list[torch.Tensor]:
+            return [buffers.sampled[:rows], buffers.logprobs[:rows], buffers.entropies[:rows]]
+
+        self.graphs.run("sample", "rows" if per_row else tuple(settings), active[-1] + 1, body, outputs)
         return buffers.sampled[index], buffers.logprobs[index], buffers.entropies[index]
 
     def forward(self, layers, state: Slots, running: list[int], running_index, fed, caches, record) -> None:
@@ -163,7 +166,15 @@ class StaticStep:
                 if wanted:
                     buffer[:rows].copy_(torch.stack([layer[field][:, 0] for layer in captured], dim=1))
 
-        self.graphs.run("forward", (routes, router_logits), running[-1] + 1, body)
+        def outputs(rows: int) -> list[torch.Tensor]:
+            recorded = [
+                b
+                for wanted, b in ((routes, buffers.routes), (router_logits, buffers.router_logits))
+                if wanted
+            ]
+            return [buffers.logits[:rows], *(b[:rows] for b in recorded)]
+
+        self.graphs.run("forward", (routes, router_logits), running[-1] + 1, body, outputs)
         if record is not None:
             record.put(
                 buffers.routes[running_index] if routes else None,
