@@ -15,14 +15,15 @@ repeating a prompt's tokens). `--quick` shrinks every size for a smoke run on a 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import torch
 from common import ROOT
 
 from throughput.floor import middle_step_gemms
-from throughput.setup import draw_lengths, hf_sample, native_engine
+from throughput.setup import draw_lengths, hf_sample
+from throughput.steps import compiled_at, graphs_agree, graphs_at
+from throughput.work import engine, equal_work, left_padded, requests, timed
 
 SIZES = {  # (--quick, full)
     "batches": ((1, 4), (1, 8, 32, 64)),
@@ -42,26 +43,6 @@ def sizes(quick: bool) -> dict:
     return {key: value[0 if quick else 1] for key, value in SIZES.items()}
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(device: torch.device, repeats: int, fn) -> tuple[float, object]:
-    """The fastest of `repeats` calls of `fn` (the first warms up), device work included."""
-    best, out = float("inf"), None
-    for _ in range(repeats):
-        synchronize(device)
-        began = time.perf_counter()
-        result = fn()
-        synchronize(device)
-        elapsed = time.perf_counter() - began
-        if elapsed < best:
-            best, out = elapsed, result
-    return best, out
-
-
-# ---------------------------------------------------------------- set-up
 def load(path: Path, device: torch.device, dtype: str):
     """The model (eval mode, on `device`, in `dtype`), its tokenizer and the recipe's chat prompts' ids."""
     from everyprompt.config import load_config
@@ -78,47 +59,6 @@ def load(path: Path, device: torch.device, dtype: str):
     return model, tokenizer, prompts
 
 
-def engine(
-    model, tokenizer, slots: int, dtype: str, device: torch.device, compile: str = "off", cuda_graphs="off"
-):
-    """The native engine over `model`, never stopping early (equal work): the plain step unless
-    `cuda_graphs` says otherwise."""
-    return native_engine(
-        model,
-        tokenizer,
-        slots,
-        eos=False,
-        compile=compile,
-        precision=dtype,
-        device=device,
-        cuda_graphs=cuda_graphs,
-    )
-
-
-def static_mode(device: torch.device) -> str:
-    """How the static step runs here: captured as CUDA graphs on a CUDA device, eagerly elsewhere."""
-    return "on" if device.type == "cuda" else "eager"
-
-
-def requests(prompts: list[list[int]], count: int, lengths: list[int] | None = None):
-    from everyprompt.rollout import GenerationRequest
-
-    return [
-        GenerationRequest(
-            i, prompts[i % len(prompts)], seed=i, max_new_tokens=None if lengths is None else lengths[i]
-        )
-        for i in range(count)
-    ]
-
-
-def left_padded(tokenizer, prompts: list[list[int]], device: torch.device) -> dict[str, torch.Tensor]:
-    """Token-id prompts padded on the left, as `generate` wants them, on `device`."""
-    tokenizer.padding_side = "left"
-    padded = tokenizer.pad({"input_ids": prompts}, return_tensors="pt")
-    return {key: value.to(device) for key, value in padded.items()}
-
-
-# ---------------------------------------------------------------- measurements
 def decode(
     model, tokenizer, prompts, batches, new_tokens, repeats, dtype, device, compile=False, graphs=False
 ):
@@ -150,89 +90,6 @@ def decode(
             )
         rows.append(row)
     return rows
-
-
-def compiled_at(model, tokenizer, work, new_tokens, repeats, dtype, device, eager: dict) -> dict:
-    """The compiled decode step (`rollout.compile=on`) on `work`, against `eager`'s `generate` time;
-    the first call (tracing and compiling included) timed apart."""
-    native = engine(model, tokenizer, len(work), dtype, device, compile="on")
-    first_s, _, _ = equal_work(native, work, new_tokens, 1, device)
-    seconds, tokens, stats = equal_work(native, work, new_tokens, repeats, device)
-    step_ms = stats["decode_step_ms"] + stats.get("sample_ms", 0.0)
-    return {
-        "compiled_s": seconds,
-        "compiled_tokens_per_s": tokens / seconds,
-        "compiled_speedup": eager["generate_s"] / seconds,
-        "compiled_step_ms": step_ms,
-        "compiled_step_vs_floor": step_ms / eager["floor_ms"],
-        "compile_s": max(0.0, first_s - seconds),  # the first call of a later batch size reuses the graph
-    }
-
-
-def graphs_at(model, tokenizer, work, new_tokens, repeats, dtype, device, plain: dict) -> dict:
-    """The static step (`static_mode`) on `work`, against the plain step's row `plain`: its first call
-    (captures included) timed apart."""
-    native = engine(model, tokenizer, len(work), dtype, device, cuda_graphs=static_mode(device))
-    first_s, _, first = equal_work(native, work, new_tokens, 1, device)
-    seconds, tokens, stats = equal_work(native, work, new_tokens, repeats, device)
-    step_ms = stats["decode_step_ms"] + stats.get("sample_ms", 0.0)
-    return {
-        "graphs_mode": static_mode(device),
-        "graphs_s": seconds,
-        "graphs_tokens_per_s": tokens / seconds,
-        "graphs_speedup": plain["generate_s"] / seconds,
-        "graphs_step_ms": step_ms,
-        "graphs_vs_plain_step": plain["step_ms"] / step_ms,
-        "graphs_step_vs_floor": step_ms / plain["floor_ms"],
-        "graphs_step_vs_captured_floor": step_ms / plain["captured_floor_ms"],
-        "graph_first_call_s": first_s,
-        "graph_capture_s": first["graph_capture_s"],
-        "graph_pool_mib": first["graph_pool_mib"],
-        "graph_replays": stats["graph_replays"],
-        "graph_failed": stats["graph_failed"],
-    }
-
-
-def graphs_agree(model, tokenizer, prompts, dtype, device, count: int = 64, new_tokens: int = 64) -> dict:
-    """Greedy completions of `count` prompts through the static step (graphs on a CUDA device) against the
-    same step run eagerly (the same kernels: tokens equal, log-probs within 1e-3 is the bar) and against
-    the plain step (attending over fewer positions, so its low-precision rounding differs)."""
-    from everyprompt.rollout import SamplingParams
-
-    params = SamplingParams(new_tokens, greedy=True)
-    work = requests(prompts, count)
-    runs = {
-        mode: {
-            c.request_id: c
-            for c in engine(model, tokenizer, count, dtype, device, cuda_graphs=mode).generate(work, params)
-        }
-        for mode in (static_mode(device), "eager", "off")
-    }
-    graphs = runs[static_mode(device)]
-    out = {"prompts": count, "new_tokens": new_tokens, "graphs_mode": static_mode(device)}
-    for name, other in (("eager", runs["eager"]), ("plain", runs["off"])):
-        same = [graphs[i].token_ids == other[i].token_ids for i in graphs]
-        diffs = [
-            float((graphs[i].logprobs - other[i].logprobs).abs().max())
-            for i in graphs
-            if graphs[i].token_ids == other[i].token_ids
-        ]
-        out[f"tokens_equal_{name}"] = sum(same)
-        out[f"max_logprob_diff_{name}"] = max(diffs, default=float("nan"))
-    out["agrees"] = out["tokens_equal_eager"] == count and out["max_logprob_diff_eager"] <= 1e-3
-    return out
-
-
-def equal_work(native, work, new_tokens: int, repeats: int, device) -> tuple[float, int, dict]:
-    """The fastest of `repeats` generate calls of `work`, each sequence exactly `new_tokens` long (checked):
-    (seconds, tokens, the engine's stats of that call)."""
-    from everyprompt.rollout import SamplingParams
-
-    params = SamplingParams(new_tokens)
-    seconds, completions = timed(device, repeats, lambda: list(native.generate(work, params)))
-    tokens = sum(len(c.token_ids) for c in completions)
-    assert tokens == len(work) * new_tokens, tokens
-    return seconds, tokens, dict(native.stats)
 
 
 def decode_at(model, tokenizer, work, new_tokens, repeats, dtype, device) -> dict:

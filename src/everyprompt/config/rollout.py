@@ -8,7 +8,7 @@ from pydantic import Field, field_validator, model_validator
 
 from everyprompt.choices import GRAPH_BUCKETS, check_buckets, engine_choices
 from everyprompt.config.base import YAML_WORDS, Section
-from everyprompt.devices import check_device_setting
+from everyprompt.devices import check_device_setting, resolve_device
 
 
 class RolloutConfig(Section):
@@ -116,10 +116,11 @@ class RolloutConfig(Section):
             )
         return self
 
-    def sleeps(self, device) -> bool:
-        """Whether the engine sleeps while the learner trains, on its resolved `device`."""
+    def sleeps(self, device=None) -> bool:
+        """Whether the engine sleeps while the learner trains, on `device` (by default `device` resolved)."""
         if self.sleep_while_training != "auto":
             return self.sleep_while_training
+        device = device or resolve_device(self.device, "rollout.device")
         return not (device.type == "cuda" and self.cuda_graphs != "off")
 
     def segment_tokens(self) -> int:

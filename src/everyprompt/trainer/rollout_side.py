@@ -21,7 +21,6 @@ from everyprompt.data.curriculum import Curriculum
 from everyprompt.data.formatting import prompt_format_of
 from everyprompt.data.passrate import PassRateStore
 from everyprompt.data.source import ALL, PromptSource, buckets_by_field, buckets_by_pass_rate
-from everyprompt.devices import resolve_device
 from everyprompt.envs.episode import Episodes
 from everyprompt.generation import ScoredSamples, sample_and_score
 from everyprompt.rewards import build_reward
@@ -97,7 +96,7 @@ class RolloutSide:
 
     def sleep(self) -> None:
         """The engine frees its weights and cache until the next `load_weights` (the learner trains)."""
-        if self.config.rollout.sleeps(resolve_device(self.config.rollout.device, "rollout.device")):
+        if self.config.rollout.sleeps():
             self.engine.sleep()
 
     def close(self) -> None:
