@@ -304,6 +304,8 @@ def test_engine_settings_are_refused_by_name(tiny):
         _engine(model, tokenizer, "eager", graph_buckets=[4, 2])
     with pytest.raises(ValueError, match="rollout.cuda_graphs must be one of auto, on, off"):
         _engine(model, tokenizer, "always")
+    with pytest.raises(ValueError, match="cuda_graphs=on needs a CUDA device and compile off; device cpu"):
+        _engine(model, tokenizer, "on")
     with pytest.raises(UnsupportedModelError, match="rollout.cuda_graphs=on needs a CUDA device"):
         make_engine("native", model, tokenizer, 4, cuda_graphs="on")
     with pytest.raises(UnsupportedModelError, match="the hf engine does not"):

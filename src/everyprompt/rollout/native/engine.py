@@ -111,6 +111,10 @@ class NativeEngine:
         self.compiler = DecodeCompiler(compile)
         # the static step: on a CUDA device (captured as graphs where real CUDA runs), or asked for
         self.static = cuda_graphs == "eager" or (graphs_wanted(cuda_graphs, self.device) and compile != "on")
+        if cuda_graphs == "on" and not self.static:
+            raise ValueError(
+                f"cuda_graphs=on needs a CUDA device and compile off; device {self.device}, compile {compile}"
+            )
         try:
             buckets = tuple(b for b in check_buckets(graph_buckets) if b < batch_size) + (batch_size,)
         except ValueError as err:
