@@ -1,4 +1,4 @@
-"""Load and save models in Hugging Face format (safetensors), from a preset or a local directory."""
+"""Load and save models in Hugging Face format (safetensors), from a preset, a local directory or a Hub id."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from everyprompt.config import ModelConfig
 from everyprompt.errors import InputError
 from everyprompt.models.gguf import is_gguf, load_gguf
+from everyprompt.models.hub import resolve_model
 from everyprompt.models.lora import adapter_base_path, is_lora, load_adapter, merged_state_dict
 from everyprompt.models.presets import tiny_moe_config
 from everyprompt.models.tokenizer import build_char_tokenizer, build_chat_tokenizer
@@ -22,9 +23,10 @@ class ModelError(InputError):
 def load_pretrained(
     path: str | Path, model_class=AutoModelForCausalLM
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """A local checkpoint directory or GGUF file (fp32) and its tokenizer (pad = eos when it has no pad
-    token); `model_class` picks the head (AutoModelForSequenceClassification for scalar reward models)."""
-    path = Path(path)
+    """A checkpoint directory or GGUF file (fp32) and its tokenizer (pad = eos when it has no pad token),
+    local or named by its Hugging Face Hub id (hub.py); `model_class` picks the head
+    (AutoModelForSequenceClassification for scalar reward models)."""
+    path = resolve_model(path)
     if is_gguf(path):  # a llama.cpp file: dequantised, with its tokenizer and chat template
         return load_gguf(path, model_class)
     base = adapter_base_path(path)

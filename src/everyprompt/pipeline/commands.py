@@ -100,9 +100,10 @@ def evaluate_checkpoint(
     """Held-out evaluation of a checkpoint (or a run directory's latest) on `data` (a prompt file, its
     columns mapped by `data.columns` and `fields`) or the config's held-out rows; writes `eval.json` and
     the greedy completions (`completions.jsonl`: prompt, completion, extracted answer, reward) into
-    `run_dir` (default: CHECKPOINT/eval, or NAME-eval beside a .gguf file)."""
+    `run_dir` (default: CHECKPOINT/eval, NAME-eval beside a .gguf file, ORG--NAME-eval for a Hub id)."""
     path = resolve_checkpoint(checkpoint)
-    run = Run(config, run_dir=run_dir or eval_dir(path))  # also quiets library progress bars
+    named = None if Path(checkpoint).exists() else str(checkpoint)  # a Hub id: its snapshot is the cache's
+    run = Run(config, run_dir=run_dir or eval_dir(path, named))  # also quiets library progress bars
     model, tokenizer = load_pretrained(path)
     columns = {**config.data.columns, **(fields or {})}
     rows = load_prompt_file(data, columns) if data else None

@@ -168,9 +168,12 @@ def run_of(path: str | Path) -> RunLayout | None:
     return None
 
 
-def eval_dir(checkpoint: Path) -> Path:
+def eval_dir(checkpoint: Path, hub_id: str | None = None) -> Path:
     """Where `everyprompt eval CHECKPOINT` writes by default: CHECKPOINT/eval/ for a directory, NAME-eval/
-    beside a model file (a .gguf)."""
+    beside a model file (a .gguf), ORG--NAME-eval/ in the working directory for a model named by its Hub
+    id `hub_id` (never inside the Hugging Face cache)."""
+    if hub_id is not None:
+        return Path(hub_id.replace("/", "--").replace("@", "-") + f"-{EVAL_DIR}")
     if checkpoint.is_file():
         return checkpoint.parent / f"{checkpoint.stem}-{EVAL_DIR}"
     return checkpoint / EVAL_DIR

@@ -1,0 +1,183 @@
+"""Models by their Hugging Face Hub ids (models/hub.py), with the Hub offline and a cache built here in the
+layout `huggingface_hub` writes: `models--ORG--NAME/{blobs, refs/main, snapshots/COMMIT/...}`, each
+snapshot file a link to its blob."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from everyprompt.models.hub import HubError, hub_id, resolve_model
+from everyprompt.models.io import load_pretrained
+from tests.conftest import make_tiny_model
+
+COMMIT = "a" * 40
+OLDER = "b" * 40
+
+
+def cache_model(cache: Path, repo: str, source: Path, commit: str, branch: str | None = "main") -> Path:
+    """`source`'s files as snapshot `commit` of `repo` in the cache (and `branch` pointing at it)."""
+    root = cache / f"models--{repo.replace('/', '--')}"
+    snapshot = root / "snapshots" / commit
+    for file in sorted(source.rglob("*")):
+        if file.is_file():
+            data = file.read_bytes()
+            blob = root / "blobs" / hashlib.sha256(data).hexdigest()
+            blob.parent.mkdir(parents=True, exist_ok=True)
+            blob.write_bytes(data)
+            link = snapshot / file.relative_to(source)
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(os.path.relpath(blob, link.parent))
+    if branch is not None:
+        (root / "refs").mkdir(exist_ok=True)
+        (root / "refs" / branch).write_text(commit)
+    return snapshot
+
+
+@pytest.fixture
+def offline_cache(tmp_path, monkeypatch):
+    """An empty Hugging Face cache under tmp_path, the Hub offline (as every test is)."""
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return cache
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """Two tiny checkpoints on disk: the model, and a changed copy (an older commit's weights)."""
+    model, tokenizer = make_tiny_model()
+    folder = tmp_path_factory.mktemp("tiny")
+    model.save_pretrained(folder / "now")
+    tokenizer.save_pretrained(folder / "now")
+    with torch.no_grad():
+        model.model.embed_tokens.weight.add_(1.0)
+    model.save_pretrained(folder / "older")
+    tokenizer.save_pretrained(folder / "older")
+    dense = LlamaForCausalLM(  # upcycle takes a dense model without biases
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+    )
+    dense.save_pretrained(folder / "dense")
+    tokenizer.save_pretrained(folder / "dense")
+    return folder
+
+
+def test_ids_are_parsed_and_bad_ones_refused():
+    assert hub_id("HuggingFaceTB/SmolLM2-135M-Instruct") == ("HuggingFaceTB/SmolLM2-135M-Instruct", None)
+    assert hub_id("org/name@" + COMMIT) == ("org/name", COMMIT)
+    assert hub_id("a/b/c") is None and hub_id("name") is None and hub_id("/abs/path") is None
+    with pytest.raises(HubError, match="an empty revision after '@'"):
+        hub_id("org/name@")
+
+
+def test_a_cached_id_loads_its_snapshot_and_a_pinned_commit_its_own(offline_cache, saved):
+    cache_model(offline_cache, "org/tiny", saved / "now", COMMIT)
+    cache_model(offline_cache, "org/tiny", saved / "older", OLDER, branch=None)
+    path = resolve_model("org/tiny")
+    assert path.name == COMMIT and (path / "config.json").is_file()
+    model, tokenizer = load_pretrained("org/tiny")
+    expected, _ = load_pretrained(saved / "now")
+    assert torch.equal(model.model.embed_tokens.weight, expected.model.embed_tokens.weight)
+    older, _ = load_pretrained(f"org/tiny@{OLDER}")
+    assert torch.equal(older.model.embed_tokens.weight, expected.model.embed_tokens.weight + 1.0)
+
+
+def test_an_id_the_cache_lacks_names_the_id_the_cache_and_the_command(offline_cache):
+    with pytest.raises(HubError) as raised:
+        resolve_model("org/missing", "model.path")
+    message = str(raised.value)
+    assert message.startswith("model.path=org/missing: not in the Hugging Face cache")
+    assert str(offline_cache) in message and "`hf download org/missing`" in message
+    with pytest.raises(HubError, match=r"`hf download org/missing --revision v2`"):
+        resolve_model("org/missing@v2")
+
+
+def test_a_name_neither_local_nor_an_id_is_refused_by_name(offline_cache):
+    with pytest.raises(
+        HubError, match=r"model=a/b/c: no such file or directory, and not a Hugging Face Hub id"
+    ):
+        resolve_model("a/b/c")
+
+
+def test_a_local_directory_wins_over_an_id_of_the_same_name(offline_cache, saved, tmp_path, monkeypatch):
+    cache_model(offline_cache, "org/tiny", saved / "older", COMMIT)
+    monkeypatch.chdir(tmp_path)
+    local = tmp_path / "org" / "tiny"
+    local.parent.mkdir()
+    local.symlink_to(saved / "now")
+    assert resolve_model("org/tiny") == Path("org/tiny")
+    model, _ = load_pretrained("org/tiny")
+    expected, _ = load_pretrained(saved / "now")
+    assert torch.equal(model.model.embed_tokens.weight, expected.model.embed_tokens.weight)
+
+
+def test_a_one_step_run_trains_a_model_named_by_its_id(offline_cache, saved, tmp_path):
+    from everyprompt.pipeline import train
+    from tests.conftest import tiny_config
+
+    cache_model(offline_cache, "org/tiny", saved / "now", COMMIT)
+    config = tiny_config(
+        "model.path=org/tiny", "sft.steps=0", "rl.steps=1", "eval.every=0", "data.num_eval=2"
+    )
+    train(config, run_dir=tmp_path / "run")
+    assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") == 1
+
+
+def test_eval_upcycle_filter_and_serve_take_an_id_and_write_nothing_into_the_cache(
+    offline_cache, saved, tmp_path, monkeypatch
+):
+    from everyprompt.cli import main
+    from everyprompt.serve.protocol import Limits
+    from everyprompt.serve.server import build
+
+    cache_model(offline_cache, "org/tiny", saved / "now", COMMIT)
+    cache_model(offline_cache, "org/dense", saved / "dense", COMMIT)
+    before = sorted(str(p) for p in offline_cache.rglob("*"))
+    monkeypatch.chdir(tmp_path)
+    tiny = ["data.num_eval=4", "eval.num_samples=0", "rollout.max_new_tokens=8"]
+    assert main(["eval", "org/tiny", *tiny]) == 0
+    assert (tmp_path / "org--tiny-eval" / "eval.json").is_file()  # in the working directory
+    assert main(["eval", f"org/tiny@{COMMIT}", *tiny, "--run-dir", str(tmp_path / "pinned")]) == 0
+    assert (tmp_path / "pinned" / "eval.json").is_file()
+    assert main(["upcycle", "org/dense", str(tmp_path / "moe"), "--experts", "2", "--top-k", "1"]) == 0
+    assert (tmp_path / "moe" / "config.json").is_file()
+    assert main(["filter", "builtin", "--model", "org/tiny", "--samples", "2", "data.num_train=4",
+                 "--out", str(tmp_path / "filtered")]) == 0  # fmt: skip
+    serving, _ = build("org/tiny", 2, "fp32", "cpu", Limits(max_tokens=8, max_prompt_tokens=16, max_n=1))
+    assert serving.engine.config.model_type == "qwen3_moe"  # `everyprompt serve org/tiny` loads it so
+    assert sorted(str(p) for p in offline_cache.rglob("*")) == before  # the cache is only read
+
+
+def test_a_missing_id_exits_2_naming_it_and_writes_nothing(offline_cache, tmp_path, monkeypatch, capsys):
+    from everyprompt.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["eval", "org/missing"]) == 2
+    error = capsys.readouterr().err
+    assert (
+        "CHECKPOINT=org/missing: not in the Hugging Face cache" in error
+        and "hf download org/missing" in error
+    )
+    assert "Traceback" not in error and list(tmp_path.iterdir()) == [offline_cache]
+    assert main(["train", "model.path=org/missing", "rl.steps=1", "--run-dir", str(tmp_path / "run")]) == 2
+    assert "model.path=org/missing: not in the Hugging Face cache" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # refused before the run directory is made
