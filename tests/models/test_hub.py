@@ -112,10 +112,11 @@ def test_an_id_the_cache_lacks_names_the_id_the_cache_and_the_command(offline_ca
 
 
 def test_a_name_neither_local_nor_an_id_is_refused_by_name(offline_cache):
-    with pytest.raises(
-        HubError, match=r"model=a/b/c: no such file or directory, and not a Hugging Face Hub id"
-    ):
-        resolve_model("a/b/c")
+    from everyprompt.models.io import ModelError
+
+    assert resolve_model("a/b/c") == Path("a/b/c")  # a path: its loader names what is wrong with it
+    with pytest.raises(ModelError, match=r"a/b/c: .*no such path, and a Hugging Face Hub id is ORG/NAME"):
+        load_pretrained("a/b/c")
 
 
 def test_a_local_directory_wins_over_an_id_of_the_same_name(offline_cache, saved, tmp_path, monkeypatch):

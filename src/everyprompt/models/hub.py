@@ -38,17 +38,17 @@ def hub_id(name: str) -> tuple[str, str | None] | None:
 
 
 def resolve_model(name: str | Path, what: str = "model") -> Path:
-    """The local path of a model named `name` (`what`: the key or option that named it, for messages)."""
+    """The local path of a model named `name` (`what`: the key or option that named it, for messages): the
+    Hub id's snapshot for a name shaped like one that is not a local path, else `name` itself (a path,
+    which its loader checks and names if it is not a checkpoint)."""
     path = Path(name)
-    if path.exists():
-        return path
-    parsed = hub_id(str(name))
-    if parsed is None:
-        raise HubError(
-            f"{what}={name}: no such file or directory, and not a Hugging Face Hub id (expected a local "
-            "checkpoint directory, a .gguf file, or ORG/NAME[@REVISION])"
-        )
-    return Path(_snapshot(*parsed, what=what))
+    parsed = None if path.exists() else hub_id(str(name))
+    return path if parsed is None else Path(_snapshot(*parsed, what=what))
+
+
+def is_hub_name(name: str | Path) -> bool:
+    """Whether `name` would be resolved as a Hub id (shaped like one, and no local path)."""
+    return not Path(name).exists() and HUB_ID.fullmatch(str(name)) is not None
 
 
 def _snapshot(repo: str, revision: str | None, what: str) -> str:

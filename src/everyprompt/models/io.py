@@ -39,7 +39,8 @@ def load_pretrained(
         model, _ = load_pretrained(base, model_class)
         return load_adapter(model, path).merge_and_unload(), _load_tokenizer(path)
     if not (path / "config.json").is_file():
-        raise ModelError(f"{path}: not a Hugging Face checkpoint directory (no config.json)")
+        hint = "" if path.exists() else "; no such path, and a Hugging Face Hub id is ORG/NAME[@REVISION]"
+        raise ModelError(f"{path}: not a Hugging Face checkpoint directory (no config.json){hint}")
     try:
         model = model_class.from_pretrained(path, local_files_only=True, dtype=torch.float32)
     except (OSError, ValueError) as err:

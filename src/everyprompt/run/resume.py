@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from everyprompt.models.gguf import check_file, is_gguf
-from everyprompt.models.hub import hub_id, resolve_model
+from everyprompt.models.hub import is_hub_name, resolve_model
 from everyprompt.run.layout import RunLayout, find_checkpoint
 from everyprompt.trainer.checkpoint import CheckpointError, verify_checkpoint
 
@@ -85,7 +85,7 @@ def rl_start(layout: RunLayout, resume: bool) -> Path | None:
 def resolve_checkpoint(path: str | Path) -> Path:
     """A model from itself (a checkpoint directory or a GGUF file), a run directory, a `checkpoints/`
     directory, or a Hugging Face Hub id that is not a local path (its cached or fetched snapshot)."""
-    if not Path(path).exists() and hub_id(str(path)) is not None:
+    if is_hub_name(path):
         return resolve_model(path, "CHECKPOINT")
     if is_gguf(path):
         check_file(Path(path))  # a missing or foreign file is named here, before anything is written
