@@ -49,22 +49,14 @@ def tiny(directory: Path) -> tuple[Path, Path]:
     """A random-init 2-layer Llama with the character tokenizer (weights N(0, 0.2): outputs vary by
     token), and its upcycle."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     from everyprompt.models import build_char_tokenizer
+    from everyprompt.models.presets import tiny_dense_config
 
     tokenizer = build_char_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
+    ids = (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id)
+    config = tiny_dense_config(len(tokenizer), *ids)
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
     with torch.no_grad():

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from everyprompt.models.hub import HubError, hub_id, resolve_model
 from everyprompt.models.io import load_pretrained
+from everyprompt.models.presets import tiny_dense_config
 from tests.conftest import make_tiny_model
 
 COMMIT = "a" * 40
@@ -64,18 +65,8 @@ def saved(tmp_path_factory):
         model.model.embed_tokens.weight.add_(1.0)
     model.save_pretrained(folder / "older")
     tokenizer.save_pretrained(folder / "older")
-    dense = LlamaForCausalLM(  # upcycle takes a dense model without biases
-        LlamaConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-        )
-    )
+    ids = (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id)
+    dense = LlamaForCausalLM(tiny_dense_config(len(tokenizer), *ids))  # upcycle takes a dense model
     dense.save_pretrained(folder / "dense")
     tokenizer.save_pretrained(folder / "dense")
     return folder
@@ -131,16 +122,26 @@ def test_a_local_directory_wins_over_an_id_of_the_same_name(offline_cache, saved
     assert torch.equal(model.model.embed_tokens.weight, expected.model.embed_tokens.weight)
 
 
-def test_a_one_step_run_trains_a_model_named_by_its_id(offline_cache, saved, tmp_path):
+def test_a_one_step_run_trains_a_model_named_by_its_id(offline_cache, saved, tmp_path, monkeypatch):
+    import huggingface_hub
+
     from everyprompt.pipeline import train
     from tests.conftest import tiny_config
 
     cache_model(offline_cache, "org/tiny", saved / "now", COMMIT)
+    looked_up: list[str] = []
+    snapshot = huggingface_hub.snapshot_download
+    monkeypatch.setattr(
+        huggingface_hub,
+        "snapshot_download",
+        lambda repo, **kw: looked_up.append(repo) or snapshot(repo, **kw),
+    )
     config = tiny_config(
         "model.path=org/tiny", "sft.steps=0", "rl.steps=1", "eval.every=0", "data.num_eval=2"
     )
     train(config, run_dir=tmp_path / "run")
     assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") == 1
+    assert looked_up == ["org/tiny"]  # checked before the run directory, then loaded: one lookup
 
 
 def test_eval_upcycle_filter_and_serve_take_an_id_and_write_nothing_into_the_cache(

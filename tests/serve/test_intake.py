@@ -86,3 +86,28 @@ def test_a_group_the_learner_could_not_train_on_is_refused_and_not_journaled(tmp
     bad.groups[0].samples[0].token_ids = [11]  # outside the vocabulary
     assert "token ids must be in [0, 10)" in intake.add(bad)
     assert journal.read_text() == "" and intake.queued == 0
+
+
+def test_the_endpoint_answers_a_failed_write_with_503_and_keeps_nothing(tmp_path, monkeypatch):
+    """Over HTTP: a request whose groups cannot be written down is not acknowledged (the driver retries)."""
+    from types import SimpleNamespace
+
+    pytest.importorskip("fastapi", reason="the server is the optional extra everyprompt[serve]")
+    from fastapi.testclient import TestClient
+
+    from everyprompt.serve.app import create_app
+    from everyprompt.serve.protocol import Limits
+
+    intake = _intake(tmp_path / "rollouts.jsonl")
+    server = SimpleNamespace(tokenizer=None, version=0, failure=None)
+    client = TestClient(create_app(server, "policy", Limits(), intake=intake))  # no lifespan: no engine
+    body = _rollouts(1).model_dump()
+    assert client.post("/v1/rollouts", json=body).json()["accepted"] == 1
+
+    def full(_fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    answer = client.post("/v1/rollouts", json=body)
+    assert answer.status_code == 503 and "post them again" in answer.json()["error"]["message"]
+    assert intake.received == 1 and len(read_journal(tmp_path / "rollouts.jsonl")) == 1

@@ -23,7 +23,7 @@ from everyprompt.distributed.recipes import ModelRecipe
 from everyprompt.distributed.runtime import actor_options, require_ray
 from everyprompt.errors import ClusterError
 from everyprompt.logs import quiet_libraries
-from everyprompt.rollout import GenerationRequest, SamplingParams, build_engine
+from everyprompt.rollout import SUMMED_STATS, GenerationRequest, SamplingParams, build_engine
 from everyprompt.rollout.scheduler import assign_lpt
 
 log = logging.getLogger(__name__)
@@ -200,7 +200,7 @@ class RayEngine:
             "compiled": max((c.get("compiled", 0.0) for c in calls), default=0.0),
             **{
                 name: sum(c.get(name, 0.0) for c in calls)
-                for name in ("graph_replays", "graph_captures", "graph_capture_s")
+                for name in SUMMED_STATS
                 if any(name in c for c in calls)
             },
             "cluster/actor_restarts": float(restarts),

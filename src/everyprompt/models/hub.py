@@ -11,6 +11,7 @@ Offline (`HF_HUB_OFFLINE=1`, or the Hub out of reach) a cached snapshot serves; 
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -37,32 +38,39 @@ def hub_id(name: str) -> tuple[str, str | None] | None:
     return match["repo"], revision
 
 
+def is_hub_name(name: str | Path) -> bool:
+    """Whether `name` is resolved as a Hub id: shaped like one, and no local path."""
+    return not Path(name).exists() and hub_id(str(name)) is not None
+
+
 def resolve_model(name: str | Path, what: str = "model") -> Path:
     """The local path of a model named `name` (`what`: the key or option that named it, for messages): the
     Hub id's snapshot for a name shaped like one that is not a local path, else `name` itself (a path,
     which its loader checks and names if it is not a checkpoint)."""
-    path = Path(name)
-    parsed = None if path.exists() else hub_id(str(name))
-    return path if parsed is None else Path(_snapshot(*parsed, what=what))
-
-
-def is_hub_name(name: str | Path) -> bool:
-    """Whether `name` would be resolved as a Hub id (shaped like one, and no local path)."""
-    return not Path(name).exists() and HUB_ID.fullmatch(str(name)) is not None
-
-
-def _snapshot(repo: str, revision: str | None, what: str) -> str:
-    from huggingface_hub import constants, snapshot_download
+    if not is_hub_name(name):
+        return Path(name)
+    from huggingface_hub import constants
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
-    named = repo if revision is None else f"{repo}@{revision}"
+    repo, revision = hub_id(str(name))
+    cache = constants.HF_HUB_CACHE
     try:
-        return snapshot_download(repo, revision=revision, allow_patterns=CHECKPOINT_FILES)
+        return Path(_snapshot(repo, revision, cache))
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError, ValueError) as err:
         how = f"hf download {repo}" + ("" if revision is None else f" --revision {revision}")
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise HubError(
-            f"{what}={named}: not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and not fetched "
-            f"({reason}); no local path of that name either. As a Hub id: fetch it with `{how}` where the "
-            "Hub is reachable, then run again"
+            f"{what}={name}: not in the Hugging Face cache ({cache}) and not fetched ({reason}); no local "
+            f"path of that name either. As a Hub id: fetch it with `{how}` where the Hub is reachable, then "
+            "run again"
         ) from None
+
+
+@functools.cache
+def _snapshot(repo: str, revision: str | None, cache: str) -> str:
+    """The snapshot of `repo` at `revision` in `cache`, found or fetched once a process (a failure is not
+    kept): a run that names it twice (checked before its directory is made, then loaded) sees one commit,
+    with one Hub request."""
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(repo, revision=revision, cache_dir=cache, allow_patterns=CHECKPOINT_FILES)

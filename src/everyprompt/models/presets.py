@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from transformers import Qwen3MoeConfig
+from transformers import LlamaConfig, Qwen3MoeConfig
 
 from everyprompt.config import ModelConfig
 
@@ -35,4 +35,19 @@ def tiny_moe_config(
         bos_token_id=bos_id,
         eos_token_id=eos_id,
         attn_implementation="sdpa",
+    )
+
+
+def tiny_dense_config(vocab_size: int, pad_id: int, bos_id: int, eos_id: int) -> LlamaConfig:
+    """A 2-layer dense Llama without biases (the shape `everyprompt upcycle` takes), for smoke runs."""
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        pad_token_id=pad_id,
+        bos_token_id=bos_id,
+        eos_token_id=eos_id,
     )

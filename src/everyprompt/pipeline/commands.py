@@ -11,6 +11,7 @@ from rich.console import Console
 
 from everyprompt.config import Config
 from everyprompt.data import load_prompt_file
+from everyprompt.models.hub import is_hub_name
 from everyprompt.models.io import load_pretrained
 from everyprompt.models.precision import training_dtype
 from everyprompt.pipeline.run import Run
@@ -102,7 +103,7 @@ def evaluate_checkpoint(
     the greedy completions (`completions.jsonl`: prompt, completion, extracted answer, reward) into
     `run_dir` (default: CHECKPOINT/eval, NAME-eval beside a .gguf file, ORG--NAME-eval for a Hub id)."""
     path = resolve_checkpoint(checkpoint)
-    named = None if Path(checkpoint).exists() else str(checkpoint)  # a Hub id: its snapshot is the cache's
+    named = str(checkpoint) if is_hub_name(checkpoint) else None  # a Hub id: its snapshot is the cache's
     run = Run(config, run_dir=run_dir or eval_dir(path, named))  # also quiets library progress bars
     model, tokenizer = load_pretrained(path)
     columns = {**config.data.columns, **(fields or {})}

@@ -25,7 +25,7 @@ from everyprompt.devices import keep_freed_memory, resolve_device
 from everyprompt.devices.malloc import malloc_note
 from everyprompt.evaluate import evaluate_config, held_out_rewards
 from everyprompt.logs import quiet_libraries, record_warnings
-from everyprompt.models.hub import is_hub_name, resolve_model
+from everyprompt.models.hub import resolve_model
 from everyprompt.models.io import load_model_and_tokenizer, load_pretrained
 from everyprompt.models.lora import load_adapter
 from everyprompt.models.precision import training_kernels
@@ -101,8 +101,8 @@ class Run:
         self.console = console or Console(stderr=True)
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         self.run_dir = Path(run_dir or config.run_dir or f"runs/{config.name}-{stamp}")
-        if config.model.path and is_hub_name(config.model.path):  # fetched, or missing: exit 2, before
-            resolve_model(config.model.path, "model.path")  # anything is written
+        if config.model.path:  # a Hub id fetched, or missing (exit 2), before anything is written
+            resolve_model(config.model.path, "model.path")
         self.layout = open_run_dir(self.run_dir)
         if config.logging.wandb.enabled:  # a missing extra fails now, not when the first step logs
             require_wandb()

@@ -3,6 +3,7 @@
 from everyprompt.rollout import hf as _hf  # noqa: F401  (registers "hf")
 from everyprompt.rollout import native as _native  # noqa: F401  (registers "native")
 from everyprompt.rollout.base import (
+    SUMMED_STATS,
     Completion,
     GenerationRequest,
     RolloutEngine,
@@ -22,6 +23,7 @@ __all__ = [
     "Completion",
     "GenerationRequest",
     "RolloutEngine",
+    "SUMMED_STATS",
     "SamplingParams",
     "UnsupportedModelError",
     "build_engine",

@@ -108,6 +108,11 @@ class Completion:
     episode: Episode | None = None
 
 
+# an engine's per-call figures that add up over the calls of a step (the native engine's CUDA graphs), where
+# an engine reports them: summed by the step's tally and by the Ray engine over its workers
+SUMMED_STATS = ("graph_replays", "graph_captures", "graph_capture_s")
+
+
 def call_stats(clock: dict[str, float], wall: float, slots: int) -> dict[str, float]:
     """An engine's `stats` for one generate call from its running counts (`tokens`, `busy`: the sum over
     decode steps of the busy slot fraction, `decode_s`, `decode_steps`, `prefill_s`, `admissions`, and

@@ -101,7 +101,12 @@ def create_app(
 
         @app.post("/v1/rollouts")
         async def rollouts(body: Rollouts):
-            problem = intake.add(body)
+            try:
+                problem = intake.add(body)
+            except OSError as err:  # the journal could not be written (a full disk): nothing was queued
+                raise RequestError(
+                    503, f"the run could not write the groups down ({err}); none was kept: post them again"
+                ) from None
             if problem:
                 raise RequestError(400, problem, "groups")
             return {"accepted": len(body.groups), "queued": intake.queued, "version": server.version}

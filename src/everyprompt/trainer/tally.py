@@ -6,6 +6,8 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+from everyprompt.rollout import SUMMED_STATS
+
 
 @dataclass
 class StepTally:
@@ -57,7 +59,7 @@ class StepTally:
             out["rollout/decode_step_ms"] = (
                 sum(c["decode_step_ms"] * c["decode_steps"] for c in calls) / steps
             )
-            if any("graph_replays" in c for c in calls):  # the native engine's static step (graphs.py)
-                for name in ("graph_replays", "graph_captures", "graph_capture_s"):
+            for name in SUMMED_STATS:  # where the engine reports them (the native engine's CUDA graphs)
+                if any(name in c for c in calls):
                     out[f"rollout/{name}"] = sum(c.get(name, 0.0) for c in calls)
         return out

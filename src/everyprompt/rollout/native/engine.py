@@ -304,7 +304,7 @@ class NativeEngine:
             tick = time.perf_counter()
             step = state.step[index]
             sampled, logprobs, entropies = stepper.sample(
-                state, active, index, source.sampling(active, state, params)
+                state, active, index, step, source.sampling(active, state, params)
             )
             state.logprobs[index, step] = logprobs
             state.entropies[index, step] = entropies

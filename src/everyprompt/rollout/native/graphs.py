@@ -23,6 +23,7 @@ run never dies of it.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 from collections.abc import Callable, Hashable
@@ -68,10 +69,8 @@ class StepGraphs:
 
     def padded(self, rows: int) -> int:
         """The rows a step of `rows` runs: its bucket, or `rows` itself above the largest bucket."""
-        for bucket in self.buckets:
-            if bucket >= rows:
-                return bucket
-        return rows
+        at = bisect.bisect_left(self.buckets, rows)
+        return self.buckets[at] if at < len(self.buckets) else rows
 
     def run(
         self,

@@ -92,9 +92,8 @@ class Slots:
     STEP = ("length", "step", "seed", "logits")  # what a decode step reads (static.StepBuffers has them)
 
     def __init__(self, slots: int, max_new_tokens: int, vocab_size: int, device: torch.device, buffers=None):
-        """`buffers` (static.StepBuffers): the step tensors are views of the engine's static buffers, and
-        `select` moves rows within them, so that their addresses never change."""
-        self._buffers = buffers
+        """`buffers` (static.StepBuffers): the step tensors are views of the engine's static buffers (whose
+        addresses `select` keeps, as it keeps every tensor's)."""
         if buffers is None:
             self.length = torch.zeros(slots, dtype=torch.long, device=device)  # tokens in the cache
             self.step = torch.zeros(slots, dtype=torch.long, device=device)  # tokens sampled so far
@@ -127,13 +126,10 @@ class Slots:
     def select(self, rows: list[int], device: torch.device) -> None:
         """Keep `rows` (host indices), in that order, as rows [0, len(rows))."""
         index = on_device(rows, device)
-        for name in (*self.STEP, "logprobs", "entropies"):
+        for name in (*self.STEP, "logprobs", "entropies"):  # moved within their storage: addresses kept
             values = getattr(self, name)
-            if self._buffers is not None and name in self.STEP:  # moved within the static buffer
-                values[: len(rows)] = values[index]
-                setattr(self, name, values[: len(rows)])
-            else:
-                setattr(self, name, values[index])
+            values[: len(rows)] = values[index]
+            setattr(self, name, values[: len(rows)])
         for name in ("request", "host_length", "limit", "tokens", "observation", "observed"):
             values = getattr(self, name)
             setattr(self, name, [values[row] for row in rows])

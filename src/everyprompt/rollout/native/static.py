@@ -93,29 +93,33 @@ class StaticStep:
         self.engine, self.buffers, self.graphs = engine, buffers, graphs
         self.caches: list[tuple[torch.Tensor, ...]] = []  # the cache storage, whole: rows [0, N)
         self.layers: list | None = None  # the call's decode layers (kept: graphs read their addresses)
-        self._whole: list[tuple[torch.Tensor, ...]] = []
 
     def views(self, pool: int, width: int, shared: bool):
-        """The call's cache: the first `pool` rows of the engine's storage, its whole width."""
-        self._whole = self.engine.cache.whole(self.buffers.rows, width)
-        return [tuple(t[:pool] for t in entry) for entry in self._whole]
+        """The call's cache: the first `pool` rows of the engine's storage, its whole width (graphs are
+        dropped if the storage had to grow)."""
+        whole = self.engine.cache.whole(self.buffers.rows, width)
+        if whole is not self.caches:
+            self.graphs.reset()
+        self.caches = whole
+        return [tuple(t[:pool] for t in entry) for entry in whole]
 
     def slots(self, pool: int, max_new_tokens: int) -> Slots:
         engine = self.engine
         return Slots(pool, max_new_tokens, engine.config.vocab_size, engine.device, self.buffers)
 
     def start(self, caches, layers, pool: int) -> None:
-        """A call's decode layers; every row's length starts at 0 (a padding row, fed at its length,
-        stays within the storage). Graphs are dropped if the cache storage or the layers moved."""
-        if self.layers is not layers or not self.caches or self.caches[0][0] is not self._whole[0][0]:
+        """A call's decode layers (graphs are dropped if they moved); every row's length starts at 0 (a
+        padding row, fed at its length, stays within the storage)."""
+        if layers is not self.layers:
             self.graphs.reset()
-        self.caches, self.layers = self._whole, layers
+        self.layers = layers
         self.buffers.length.zero_()
         self.graphs.start_call()
 
-    def sample(self, state: Slots, active: list[int], index: torch.Tensor, settings):
+    def sample(self, state: Slots, active: list[int], index: torch.Tensor, step: torch.Tensor, settings):
         """The sample phase for rows `active` (host) / `index` (device): their tokens, log-probs and
-        entropies. `settings`: the call's (temperature, top_p, greedy), or each active row's tensors."""
+        entropies. `settings`: the call's (temperature, top_p, greedy), or each active row's tensors; `step`
+        is not needed (the phase reads every row's count from the buffers)."""
         buffers = self.buffers
         per_row = isinstance(settings[2], torch.Tensor)
         if per_row:
@@ -150,29 +154,23 @@ class StaticStep:
         buffers = self.buffers
         routes = record is not None and record.routes is not None
         router_logits = record is not None and record.logits is not None
+        # the recorded buffers, by the field of each MoE layer's (experts, router logits) they take
+        recorded = [(field, buffer) for field, (wanted, buffer) in enumerate(
+            ((routes, buffers.routes), (router_logits, buffers.router_logits))) if wanted]  # fmt: skip
         buffers.fed.fill_(self.engine.pad_token_id)
         buffers.fed[running_index] = fed
 
         def body(rows: int) -> None:
             caches = [tuple(t[:rows] for t in entry) for entry in self.caches]
             out, captured = self.engine.decode(
-                self.layers, buffers.fed[:rows], buffers.length[:rows], caches, routes or router_logits
+                self.layers, buffers.fed[:rows], buffers.length[:rows], caches, bool(recorded)
             )
             buffers.logits[:rows].copy_(out)
-            for wanted, field, buffer in (
-                (routes, 0, buffers.routes),
-                (router_logits, 1, buffers.router_logits),
-            ):
-                if wanted:
-                    buffer[:rows].copy_(torch.stack([layer[field][:, 0] for layer in captured], dim=1))
+            for field, buffer in recorded:
+                buffer[:rows].copy_(torch.stack([layer[field][:, 0] for layer in captured], dim=1))
 
         def outputs(rows: int) -> list[torch.Tensor]:
-            recorded = [
-                b
-                for wanted, b in ((routes, buffers.routes), (router_logits, buffers.router_logits))
-                if wanted
-            ]
-            return [buffers.logits[:rows], *(b[:rows] for b in recorded)]
+            return [buffers.logits[:rows], *(buffer[:rows] for _, buffer in recorded)]
 
         self.graphs.run("forward", (routes, router_logits), running[-1] + 1, body, outputs)
         if record is not None:

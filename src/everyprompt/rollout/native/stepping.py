@@ -32,8 +32,9 @@ class PlainStep:
     def start(self, caches, layers, pool: int) -> None:
         pass
 
-    def sample(self, state: Slots, active: list[int], index: torch.Tensor, settings):
-        return self._sample(state.logits[index], state.seed[index], state.step[index], *settings)
+    def sample(self, state: Slots, active: list[int], index: torch.Tensor, step: torch.Tensor, settings):
+        """The active rows' samples; `step` [n]: their counts of sampled tokens (the loop's, read once)."""
+        return self._sample(state.logits[index], state.seed[index], step, *settings)
 
     def forward(self, layers, state: Slots, running: list[int], running_index, fed, caches, record) -> None:
         engine = self.engine
