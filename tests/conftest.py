@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -128,3 +129,40 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "distributed" in item.path.parts:
             item.add_marker(ray_tests)
+
+
+def cache_repo(
+    cache: Path, repo: str, source: Path, commit: str, branch: str | None = "main", kind: str = "model"
+) -> Path:
+    """`source`'s files as snapshot `commit` of the model (or dataset) `repo` in a Hugging Face cache, in
+    the layout `huggingface_hub` writes: `models--ORG--NAME/{blobs, refs/BRANCH, snapshots/COMMIT/...}`,
+    each snapshot file a link to its blob (and `branch` pointing at the commit)."""
+    root = cache / f"{kind}s--{repo.replace('/', '--')}"
+    snapshot = root / "snapshots" / commit
+    for file in sorted(source.rglob("*")):
+        if file.is_file():
+            data = file.read_bytes()
+            blob = root / "blobs" / hashlib.sha256(data).hexdigest()
+            blob.parent.mkdir(parents=True, exist_ok=True)
+            blob.write_bytes(data)
+            link = snapshot / file.relative_to(source)
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(os.path.relpath(blob, link.parent))
+    if branch is not None:
+        (root / "refs").mkdir(exist_ok=True)
+        (root / "refs" / branch).write_text(commit)
+    return snapshot
+
+
+@pytest.fixture
+def offline_cache(tmp_path, monkeypatch):
+    """An empty Hugging Face cache under tmp_path, the Hub offline (as every test is)."""
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return cache

@@ -1,57 +1,21 @@
-"""Models by their Hugging Face Hub ids (models/hub.py), with the Hub offline and a cache built here in the
-layout `huggingface_hub` writes: `models--ORG--NAME/{blobs, refs/main, snapshots/COMMIT/...}`, each
-snapshot file a link to its blob."""
+"""Models by their Hugging Face Hub ids (everyprompt/hub.py), with the Hub offline and a cache built in the
+layout `huggingface_hub` writes (tests/conftest.py: `cache_repo`)."""
 
 from __future__ import annotations
 
-import hashlib
-import os
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from everyprompt.models.hub import HubError, hub_id, resolve_model
+from everyprompt.hub import HubError, hub_id, resolve_model
 from everyprompt.models.io import load_pretrained
 from everyprompt.models.presets import tiny_dense_config
-from tests.conftest import make_tiny_model
+from tests.conftest import cache_repo, make_tiny_model
 
 COMMIT = "a" * 40
 OLDER = "b" * 40
-
-
-def cache_model(cache: Path, repo: str, source: Path, commit: str, branch: str | None = "main") -> Path:
-    """`source`'s files as snapshot `commit` of `repo` in the cache (and `branch` pointing at it)."""
-    root = cache / f"models--{repo.replace('/', '--')}"
-    snapshot = root / "snapshots" / commit
-    for file in sorted(source.rglob("*")):
-        if file.is_file():
-            data = file.read_bytes()
-            blob = root / "blobs" / hashlib.sha256(data).hexdigest()
-            blob.parent.mkdir(parents=True, exist_ok=True)
-            blob.write_bytes(data)
-            link = snapshot / file.relative_to(source)
-            link.parent.mkdir(parents=True, exist_ok=True)
-            link.symlink_to(os.path.relpath(blob, link.parent))
-    if branch is not None:
-        (root / "refs").mkdir(exist_ok=True)
-        (root / "refs" / branch).write_text(commit)
-    return snapshot
-
-
-@pytest.fixture
-def offline_cache(tmp_path, monkeypatch):
-    """An empty Hugging Face cache under tmp_path, the Hub offline (as every test is)."""
-    from huggingface_hub import constants
-
-    cache = tmp_path / "hub"
-    cache.mkdir()
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    return cache
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +45,8 @@ def test_ids_are_parsed_and_bad_ones_refused():
 
 
 def test_a_cached_id_loads_its_snapshot_and_a_pinned_commit_its_own(offline_cache, saved):
-    cache_model(offline_cache, "org/tiny", saved / "now", COMMIT)
-    cache_model(offline_cache, "org/tiny", saved / "older", OLDER, branch=None)
+    cache_repo(offline_cache, "org/tiny", saved / "now", COMMIT)
+    cache_repo(offline_cache, "org/tiny", saved / "older", OLDER, branch=None)
     path = resolve_model("org/tiny")
     assert path.name == COMMIT and (path / "config.json").is_file()
     model, tokenizer = load_pretrained("org/tiny")
@@ -111,7 +75,7 @@ def test_a_name_neither_local_nor_an_id_is_refused_by_name(offline_cache):
 
 
 def test_a_local_directory_wins_over_an_id_of_the_same_name(offline_cache, saved, tmp_path, monkeypatch):
-    cache_model(offline_cache, "org/tiny", saved / "older", COMMIT)
+    cache_repo(offline_cache, "org/tiny", saved / "older", COMMIT)
     monkeypatch.chdir(tmp_path)
     local = tmp_path / "org" / "tiny"
     local.parent.mkdir()
@@ -128,7 +92,7 @@ def test_a_one_step_run_trains_a_model_named_by_its_id(offline_cache, saved, tmp
     from everyprompt.pipeline import train
     from tests.conftest import tiny_config
 
-    cache_model(offline_cache, "org/tiny", saved / "now", COMMIT)
+    cache_repo(offline_cache, "org/tiny", saved / "now", COMMIT)
     looked_up: list[str] = []
     snapshot = huggingface_hub.snapshot_download
     monkeypatch.setattr(
@@ -151,8 +115,8 @@ def test_eval_upcycle_filter_and_serve_take_an_id_and_write_nothing_into_the_cac
     from everyprompt.serve.protocol import Limits
     from everyprompt.serve.server import build
 
-    cache_model(offline_cache, "org/tiny", saved / "now", COMMIT)
-    cache_model(offline_cache, "org/dense", saved / "dense", COMMIT)
+    cache_repo(offline_cache, "org/tiny", saved / "now", COMMIT)
+    cache_repo(offline_cache, "org/dense", saved / "dense", COMMIT)
     before = sorted(str(p) for p in offline_cache.rglob("*"))
     monkeypatch.chdir(tmp_path)
     tiny = ["data.num_eval=4", "eval.num_samples=0", "rollout.max_new_tokens=8"]

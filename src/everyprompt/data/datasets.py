@@ -9,6 +9,7 @@ from pathlib import Path
 
 from everyprompt.choices import FIELDS  # what `data.columns` may map onto
 from everyprompt.errors import InputError
+from everyprompt.hub import resolve_data
 
 
 class DataError(InputError):
@@ -138,14 +139,18 @@ def read_rows(path: str | Path) -> list[tuple[str, dict]]:
 
 
 def load_prompt_file(
-    path: str | Path, columns: dict[str, str] | None = None, require: tuple[str, ...] = ("answer",)
+    path: str | Path,
+    columns: dict[str, str] | None = None,
+    require: tuple[str, ...] = ("answer",),
+    what: str = "data file",
 ) -> list[dict]:
     """Prompt rows of a data file, with `prompt` (str), `answer` (str), `level` and, where present,
     `solution` and `messages` set from the file's columns by `columns` (field -> the file's column
     name; e.g. {"prompt": "question"}). A prompt column that holds a list of messages (as verl's and
     skyrl-gym's datasets do) is the row's `messages`, and its last user message the `prompt`. Every row needs a prompt (or `messages`) and the fields of
-    `require`; a missing column is a DataError naming the file and the columns it has."""
-    path = Path(path)
+    `require`; a missing column is a DataError naming the file and the columns it has. `path` may be a
+    file of a Hub dataset repo (`hf://datasets/ORG/NAME[@REVISION]/PATH`, `what`: the key that named it)."""
+    path = resolve_data(path, what)
     columns = dict(columns or {})
     unknown = sorted(set(columns) - set(FIELDS))
     if unknown:

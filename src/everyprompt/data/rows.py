@@ -56,7 +56,7 @@ class ConfigRows:
         """The RL prompts: `data.train_file`, else the built-in train split at `rl.levels` (or data's)."""
         data = self.config.data
         if data.train_file:
-            return load_prompt_file(data.train_file, data.columns, self._required())
+            return load_prompt_file(data.train_file, data.columns, self._required(), "data.train_file")
         levels = set(self.config.rl.levels or data.levels)
         return [p.as_row() for p in self._builtin()[0] if p.level in levels]
 
@@ -66,7 +66,7 @@ class ConfigRows:
         if not data.train_file:
             levels = set(self.config.sft.levels)
             return [p.as_row() for p in self._builtin()[0] if p.level in levels]
-        rows = load_prompt_file(data.train_file, data.columns, require=())
+        rows = load_prompt_file(data.train_file, data.columns, (), "data.train_file")
         lacking = [i for i, row in enumerate(rows) if not row.get("solution")]
         if lacking:
             column = data.columns.get("solution", "solution")
@@ -81,5 +81,5 @@ class ConfigRows:
         """The held-out prompts: `data.eval_file`, else the built-in held-out split."""
         data = self.config.data
         if data.eval_file:
-            return load_prompt_file(data.eval_file, data.columns, self._required())
+            return load_prompt_file(data.eval_file, data.columns, self._required(), "data.eval_file")
         return [p.as_row() for p in self._builtin()[1]]

@@ -9,8 +9,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from everyprompt.config import ModelConfig
 from everyprompt.errors import InputError
+from everyprompt.hub import resolve_model
 from everyprompt.models.gguf import is_gguf, load_gguf
-from everyprompt.models.hub import resolve_model
 from everyprompt.models.lora import adapter_base_path, is_lora, load_adapter, merged_state_dict
 from everyprompt.models.presets import tiny_moe_config
 from everyprompt.models.tokenizer import build_char_tokenizer, build_chat_tokenizer

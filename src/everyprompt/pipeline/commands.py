@@ -11,7 +11,7 @@ from rich.console import Console
 
 from everyprompt.config import Config
 from everyprompt.data import load_prompt_file
-from everyprompt.models.hub import is_hub_name
+from everyprompt.hub import is_hub_name
 from everyprompt.models.io import load_pretrained
 from everyprompt.models.precision import training_dtype
 from everyprompt.pipeline.run import Run
@@ -107,7 +107,7 @@ def evaluate_checkpoint(
     run = Run(config, run_dir=run_dir or eval_dir(path, named))  # also quiets library progress bars
     model, tokenizer = load_pretrained(path)
     columns = {**config.data.columns, **(fields or {})}
-    rows = load_prompt_file(data, columns) if data else None
+    rows = load_prompt_file(data, columns, what="--data") if data else None
     engine = build_engine(config.rollout, model, tokenizer)
     completions: list[dict] = []
     results = run.evaluate(engine, tokenizer, rows, completions, progress=True)
@@ -131,7 +131,9 @@ def filter_prompts(
     builtin = data == "builtin"
     checkpoint = resolve_checkpoint(model)
     out = Path(out or (f"{Path(data).stem}-filtered" if not builtin else "builtin-filtered"))
-    rows = None if builtin else load_prompt_file(data, config.data.columns)  # a bad file fails first
+    rows = (
+        None if builtin else load_prompt_file(data, config.data.columns, what="DATA")
+    )  # a bad file fails first
     run = Run(config, run_dir=out)
     rows = run.rows.rl() if rows is None else rows
     policy, tokenizer = load_pretrained(checkpoint)

@@ -24,8 +24,8 @@ from everyprompt.data.rows import ConfigRows
 from everyprompt.devices import keep_freed_memory, resolve_device
 from everyprompt.devices.malloc import malloc_note
 from everyprompt.evaluate import evaluate_config, held_out_rewards
+from everyprompt.hub import pinned
 from everyprompt.logs import quiet_libraries, record_warnings
-from everyprompt.models.hub import resolve_model
 from everyprompt.models.io import load_model_and_tokenizer, load_pretrained
 from everyprompt.models.lora import load_adapter
 from everyprompt.models.precision import training_kernels
@@ -92,6 +92,36 @@ def learner_device(config: Config) -> torch.device:
     return torch.device("cpu") if cluster.backend == "ray" else device
 
 
+HUB_NAMED = (  # the keys that may name a Hub model id or a Hub dataset file
+    ("model", "path"),
+    ("data", "train_file"),
+    ("data", "eval_file"),
+    ("rewards.genrm", "model"),
+    ("rewards.scalar_rm", "model"),
+)
+
+
+def pin_hub_names(config: Config, console: Console) -> Config:
+    """`config` with each Hub name it holds fetched (or found in the cache) and written with its commit
+    (`ORG/NAME@COMMIT`, `hf://datasets/ORG/NAME@COMMIT/PATH`), so the run's config.yaml repeats it
+    exactly; a name that does not resolve exits 2 now, naming its key, before the run writes anything."""
+    tree = None
+    for section, key in HUB_NAMED:
+        node = config
+        for part in section.split("."):
+            node = getattr(node, part)
+        name = getattr(node, key)
+        if name is None or pinned(name, f"{section}.{key}") == name:
+            continue
+        tree = tree or config.model_dump(mode="json")
+        where = tree
+        for part in section.split("."):
+            where = where[part]
+        where[key] = pinned(name, f"{section}.{key}")
+        console.print(f"{section}.{key}: {name} -> {where[key]} (kept in config.yaml)", markup=False)
+    return config if tree is None else Config.model_validate(tree)
+
+
 class Run:
     """One run directory and what a config needs: data rows, the model, evaluation."""
 
@@ -101,8 +131,7 @@ class Run:
         self.console = console or Console(stderr=True)
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         self.run_dir = Path(run_dir or config.run_dir or f"runs/{config.name}-{stamp}")
-        if config.model.path:  # a Hub id fetched, or missing (exit 2), before anything is written
-            resolve_model(config.model.path, "model.path")
+        self.config = config = pin_hub_names(config, self.console)  # before anything is written
         self.layout = open_run_dir(self.run_dir)
         if config.logging.wandb.enabled:  # a missing extra fails now, not when the first step logs
             require_wandb()

@@ -16,8 +16,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from everyprompt.hub import is_hub_name, resolve_model
 from everyprompt.models.gguf import check_file, is_gguf
-from everyprompt.models.hub import is_hub_name, resolve_model
 from everyprompt.run.layout import RunLayout, find_checkpoint
 from everyprompt.trainer.checkpoint import CheckpointError, verify_checkpoint
 
