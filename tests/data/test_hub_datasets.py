@@ -120,5 +120,7 @@ def test_a_snapshot_a_broken_download_left_is_refused_saying_so(hub, tmp_path):
     blobs = hub / "models--org--gone" / "blobs"
     blobs.mkdir(parents=True)
     (blobs / "0123.incomplete").write_bytes(b"half")
-    with pytest.raises(HubError, match="A download of it broke off before: fetch it with `hf download org/gone`"):
+    with pytest.raises(
+        HubError, match="A download of it broke off before: fetch it with `hf download org/gone`"
+    ):
         resolve_model("org/gone")
