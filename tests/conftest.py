@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+os.environ["HF_HUB_OFFLINE"] = "1"  # tests never reach the Hub: a test that needs a Hub id builds a cache
 if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker per core (`make test`): one thread each, children too
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)

@@ -76,14 +76,14 @@ def dataset_file(path: str, what: str = "data file") -> tuple[str, str | None, s
     return match["repo"], match["revision"], match["file"]
 
 
-def resolve_model(name: str | Path, what: str = "model") -> Path:
-    """The local path of a model named `name` (`what`: the key or option that named it, for messages): the
-    Hub id's snapshot for a name shaped like one that is not a local path, else `name` itself (a path,
-    which its loader checks and names if it is not a checkpoint)."""
+def resolve_model(name: str | Path, what: str = "model", hint: str = "") -> Path:
+    """The local path of a model named `name` (`what`: the key or option that named it, and `hint`: what
+    else a missing one may be, for messages): the Hub id's snapshot for a name shaped like one that is not
+    a local path, else `name` itself (a path, which its loader checks and names if it is not one)."""
     if not is_hub_name(name):
         return Path(name)
     repo, revision = hub_id(str(name))
-    snapshot = Path(_fetch("model", repo, revision, None, what, str(name)))
+    snapshot = Path(_fetch("model", repo, revision, None, what, str(name), hint))
     _check_snapshot(snapshot, what, str(name))
     return snapshot
 
@@ -93,10 +93,10 @@ def resolve_data(path: str | Path, what: str = "data file") -> Path:
     if not is_hub_dataset(path):
         return Path(path)
     repo, revision, file = dataset_file(str(path), what)
-    return Path(_fetch("dataset", repo, revision, file, what, str(path)))
+    return Path(_fetch("dataset", repo, revision, file, what, str(path), ""))
 
 
-def pinned(name: str, what: str) -> str:
+def pinned(name: str, what: str, hint: str = "") -> str:
     """`name` with the commit it resolves to, so a run can be repeated exactly: `ORG/NAME@COMMIT` for a
     model id, `hf://datasets/ORG/NAME@COMMIT/PATH` for a dataset file; any other name unchanged."""
     if is_hub_dataset(name):
@@ -104,7 +104,7 @@ def pinned(name: str, what: str) -> str:
         return f"{DATASETS}{repo}@{_commit_of(resolve_data(name, what))}/{file}"
     if is_hub_name(name):
         repo, _ = hub_id(name)
-        return f"{repo}@{_commit_of(resolve_model(name, what))}"
+        return f"{repo}@{_commit_of(resolve_model(name, what, hint))}"
     return name
 
 
@@ -115,7 +115,9 @@ def _commit_of(local: Path) -> str:
     return parts[repo + 2]
 
 
-def _fetch(kind: str, repo: str, revision: str | None, file: str | None, what: str, name: str) -> str:
+def _fetch(
+    kind: str, repo: str, revision: str | None, file: str | None, what: str, name: str, hint: str
+) -> str:
     """The cached path of a model snapshot or a dataset file, found or fetched once a process (a failure
     is not kept): a run that names it twice (checked before its directory is made, then loaded) sees one
     commit, with one Hub request; its pinned form (`@COMMIT`) is then found without another."""
@@ -128,7 +130,7 @@ def _fetch(kind: str, repo: str, revision: str | None, file: str | None, what: s
         try:
             local = _download(kind, repo, revision, file, cache)
         except (OSError, ValueError, EntryNotFoundError) as err:  # the Hub's errors and the cache's
-            raise _missing(kind, repo, revision, file, what, name, cache, err) from None
+            raise _missing(kind, repo, revision, file, what, name, cache, err, hint) from None
         _resolved[key] = _resolved[(kind, repo, _commit_of(Path(local)), file, cache)] = local
     return _resolved[key]
 
@@ -151,12 +153,12 @@ def _download(kind: str, repo: str, revision: str | None, file: str | None, cach
             disable_progress_bars()
 
 
-def _missing(kind, repo, revision, file, what, name, cache, err) -> HubError:
+def _missing(kind, repo, revision, file, what, name, cache, err, hint) -> HubError:
     how = f"hf download {repo}" + (" --repo-type dataset" if kind == "dataset" else "")
     how += f" {file}" if file else ""
     how += f" --revision {revision}" if revision else ""
     reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-    local = "" if kind == "dataset" else "; no local path of that name either. As a Hub id:"
+    local = "" if kind == "dataset" else f"; no local path of that name either{hint}. As a Hub id:"
     broke = " A download of it broke off before:" if _broken_off(kind, repo, cache) else ""
     return HubError(
         f"{what}={name}: not in the Hugging Face cache ({cache}) and not fetched ({reason}){local}"

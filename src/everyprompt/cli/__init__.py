@@ -1,7 +1,9 @@
 """The `everyprompt` command: each command parses its arguments and calls the library.
 
-    everyprompt demo [--seed S] [KEY=VALUE ...]
-    everyprompt train [CONFIG.yaml] [KEY=VALUE ...] [--run-dir D] [--resume RUN_DIR]
+    everyprompt recipes
+    everyprompt fetch smollm2|smollm2-moe [--dir models]
+    everyprompt demo [RECIPE|CONFIG.yaml] [--seed S] [KEY=VALUE ...]
+    everyprompt train [RECIPE|CONFIG.yaml] [KEY=VALUE ...] [--run-dir D] [--resume RUN_DIR]
     everyprompt sft [CONFIG.yaml] [KEY=VALUE ...] [--run-dir D]
     everyprompt eval CHECKPOINT [--data FILE] [CONFIG.yaml] [KEY=VALUE ...]
     everyprompt score INPUT.jsonl --reward math [--completion-field F] [--answer-field F] [-o OUT]
@@ -11,7 +13,9 @@
     everyprompt report RUN_OR_SWEEP [RUN ...] [--html [REPORT.html]]
     everyprompt convert FILE.gguf OUT_DIR
 
-`main.py` builds the parser from the command groups (`runs.py`, `data.py`, `models.py`, `sweep.py`,
+A config argument is a YAML file, or the bare name of a recipe shipped with the package (`recipes`).
+
+`main.py` builds the parser from the command groups (`start.py`, `runs.py`, `data.py`, `models.py`, `sweep.py`,
 `report.py`: each adds its commands' arguments and the function that runs them) and turns failures into
 exit codes: bad input exits 2 with a one-line message, a run that went wrong exits 1, a stopped run
 130 / 143.

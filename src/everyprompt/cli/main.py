@@ -6,13 +6,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from everyprompt.cli import data, models, report, runs, serve, sweep
+from everyprompt.cli import data, models, report, runs, serve, start, sweep
 from everyprompt.cli.args import EXIT_FAILURE, EXIT_USAGE
 from everyprompt.config import ConfigError
 from everyprompt.errors import InputError, RunError
 from everyprompt.processes import StopRequested
 
-COMMAND_GROUPS = (runs, data, models, sweep, report, serve)  # each adds its commands to the parser
+COMMAND_GROUPS = (start, runs, data, models, sweep, report, serve)  # each adds its commands to the parser
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,7 +11,6 @@ run-level sections, the root `Config`, and loading and saving.
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,6 +20,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from everyprompt.config.base import ConfigError, Section
 from everyprompt.config.cluster import ClusterConfig
 from everyprompt.config.model import DataConfig, LoRAConfig, ModelConfig, SFTConfig
+from everyprompt.config.recipes import anchor_data_files, find_config, recipes_dir
 from everyprompt.config.rl import KLConfig, RLConfig, RolloutCorrectionConfig
 from everyprompt.config.rollout import (
     DEFAULT_JUDGE_TEMPLATE,
@@ -198,7 +198,7 @@ DEMO_CONFIG = "demo.yaml"
 
 def demo_config_path() -> Path:
     """The embedded default config (`configs/demo.yaml`, shipped inside the package)."""
-    return Path(str(resources.files("everyprompt") / "configs" / DEMO_CONFIG))
+    return recipes_dir() / DEMO_CONFIG
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -298,9 +298,9 @@ def _line_of(path: Path, keys: list[str]) -> int | None:
 
 
 def read_yaml(path: str | Path) -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
+    """The config tree of the file (or recipe name) `path`, its data files found from the working
+    directory, else beside the file (config/recipes.py)."""
+    path = find_config(path)
     try:
         tree = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
@@ -309,13 +309,13 @@ def read_yaml(path: str | Path) -> dict:
         raise ConfigError(f"{path}{where}: not valid YAML ({getattr(err, 'problem', err)})") from None
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}: expected a mapping of config keys at the top level")
-    return tree
+    return anchor_data_files(tree, path)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Read a YAML config (the embedded demo default when `path` is None) and apply dotted overrides; an
     invalid value is named with where it came from (the override, or the file and its line)."""
-    path = Path(path) if path is not None else demo_config_path()
+    path = find_config(path) if path is not None else demo_config_path()
     tree = read_yaml(path)
     given: dict[str, str] = {}
     for text in overrides:
@@ -364,6 +364,7 @@ __all__ = [
     "ZVPConfig",
     "build_config",
     "demo_config_path",
+    "find_config",
     "load_config",
     "save_config",
 ]

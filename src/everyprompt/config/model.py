@@ -40,7 +40,9 @@ class ModelConfig(Section):
         "(tiny-moe) or a locally trained BPE with a chat template (tiny-chat-moe).",
     )
     path: str | None = Field(
-        None, description="Local Hugging Face causal-LM checkpoint directory (overrides `preset`)."
+        None,
+        description="A Hugging Face causal-LM checkpoint: a local directory, a .gguf file, or a Hub id "
+        "ORG/NAME[@REVISION] (overrides `preset`).",
     )
     hidden_size: int = Field(128, gt=0, description="Preset only: hidden width.")
     num_layers: int = Field(4, gt=0, description="Preset only: decoder layers (all MoE).")
@@ -98,7 +100,7 @@ class DataConfig(Section):
     train_file: str | None = Field(
         None,
         description="Prompts for RL and SFT: .jsonl/.json/.parquet/.arrow or a `datasets` save_to_disk "
-        "directory (fields `prompt` or `messages`, `answer`, optional `level`, `solution` for SFT).",
+        "directory, or a Hub dataset file hf://datasets/ORG/NAME[@REVISION]/PATH (fields `prompt` or `messages`, `answer`, optional `level`, `solution` for SFT).",
     )
     eval_file: str | None = Field(None, description="Held-out prompts for evaluation (as train_file).")
     columns: dict[str, str] = Field(

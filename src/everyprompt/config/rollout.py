@@ -185,7 +185,9 @@ class ExternalConfig(Section):
 
 
 class GenRMConfig(Section):
-    model: str | None = Field(None, description="Judge: a local Hugging Face causal-LM checkpoint directory.")
+    model: str | None = Field(
+        None, description="Judge: a causal-LM checkpoint directory or Hub id ORG/NAME[@REVISION]."
+    )
     template: str = Field(
         DEFAULT_JUDGE_TEMPLATE,
         description="Judge prompt; {question}, {reference} and {response} are filled from the prompt row's "
@@ -215,7 +217,8 @@ class GenRMConfig(Section):
 
 class ScalarRMConfig(Section):
     model: str | None = Field(
-        None, description="A local sequence-classification checkpoint with one output (the score)."
+        None,
+        description="A sequence-classification checkpoint with one output (the score): a directory or a Hub id.",
     )
     template: str = Field("{question}\n{response}", description="Text scored; {question} and {response}.")
     batch_size: int = Field(32, gt=0, description="Responses scored per forward pass.")

@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from everyprompt.config import ModelConfig
 from everyprompt.errors import InputError
 from everyprompt.hub import resolve_model
+from everyprompt.models.catalog import fetch_hint
 from everyprompt.models.gguf import is_gguf, load_gguf
 from everyprompt.models.lora import adapter_base_path, is_lora, load_adapter, merged_state_dict
 from everyprompt.models.presets import tiny_moe_config
@@ -26,7 +27,7 @@ def load_pretrained(
     """A checkpoint directory or GGUF file (fp32) and its tokenizer (pad = eos when it has no pad token),
     local or named by its Hugging Face Hub id (hub.py); `model_class` picks the head
     (AutoModelForSequenceClassification for scalar reward models)."""
-    path = resolve_model(path)
+    path = resolve_model(path, hint=fetch_hint(Path(path)))
     if is_gguf(path):  # a llama.cpp file: dequantised, with its tokenizer and chat template
         return load_gguf(path, model_class)
     base = adapter_base_path(path)
@@ -39,7 +40,11 @@ def load_pretrained(
         model, _ = load_pretrained(base, model_class)
         return load_adapter(model, path).merge_and_unload(), _load_tokenizer(path)
     if not (path / "config.json").is_file():
-        hint = "" if path.exists() else "; no such path, and a Hugging Face Hub id is ORG/NAME[@REVISION]"
+        hint = (
+            ""
+            if path.exists()
+            else f"; no such path{fetch_hint(path)}, and a Hugging Face Hub id is ORG/NAME[@REVISION]"
+        )
         raise ModelError(f"{path}: not a Hugging Face checkpoint directory (no config.json){hint}")
     try:
         model = model_class.from_pretrained(path, local_files_only=True, dtype=torch.float32)

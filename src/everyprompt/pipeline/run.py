@@ -26,6 +26,7 @@ from everyprompt.devices.malloc import malloc_note
 from everyprompt.evaluate import evaluate_config, held_out_rewards
 from everyprompt.hub import pinned
 from everyprompt.logs import quiet_libraries, record_warnings
+from everyprompt.models.catalog import fetch_hint
 from everyprompt.models.io import load_model_and_tokenizer, load_pretrained
 from everyprompt.models.lora import load_adapter
 from everyprompt.models.precision import training_kernels
@@ -105,21 +106,20 @@ def pin_hub_names(config: Config, console: Console) -> Config:
     """`config` with each Hub name it holds fetched (or found in the cache) and written with its commit
     (`ORG/NAME@COMMIT`, `hf://datasets/ORG/NAME@COMMIT/PATH`), so the run's config.yaml repeats it
     exactly; a name that does not resolve exits 2 now, naming its key, before the run writes anything."""
-    tree = None
+    tree = config.model_dump(mode="json")
+    changed = False
     for section, key in HUB_NAMED:
-        node = config
+        node = tree
         for part in section.split("."):
-            node = getattr(node, part)
-        name = getattr(node, key)
-        if name is None or pinned(name, f"{section}.{key}") == name:
+            node = node[part]
+        name = node[key]
+        if name is None:
             continue
-        tree = tree or config.model_dump(mode="json")
-        where = tree
-        for part in section.split("."):
-            where = where[part]
-        where[key] = pinned(name, f"{section}.{key}")
-        console.print(f"{section}.{key}: {name} -> {where[key]} (kept in config.yaml)", markup=False)
-    return config if tree is None else Config.model_validate(tree)
+        node[key] = pinned(name, f"{section}.{key}", fetch_hint(Path(name)) if key == "path" else "")
+        if node[key] != name:
+            changed = True
+            console.print(f"{section}.{key}: {name} -> {node[key]} (kept in config.yaml)", markup=False)
+    return Config.model_validate(tree) if changed else config
 
 
 class Run:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from everyprompt.hub import is_hub_name, resolve_model
+from everyprompt.models.catalog import fetch_hint
 from everyprompt.models.gguf import check_file, is_gguf
 from everyprompt.run.layout import RunLayout, find_checkpoint
 from everyprompt.trainer.checkpoint import CheckpointError, verify_checkpoint
@@ -86,7 +87,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
     """A model from itself (a checkpoint directory or a GGUF file), a run directory, a `checkpoints/`
     directory, or a Hugging Face Hub id that is not a local path (its cached or fetched snapshot)."""
     if is_hub_name(path):
-        return resolve_model(path, "CHECKPOINT")
+        return resolve_model(path, "CHECKPOINT", fetch_hint(Path(path)))
     if is_gguf(path):
         check_file(Path(path))  # a missing or foreign file is named here, before anything is written
         return Path(path).resolve()

@@ -24,6 +24,7 @@ from everyprompt.config import (
     apply_override,
     build_config,
     demo_config_path,
+    find_config,
     parse_override,
     read_yaml,
 )
@@ -127,7 +128,7 @@ class SweepPlan:
 
     @classmethod
     def build(cls, config: str | None, arguments: list[str], seeds: str | None) -> SweepPlan:
-        path = Path(config) if config is not None else demo_config_path()
+        path = find_config(config) if config is not None else demo_config_path()
         fixed, grid = parse_axes(arguments)
         base = read_yaml(path)
         plan = cls(base, fixed, grid, parse_seeds(seeds) or [int(base.get("seed", 0))], str(path))
