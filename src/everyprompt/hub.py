@@ -41,20 +41,23 @@ class HubError(InputError):
     """A name that is neither a local path nor a Hub model or dataset this machine has or can fetch."""
 
 
-def hub_id(name: str) -> tuple[str, str | None] | None:
-    """(repo, revision or None) of a name shaped like a Hub id, or None; HubError for an empty revision."""
+def hub_id(name: str, what: str = "model") -> tuple[str, str | None] | None:
+    """(repo, revision or None) of a name shaped like a Hub id, or None; HubError for an empty revision
+    (naming `what`, the key or option that gave the name)."""
     match = HUB_ID.fullmatch(name)
     if match is None:
         return None
     revision = match["revision"]
     if revision is not None and not revision.strip():
-        raise HubError(f"{name}: an empty revision after '@' (expected ORG/NAME@BRANCH, TAG or COMMIT)")
+        raise HubError(
+            f"{what}={name}: an empty revision after '@' (expected ORG/NAME@BRANCH, TAG or COMMIT)"
+        )
     return match["repo"], revision
 
 
-def is_hub_name(name: str | Path) -> bool:
+def is_hub_name(name: str | Path, what: str = "model") -> bool:
     """Whether `name` is resolved as a Hub model id: shaped like one, and no local path."""
-    return not Path(name).exists() and hub_id(str(name)) is not None
+    return not Path(name).exists() and hub_id(str(name), what) is not None
 
 
 def is_hub_dataset(path: str | Path) -> bool:
@@ -80,9 +83,9 @@ def resolve_model(name: str | Path, what: str = "model", hint: str = "") -> Path
     """The local path of a model named `name` (`what`: the key or option that named it, and `hint`: what
     else a missing one may be, for messages): the Hub id's snapshot for a name shaped like one that is not
     a local path, else `name` itself (a path, which its loader checks and names if it is not one)."""
-    if not is_hub_name(name):
+    if not is_hub_name(name, what):
         return Path(name)
-    repo, revision = hub_id(str(name))
+    repo, revision = hub_id(str(name), what)
     snapshot = Path(_fetch("model", repo, revision, None, what, str(name), hint))
     _check_snapshot(snapshot, what, str(name))
     return snapshot
@@ -102,10 +105,19 @@ def pinned(name: str, what: str, hint: str = "") -> str:
     if is_hub_dataset(name):
         repo, _, file = dataset_file(name, what)
         return f"{DATASETS}{repo}@{_commit_of(resolve_data(name, what))}/{file}"
-    if is_hub_name(name):
-        repo, _ = hub_id(name)
+    if is_hub_name(name, what):
+        repo, _ = hub_id(name, what)
         return f"{repo}@{_commit_of(resolve_model(name, what, hint))}"
     return name
+
+
+def check_model_name(name: str, what: str, hint: str = "") -> None:
+    """A model's name is a path on this machine or shaped like a Hub id: else a HubError naming `what`."""
+    if not Path(name).exists() and hub_id(name, what) is None:
+        raise HubError(
+            f"{what}={name}: no such path{hint}, and not a Hugging Face Hub id (expected a checkpoint "
+            "directory, a .gguf file, or ORG/NAME[@REVISION])"
+        )
 
 
 def _commit_of(local: Path) -> str:

@@ -66,12 +66,27 @@ def test_an_id_the_cache_lacks_names_the_id_the_cache_and_the_command(offline_ca
         resolve_model("org/missing@v2")
 
 
-def test_a_name_neither_local_nor_an_id_is_refused_by_name(offline_cache):
+def test_a_name_neither_local_nor_an_id_is_refused_by_name(offline_cache, tmp_path, capsys):
+    from everyprompt.cli import main
     from everyprompt.models.io import ModelError
 
     assert resolve_model("a/b/c") == Path("a/b/c")  # a path: its loader names what is wrong with it
     with pytest.raises(ModelError, match=r"a/b/c: .*no such path, and a Hugging Face Hub id is ORG/NAME"):
         load_pretrained("a/b/c")
+    for setting, expected in [
+        ("model.path=a/b/c", "model.path=a/b/c: no such path, and not a Hugging Face Hub id (expected a"),
+        (
+            "model.path=org/name@",
+            "model.path=org/name@: an empty revision after '@' (expected ORG/NAME@BRANCH",
+        ),
+        ("rewards.genrm.model=x/y/z", "rewards.genrm.model=x/y/z: no such path, and not a Hugging Face"),
+    ]:
+        run = tmp_path / setting.partition("=")[0]
+        assert main(["train", setting, "rl.steps=1", "--run-dir", str(run)]) == 2
+        err = capsys.readouterr().err
+        assert expected in err and "Traceback" not in err
+        # a missing local model fails in its run directory (a sweep's report lists the failed cell)
+        assert not (run / "checkpoints").exists()
 
 
 def test_a_local_directory_wins_over_an_id_of_the_same_name(offline_cache, saved, tmp_path, monkeypatch):

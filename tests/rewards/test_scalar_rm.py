@@ -65,3 +65,19 @@ def test_a_scalar_rm_run_with_the_dead_zone(rm_dir, tmp_path):
     train(config, run_dir=tmp_path)
     line = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
     assert line["reward/errors"] == 0 and line["reward/none_fraction"] == 0  # scored in the worker
+
+
+def test_a_reward_model_named_by_its_hub_id_scores_a_run(rm_dir, offline_cache, tmp_path):
+    import yaml
+
+    from everyprompt.pipeline import train
+    from tests.conftest import cache_repo, tiny_config
+
+    commit = "e" * 40
+    cache_repo(offline_cache, "org/rm", rm_dir, commit)
+    config = tiny_config("rl.steps=1", "rewards.function=scalar_rm", "rewards.scalar_rm.model=org/rm")
+    train(config, run_dir=tmp_path / "run")
+    line = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert line["reward/errors"] == 0 and line["reward/none_fraction"] == 0  # the worker found the snapshot
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert saved["rewards"]["scalar_rm"]["model"] == f"org/rm@{commit}"

@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from everyprompt.config import ModelConfig
 from everyprompt.errors import InputError
-from everyprompt.hub import resolve_model
+from everyprompt.hub import check_model_name, resolve_model
 from everyprompt.models.catalog import fetch_hint
 from everyprompt.models.gguf import is_gguf, load_gguf
 from everyprompt.models.lora import adapter_base_path, is_lora, load_adapter, merged_state_dict
@@ -69,6 +69,7 @@ def load_model_and_tokenizer(
     """The checkpoint at `model.path` if set, else a random-init preset (seeded) with its tokenizer
     (`PRESET_TOKENIZERS`)."""
     if model.path:
+        check_model_name(model.path, "model.path", fetch_hint(Path(model.path)))
         return load_pretrained(model.path)
     tokenizer = PRESET_TOKENIZERS[model.preset]()
     config = tiny_moe_config(

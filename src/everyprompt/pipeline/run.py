@@ -24,7 +24,7 @@ from everyprompt.data.rows import ConfigRows
 from everyprompt.devices import keep_freed_memory, resolve_device
 from everyprompt.devices.malloc import malloc_note
 from everyprompt.evaluate import evaluate_config, held_out_rewards
-from everyprompt.hub import pinned
+from everyprompt.hub import check_model_name, pinned
 from everyprompt.logs import quiet_libraries, record_warnings
 from everyprompt.models.catalog import fetch_hint
 from everyprompt.models.io import load_model_and_tokenizer, load_pretrained
@@ -115,7 +115,12 @@ def pin_hub_names(config: Config, console: Console) -> Config:
         name = node[key]
         if name is None:
             continue
-        node[key] = pinned(name, f"{section}.{key}", fetch_hint(Path(name)) if key == "path" else "")
+        what, hint = f"{section}.{key}", fetch_hint(Path(name))
+        if section.startswith(
+            "rewards"
+        ):  # loaded in a reward worker: refused now (model.path: by its loader)
+            check_model_name(name, what, hint)
+        node[key] = pinned(name, what, hint)
         if node[key] != name:
             changed = True
             console.print(f"{section}.{key}: {name} -> {node[key]} (kept in config.yaml)", markup=False)
