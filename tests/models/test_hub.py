@@ -162,3 +162,26 @@ def test_a_missing_id_exits_2_naming_it_and_writes_nothing(offline_cache, tmp_pa
     assert main(["train", "model.path=org/missing", "rl.steps=1", "--run-dir", str(tmp_path / "run")]) == 2
     assert "model.path=org/missing: not in the Hugging Face cache" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()  # refused before the run directory is made
+
+
+def test_a_fetch_shows_the_hubs_progress_bars_and_leaves_them_as_they_were(offline_cache, monkeypatch):
+    import huggingface_hub
+    from huggingface_hub import constants
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    from everyprompt import hub
+
+    seen: list[bool] = []
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # as online; the download itself is replaced
+    monkeypatch.setattr(
+        huggingface_hub,
+        "snapshot_download",
+        lambda repo, **kw: seen.append(are_progress_bars_disabled()) or str(offline_cache / "x" / repo),
+    )
+    before = are_progress_bars_disabled()
+    disable_progress_bars()  # as a run leaves them (logs.quiet_libraries)
+    try:
+        hub._download("model", "org/online", None, None, str(offline_cache))
+        assert seen == [False] and are_progress_bars_disabled()  # on while it ran, off again after
+    finally:
+        (disable_progress_bars if before else enable_progress_bars)()

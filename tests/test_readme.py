@@ -1,0 +1,44 @@
+"""The README's first screen: what everyprompt is and for whom, install, the demo, a real model, a GPU and
+the docs, in 40 lines; every command on it parses, names recipes that ship, and links pages that exist."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+from everyprompt.cli import build_parser
+from everyprompt.config.recipes import find_config
+
+ROOT = Path(__file__).resolve().parents[1]
+FIRST_SCREEN = 40
+
+
+def _first_screen() -> str:
+    return "\n".join((ROOT / "README.md").read_text().splitlines()[:FIRST_SCREEN])
+
+
+def test_the_first_screen_answers_what_for_whom_install_demo_real_model_gpu_and_docs():
+    screen = _first_screen()
+    for needed in ("Mixture-of-Experts", "verl, TRL", "pip install", "make demo", "make test",
+                   "everyprompt demo", "everyprompt fetch smollm2", "On a GPU", "**Docs**"):  # fmt: skip
+        assert needed in screen, needed
+    for page in re.findall(r"\]\((docs/[\w-]+\.md)\)", screen):
+        assert (ROOT / page).is_file(), page
+    assert len(re.findall(r"\]\(docs/", screen)) == len(list((ROOT / "docs").glob("*.md")))  # every page
+
+
+def test_every_command_on_the_first_screen_parses_and_names_recipes_that_ship():
+    commands = [
+        line.split("#", 1)[0].strip()
+        for line in _first_screen().splitlines()
+        if line.startswith("everyprompt ")
+    ]
+    assert len(commands) >= 6
+    parser = build_parser()
+    for command in commands:
+        args, extra = parser.parse_known_args(shlex.split(command)[1:])
+        assert all("=" in e for e in extra), command
+        config = [value for value in getattr(args, "config", []) if "=" not in value]
+        for name in config:
+            assert find_config(name).is_file(), command
