@@ -3,6 +3,8 @@
     python bench/evidence.py --comparison c1 --setup tiny      # runs the cells not recorded yet
     python bench/evidence.py --comparison c2 --setup smollm2   # needs `make smollm2`
     python bench/evidence.py --summary                         # the contrasts and verdicts so far
+    python bench/evidence.py --rejudge                         # the file's contrasts, under the rules in force
+    python bench/evidence.py --readme                          # the README's claims table from the file
     python bench/evidence.py --comparison c1 --setup tiny --tiny --seeds 0 1   # a smoke run, in seconds
 
 A run is recorded in bench/results/evidence.json (its held-out figures and a few training figures) when
@@ -13,8 +15,9 @@ it cut short resume from their checkpoints (the sweeps under bench/results/evide
 cell's checkpoints are deleted once it is recorded (its record needs only eval.json and metrics.jsonl; a
 MoE cell would otherwise keep 8 GB): `--keep-checkpoints` keeps them. Each contrast
 is recomputed from the records at every write: the paired differences by seed, their mean, the 95%
-percentile-bootstrap interval and the verdict (docs/evidence.md), given only once every pre-registered
-seed of both arms is in.
+t-interval, the p-value, Holm's adjustment within the comparison and the verdict (docs/evidence.md as
+amended 2026-11-27), given once every pre-registered seed of the comparison's judged contrasts is in;
+beside it the verdict of the rule as first written (a percentile bootstrap of the first seeds).
 
 Calls on different comparisons may run at the same time (with `OMP_NUM_THREADS=1`, say, so that
 together they use each core once): each writes its own comparison's records into the file as it is when
@@ -93,11 +96,16 @@ def record_of(arm: str, seed: int, run_dir: Path, seconds: float, levels: list[i
 
 
 # ---------------------------------------------------------------- the statistic and the verdicts
-def contrasts(comparison: Comparison, setup: Setup, arms: dict[str, dict]) -> list[dict]:
-    """Each judged and reported contrast from the recorded runs: paired by seed (docs/evidence.md)."""
-    from everyprompt.report.stats import paired_bootstrap, verdict
+def contrasts(comparison: Comparison, setup_name: str, arms: dict[str, dict]) -> list[dict]:
+    """Each judged and reported contrast from the recorded runs, paired by seed, under the rule in force
+    (docs/evidence.md, amended 2026-11-27: a paired t-test, Holm within the comparison's judged contrasts,
+    at least MIN_PAIRS pairs) and, beside it, the rule as first written (a percentile bootstrap of the
+    first pre-registered seeds). A verdict waits for every pre-registered seed of the family's contrasts;
+    until then `status` says which seeds each side lacks."""
+    from everyprompt.report.stats import MIN_PAIRS, holm, paired_bootstrap, paired_t, t_verdict, verdict
 
     baseline = next(iter(comparison.arms))
+    wanted, first = comparison.seeds_on(setup_name), comparison.first_seeds_on(setup_name)
     pairs = [(arm, baseline, True) for arm in comparison.judged]
     pairs += [(arm, reference, False) for arm, reference in comparison.reported]
     out = []
@@ -106,8 +114,10 @@ def contrasts(comparison: Comparison, setup: Setup, arms: dict[str, dict]) -> li
         theirs = {r["seed"]: r["greedy_accuracy"] for r in arms.get(reference, {}).get("runs", [])}
         seeds = sorted(set(mine) & set(theirs))
         differences = [mine[s] - theirs[s] for s in seeds]
-        difference = paired_bootstrap(differences)
-        complete = set(comparison.seeds_on(setup)) <= set(seeds)
+        test = paired_t(differences)
+        lacking = {side: sorted(set(wanted) - set(runs)) for side, runs in ((arm, mine), (reference, theirs))}
+        lacking = {side: missing for side, missing in lacking.items() if missing}
+        original = paired_bootstrap([mine[s] - theirs[s] for s in seeds if s in first])
         out.append(
             {
                 "arm": arm,
@@ -115,13 +125,38 @@ def contrasts(comparison: Comparison, setup: Setup, arms: dict[str, dict]) -> li
                 "judged": judged,
                 "seeds": seeds,
                 "differences": differences,
-                "mean_difference": difference.value,
-                "interval": None if difference.low is None else [difference.low, difference.high],
-                "complete": complete,
-                "verdict": verdict(difference) if judged and complete else None,
+                "mean_difference": test.value,
+                "interval": None if test.low is None else [test.low, test.high],
+                "p": test.p,
+                "p_holm": None,
+                "complete": not lacking,
+                "verdict": None,
+                "status": _status(lacking, len(seeds), MIN_PAIRS),
+                "as_first_written": {
+                    "seeds": [s for s in seeds if s in first],
+                    "mean_difference": original.value,
+                    "interval": None if original.low is None else [original.low, original.high],
+                    "verdict": verdict(original) if judged and set(first) <= set(seeds) else None,
+                },
             }
         )
+    family = [c for c in out if c["judged"]]
+    if family and all(c["status"] is None for c in family):
+        for c, adjusted in zip(family, holm([c["p"] for c in family])):
+            c["p_holm"], c["verdict"] = adjusted, t_verdict(c["mean_difference"], adjusted)
+    else:
+        for c in family:
+            c["status"] = c["status"] or "waits for the other contrasts of its comparison (Holm's family)"
     return out
+
+
+def _status(lacking: dict[str, list[int]], pairs: int, needed: int) -> str | None:
+    """Why a contrast has no verdict yet (None: nothing stands in the way)."""
+    if lacking:
+        return "not enough seeds: " + "; ".join(f"{side} lacks {seeds}" for side, seeds in lacking.items())
+    if pairs < needed:
+        return f"not enough seeds: {pairs} pairs, the rule needs {needed}"
+    return None
 
 
 def load(path: Path) -> dict:
@@ -156,10 +191,14 @@ def _locked(path: Path):
 
 
 def _write(path: Path, payload: dict, smoke: bool) -> None:
+    from everyprompt.report.stats import RULES
+
     for name, entry in payload["comparisons"].items():
         entry["title"] = COMPARISONS[name].title  # the plan's, should it have been reworded
         for setup_name, body in entry["setups"].items():
-            body["contrasts"] = contrasts(COMPARISONS[name], SETUPS[setup_name], body["arms"])
+            body["contrasts"] = contrasts(COMPARISONS[name], setup_name, body["arms"])
+            body["seeds"] = list(COMPARISONS[name].seeds_on(setup_name))
+    payload["rules"] = {key: f"{rule.name} ({rule.since})" for key, rule in RULES.items()}
     payload["smoke"] = smoke
     write_results(path, payload)
 
@@ -237,7 +276,7 @@ def run(
     entry = payload["comparisons"].setdefault(name, {"title": comparison.title, "setups": {}})
     body = entry["setups"].setdefault(setup_name, {"arms": {}})
     body["fixed"] = [o.replace(f"{ROOT}/", "") for o in fixed]  # paths relative to the repository
-    body["seeds"] = list(comparison.seeds_on(setup))
+    body["seeds"] = list(comparison.seeds_on(setup_name))
     for arm, keys in comparison.arms.items():
         body["arms"].setdefault(arm, {"overrides": keys, "runs": []})
     root = work / f"{name}-{setup_name}"
@@ -274,16 +313,20 @@ MARKERS = ("<!-- claims-table -->", "<!-- /claims-table -->")
 
 def claims_table(payload: dict) -> str:
     """The README's claims: every judged contrast of the pre-registered plan, as far as it has run, and
-    each exploratory win that its confirmation on new seeds upheld (docs/evidence.md)."""
+    each exploratory win that its confirmation on new seeds upheld (docs/evidence.md); each contrast
+    judged from the recorded runs by the rule in force, with the rule as first written beside it."""
+    from everyprompt.report.stats import RULES
+
     lines = [
-        "| comparison | set-up | contrast | seed pairs | mean, points | 95% interval | verdict |",
-        "|---|---|---|---|---|---|---|",
+        "| comparison | set-up | contrast | seed pairs | mean, points | 95% t-interval | p (Holm) | verdict "
+        "| as first written |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     recorded = payload.get("comparisons", {})
 
     def found(name: str, setup_name: str) -> dict:
-        body = recorded.get(name, {}).get("setups", {}).get(setup_name, {})
-        return {(c["arm"], c["reference"]): c for c in body.get("contrasts", [])}
+        arms = recorded.get(name, {}).get("setups", {}).get(setup_name, {}).get("arms", {})
+        return {(c["arm"], c["reference"]): c for c in contrasts(COMPARISONS[name], setup_name, arms)}
 
     for name, comparison in COMPARISONS.items():
         baseline = next(iter(comparison.arms))
@@ -292,39 +335,47 @@ def claims_table(payload: dict) -> str:
             candidate = found(comparison.confirms, setup_name) if comparison.confirms else {}
             for arm in comparison.judged:
                 c = mine.get((arm, baseline))
-                # the second step's: a claim only as a confirmation that upholds its candidate's win
+                # the second step's: a claim only as a confirmation of a candidate's win (under the rule
+                # in force when the confirmation was planned, or now)
                 if comparison.exploratory and not (_won(c) and _won(candidate.get((arm, baseline)))):
                     continue
-                wanted = len(comparison.seeds_on(SETUPS[setup_name]))
                 lines.append(
                     f"| {name.upper()} {comparison.title} | {setup_name} | {arm} - {baseline} | "
-                    + _cells(c, wanted)
+                    + _cells(c, len(comparison.seeds_on(setup_name)))
                 )
+    amended, first = RULES["amended"], RULES["as-first-written"]
     lines.append(
         "\nThe plan, written before any run: docs/evidence.md. Held-out greedy accuracy after RL, the arm "
-        "minus the baseline seed by seed; a win when the 95% interval lies above 0. "
-        "`python bench/evidence.py --readme` writes this table from bench/results/evidence.json. The second, "
-        "exploratory step (where ESPO might win) is on the evidence page; a win of it is listed here only "
-        "once the same runs on new seeds confirm it."
+        f"minus the baseline seed by seed. Verdict by the rule amended {amended.since} ({amended.name}): a "
+        "win or a loss when the Holm-adjusted p-value of the paired t-test is below 0.05, given once every "
+        "pre-registered seed is in. As first written: the verdict of the plan's original rule "
+        f"({first.name}) on its first seeds. `python bench/evidence.py --readme` writes this table from "
+        "bench/results/evidence.json. The second, exploratory step (where ESPO might win) is on the evidence "
+        "page; a win of it is listed here only once the same runs on new seeds confirm it."
     )
     return "\n".join(lines)
 
 
 def _won(contrast: dict | None) -> bool:
-    return contrast is not None and contrast["verdict"] == "win"
+    return contrast is not None and "win" in (contrast["verdict"], contrast["as_first_written"]["verdict"])
 
 
 def _cells(contrast: dict | None, wanted: int) -> str:
-    """A claims row's seed pairs, mean, interval and verdict (or how far it has run)."""
-    from everyprompt.report.evidence import interval_text, signed
+    """A claims row's seed pairs, mean, interval, p-value and verdicts (or how far it has run)."""
+    from everyprompt.report.evidence import interval_text, p_text, signed
 
     if contrast is None or not contrast["seeds"]:
-        return "0 | – | – | not run yet |"
+        return "0 | – | – | – | not run yet | – |"
     seeds = len(contrast["seeds"])
     verdict = (
         f"**{contrast['verdict']}**" if contrast["verdict"] else f"incomplete ({seeds} of {wanted} seeds)"
     )
-    return f"{seeds} | {signed(contrast['mean_difference'])} | {interval_text(contrast)} | {verdict} |"
+    first = contrast["as_first_written"]
+    was = f"{first['verdict']} ({len(first['seeds'])} seeds)" if first["verdict"] else "–"
+    return (
+        f"{seeds} | {signed(contrast['mean_difference'])} | {interval_text(contrast)} | "
+        f"{p_text(contrast)} | {verdict} | {was} |"
+    )
 
 
 def readme_section(text: str) -> str:
@@ -355,6 +406,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="runs at a time (each its share of the cores)")
     parser.add_argument("--summary", action="store_true", help="print the recorded contrasts, run nothing")
     parser.add_argument("--readme", action="store_true", help="write the README's claims table, run nothing")
+    parser.add_argument(
+        "--rejudge", action="store_true", help="recompute the file's contrasts under the rules in force"
+    )
     parser.add_argument("--tiny", action="store_true", help="a smoke run on a 2-layer model (its own file)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument(
@@ -367,13 +421,18 @@ def main(argv: list[str] | None = None) -> int:
 
         Console(width=140).print(summary(load(path)))
         return 0
+    if args.rejudge:
+        with _locked(path):
+            _write(path, load(path), load(path).get("smoke", False))
+        print(f"rejudged {repo_path(path)}")
+        return 0
     if args.readme:
         write_readme(load(path))
         print("wrote the claims table into README.md")
         return 0
     if args.comparison is None or args.setup is None:
         parser.error("--comparison and --setup name what to run (or --summary)")
-    seeds = args.seeds or list(COMPARISONS[args.comparison].seeds_on(SETUPS[args.setup]))
+    seeds = args.seeds or list(COMPARISONS[args.comparison].seeds_on(args.setup))
     work = args.out / "evidence_runs"
     run(args.comparison, args.setup, seeds, path, work, args.tiny, args.workers, args.keep_checkpoints)
     print(f"wrote {repo_path(path)}")

@@ -45,9 +45,15 @@ class Comparison:
     exploratory: bool = False  # the second step's: candidates, not README claims (docs/evidence.md)
     seeds: tuple[int, ...] | None = None  # its own seeds (a confirmation's); None: the setup's
     confirms: str | None = None  # the exploratory comparison whose candidate win this reruns on new seeds
+    amended: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (set-up, its seeds) since an amendment
 
-    def seeds_on(self, setup: Setup) -> tuple[int, ...]:
-        return self.seeds or setup.seeds
+    def first_seeds_on(self, setup_name: str) -> tuple[int, ...]:
+        """The seeds as the plan was first written (the original rule judges these)."""
+        return self.seeds or SETUPS[setup_name].seeds
+
+    def seeds_on(self, setup_name: str) -> tuple[int, ...]:
+        """The seeds pre-registered now: an amendment's where one added seeds, else the first ones."""
+        return dict(self.amended).get(setup_name) or self.first_seeds_on(setup_name)
 
 
 DYNAMIC_SAMPLING = [
@@ -65,6 +71,7 @@ COMPARISONS = {
         ("espo", "gspo"),
         (("espo", "gspo"),),
         ("tiny", "smollm2"),
+        amended=(("smollm2", tuple(range(6))),),  # docs/evidence.md, 2026-11-27: seeds 3-5 added
     ),
     "c2": Comparison(
         "zero-variance handling at equal compute",
@@ -73,6 +80,7 @@ COMPARISONS = {
         (("zve", "dynamic-sampling"),),
         ("tiny", "smollm2"),
         equal_rollouts=True,
+        amended=(("tiny", tuple(range(16))),),  # docs/evidence.md, 2026-11-27: the power analysis's seeds
     ),
     "c3": Comparison(
         "router replay with bf16 rollouts",

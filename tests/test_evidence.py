@@ -2,10 +2,11 @@
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
-from everyprompt.report.stats import Difference, paired_bootstrap, verdict
+from everyprompt.report.stats import Difference, holm, paired_bootstrap, paired_t, t_verdict, verdict
 from tests.test_bench import _load
 
 
@@ -24,9 +25,28 @@ def test_the_paired_statistic_and_the_verdict_rule_by_hand():
     assert verdict(Difference(0.0, 0.0, 0.1)) == "no difference shown"  # touching 0 is not above it
 
 
+def test_the_paired_t_test_and_holm_by_hand():
+    # differences 1, 2, 3 points: mean 2, sd 1, se 1/sqrt(3); t = 2 sqrt(3) = 3.4641 on 2 degrees of
+    # freedom: two-sided p = 1 - t / sqrt(2 + t^2) = 1 - 3.4641 / 3.7417 = 0.07418; interval 2 +- 4.3027 / sqrt(3)
+    test = paired_t([0.01, 0.02, 0.03])
+    assert test.n == 3 and test.value == pytest.approx(0.02)
+    assert test.p == pytest.approx(1 - 3.4641016 / math.sqrt(2 + 12), rel=1e-6)
+    assert (test.low, test.high) == pytest.approx(
+        (0.02 - 0.043027 / math.sqrt(3), 0.02 + 0.043027 / math.sqrt(3)), rel=1e-4
+    )
+    same = paired_t([0.02, 0.02, 0.02])  # no spread: certain of its sign
+    assert same.p == 0.0 and t_verdict(same.value, same.p) == "win"
+    assert paired_t([0.0, 0.0, 0.0]).p == 1.0 and paired_t([0.1]).p is None
+    # Holm: sorted 0.01, 0.03, 0.04 of three -> 0.03, 0.06, 0.06 (made non-decreasing), in the given order
+    assert holm([0.04, 0.01, 0.03]) == pytest.approx([0.06, 0.03, 0.06])
+    assert holm([0.6, 0.9]) == pytest.approx([1.0, 1.0]) and holm([0.02]) == [0.02]
+    assert t_verdict(-0.03, 0.049) == "loss" and t_verdict(0.03, 0.05) == "no difference shown"
+    assert t_verdict(0.03, None) is None
+
+
 def test_contrasts_pair_by_seed_and_judge_only_complete_ones():
     bench = _load("evidence")
-    c1, tiny = bench.COMPARISONS["c1"], bench.SETUPS["tiny"]
+    c1, tiny = bench.COMPARISONS["c1"], "tiny"
 
     def runs(values):
         return {"runs": [{"seed": s, "greedy_accuracy": v} for s, v in enumerate(values)]}
@@ -39,11 +59,40 @@ def test_contrasts_pair_by_seed_and_judge_only_complete_ones():
     out = {(c["arm"], c["reference"]): c for c in bench.contrasts(c1, tiny, arms)}
     espo = out[("espo", "ppo-clip")]
     assert espo["differences"] == pytest.approx([0.02, 0.01, 0.03, 0.02, 0.01, 0.03])
-    assert espo["mean_difference"] == pytest.approx(0.02) and espo["complete"] and espo["verdict"] == "win"
-    gspo = out[("gspo", "ppo-clip")]  # one seed of six: no verdict yet
+    assert espo["mean_difference"] == pytest.approx(0.02) and espo["complete"]
+    assert espo["as_first_written"]["verdict"] == "win"  # the original rule needs only its own contrast
+    assert espo["verdict"] is None and "Holm's family" in espo["status"]  # GSPO, its family, is not in
+    gspo = out[("gspo", "ppo-clip")]  # one seed of six: no verdict yet, and the report says which lack
     assert gspo["seeds"] == [0] and not gspo["complete"] and gspo["verdict"] is None
+    assert gspo["status"] == "not enough seeds: gspo lacks [1, 2, 3, 4, 5]"
     reported = out[("espo", "gspo")]
     assert not reported["judged"] and reported["verdict"] is None
+    # the family complete: Holm over its two p-values
+    arms["gspo"] = runs([0.80, 0.81, 0.79, 0.80, 0.82, 0.78])
+    out = {(c["arm"], c["reference"]): c for c in bench.contrasts(c1, tiny, arms)}
+    espo, gspo = out[("espo", "ppo-clip")], out[("gspo", "ppo-clip")]
+    assert espo["p_holm"] == pytest.approx(2 * espo["p"]) and espo["verdict"] == "win"  # the smaller p, x2
+    assert (
+        gspo["p_holm"] == pytest.approx(max(gspo["p"], 2 * espo["p"]))
+        and gspo["verdict"] == "no difference shown"
+    )
+
+
+def test_too_few_or_mismatched_seeds_get_no_verdict_and_say_so():
+    bench = _load("evidence")
+    c3 = bench.COMPARISONS["c3"]
+    arms = {
+        "no-replay": {"runs": [{"seed": s, "greedy_accuracy": 0.5} for s in (0, 1, 2)]},
+        "r3": {"runs": [{"seed": s, "greedy_accuracy": 0.6} for s in (0, 2, 5)]},  # seed 1 missing, 5 extra
+    }
+    (r3,) = bench.contrasts(c3, "smollm2-moe", arms)
+    assert r3["seeds"] == [0, 2] and r3["verdict"] is None and r3["p_holm"] is None
+    assert r3["status"] == "not enough seeds: r3 lacks [1]"
+    smoke = replace(c3, seeds=(0, 1))  # complete at two pairs: still fewer than the rule needs
+    arms["r3"]["runs"] = [{"seed": s, "greedy_accuracy": 0.6} for s in (0, 1)]
+    (r3,) = bench.contrasts(smoke, "smollm2-moe", arms)
+    assert r3["complete"] and r3["verdict"] is None
+    assert r3["status"] == "not enough seeds: 2 pairs, the rule needs 3"
 
 
 def test_calls_on_other_comparisons_keep_each_others_records(tmp_path):
@@ -129,7 +178,7 @@ def test_every_preregistered_cell_is_a_valid_config(name, tmp_path):
         sft = tmp_path / "sft" if setup.shared_sft else None
         fixed = bench.fixed_overrides(comparison, setup, [], sft, setup.steps)
         path = setup.config or demo_config_path()
-        seeds = list(comparison.seeds_on(setup))
+        seeds = list(comparison.seeds_on(setup_name))
         plan = SweepPlan(read_yaml(path), fixed, {}, seeds, str(path), comparison.arms)
         plan.validate()  # every cell's config built and checked
         assert len(plan.cells()) == len(comparison.arms) * len(seeds)
@@ -183,12 +232,12 @@ def test_the_second_step_changes_one_thing_each():
         assert f"`{name}`" in doc or f"--comparison {name}" in doc
     confirm = bench.COMPARISONS["c5-hard-confirm"]  # the candidate's confirmation: new seeds, same runs
     assert (
-        confirm.seeds_on(tiny) == (6, 7, 8, 9, 10, 11) and confirm.arms == bench.COMPARISONS["c5-hard"].arms
+        confirm.seeds_on("tiny") == (6, 7, 8, 9, 10, 11) and confirm.arms == bench.COMPARISONS["c5-hard"].arms
     )
     assert confirm.fixed == bench.COMPARISONS["c5-hard"].fixed and confirm.exploratory
     # complete, and so judged, only with its own six seeds in
     runs = {arm: {"runs": [{"seed": s, "greedy_accuracy": 0.8} for s in range(6)]} for arm in confirm.arms}
-    assert not bench.contrasts(confirm, tiny, runs)[0]["complete"]
+    assert not bench.contrasts(confirm, "tiny", runs)[0]["complete"]
 
 
 @pytest.mark.slow  # an SFT checkpoint and six short runs, each a process (~1 min)
@@ -228,27 +277,33 @@ def test_the_readme_claims_table_is_the_one_the_results_give():
 
 def test_the_claims_table_says_how_far_each_contrast_has_run():
     bench = _load("evidence")
-    c1, tiny = bench.COMPARISONS["c1"], bench.SETUPS["tiny"]
 
     def runs(values):
         return {"runs": [{"seed": s, "greedy_accuracy": v} for s, v in enumerate(values)]}
 
     arms = {"ppo-clip": runs([0.80] * 6), "espo": runs([0.82] * 6), "gspo": runs([0.80, 0.81])}
-    body = {"arms": arms, "contrasts": bench.contrasts(c1, tiny, arms)}
-    rows = bench.claims_table({"comparisons": {"c1": {"setups": {"tiny": body}}}}).splitlines()
-    assert rows[2] == "| C1 the policy loss | tiny | espo - ppo-clip | 6 | +2.0 | [+2.0, +2.0] | **win** |"
-    assert (
-        rows[3]
-        == "| C1 the policy loss | tiny | gspo - ppo-clip | 2 | +0.5 | [+0.0, +1.0] | incomplete (2 of 6 seeds) |"
+    rows = bench.claims_table({"comparisons": {"c1": {"setups": {"tiny": {"arms": arms}}}}}).splitlines()
+    # the family waits for GSPO's seeds; the rule as first written judged ESPO on its own
+    assert rows[2] == (
+        "| C1 the policy loss | tiny | espo - ppo-clip | 6 | +2.0 | [+2.0, +2.0] | 0.000 | incomplete (6 of 6 "
+        "seeds) | win (6 seeds) |"
     )
-    assert rows[4].endswith("| smollm2 | espo - ppo-clip | 0 | – | – | not run yet |")
+    assert rows[3] == (
+        "| C1 the policy loss | tiny | gspo - ppo-clip | 2 | +0.5 | [-5.9, +6.9] | 0.500 | incomplete (2 of 6 "
+        "seeds) | – |"
+    )
+    assert rows[4].endswith("| smollm2 | espo - ppo-clip | 0 | – | – | – | not run yet | – |")
+    arms["gspo"] = runs([0.80, 0.81, 0.80, 0.79, 0.80, 0.80])
+    rows = bench.claims_table({"comparisons": {"c1": {"setups": {"tiny": {"arms": arms}}}}}).splitlines()
+    assert rows[2].endswith("| 0.000 (0.000) | **win** | win (6 seeds) |")
+    assert rows[3].endswith("| **no difference shown** | no difference shown (6 seeds) |")
 
 
 def test_an_exploratory_win_is_a_claim_only_once_confirmed():
     """docs/evidence.md: a win of the second step is a candidate; the README lists it only when the same
     runs on new seeds also win, never the candidate alone, never a failed confirmation."""
     bench = _load("evidence")
-    tiny = bench.SETUPS["tiny"]
+    tiny = "tiny"
     first, confirm = bench.COMPARISONS["c5-hard"], bench.COMPARISONS["c5-hard-confirm"]
 
     def body(comparison, espo):
@@ -257,7 +312,7 @@ def test_an_exploratory_win_is_a_claim_only_once_confirmed():
             "ppo-clip": {"runs": [{"seed": s, "greedy_accuracy": 0.80} for s in seeds]},
             "espo": {"runs": [{"seed": s, "greedy_accuracy": v} for s, v in zip(seeds, espo, strict=True)]},
         }
-        return {"setups": {"tiny": {"arms": arms, "contrasts": bench.contrasts(comparison, tiny, arms)}}}
+        return {"setups": {"tiny": {"arms": arms}}}
 
     win, tie = [0.82] * 6, [0.78, 0.82] * 3
 
@@ -271,5 +326,6 @@ def test_an_exploratory_win_is_a_claim_only_once_confirmed():
     assert claims(win, tie) == []  # not confirmed
     assert claims(tie, win) == []  # no candidate to confirm
     assert claims(win, win) == [
-        f"| C5-HARD-CONFIRM {confirm.title} | tiny | espo - ppo-clip | 6 | +2.0 | [+2.0, +2.0] | **win** |"
+        f"| C5-HARD-CONFIRM {confirm.title} | tiny | espo - ppo-clip | 6 | +2.0 | [+2.0, +2.0] | 0.000 (0.000) | "
+        "**win** | win (6 seeds) |"
     ]

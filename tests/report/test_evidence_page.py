@@ -25,7 +25,7 @@ def _payload() -> dict:
         "gspo": {"overrides": ["rl.loss=gspo"], "runs": runs([0.81, 0.80, 0.80, 0.80, 0.82, 0.82])},
     }
     body = {"arms": arms, "seeds": list(range(6))}
-    body["contrasts"] = bench.contrasts(bench.COMPARISONS["c1"], bench.SETUPS["tiny"], arms)
+    body["contrasts"] = bench.contrasts(bench.COMPARISONS["c1"], "tiny", arms)
     return {
         "benchmark": "evidence",
         "comparisons": {"c1": {"title": "the policy loss", "setups": {"tiny": body}}},

@@ -3,9 +3,11 @@ writes; the plan is docs/evidence.md).
 
 The file holds, per comparison and set-up, each arm's runs (one per seed: its held-out greedy accuracy and
 more) and the contrasts: an arm against its reference, paired by seed, the mean of the per-seed
-differences, its 95% percentile-bootstrap interval and, for a judged contrast whose every pre-registered
-seed is in, the verdict (win / loss / no difference shown). The page shows them as they are and draws
-each arm's per-seed points, the seeds joined across arms, beside each contrast's interval.
+differences, its 95% t-interval, the p-value of the paired t-test and its Holm adjustment within the
+comparison and, for a judged contrast whose family has every pre-registered seed, the verdict (win / loss
+/ no difference shown) by the rule as amended 2026-11-27; beside it the verdict of the rule as first
+written (a percentile bootstrap). The page shows them as they are and draws each arm's per-seed points,
+the seeds joined across arms, beside each contrast's interval.
 """
 
 from __future__ import annotations
@@ -45,11 +47,31 @@ def interval_text(contrast: dict) -> str:
     return f"[{signed(interval[0])}, {signed(interval[1])}]" if interval else "–"
 
 
+def p_text(contrast: dict) -> str:
+    """A contrast's p-value and, for a judged one, its Holm adjustment: "0.044 (0.088)"."""
+    p, adjusted = contrast.get("p"), contrast.get("p_holm")
+    if p is None:
+        return "–"
+    return f"{p:.3f}" + (f" ({adjusted:.3f})" if adjusted is not None else "")
+
+
 def said(contrast: dict) -> str:
-    """A contrast's verdict as the page words it."""
+    """A contrast's verdict as the page words it (or why it has none yet)."""
     if not contrast["judged"]:
         return "reported, not judged"
-    return contrast["verdict"] or f"incomplete ({len(contrast['seeds'])} seed pairs so far)"
+    return (
+        contrast["verdict"]
+        or contrast.get("status")
+        or f"incomplete ({len(contrast['seeds'])} seed pairs so far)"
+    )
+
+
+def first_said(contrast: dict) -> str:
+    """The verdict of the rule as first written, with its seeds ("–" for none)."""
+    first = contrast.get("as_first_written") or {}
+    if not first.get("verdict"):
+        return "–"
+    return f"{first['verdict']} ({len(first['seeds'])} seeds, {interval_text(first)})"
 
 
 def rows(payload: dict):
@@ -129,11 +151,14 @@ def _section(name: str, title: str, setup: str, body: dict) -> str:
             escape(" ".join(signed(d) for d in c["differences"]) or "–"),
             signed(c["mean_difference"]),
             escape(interval_text(c)),
+            escape(p_text(c)),
             f"<strong>{escape(said(c))}</strong>",
+            escape(first_said(c)),
         ]
         for c in body.get("contrasts", [])
     ]
-    head = ["contrast", "seed pairs", "differences, points", "mean", "95% interval", "verdict"]
+    head = ["contrast", "seed pairs", "differences, points", "mean", "95% t-interval", "p (Holm)", "verdict",
+            "as first written"]  # fmt: skip
     html.append(html_table(head, contrast_rows, 1))
     png = _figure(body)
     if png is not None:
@@ -147,9 +172,12 @@ def render_evidence(payload: dict, title: str = "everyprompt evidence") -> str:
     sections = [
         f"<h1>{escape(title)}{escape(smoke)}</h1>",
         '<p class="muted">The plan, written before any run: <code>docs/evidence.md</code>. Per contrast: the '
-        "arm minus its reference, seed by seed; the mean of those differences and its 95% percentile-bootstrap "
-        "interval (the seeds resampled 10,000 times). Verdict: a win when the interval lies above 0, a loss "
-        "when below, otherwise no difference shown; given once every pre-registered seed is in.</p>",
+        "arm minus its reference, seed by seed; the mean of those differences, its 95% Student-t interval and "
+        "the paired t-test's p-value, adjusted by Holm within the comparison's judged contrasts. Verdict (the "
+        "rule as amended 2026-11-27): a win or a loss, by the sign of the mean, when the adjusted p-value is "
+        "below 0.05, otherwise no difference shown; given once every pre-registered seed is in, on 3 seed "
+        "pairs at least. As first written: the original rule's verdict (a win when the 95% "
+        "percentile-bootstrap interval of the first seeds lies above 0, a loss when below).</p>",
     ]
     found = list(rows(payload))
     sections += [_section(*row) for row in found] or ["<p>No comparison recorded yet.</p>"]
@@ -165,12 +193,14 @@ def evidence_table(payload: dict):
     from rich.table import Table
 
     table = Table(title="pre-registered contrasts (docs/evidence.md)")
-    for column in ("comparison", "set-up", "contrast", "pairs", "mean, pt", "95% interval", "verdict"):
+    columns = ("comparison", "set-up", "contrast", "pairs", "mean, pt", "95% t-interval", "p (Holm)",
+               "verdict", "as first written")  # fmt: skip
+    for column in columns:
         table.add_column(column)
     for name, _, setup, body in rows(payload):
         for c in body.get("contrasts", []):
             table.add_row(
                 name, setup, f"{c['arm']} - {c['reference']}", str(len(c["seeds"])),
-                signed(c["mean_difference"]), interval_text(c), said(c),
+                signed(c["mean_difference"]), interval_text(c), p_text(c), said(c), first_said(c),
             )  # fmt: skip
     return table

@@ -1,4 +1,6 @@
-"""Statistics across seeds: mean, sample standard deviation, and a bootstrap interval of a difference.
+"""Statistics across seeds: mean, sample standard deviation, bootstrap and Student-t intervals of a
+difference, and the verdict rules of docs/evidence.md (as first written: a percentile bootstrap; amended
+2026-11-27: a paired t-test with Holm's adjustment within a comparison).
 
 Values that are NaN or infinite (a run that never evaluated, a metric that diverged) are left out and
 counted, never averaged in. The interval of an arm's difference to the reference arm resamples each arm's
@@ -112,45 +114,78 @@ def verdict(difference: Difference) -> str | None:
     return VERDICTS[2]
 
 
-# two-sided 95% quantiles of Student's t by degrees of freedom (standard tables); 1.96 beyond 30
-_T975 = {
-    1: 12.706,
-    2: 4.303,
-    3: 3.182,
-    4: 2.776,
-    5: 2.571,
-    6: 2.447,
-    7: 2.365,
-    8: 2.306,
-    9: 2.262,
-    10: 2.228,
-    11: 2.201,
-    12: 2.179,
-    13: 2.160,
-    14: 2.145,
-    15: 2.131,
-    16: 2.120,
-    17: 2.110,
-    18: 2.101,
-    19: 2.093,
-    20: 2.086,
-    21: 2.080,
-    22: 2.074,
-    23: 2.069,
-    24: 2.064,
-    25: 2.060,
-    26: 2.056,
-    27: 2.052,
-    28: 2.048,
-    29: 2.045,
-    30: 2.042,
-}
+def t_interval(spread: Spread, level: float = LEVEL) -> tuple[float, float] | None:
+    """The Student-t interval of the mean of `spread` (None below two values): with few seeds it is wide,
+    as it should be (3 seeds, 95%: mean +- 4.30 sd / sqrt(3))."""
+    from scipy import stats
 
-
-def t_interval(spread: Spread) -> tuple[float, float] | None:
-    """The 95% Student-t interval of the mean of `spread` (None below two values): with few seeds it is
-    wide, as it should be (3 seeds: mean +- 4.30 sd / sqrt(3))."""
     if spread.n < 2:
         return None
-    half = _T975.get(spread.n - 1, 1.96) * spread.sd / math.sqrt(spread.n)
+    half = stats.t.ppf((1 + level) / 2, spread.n - 1) * spread.sd / math.sqrt(spread.n)
     return spread.mean - half, spread.mean + half
+
+
+# ---------------------------------------------------------------- the verdict rules of docs/evidence.md
+MIN_PAIRS = 3  # the amended rule judges no contrast on fewer seed pairs
+ALPHA = 0.05  # its family-wise level
+
+
+@dataclass(frozen=True)
+class PairedT:
+    """The paired t-test of per-seed differences: their mean, its t-interval and the two-sided p-value of
+    "mean = 0" (None below two differences; p is 1 when every difference is 0 and NaN-free)."""
+
+    n: int
+    value: float
+    low: float | None
+    high: float | None
+    p: float | None
+
+
+def paired_t(differences, level: float = LEVEL) -> PairedT:
+    from scipy import stats
+
+    spread = Spread.of(differences)
+    if spread.n < 2:
+        return PairedT(spread.n, spread.mean, None, None, None)
+    low, high = t_interval(spread, level)
+    if spread.sd == 0:  # every seed the same difference: certain of its sign unless it is 0
+        return PairedT(spread.n, spread.mean, low, high, 1.0 if spread.mean == 0 else 0.0)
+    statistic = spread.mean / (spread.sd / math.sqrt(spread.n))
+    return PairedT(spread.n, spread.mean, low, high, float(2 * stats.t.sf(abs(statistic), spread.n - 1)))
+
+
+def holm(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjustment of a family's p-values (in their order): the k-th smallest is
+    multiplied by (m - k + 1), made non-decreasing, capped at 1. Rejecting where the adjusted value is
+    below alpha keeps the chance of any false rejection in the family at most alpha."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    adjusted = [0.0] * m
+    running = 0.0
+    for rank, index in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[index]))
+        adjusted[index] = running
+    return adjusted
+
+
+def t_verdict(mean: float, p_adjusted: float | None, alpha: float = ALPHA) -> str | None:
+    """The amended rule (docs/evidence.md, 2026-11-27): a win or a loss when the family-adjusted p-value
+    is below `alpha`, by the sign of the mean difference; else no difference shown."""
+    if p_adjusted is None:
+        return None
+    if p_adjusted < alpha:
+        return VERDICTS[0] if mean > 0 else VERDICTS[1]
+    return VERDICTS[2]
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str  # as the README and the evidence page name it
+    since: str  # the date docs/evidence.md wrote it
+
+
+RULES = {
+    "as-first-written": Rule("95% percentile bootstrap, no correction", "2026-11-26"),
+    "amended": Rule("paired t-test, Holm within a comparison", "2026-11-27"),
+}
