@@ -29,10 +29,13 @@ def _options(name: str) -> dict:
         "gspo_token": {"clip_low": 0.05, "clip_high": 0.05},
         "cispo": {"clip_high": 0.28},
         "espo": {"vocab_size": VOCAB, "alpha": 0.5},
+        "sapo": {"tau_pos": 1.0, "tau_neg": 1.05},
+        "dppo_tv": {"delta_low": 0.05, "delta_high": 0.05},  # narrow bands: masked and kept tokens both occur
+        "dppo_kl": {"delta_low": 0.01, "delta_high": 0.01},
     }[name]
 
 
-LOSSES = ["ppo_clip", "gspo", "gspo_token", "cispo", "espo"]
+LOSSES = ["ppo_clip", "gspo", "gspo_token", "cispo", "espo", "sapo", "dppo_tv", "dppo_kl"]
 AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
 

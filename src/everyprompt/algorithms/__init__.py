@@ -5,6 +5,7 @@ Everything is registered by name; the trainer calls only :func:`compute_advantag
 """
 
 from everyprompt.algorithms import advantages as _advantages  # noqa: F401  (registers estimators)
+from everyprompt.algorithms import gated as _gated  # noqa: F401  (registers SAPO and DPPO)
 from everyprompt.algorithms import losses as _losses  # noqa: F401  (registers losses)
 from everyprompt.algorithms.advantages import zvp_token_advantages
 from everyprompt.algorithms.aggregation import AGGREGATIONS, aggregate

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from everyprompt.algorithms import policy_loss_spec, registered_advantages, registered_policy_losses
+from everyprompt.algorithms.gated import DPPOKLOptions, DPPOTVOptions, SAPOOptions
 from everyprompt.algorithms.losses import CISPOOptions, ESPOOptions, GSPOOptions, PPOClipOptions
 from everyprompt.config.base import YAML_WORDS, Section
 
@@ -61,7 +62,8 @@ class RLConfig(Section):
     )
     loss: str = Field(
         "ppo_clip",
-        description="Policy loss (algorithms registry name: ppo_clip, gspo, gspo_token, espo, cispo).",
+        description="Policy loss (algorithms registry name: ppo_clip, gspo, gspo_token, espo, cispo, sapo, "
+        "dppo_tv, dppo_kl).",
     )
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] | None = Field(
         None, description="How per-token losses are reduced (None: the loss's own default)."
@@ -73,6 +75,9 @@ class RLConfig(Section):
     gspo: GSPOOptions = Field(default_factory=GSPOOptions, description="gspo / gspo_token options.")
     cispo: CISPOOptions = Field(default_factory=CISPOOptions, description="cispo options.")
     espo: ESPOOptions = Field(default_factory=ESPOOptions, description="espo options.")
+    sapo: SAPOOptions = Field(default_factory=SAPOOptions, description="sapo options.")
+    dppo_tv: DPPOTVOptions = Field(default_factory=DPPOTVOptions, description="dppo_tv options.")
+    dppo_kl: DPPOKLOptions = Field(default_factory=DPPOKLOptions, description="dppo_kl options.")
     kl: KLConfig = Field(default_factory=lambda: KLConfig(), description="KL penalty to the starting policy.")
     rollout_correction: RolloutCorrectionConfig = Field(
         default_factory=lambda: RolloutCorrectionConfig(),

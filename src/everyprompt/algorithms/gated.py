@@ -1,0 +1,147 @@
+"""Policy losses that replace PPO's hard ratio clip (docs/algorithms.md): SAPO's soft gate and DPPO's
+divergence mask. Same signature as the losses of losses.py: log-probs under the policy being trained and
+under the old policy, advantages and the completion mask, all [B, T]; (per-token loss, detached metrics).
+
+SAPO (Soft Adaptive Policy Optimization, arXiv:2511.20347): with r = exp(logp - old_logp),
+    f(r) = sigmoid(tau (r - 1)) * 4 / tau,  loss_t = -f(r_t) A_t,  tau = tau_pos if A > 0 else tau_neg.
+Its gradient is -A * 4 s (1 - s) r grad logp (s the sigmoid): -A grad logp on-policy, fading smoothly as r
+leaves 1 instead of stopping at a clip boundary; a larger tau (tau_neg) fades negative-advantage tokens
+faster.
+
+DPPO (Divergence PPO, arXiv:2602.04879): the ratio is not clipped; a token whose probability has moved
+from the anchor (the old policy: the engine's under rl.old_logprobs=rollout, as the paper prescribes)
+further than a trust region, in the direction its advantage pushes, is masked out:
+    p = exp(logp), q = exp(old_logp)
+    binary TV:  masked when A > 0 and p - q > delta_high, or A <= 0 and p - q < -delta_low
+    binary KL:  D = q log(q / p) + (1 - q) log((1 - q) / (1 - p)); masked when A > 0, p > q and
+                D > delta_high, or A <= 0, p < q and D > delta_low
+    loss_t = -M_t A_t r_t   (M = 1 - masked, detached; r untruncated)
+A move back toward the anchor is never masked.
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field
+
+from everyprompt.algorithms.registry import LossOptions, register_policy_loss
+
+LOG_RATIO_BOUND = 20.0  # log-ratios clamped to +-20 before exp, as the other losses do
+PROBABILITY_FLOOR = 1e-8  # 1 - p and 1 - q in the binary KL
+
+
+class SAPOOptions(LossOptions):
+    tau_pos: float = Field(1.0, gt=0, description="Gate temperature of positive-advantage tokens.")
+    tau_neg: float = Field(
+        1.05, gt=0, description="Gate temperature of the others (larger: their gradient fades faster)."
+    )
+
+
+class DPPOTVOptions(LossOptions):
+    delta_low: float = Field(0.2, gt=0, description="Mask where p - q < -delta_low (A <= 0).")
+    delta_high: float = Field(0.2, gt=0, description="Mask where p - q > delta_high (A > 0).")
+
+
+class DPPOKLOptions(LossOptions):
+    delta_low: float = Field(
+        0.05, gt=0, description="Mask where p < q and KL(Bern(q) || Bern(p)) > it (A <= 0)."
+    )
+    delta_high: float = Field(
+        0.05, gt=0, description="Mask where p > q and KL(Bern(q) || Bern(p)) > it (A > 0)."
+    )
+
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return ((values * mask).sum() / mask.sum().clamp(min=1)).detach()
+
+
+@register_policy_loss("sapo", default_agg="seq-mean-token-mean", options=SAPOOptions)
+def sapo_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    tau_pos: float,
+    tau_neg: float,
+    entropy: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """SAPO per token: -sigmoid(tau (r - 1)) * 4 / tau * A (module docstring)."""
+    mask = mask.to(logp.dtype)
+    log_ratio = (logp - old_logp).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    ratio = log_ratio.exp()
+    tau = torch.full_like(logp, tau_neg).masked_fill(advantages > 0, tau_pos).detach()
+    gate = torch.sigmoid(tau * (ratio - 1.0))
+    loss = -gate * (4.0 / tau) * advantages.detach()
+    with torch.no_grad():
+        weight = 4.0 * gate * (1.0 - gate) * ratio  # the gradient's factor on -A grad logp: 1 on-policy
+        metrics = {
+            "actor/ratio_mean": _masked_mean(ratio, mask),
+            "actor/approx_kl": _masked_mean(0.5 * log_ratio.pow(2), mask),
+            "sapo/gradient_weight_mean": _masked_mean(weight, mask),
+        }
+    return loss, metrics
+
+
+def _dppo(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    masked: torch.Tensor,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """-M A r per token, M = 1 where `masked` is False; the share masked as the clip fraction."""
+    mask = mask.to(logp.dtype)
+    log_ratio = (logp - old_logp).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    ratio = log_ratio.exp()
+    keep = (~masked).to(logp.dtype).detach()
+    loss = -keep * advantages.detach() * ratio
+    with torch.no_grad():
+        share = _masked_mean(masked.to(logp.dtype), mask)
+        metrics = {
+            "actor/clip_fraction": share,
+            "dppo/masked_fraction": share,
+            "actor/ratio_mean": _masked_mean(ratio, mask),
+            "actor/approx_kl": _masked_mean(0.5 * log_ratio.pow(2), mask),
+        }
+    return loss, metrics
+
+
+@register_policy_loss("dppo_tv", options=DPPOTVOptions)
+def dppo_tv_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    delta_low: float,
+    delta_high: float,
+    entropy: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """DPPO with the binary total-variation mask (module docstring)."""
+    with torch.no_grad():
+        moved = logp.exp() - old_logp.exp()
+        masked = torch.where(advantages > 0, moved > delta_high, moved < -delta_low)
+    return _dppo(logp, old_logp, advantages, mask, masked)
+
+
+@register_policy_loss("dppo_kl", options=DPPOKLOptions)
+def dppo_kl_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    delta_low: float,
+    delta_high: float,
+    entropy: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """DPPO with the binary KL mask, KL(Bern(q) || Bern(p)) (module docstring)."""
+    with torch.no_grad():
+        p, q = logp.exp(), old_logp.exp()
+        rest_p, rest_q = (1.0 - p).clamp(min=PROBABILITY_FLOOR), (1.0 - q).clamp(min=PROBABILITY_FLOOR)
+        divergence = q * (old_logp - logp) + rest_q * (rest_q.log() - rest_p.log())
+        masked = torch.where(
+            advantages > 0, (p > q) & (divergence > delta_high), (p < q) & (divergence > delta_low)
+        )
+    return _dppo(logp, old_logp, advantages, mask, masked)
