@@ -216,7 +216,9 @@ def test_correction_weights_scale_the_token_loss():
 def test_registry_rejects_duplicates_and_names_the_valid_losses():
     with pytest.raises(ValueError, match="already registered"):
         register_policy_loss("espo")(lambda *a, **k: None)
-    with pytest.raises(KeyError, match="valid: cispo, dppo_kl, dppo_tv, espo, gspo, gspo_token, ppo_clip, sapo"):
+    with pytest.raises(
+        KeyError, match="valid: cispo, dppo_kl, dppo_tv, espo, gspo, gspo_token, ppo_clip, sapo"
+    ):
         policy_loss("nope", torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), torch.ones(1, 1))
 
 

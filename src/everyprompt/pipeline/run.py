@@ -22,6 +22,7 @@ from everyprompt.data.formatting import prompt_format_of
 from everyprompt.data.passrate import PassRateStore
 from everyprompt.data.rows import ConfigRows
 from everyprompt.devices import keep_freed_memory, resolve_device
+from everyprompt.devices.bf16 import slow_bf16_note
 from everyprompt.devices.malloc import malloc_note
 from everyprompt.evaluate import evaluate_config, held_out_rewards
 from everyprompt.hub import check_model_name, pinned
@@ -29,7 +30,7 @@ from everyprompt.logs import quiet_libraries, record_warnings
 from everyprompt.models.catalog import fetch_hint
 from everyprompt.models.io import load_model_and_tokenizer, load_pretrained
 from everyprompt.models.lora import load_adapter
-from everyprompt.models.precision import training_kernels
+from everyprompt.models.precision import training_dtype, training_kernels
 from everyprompt.pipeline.backends import build_trainer
 from everyprompt.rewards import build_reward
 from everyprompt.rollout import resolve_engine
@@ -127,6 +128,17 @@ def pin_hub_names(config: Config, console: Console) -> Config:
     return Config.model_validate(tree) if changed else config
 
 
+def bf16_on_cpu(config: Config, device: torch.device) -> list[str]:
+    """The settings that put bfloat16 matmuls on the CPU in this run."""
+    keys = []
+    if device.type == "cpu" and training_dtype(config.model.dtype, device) == "bf16":
+        keys.append("model.dtype=bf16")
+    rollout = resolve_device(config.rollout.device, "rollout.device")
+    if rollout.type == "cpu" and config.rollout.precision == "bf16":
+        keys.append("rollout.precision=bf16")
+    return keys
+
+
 class Run:
     """One run directory and what a config needs: data rows, the model, evaluation."""
 
@@ -147,6 +159,9 @@ class Run:
         if config.keep_freed_memory:
             keep_freed_memory(config.kept_block_mib)
         self.device = learner_device(config)  # CUDA asked for and absent: exit 2 now, before any work
+        if note := slow_bf16_note(bf16_on_cpu(config, self.device)):
+            log.warning(note)
+            self.console.print(f"warning: {note}", markup=False, highlight=False)
         random.seed(config.seed)
         torch.manual_seed(config.seed)
         self.rows = ConfigRows(config)

@@ -1,0 +1,26 @@
+"""A run that puts bf16 matmuls on a CPU where they are slow says so (devices/bf16.py)."""
+
+from __future__ import annotations
+
+import torch
+
+from everyprompt.devices.bf16 import cpu_bf16_slowdown, slow_bf16_note
+from everyprompt.pipeline.run import bf16_on_cpu
+from tests.conftest import tiny_config
+
+
+def test_the_note_names_the_settings_and_the_fix_only_when_bf16_is_slow():
+    note = slow_bf16_note(["model.dtype=bf16", "rollout.precision=bf16"], slowdown=31.0)
+    assert note.startswith("model.dtype=bf16 and rollout.precision=bf16: a bf16 matmul takes 31x an fp32 one")
+    assert "set model.dtype=fp32 rollout.precision=fp32 here" in note
+    assert slow_bf16_note(["model.dtype=bf16"], slowdown=1.2) is None  # AVX-512: nothing to say
+    assert slow_bf16_note([], slowdown=31.0) is None
+    assert cpu_bf16_slowdown() > 0 and cpu_bf16_slowdown() is cpu_bf16_slowdown()  # measured once
+
+
+def test_the_settings_that_put_bf16_on_the_cpu():
+    cpu = torch.device("cpu")
+    assert bf16_on_cpu(tiny_config(), cpu) == []  # auto: fp32 on the CPU
+    both = tiny_config("model.dtype=bf16", "rollout.precision=bf16", "rl.old_logprobs=recompute")
+    assert bf16_on_cpu(both, cpu) == ["model.dtype=bf16", "rollout.precision=bf16"]
+    assert bf16_on_cpu(tiny_config("model.dtype=bf16"), torch.device("meta")) == []  # not on the CPU
