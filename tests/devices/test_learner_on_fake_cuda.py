@@ -71,6 +71,7 @@ def _losses_the_demo_can_use():
         ["model.lora.enabled=true", "model.lora.r=4"],
         ["rl.router_replay=r3"],
         ["rl.kl.estimator=k3", "rl.kl.coef=0.01", "rl.rollout_correction.mode=tis"],
+        ["rl.rollout_correction.mode=icepop", "rl.off_policy_mask=0.5"],
     ],
     ids=lambda overrides: ",".join(o.split("=")[0].split(".")[-1] + "=" + o.split("=")[1] for o in overrides),
 )

@@ -5,8 +5,12 @@ KL estimators of KL(pi || pi_ref) per token, with d = logp - ref_logp (Schulman'
 
 Rollout corrections weight each token's loss by how far the trainer's old policy is from the engine
 that sampled, rho = exp(old_logp - rollout_logp):
-  tis: w = min(rho, C)                (truncated importance sampling)
-  mis: w = 1 if 1/C <= rho <= C else 0 (masked importance sampling)
+  tis:    w = min(rho, C)                      (truncated importance sampling)
+  mis:    w = 1 if 1/C <= rho <= C else 0       (masked importance sampling; `band` [lo, hi] for
+                                                 [1/C, C]: at the geometric level, the geometric-mean
+                                                 ratio band of SkyRL and verl)
+  icepop: w = rho if lo <= rho <= hi else 0     (IcePop, arXiv 2510.18855: the ratio inside a band, no
+                                                 gradient outside it; band default [0.5, 5])
 at token level (rho per token), sequence level (rho = exp(sum_t of the log-ratio), one per sequence) or
 geometric level (rho = exp(mean_t of the log-ratio): the geometric mean of the token ratios, one per
 sequence; the weight sequence-level losses such as GSPO and ESPO take).
@@ -24,7 +28,8 @@ import math
 import torch
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
-CORRECTIONS = ("tis", "mis")
+CORRECTIONS = ("tis", "mis", "icepop")
+ICEPOP_BAND = (0.5, 5.0)  # OpenRLHF's, AReaL's, verl's and NeMo-RL's default
 CORRECTION_LEVELS = ("token", "sequence", "geometric")
 
 
@@ -47,6 +52,7 @@ def rollout_correction(
     mode: str = "tis",
     level: str = "token",
     cap: float = 2.0,
+    band: tuple[float, float] | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Detached per-token loss weights [B, T] and metrics (mean weight, share of tokens capped/masked)."""
     if mode not in CORRECTIONS:
@@ -55,6 +61,10 @@ def rollout_correction(
         raise KeyError(f"unknown rollout correction level {level!r}; valid: {', '.join(CORRECTION_LEVELS)}")
     if cap <= 1.0:
         raise ValueError(f"the rollout correction cap C must be > 1, got {cap}")
+    if mode == "icepop" and band is None:
+        band = ICEPOP_BAND
+    if band is not None and not 0 <= band[0] < band[1]:
+        raise ValueError(f"a rollout correction band must be 0 <= low < high, got {list(band)}")
     mask = mask.to(old_logp.dtype)
     with torch.no_grad():
         log_rho = (old_logp - rollout_logp) * mask
@@ -69,8 +79,9 @@ def rollout_correction(
             weight = log_rho.clamp(max=log_cap).exp()
             affected = log_rho > log_cap
         else:
-            inside = (log_rho >= -log_cap) & (log_rho <= log_cap)
-            weight = inside.to(mask.dtype)
+            low, high = (-log_cap, log_cap) if band is None else (_log(band[0]), math.log(band[1]))
+            inside = (log_rho >= low) & (log_rho <= high)
+            weight = inside.to(mask.dtype) * (log_rho.exp() if mode == "icepop" else 1.0)
             affected = ~inside
         weight = weight * mask
         tokens = mask.sum().clamp(min=1)
@@ -79,3 +90,38 @@ def rollout_correction(
             f"rollout_correction/{mode}_affected_fraction": (affected * mask).sum() / tokens,
         }
     return weight, metrics
+
+
+def _log(value: float) -> float:
+    return math.log(value) if value > 0 else -math.inf
+
+
+def off_policy_sequence_mask(
+    logp: torch.Tensor,  # [B, T] the policy being trained
+    behaviour_logp: torch.Tensor,  # [B, T] the policy that sampled (the engine's log-probs)
+    advantages: torch.Tensor,  # [B, T]
+    mask: torch.Tensor,  # [B, T]
+    threshold: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Off-policy sequence masking (DeepSeek-V3.2, arXiv 2512.02556): a token of a sequence is dropped when
+    its advantage is negative and the sequence's mean per-token KL from the behaviour policy to the current
+    one, mean_t (behaviour_logp - logp) (k1 at the sampled tokens), exceeds `threshold`: a negative update
+    learned from samples the policy has moved far from. Detached keep-mask [B, T] (masked tokens keep their
+    place in the loss's denominators) and the shares of sequences and tokens masked."""
+    if threshold <= 0:
+        raise ValueError(f"the off-policy mask's threshold must be > 0, got {threshold}")
+    mask = mask.to(logp.dtype)
+    with torch.no_grad():
+        drift = ((behaviour_logp - logp.detach()) * mask).sum(-1, keepdim=True) / mask.sum(
+            -1, keepdim=True
+        ).clamp(min=1)
+        dropped = (advantages < 0) & (drift > threshold)
+        keep = (~dropped).to(mask.dtype)
+        rows = (mask.sum(-1) > 0).to(mask.dtype)
+        sequences = ((dropped & (mask > 0)).any(-1).to(mask.dtype) * rows).sum() / rows.sum().clamp(min=1)
+        metrics = {
+            "off_policy_mask/masked_sequence_fraction": sequences,
+            "off_policy_mask/masked_token_fraction": (dropped * mask).sum() / mask.sum().clamp(min=1),
+            "off_policy_mask/kl_mean": (drift[:, 0] * rows).sum() / rows.sum().clamp(min=1),
+        }
+    return keep, metrics

@@ -15,7 +15,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from everyprompt.algorithms.aggregation import AGGREGATIONS, aggregate
-from everyprompt.algorithms.corrections import kl_penalty, rollout_correction
+from everyprompt.algorithms.corrections import kl_penalty, off_policy_sequence_mask, rollout_correction
 
 _ADVANTAGES: dict[str, Callable] = {}
 _POLICY_LOSSES: dict[str, LossSpec] = {}
@@ -140,6 +140,8 @@ def policy_loss(
     correction: str | None = None,
     correction_level: str = "token",
     correction_cap: float = 2.0,
+    correction_band: tuple[float, float] | None = None,
+    off_policy_mask: float | None = None,  # its KL threshold (None: off)
     vocab_size: int | None = None,
     host_metrics: bool = True,
     **options,
@@ -148,7 +150,9 @@ def policy_loss(
     the loss's device for a caller that sums them over micro-batches and reads them back once.
 
     The registered per-token objective, times the rollout-correction weights when `correction` is
-    "tis" or "mis", plus `kl_coef` times the `kl` estimator against `ref_logp`, reduced by `agg` (the
+    "tis", "mis" or "icepop" (`correction_band`: MIS's or IcePop's ratio band), times the off-policy
+    sequence mask when `off_policy_mask` gives its threshold (against `rollout_logp`, else `old_logp`),
+    plus `kl_coef` times the `kl` estimator against `ref_logp`, reduced by `agg` (the
     loss's own default when None). `num_tokens` / `num_sequences` are the whole mini-batch's
     denominators when this call sees one micro-batch of it (see :func:`aggregate`). `options` are the
     loss's own (its registered schema fills the unset ones); `vocab_size` reaches losses that need it.
@@ -168,10 +172,15 @@ def policy_loss(
                 f"rollout correction {correction!r} needs the engine's log-probs (rollout_logp=...)"
             )
         weight, correction_metrics = rollout_correction(
-            old_logp, rollout_logp, mask, correction, correction_level, correction_cap
+            old_logp, rollout_logp, mask, correction, correction_level, correction_cap, correction_band
         )
         token_loss = token_loss * weight
         metrics.update(correction_metrics)
+    if off_policy_mask is not None:
+        behaviour = rollout_logp if rollout_logp is not None else old_logp
+        keep, mask_metrics = off_policy_sequence_mask(logp, behaviour, advantages, mask, off_policy_mask)
+        token_loss = token_loss * keep
+        metrics.update(mask_metrics)
     if kl is not None:
         if ref_logp is None:
             raise ValueError(f"KL estimator {kl!r} needs the reference model's log-probs (ref_logp=...)")

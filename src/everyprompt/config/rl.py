@@ -20,8 +20,10 @@ class KLConfig(Section):
 
 
 class RolloutCorrectionConfig(Section):
-    mode: Literal["tis", "mis"] | None = Field(
-        None, description="tis: truncated IS weight; mis: mask tokens outside [1/C, C]; None: off."
+    mode: Literal["tis", "mis", "icepop"] | None = Field(
+        None,
+        description="tis: truncated IS weight; mis: mask tokens outside [1/C, C] (or `band`); icepop: the "
+        "IS weight inside `band`, 0 outside; None: off.",
     )
     level: Literal["token", "sequence", "geometric"] = Field(
         "token",
@@ -29,6 +31,24 @@ class RolloutCorrectionConfig(Section):
         "geometric mean of its tokens' ratios (for sequence-level losses: GSPO, ESPO).",
     )
     cap: float = Field(2.0, gt=1, description="The cap C.")
+    band: tuple[float, float] | None = Field(
+        None,
+        description="[low, high] ratio band of mis (instead of [1/C, C]; at the geometric level, the "
+        "geometric-mean band) and icepop (default [0.5, 5]).",
+    )
+
+    @field_validator("band")
+    @classmethod
+    def _a_band(cls, band: tuple[float, float] | None) -> tuple[float, float] | None:
+        if band is not None and not 0 <= band[0] < band[1]:
+            raise ValueError("expected [low, high] with 0 <= low < high")
+        return band
+
+    @model_validator(mode="after")
+    def _band_where_it_applies(self) -> RolloutCorrectionConfig:
+        if self.band is not None and self.mode not in ("mis", "icepop"):
+            raise ValueError(f"band applies to mode mis or icepop, not mode={self.mode}")
+        return self
 
 
 class RLConfig(Section):
@@ -82,6 +102,12 @@ class RLConfig(Section):
     rollout_correction: RolloutCorrectionConfig = Field(
         default_factory=lambda: RolloutCorrectionConfig(),
         description="Train/rollout mismatch correction with the engine's log-probs.",
+    )
+    off_policy_mask: float | None = Field(
+        None,
+        gt=0,
+        description="Off-policy sequence masking (DeepSeek-V3.2): drop a negative-advantage sequence whose mean "
+        "per-token KL from the sampling engine's policy to the current one exceeds this (None: off).",
     )
     max_staleness: int = Field(
         0,

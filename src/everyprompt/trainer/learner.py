@@ -385,6 +385,8 @@ class Learner(LearnerSide):
             correction=self.rl.rollout_correction.mode,
             correction_level=self.rl.rollout_correction.level,
             correction_cap=self.rl.rollout_correction.cap,
+            correction_band=self.rl.rollout_correction.band,
+            off_policy_mask=self.rl.off_policy_mask,
             vocab_size=self.model.config.vocab_size,
             host_metrics=False,
             **extra,
