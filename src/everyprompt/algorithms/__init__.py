@@ -18,6 +18,7 @@ from everyprompt.algorithms.corrections import (
 )
 from everyprompt.algorithms.losses import entropy_groups
 from everyprompt.algorithms.registry import (
+    advantage_needs_components,
     compute_advantages,
     host_floats,
     policy_loss,
@@ -29,6 +30,7 @@ from everyprompt.algorithms.registry import (
 )
 
 __all__ = [
+    "advantage_needs_components",
     "AGGREGATIONS",
     "CORRECTIONS",
     "CORRECTION_LEVELS",

@@ -64,6 +64,40 @@ def rloo_advantages(rewards: torch.Tensor, group_index: torch.Tensor) -> torch.T
     return advantages.to(rewards.dtype)
 
 
+@register_advantage("gdpo", needs_components=True)
+def gdpo_advantages(
+    rewards: torch.Tensor,
+    group_index: torch.Tensor,
+    components: torch.Tensor,
+    weights: list[float] | None = None,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """GDPO (arXiv 2601.05242): each reward component normalised within its group, then summed.
+
+    A_k,i = (r_k,i - mean_g r_k) / (std_g r_k + eps) for each component k (`components` [N, K], NaN where
+    the component is None: left out of its group's statistics, contributing 0), A_i = sum_k w_k A_k,i,
+    then normalised over the batch's rows, (A_i - mean A) / (std A + eps) (per sequence, as TRL and
+    NeMo-RL). Summing the rewards first and normalising once (GRPO) lets the component of the largest scale
+    decide; here each has its own say. Rows whose total reward is None (`rewards` NaN) get 0, as in GRPO.
+    """
+    if components.dim() != 2 or components.shape[0] != rewards.shape[0]:
+        raise ValueError(
+            f"gdpo needs components [N, K] for N = {rewards.shape[0]}, got {tuple(components.shape)}"
+        )
+    weights = [1.0] * components.shape[1] if weights is None else list(weights)
+    if len(weights) != components.shape[1]:
+        raise ValueError(f"gdpo: {len(weights)} weights for {components.shape[1]} reward components")
+    total = torch.zeros(rewards.shape[0], dtype=torch.float64)
+    for k, weight in enumerate(weights):
+        total += weight * grpo_advantages(components[:, k].double(), group_index, eps=eps).double()
+    valid = ~torch.isnan(rewards)
+    count = valid.sum().clamp(min=1)
+    mean = torch.where(valid, total, 0.0).sum() / count
+    std = (torch.where(valid, total - mean, 0.0).pow(2).sum() / (count - 1).clamp(min=1)).sqrt()
+    advantages = torch.where(valid, (total - mean) / (std + eps), 0.0)
+    return advantages.to(rewards.dtype)
+
+
 def zvp_token_advantages(
     entropy: torch.Tensor,  # [B, T] token entropies under the current policy (detached)
     mask: torch.Tensor,  # [B, T] 1 on completion tokens

@@ -18,6 +18,7 @@ from everyprompt.algorithms.aggregation import AGGREGATIONS, aggregate
 from everyprompt.algorithms.corrections import kl_penalty, off_policy_sequence_mask, rollout_correction
 
 _ADVANTAGES: dict[str, Callable] = {}
+_NEEDS_COMPONENTS: set[str] = set()  # estimators given each reward component ([N, K]) as `components`
 _POLICY_LOSSES: dict[str, LossSpec] = {}
 
 
@@ -60,16 +61,25 @@ def _lookup(table: dict, kind: str, name: str):
     return table[name]
 
 
-def register_advantage(name: str) -> Callable[[Callable], Callable]:
-    """Decorator: register `fn(rewards [N], group_index [N], **options) -> advantages [N]` as `name`."""
+def register_advantage(name: str, *, needs_components: bool = False) -> Callable[[Callable], Callable]:
+    """Decorator: register `fn(rewards [N], group_index [N], **options) -> advantages [N]` as `name`;
+    `needs_components`: it is also given the reward's components (`components` [N, K], `weights` [K])."""
 
     def decorate(fn: Callable) -> Callable:
         if name in _ADVANTAGES:
             raise ValueError(f"advantage estimator {name!r} is already registered")
         _ADVANTAGES[name] = fn
+        if needs_components:
+            _NEEDS_COMPONENTS.add(name)
         return fn
 
     return decorate
+
+
+def advantage_needs_components(name: str) -> bool:
+    """Whether the estimator `name` is given the reward's components (GDPO)."""
+    _lookup(_ADVANTAGES, "advantage estimator", name)
+    return name in _NEEDS_COMPONENTS
 
 
 def register_policy_loss(

@@ -17,6 +17,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
+from everyprompt.algorithms import advantage_needs_components
 from everyprompt.config.base import ConfigError, Section
 from everyprompt.config.cluster import ClusterConfig
 from everyprompt.config.model import DataConfig, LoRAConfig, ModelConfig, SFTConfig
@@ -157,6 +158,15 @@ class Config(Section):
             raise ValueError(
                 f"env.name={self.env.name}: the environment writes the episode's first messages in the chat "
                 "template; data.format=plain and data.system_prompt do not apply"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _component_advantages_need_components(self) -> Config:
+        if advantage_needs_components(self.rl.advantage) and len(self.rewards.components) < 2:
+            raise ValueError(
+                f"rl.advantage={self.rl.advantage} normalises each reward component within its group: it "
+                f"needs rewards.components with two or more (got {len(self.rewards.components)})"
             )
         return self
 

@@ -137,7 +137,8 @@ class Learner(LearnerSide):
         started = time.perf_counter()
         metrics: dict[str, float] = {}
         if len(batch):  # (empty when every group is still in flight: partial rollouts)
-            metrics, still_zero_variance = batch_advantages(batch, self.rl, self.zve)
+            weights = {c.name: c.weight for c in self.config.rewards.components}
+            metrics, still_zero_variance = batch_advantages(batch, self.rl, self.zve, weights)
             batch = drop_zero_variance(batch, still_zero_variance, self.zve, metrics)
         if len(batch) and carries_signal(batch):
             metrics.update(self._optimize(batch))

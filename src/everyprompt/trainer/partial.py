@@ -121,11 +121,14 @@ class PartialRollouts:
         """Fold this step's continuations (`ScoredSamples` of `requests`) into the carried samples; the
         groups whose last sample finished, oldest first."""
         still, done = [], []
-        for item, more, text, reward in zip(self.carried, scored.completions, scored.texts, scored.rewards):
+        for item, more, text, reward, parts in zip(
+            self.carried, scored.completions, scored.texts, scored.rewards, scored.components
+        ):
             merged = extend(item.completion, more, version)
             if self.finished(more, len(item.completion.token_ids), item.cap):
                 item.group.completions[item.position] = (merged, text)
                 item.group.rewards[item.position] = reward
+                item.group.components[item.position] = parts
                 if not item.group.in_flight:
                     done.append((item.origin, item.group.slot, item.group))
             else:
@@ -164,6 +167,7 @@ class PartialRollouts:
                     "slot": group.slot,
                     "initial_size": group.initial_size,
                     "rewards": list(group.rewards),
+                    "components": list(group.components),
                     "members": members,
                 }
             )
@@ -174,6 +178,7 @@ class PartialRollouts:
         for saved in state["groups"]:
             group = Group(saved["prompt_index"], saved["slot"], initial_size=saved["initial_size"])
             group.rewards = list(saved["rewards"])
+            group.components = list(saved.get("components") or [None] * len(group.rewards))
             for position, member in enumerate(saved["members"]):
                 if "done" in member:
                     group.completions.append((Completion(**member["done"]), member["text"]))

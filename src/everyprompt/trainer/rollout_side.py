@@ -28,6 +28,7 @@ from everyprompt.rewards.health import RewardHealth
 from everyprompt.rewards.pool import RewardPool
 from everyprompt.rollout import GenerationRequest, RolloutEngine, SamplingParams, build_engine, derive_seed
 from everyprompt.rollout.scheduler import LengthPredictor, admission_order
+from everyprompt.trainer.assemble import assemble_batch
 from everyprompt.trainer.partial import PartialRollouts, tag
 from everyprompt.trainer.tally import StepTally
 from everyprompt.zve import Group, collect_groups, group_zero_variance
@@ -177,7 +178,7 @@ class RolloutSide:
         if tally.environment_errors:  # their episodes have no reward; the run goes on
             log.warning("step %d: %d episode(s) ended by their environment raising, the first: %s",
                         step, len(tally.environment_errors), tally.environment_errors[0])  # fmt: skip
-        batch = self._assemble(finished + collection.groups, settings["max_new_tokens"], self.version)
+        batch = assemble_batch(finished + collection.groups, settings["max_new_tokens"], self.version)
         batch.stats = {
             **self._record_pass_rates(finished + collection.all_groups, step),
             **self._partial_stats(batch),
@@ -262,7 +263,8 @@ class RolloutSide:
         }
 
     def _sample(self, step: int, specs: list[tuple[int, int, int]], params, tally: StepTally) -> list:
-        """One completion per (prompt index, group slot, sample number) spec: [((Completion, text), reward)]."""
+        """One completion per (prompt index, group slot, sample number) spec: [((Completion, text), reward,
+        the reward's components)]."""
         seed = self.config.seed
         predicted = [self.lengths.predict(self.prompts[i]["prompt"], self._bucket(i)) for i, _, _ in specs]
         requests = [
@@ -284,14 +286,14 @@ class RolloutSide:
             finished = lambda c: self.partial.finished(c, 0, cap)  # noqa: E731
         scored = self._generate([requests[i] for i in order], params, rows, tally, finished=finished)
         out = []
-        for (index, _, _), completion, text, reward in zip(
-            specs, scored.completions, scored.texts, scored.rewards
+        for (index, _, _), completion, text, reward, parts in zip(
+            specs, scored.completions, scored.texts, scored.rewards, scored.components
         ):
             if finished is not None and not finished(completion):  # carried on to the next step
-                out.append((InFlight(tag(completion, self.version)), None))
+                out.append((InFlight(tag(completion, self.version)), None, None))
                 continue
             self.lengths.observe(self._bucket(index), [len(completion.token_ids)])
-            out.append(((completion, text), reward))
+            out.append(((completion, text), reward, parts))
         return out
 
     def _buckets(self) -> dict[str, list[int]]:
@@ -359,42 +361,3 @@ class RolloutSide:
             "rollout/mean_length": tokens / rows if rows else nan,
             "rollout/truncated_fraction": batch.finish_reason.count("length") / rows if rows else nan,
         }
-
-    @staticmethod
-    def _assemble(groups: list[Group], max_new_tokens: int, version: int) -> RolloutBatch:
-        completions = [pair for g in groups for pair in g.completions]  # (Completion, text)
-        rewards = [r for g in groups for r in g.rewards]
-        every = [c for c, _ in completions]
-        return RolloutBatch(
-            prompt_ids=[c.prompt_ids for c in every],
-            completion_ids=[c.token_ids for c in every],
-            rollout_logprobs=[c.logprobs for c in every],
-            rollout_entropies=[c.entropies for c in every]
-            if all(c.entropies is not None for c in every)
-            else None,
-            routed_experts=[c.routed_experts for c in every]
-            if every and all(c.routed_experts is not None for c in every)
-            else None,
-            finish_reason=[c.finish_reason for c in every],
-            group_index=torch.tensor(
-                [n for n, g in enumerate(groups) for _ in g.completions], dtype=torch.long
-            ),
-            prompt_index=[g.prompt_index for g in groups for _ in g.completions],
-            completion_text=[t for _, t in completions],
-            rewards=torch.tensor([math.nan if r is None else r for r in rewards], dtype=torch.float32),
-            max_new_tokens=max_new_tokens,
-            completion_mask=[
-                c.completion_mask
-                if c.completion_mask is not None
-                else torch.ones(len(c.token_ids), dtype=torch.bool)
-                for c in every
-            ]
-            if any(c.completion_mask is not None for c in every)
-            else None,
-            versions=[
-                c.versions
-                if c.versions is not None
-                else torch.full((len(c.token_ids),), version, dtype=torch.int32)
-                for c in every
-            ],
-        )

@@ -7,15 +7,28 @@ from __future__ import annotations
 
 import torch
 
-from everyprompt.algorithms import compute_advantages
+from everyprompt.algorithms import advantage_needs_components, compute_advantages
 from everyprompt.batch import RolloutBatch
+from everyprompt.errors import RunError
 from everyprompt.zve import group_zero_variance, reshape_zero_variance, zvp_signs
 
 
-def batch_advantages(batch: RolloutBatch, rl, zve) -> tuple[dict[str, float], torch.Tensor]:
+def batch_advantages(
+    batch: RolloutBatch, rl, zve, weights: dict[str, float] | None = None
+) -> tuple[dict[str, float], torch.Tensor]:
     """Group-relative advantages, then ZVE stages 2 (reshaping) and 3 (RL-ZVP signs) when enabled;
-    their metrics and the [G] groups still zero-variance after every enabled stage."""
+    their metrics and the [G] groups still zero-variance after every enabled stage. An estimator that
+    takes the reward's components (GDPO) gets them, each with its weight in `weights` (name -> weight)."""
     options = {"dead_zone": rl.dead_zone} if rl.dead_zone > 0 else {}
+    if advantage_needs_components(rl.advantage):
+        names = sorted(weights or {})
+        if not names or any(name not in batch.reward_components for name in names):
+            raise RunError(
+                f"rl.advantage={rl.advantage} needs each reward component's value; the batch has "
+                f"{sorted(batch.reward_components) or 'none'}, the config names {names or 'none'}"
+            )
+        options["components"] = torch.stack([batch.reward_components[name] for name in names], dim=1)
+        options["weights"] = [weights[name] for name in names]
     batch.advantages = compute_advantages(rl.advantage, batch.rewards, batch.group_index, **options)
     zero = group_zero_variance(batch.rewards, batch.group_index)
     stats = {"zve/zero_variance_rate_batch": float(zero.double().mean())}

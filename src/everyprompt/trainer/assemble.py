@@ -1,0 +1,62 @@
+"""The RolloutBatch of a step's finished groups: every completion's tokens, log-probs, entropies, routes,
+reward (and a composite reward's components), and the policy version of each token."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from everyprompt.batch import RolloutBatch
+from everyprompt.zve import Group
+
+
+def assemble_batch(groups: list[Group], max_new_tokens: int, version: int) -> RolloutBatch:
+    completions = [pair for g in groups for pair in g.completions]  # (Completion, text)
+    rewards = [r for g in groups for r in g.rewards]
+    every = [c for c, _ in completions]
+    return RolloutBatch(
+        prompt_ids=[c.prompt_ids for c in every],
+        completion_ids=[c.token_ids for c in every],
+        rollout_logprobs=[c.logprobs for c in every],
+        rollout_entropies=[c.entropies for c in every]
+        if all(c.entropies is not None for c in every)
+        else None,
+        routed_experts=[c.routed_experts for c in every]
+        if every and all(c.routed_experts is not None for c in every)
+        else None,
+        finish_reason=[c.finish_reason for c in every],
+        group_index=torch.tensor([n for n, g in enumerate(groups) for _ in g.completions], dtype=torch.long),
+        prompt_index=[g.prompt_index for g in groups for _ in g.completions],
+        completion_text=[t for _, t in completions],
+        rewards=torch.tensor([math.nan if r is None else r for r in rewards], dtype=torch.float32),
+        reward_components=reward_components([part for g in groups for part in g.components]),
+        max_new_tokens=max_new_tokens,
+        completion_mask=[
+            c.completion_mask
+            if c.completion_mask is not None
+            else torch.ones(len(c.token_ids), dtype=torch.bool)
+            for c in every
+        ]
+        if any(c.completion_mask is not None for c in every)
+        else None,
+        versions=[
+            c.versions
+            if c.versions is not None
+            else torch.full((len(c.token_ids),), version, dtype=torch.int32)
+            for c in every
+        ],
+    )
+
+
+def reward_components(parts: list[dict | None]) -> dict[str, torch.Tensor]:
+    """name -> [N] values of a composite reward's components (NaN where a row has none); {} for a reward
+    that has no components."""
+    names = sorted({name for row in parts if row for name in row})
+    return {
+        name: torch.tensor(
+            [math.nan if not row or row.get(name) is None else float(row[name]) for row in parts],
+            dtype=torch.float32,
+        )
+        for name in names
+    }
