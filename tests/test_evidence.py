@@ -329,3 +329,23 @@ def test_an_exploratory_win_is_a_claim_only_once_confirmed():
         f"| C5-HARD-CONFIRM {confirm.title} | tiny | espo - ppo-clip | 6 | +2.0 | [+2.0, +2.0] | 0.000 (0.000) | "
         "**win** | win (6 seeds) |"
     ]
+
+
+def test_rejudge_rewrites_a_files_contrasts_under_the_rules_in_force(tmp_path, capsys):
+    bench = _load("evidence")
+    runs = {
+        arm: {"overrides": [], "runs": [{"seed": s, "greedy_accuracy": 0.8 + d * s} for s in range(6)]}
+        for arm, d in (("ppo-clip", 0.0), ("espo", 0.001), ("gspo", -0.001))
+    }
+    old_style = {"arm": "espo", "reference": "ppo-clip", "judged": True, "verdict": "win"}  # no p, no status
+    payload = {
+        "benchmark": "evidence",
+        "comparisons": {"c1": {"title": "", "setups": {"tiny": {"arms": runs, "contrasts": [old_style]}}}},
+    }
+    (tmp_path / "evidence.json").write_text(json.dumps(payload))
+    assert bench.main(["--rejudge", "--out", str(tmp_path)]) == 0
+    written = json.loads((tmp_path / "evidence.json").read_text())
+    contrasts = written["comparisons"]["c1"]["setups"]["tiny"]["contrasts"]
+    assert [c["arm"] for c in contrasts] == ["espo", "gspo", "espo"]
+    assert all("p" in c and "as_first_written" in c for c in contrasts)
+    assert written["rules"]["amended"].startswith("paired t-test") and "rejudged" in capsys.readouterr().out
