@@ -184,6 +184,7 @@ class Config(Section):
             "zve.filter.enabled": self.zve.filter.enabled,
             "curriculum.stages": bool(self.curriculum.stages),
             "cluster.backend=ray": self.cluster.backend == "ray",
+            f"rl.advantage={self.rl.advantage}": advantage_needs_components(self.rl.advantage),  # no parts
         }
         for setting, present in refused.items():
             if present:
