@@ -72,3 +72,11 @@ def test_a_one_step_run_with_gdpo_advantages(tmp_path):
     train(config, run_dir=tmp_path)
     line = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
     assert 0 <= line["reward/parity"] <= 1 and math.isfinite(line["loss/policy"])
+
+
+def test_a_driven_run_refuses_gdpo_its_batches_carry_no_components():
+    from everyprompt.config import ConfigError, load_config
+
+    parts = "rewards.components=[{name: a, function: math}, {name: b, function: math}]"
+    with pytest.raises(ConfigError, match=r"external.enabled: .* so rl.advantage=gdpo does not apply"):
+        load_config(None, ["external.enabled=true", "rl.advantage=gdpo", parts, "rl.max_staleness=0"])
