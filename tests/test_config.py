@@ -86,7 +86,7 @@ def test_pass_k_above_samples_is_rejected():
             "rl.loss=ppo",
             "config key 'rl.loss': expected one of cispo, dppo_kl, dppo_tv, espo, gspo, gspo_token, ppo_clip, sapo",
         ),
-        ("rl.advantage=gae", "config key 'rl.advantage': expected one of dr_grpo, grpo, rloo"),
+        ("rl.advantage=gae", "config key 'rl.advantage': expected one of dr_grpo, gdpo, grpo, rloo"),
         ("rl.espo.high_frac=1.5", "config key 'rl.espo.high_frac'"),
         ("rl.espo.alpha=0", "config key 'rl.espo.alpha'"),
         ("rl.kl.estimator=k4", "config key 'rl.kl.estimator'"),

@@ -50,7 +50,7 @@ def test_vectorised_grpo_equals_a_loop():
 
 
 def test_registry_errors_list_valid_names():
-    with pytest.raises(KeyError, match="unknown advantage estimator 'gae'; valid: dr_grpo, grpo, rloo"):
+    with pytest.raises(KeyError, match="unknown advantage estimator 'gae'; valid: dr_grpo, gdpo, grpo, rloo"):
         compute_advantages("gae", torch.zeros(2), torch.zeros(2, dtype=torch.long))
     with pytest.raises(ValueError, match="already registered"):
         register_advantage("grpo")(lambda r, g: r)

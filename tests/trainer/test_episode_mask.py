@@ -108,7 +108,7 @@ def test_the_rollout_side_carries_each_completions_mask_into_the_batch():
     """An episode's Completion.completion_mask becomes the batch's; a plain completion beside it is all
     model tokens; a batch without episodes has no mask at all."""
     from everyprompt.rollout import Completion
-    from everyprompt.trainer.rollout_side import RolloutSide
+    from everyprompt.trainer.assemble import assemble_batch
     from everyprompt.zve.expansion import Group
 
     def completion(n, mask=None):
@@ -116,8 +116,11 @@ def test_the_rollout_side_carries_each_completions_mask_into_the_batch():
 
     episode = completion(4, torch.tensor([True, False, False, True]))
     groups = [Group(0, 0, [(episode, "a"), (completion(3), "b")], [1.0, 0.0])]
-    batch = RolloutSide._assemble(groups, max_new_tokens=8, version=0)
+    batch = assemble_batch(groups, max_new_tokens=8, version=0)
     assert [m.tolist() for m in batch.completion_mask] == [[True, False, False, True], [True, True, True]]
     assert batch.trained_tokens([0, 1]) == 5
-    plain = RolloutSide._assemble([Group(0, 0, [(completion(3), "b")], [1.0])], max_new_tokens=8, version=0)
-    assert plain.completion_mask is None
+    plain = assemble_batch([Group(0, 0, [(completion(3), "b")], [1.0])], max_new_tokens=8, version=0)
+    assert plain.completion_mask is None and plain.reward_components == {}
+    parted = Group(0, 0, [(completion(3), "b"), (completion(2), "c")], [1.0, 0.5], components=[{"a": 1.0}])
+    mixed = assemble_batch([parted, Group(1, 1, [(completion(3), "d")], [0.0])], max_new_tokens=8, version=0)
+    assert mixed.reward_components["a"][0] == 1.0 and mixed.reward_components["a"][1:].isnan().all()
