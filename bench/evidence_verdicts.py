@@ -31,7 +31,8 @@ def contrasts(comparison: Comparison, setup_name: str, arms: dict[str, dict]) ->
         test = paired_t(differences)
         lacking = {side: sorted(set(wanted) - set(runs)) for side, runs in ((arm, mine), (reference, theirs))}
         lacking = {side: missing for side, missing in lacking.items() if missing}
-        original = paired_bootstrap([mine[s] - theirs[s] for s in seeds if s in first])
+        first_pairs = [s for s in seeds if s in first]
+        original = paired_bootstrap([mine[s] - theirs[s] for s in first_pairs])
         out.append(
             {
                 "arm": arm,
@@ -47,7 +48,7 @@ def contrasts(comparison: Comparison, setup_name: str, arms: dict[str, dict]) ->
                 "verdict": None,
                 "status": _status(lacking, len(seeds), MIN_PAIRS),
                 "as_first_written": {
-                    "seeds": [s for s in seeds if s in first],
+                    "seeds": first_pairs,
                     "mean_difference": original.value,
                     "interval": None if original.low is None else [original.low, original.high],
                     "verdict": verdict(original) if judged and set(first) <= set(seeds) else None,

@@ -86,9 +86,7 @@ def resolve_model(name: str | Path, what: str = "model", hint: str = "") -> Path
     if not is_hub_name(name, what):
         return Path(name)
     repo, revision = hub_id(str(name), what)
-    snapshot = Path(_fetch("model", repo, revision, None, what, str(name), hint))
-    _check_snapshot(snapshot, what, str(name))
-    return snapshot
+    return Path(_fetch("model", repo, revision, None, what, str(name), hint))
 
 
 def resolve_data(path: str | Path, what: str = "data file") -> Path:
@@ -143,6 +141,8 @@ def _fetch(
             local = _download(kind, repo, revision, file, cache)
         except (OSError, ValueError, EntryNotFoundError) as err:  # the Hub's errors and the cache's
             raise _missing(kind, repo, revision, file, what, name, cache, err, hint) from None
+        if kind == "model":  # checked once, as it was fetched; a failure is not kept either
+            _check_snapshot(Path(local), what, name)
         _resolved[key] = _resolved[(kind, repo, _commit_of(Path(local)), file, cache)] = local
     return _resolved[key]
 

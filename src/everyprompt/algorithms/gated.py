@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
+from everyprompt.algorithms.losses import masked_mean, ratio_metrics
 from everyprompt.algorithms.registry import LossOptions, register_policy_loss
 
 LOG_RATIO_BOUND = 20.0  # log-ratios clamped to +-20 before exp, as the other losses do
@@ -51,10 +52,6 @@ class DPPOKLOptions(LossOptions):
     )
 
 
-def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return ((values * mask).sum() / mask.sum().clamp(min=1)).detach()
-
-
 @register_policy_loss("sapo", default_agg="seq-mean-token-mean", options=SAPOOptions)
 def sapo_loss(
     logp: torch.Tensor,
@@ -76,9 +73,8 @@ def sapo_loss(
     with torch.no_grad():
         weight = 4.0 * gate * (1.0 - gate) * ratio  # the gradient's factor on -A grad logp: 1 on-policy
         metrics = {
-            "actor/ratio_mean": _masked_mean(ratio, mask),
-            "actor/approx_kl": _masked_mean(0.5 * log_ratio.pow(2), mask),
-            "sapo/gradient_weight_mean": _masked_mean(weight, mask),
+            **ratio_metrics(ratio, log_ratio, mask),
+            "sapo/gradient_weight_mean": masked_mean(weight, mask),
         }
     return loss, metrics
 
@@ -97,51 +93,42 @@ def _dppo(
     keep = (~masked).to(logp.dtype).detach()
     loss = -keep * advantages.detach() * ratio
     with torch.no_grad():
-        share = _masked_mean(masked.to(logp.dtype), mask)
+        share = masked_mean(masked.to(logp.dtype), mask)
         metrics = {
             "actor/clip_fraction": share,
             "dppo/masked_fraction": share,
-            "actor/ratio_mean": _masked_mean(ratio, mask),
-            "actor/approx_kl": _masked_mean(0.5 * log_ratio.pow(2), mask),
+            **ratio_metrics(ratio, log_ratio, mask),
         }
     return loss, metrics
 
 
-@register_policy_loss("dppo_tv", options=DPPOTVOptions)
-def dppo_tv_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    delta_low: float,
-    delta_high: float,
-    entropy: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """DPPO with the binary total-variation mask (module docstring)."""
-    with torch.no_grad():
-        moved = logp.exp() - old_logp.exp()
-        masked = torch.where(advantages > 0, moved > delta_high, moved < -delta_low)
-    return _dppo(logp, old_logp, advantages, mask, masked)
+def _binary_tv(logp, old_logp, advantages, delta_low, delta_high) -> torch.Tensor:
+    """Masked where p - q passes delta_high in the direction A > 0 pushes, or -delta_low for A <= 0."""
+    moved = logp.exp() - old_logp.exp()
+    return torch.where(advantages > 0, moved > delta_high, moved < -delta_low)
 
 
-@register_policy_loss("dppo_kl", options=DPPOKLOptions)
-def dppo_kl_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    delta_low: float,
-    delta_high: float,
-    entropy: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """DPPO with the binary KL mask, KL(Bern(q) || Bern(p)) (module docstring)."""
-    with torch.no_grad():
-        p, q = logp.exp(), old_logp.exp()
-        rest_p, rest_q = (1.0 - p).clamp(min=PROBABILITY_FLOOR), (1.0 - q).clamp(min=PROBABILITY_FLOOR)
-        divergence = q * (old_logp - logp) + rest_q * (rest_q.log() - rest_p.log())
-        masked = torch.where(
-            advantages > 0, (p > q) & (divergence > delta_high), (p < q) & (divergence > delta_low)
-        )
-    return _dppo(logp, old_logp, advantages, mask, masked)
+def _binary_kl(logp, old_logp, advantages, delta_low, delta_high) -> torch.Tensor:
+    """Masked where KL(Bern(q) || Bern(p)) passes the delta of the direction A pushes p away from q."""
+    p, q = logp.exp(), old_logp.exp()
+    rest_p, rest_q = (1.0 - p).clamp(min=PROBABILITY_FLOOR), (1.0 - q).clamp(min=PROBABILITY_FLOOR)
+    divergence = q * (old_logp - logp) + rest_q * (rest_q.log() - rest_p.log())
+    return torch.where(
+        advantages > 0, (p > q) & (divergence > delta_high), (p < q) & (divergence > delta_low)
+    )
+
+
+def _dppo_loss(divergence_mask):
+    """A DPPO loss with the trust-region mask `divergence_mask` (the registered signature)."""
+
+    def loss(logp, old_logp, advantages, mask, *, delta_low: float, delta_high: float, entropy=None):
+        with torch.no_grad():
+            masked = divergence_mask(logp, old_logp, advantages, delta_low, delta_high)
+        return _dppo(logp, old_logp, advantages, mask, masked)
+
+    loss.__doc__ = f"DPPO with the mask of `{divergence_mask.__name__}` (module docstring)."
+    return loss
+
+
+dppo_tv_loss = register_policy_loss("dppo_tv", options=DPPOTVOptions)(_dppo_loss(_binary_tv))
+dppo_kl_loss = register_policy_loss("dppo_kl", options=DPPOKLOptions)(_dppo_loss(_binary_kl))

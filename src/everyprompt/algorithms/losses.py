@@ -46,10 +46,20 @@ class ESPOOptions(LossOptions):
     )
 
 
-def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """A metric: the mean of `values` where `mask` is 1, a detached 0-dim tensor on their device (read
     back with the step's other metrics, not one by one)."""
     return ((values * mask).sum() / mask.sum().clamp(min=1)).detach()
+
+
+def ratio_metrics(
+    ratio: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """What every ratio-based loss reports: the mean importance ratio and 0.5 (log ratio)^2 over `mask`."""
+    return {
+        "actor/ratio_mean": masked_mean(ratio, mask),
+        "actor/approx_kl": masked_mean(0.5 * log_ratio.pow(2), mask),
+    }
 
 
 def _clipped_objective(
@@ -91,9 +101,8 @@ def ppo_clip_loss(
         loss = torch.where(advantages < 0, torch.minimum(loss, -advantages * dual_clip), loss)
     with torch.no_grad():
         metrics = {
-            "actor/clip_fraction": _masked_mean(was_clipped.to(logp.dtype), mask),
-            "actor/ratio_mean": _masked_mean(ratio, mask),
-            "actor/approx_kl": _masked_mean(0.5 * log_ratio.pow(2), mask),
+            "actor/clip_fraction": masked_mean(was_clipped.to(logp.dtype), mask),
+            **ratio_metrics(ratio, log_ratio, mask),
         }
     return loss, metrics
 
@@ -158,9 +167,8 @@ def gspo_token_loss(
     loss, was_clipped = _clipped_objective(ratio, advantages, 1.0 - clip_low, 1.0 + clip_high)
     with torch.no_grad():
         metrics = {
-            "actor/clip_fraction": _masked_mean(was_clipped.to(logp.dtype), mask),
-            "actor/ratio_mean": _masked_mean(ratio, mask),
-            "actor/approx_kl": _masked_mean(0.5 * log_ratio.pow(2), mask),
+            "actor/clip_fraction": masked_mean(was_clipped.to(logp.dtype), mask),
+            **ratio_metrics(ratio, log_ratio, mask),
         }
     return loss, metrics
 
@@ -189,9 +197,8 @@ def cispo_loss(
     with torch.no_grad():
         clipped = (ratio > 1.0 + clip_high) | (ratio < 1.0 - clip_low)
         metrics = {
-            "actor/clip_fraction": _masked_mean(clipped.to(logp.dtype), mask),
-            "actor/ratio_mean": _masked_mean(ratio, mask),
-            "actor/approx_kl": _masked_mean(0.5 * log_ratio.pow(2), mask),
+            "actor/clip_fraction": masked_mean(clipped.to(logp.dtype), mask),
+            **ratio_metrics(ratio, log_ratio, mask),
         }
     return loss, metrics
 
@@ -289,14 +296,11 @@ def espo_loss(
             name = ("high", "low")[k] if num_groups == 2 else str(k)
             in_group = one_hot[..., k]
             present = size[:, k] > 0
-            metrics[f"espo/clip_fraction_{name}"] = _masked_mean(was_clipped.to(logp.dtype), in_group)
+            metrics[f"espo/clip_fraction_{name}"] = masked_mean(was_clipped.to(logp.dtype), in_group)
             metrics[f"espo/group_size_{name}"] = size[:, k].mean()
-            metrics[f"espo/entropy_{name}"] = _masked_mean(entropy, in_group)
-            metrics[f"espo/epsilon_{name}"] = _masked_mean(
-                epsilon[:, k], present.to(epsilon.dtype)
-            )  # 0: none
-        metrics["actor/clip_fraction"] = _masked_mean(was_clipped.to(logp.dtype), mask)
-        metrics["actor/ratio_mean"] = _masked_mean(ratio, mask)
-        metrics["actor/approx_kl"] = _masked_mean(0.5 * log_ratio.pow(2), mask)
-        metrics["espo/epsilon_mean"] = _masked_mean(token_epsilon, mask)
+            metrics[f"espo/entropy_{name}"] = masked_mean(entropy, in_group)
+            metrics[f"espo/epsilon_{name}"] = masked_mean(epsilon[:, k], present.to(epsilon.dtype))  # 0: none
+        metrics["actor/clip_fraction"] = masked_mean(was_clipped.to(logp.dtype), mask)
+        metrics.update(ratio_metrics(ratio, log_ratio, mask))
+        metrics["espo/epsilon_mean"] = masked_mean(token_epsilon, mask)
     return loss * weight, metrics

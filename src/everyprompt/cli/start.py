@@ -6,17 +6,14 @@ from __future__ import annotations
 
 def cmd_recipes(args) -> int:
     from rich.console import Console
-    from rich.table import Table
 
     from everyprompt.config.recipes import recipe_names, recipe_summary, recipes_dir
+    from everyprompt.report.console import recipes_table
 
-    table = Table(title=f"recipes ({recipes_dir()})", title_justify="left", show_lines=False)
-    table.add_column("name", style="bold", no_wrap=True)
-    table.add_column("what it runs")
-    for name in recipe_names():
-        table.add_row(name, recipe_summary(name))
     console = Console()
-    console.print(table)
+    console.print(
+        recipes_table(str(recipes_dir()), [(name, recipe_summary(name)) for name in recipe_names()])
+    )
     console.print(
         "run one by name: `everyprompt train NAME [KEY=VALUE ...]` (also eval, sft, demo, sweep); "
         "`everyprompt fetch smollm2` makes the smollm2 recipes' model"

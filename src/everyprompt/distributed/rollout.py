@@ -23,7 +23,7 @@ from everyprompt.distributed.recipes import ModelRecipe
 from everyprompt.distributed.runtime import actor_options, require_ray
 from everyprompt.errors import ClusterError
 from everyprompt.logs import quiet_libraries
-from everyprompt.rollout import SUMMED_STATS, GenerationRequest, SamplingParams, build_engine
+from everyprompt.rollout import GenerationRequest, SamplingParams, build_engine, summed_stats
 from everyprompt.rollout.scheduler import assign_lpt
 
 log = logging.getLogger(__name__)
@@ -198,10 +198,6 @@ class RayEngine:
             "wall_s": wall,
             "workers": float(len(calls)),
             "compiled": max((c.get("compiled", 0.0) for c in calls), default=0.0),
-            **{
-                name: sum(c.get(name, 0.0) for c in calls)
-                for name in SUMMED_STATS
-                if any(name in c for c in calls)
-            },
+            **summed_stats(calls),
             "cluster/actor_restarts": float(restarts),
         }

@@ -131,9 +131,8 @@ def filter_prompts(
     builtin = data == "builtin"
     checkpoint = resolve_checkpoint(model)
     out = Path(out or (f"{Path(data).stem}-filtered" if not builtin else "builtin-filtered"))
-    rows = (
-        None if builtin else load_prompt_file(data, config.data.columns, what="DATA")
-    )  # a bad file fails first
+    # a bad file fails first
+    rows = None if builtin else load_prompt_file(data, config.data.columns, what="DATA")
     run = Run(config, run_dir=out)
     rows = run.rows.rl() if rows is None else rows
     policy, tokenizer = load_pretrained(checkpoint)

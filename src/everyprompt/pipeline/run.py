@@ -94,13 +94,16 @@ def learner_device(config: Config) -> torch.device:
     return torch.device("cpu") if cluster.backend == "ray" else device
 
 
-HUB_NAMED = (  # the keys that may name a Hub model id or a Hub dataset file
-    ("model", "path"),
-    ("data", "train_file"),
-    ("data", "eval_file"),
-    ("rewards.genrm", "model"),
-    ("rewards.scalar_rm", "model"),
-)
+# the keys that may name a Hub model id or dataset file, and whether a model name that is neither a path nor an
+# id is refused here (a judge or reward model, which would fail later in a reward worker) or left to its
+# loader (model.path: it fails in the run directory, where a sweep's report finds the failed cell)
+HUB_NAMED = {
+    "model.path": "loaded",
+    "data.train_file": "data",
+    "data.eval_file": "data",
+    "rewards.genrm.model": "checked",
+    "rewards.scalar_rm.model": "checked",
+}
 
 
 def pin_hub_names(config: Config, console: Console) -> Config:
@@ -109,22 +112,21 @@ def pin_hub_names(config: Config, console: Console) -> Config:
     exactly; a name that does not resolve exits 2 now, naming its key, before the run writes anything."""
     tree = config.model_dump(mode="json")
     changed = False
-    for section, key in HUB_NAMED:
+    for key, kind in HUB_NAMED.items():
+        *sections, field = key.split(".")
         node = tree
-        for part in section.split("."):
-            node = node[part]
-        name = node[key]
+        for section in sections:
+            node = node[section]
+        name = node[field]
         if name is None:
             continue
-        what, hint = f"{section}.{key}", fetch_hint(Path(name))
-        if section.startswith(
-            "rewards"
-        ):  # loaded in a reward worker: refused now (model.path: by its loader)
-            check_model_name(name, what, hint)
-        node[key] = pinned(name, what, hint)
-        if node[key] != name:
+        hint = "" if kind == "data" else fetch_hint(Path(name))
+        if kind == "checked":
+            check_model_name(name, key, hint)
+        node[field] = pinned(name, key, hint)
+        if node[field] != name:
             changed = True
-            console.print(f"{section}.{key}: {name} -> {node[key]} (kept in config.yaml)", markup=False)
+            console.print(f"{key}: {name} -> {node[field]} (kept in config.yaml)", markup=False)
     return Config.model_validate(tree) if changed else config
 
 

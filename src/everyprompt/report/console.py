@@ -129,3 +129,13 @@ def histogram_table(histogram: dict[str, int], prompts: int, samples: int) -> Ta
     for value, count in histogram.items():
         table.add_row(value, str(count))
     return table
+
+
+def recipes_table(where: str, recipes: list[tuple[str, str]]) -> Table:
+    """The recipes shipped with the package: (name, its one-line summary), and the folder they are in."""
+    table = Table(title=f"recipes ({where})", title_justify="left")
+    table.add_column("name", style="bold", no_wrap=True)
+    table.add_column("what it runs")
+    for name, line in recipes:
+        table.add_row(name, line)
+    return table

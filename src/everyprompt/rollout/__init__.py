@@ -3,7 +3,6 @@
 from everyprompt.rollout import hf as _hf  # noqa: F401  (registers "hf")
 from everyprompt.rollout import native as _native  # noqa: F401  (registers "native")
 from everyprompt.rollout.base import (
-    SUMMED_STATS,
     Completion,
     GenerationRequest,
     RolloutEngine,
@@ -16,6 +15,7 @@ from everyprompt.rollout.base import (
     register_engine,
     registered_engines,
     resolve_engine,
+    summed_stats,
 )
 from everyprompt.rollout.sampling import derive_seed
 
@@ -23,7 +23,6 @@ __all__ = [
     "Completion",
     "GenerationRequest",
     "RolloutEngine",
-    "SUMMED_STATS",
     "SamplingParams",
     "UnsupportedModelError",
     "build_engine",
@@ -34,4 +33,5 @@ __all__ = [
     "register_engine",
     "registered_engines",
     "resolve_engine",
+    "summed_stats",
 ]

@@ -113,6 +113,13 @@ class Completion:
 SUMMED_STATS = ("graph_replays", "graph_captures", "graph_capture_s")
 
 
+def summed_stats(calls: list[dict[str, float]]) -> dict[str, float]:
+    """The `SUMMED_STATS` the calls report, each added up over them."""
+    return {
+        name: sum(c.get(name, 0.0) for c in calls) for name in SUMMED_STATS if any(name in c for c in calls)
+    }
+
+
 def call_stats(clock: dict[str, float], wall: float, slots: int) -> dict[str, float]:
     """An engine's `stats` for one generate call from its running counts (`tokens`, `busy`: the sum over
     decode steps of the busy slot fraction, `decode_s`, `decode_steps`, `prefill_s`, `admissions`, and

@@ -6,7 +6,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from everyprompt.rollout import SUMMED_STATS
+from everyprompt.rollout import summed_stats
 
 
 @dataclass
@@ -59,7 +59,6 @@ class StepTally:
             out["rollout/decode_step_ms"] = (
                 sum(c["decode_step_ms"] * c["decode_steps"] for c in calls) / steps
             )
-            for name in SUMMED_STATS:  # where the engine reports them (the native engine's CUDA graphs)
-                if any(name in c for c in calls):
-                    out[f"rollout/{name}"] = sum(c.get(name, 0.0) for c in calls)
+            # where the engine reports them (the native engine's CUDA graphs)
+            out.update({f"rollout/{name}": value for name, value in summed_stats(calls).items()})
         return out

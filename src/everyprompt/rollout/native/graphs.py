@@ -142,8 +142,9 @@ class StepGraphs:
             )
             self._graphs.clear()
             return None
-        self.capture_s += time.perf_counter() - began
-        self._call["capture_s"] += time.perf_counter() - began
+        seconds = time.perf_counter() - began
+        self.capture_s += seconds
+        self._call["capture_s"] += seconds
         self.pool_bytes += max(torch.cuda.memory_reserved(self.device) - reserved, 0)
         self._call["captures"] += 1
         return graph
