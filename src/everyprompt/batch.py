@@ -40,6 +40,9 @@ class RolloutBatch:
     # environment tokens too (observations, tool output), which are never trained (docs/environments.md).
     # None: every completion token is the model's.
     completion_mask: list[torch.Tensor] | None = None
+    # N: the value of each row's prompt's `rl.teacher.by` column, which picks its distillation teacher (None:
+    # one teacher or none)
+    teacher_keys: list[str | None] | None = None
 
     def __len__(self) -> int:
         return len(self.completion_ids)

@@ -154,3 +154,37 @@ def test_an_asynchronous_run_with_partial_rollouts_on_ray_equals_the_local_one(r
         )
     assert max(m["async/partial_sequences"] for m in local) > 0
     assert actors_left("LearnerRank", "RolloutWorker") == []
+
+
+@pytest.mark.slow  # ~50 s on 2 busy cores
+def test_distillation_on_two_learner_ranks_equals_one_process(ray_instance, tmp_path):
+    """Each learner rank loads the teacher itself and scores its share of the rows; one step's weights
+    and figures equal the local backend's."""
+    from everyprompt.models.io import save_pretrained
+    from tests.conftest import make_tiny_model
+
+    model, tokenizer = make_tiny_model()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1.5)  # a teacher that differs from the preset student
+    save_pretrained(model, tokenizer, tmp_path / "teacher")
+    distill = (
+        *SETTINGS,
+        "rl.steps=1",
+        f"rl.teacher.model={tmp_path / 'teacher'}",
+        "rl.old_logprobs=recompute",
+    )
+    train(tiny_config(*distill), run_dir=tmp_path / "local")
+    train(tiny_config(*distill, *RAY), run_dir=tmp_path / "ray")
+    # Adam's first step moves each weight by about rl.lr (1e-2) whatever its gradient's size: a gradient
+    # element near 0, summed in another order across the ranks, may move a little more or less (two of
+    # ~25k elements by 5e-5 when written); the figures below agree to the last digits
+    local_weights, ray_weights = _weights(tmp_path / "local"), _weights(tmp_path / "ray")
+    for key in local_weights:
+        torch.testing.assert_close(ray_weights[key], local_weights[key], rtol=0, atol=1e-4)
+    local, ray = (
+        [json.loads(line) for line in (tmp_path / d / "metrics.jsonl").open()] for d in ("local", "ray")
+    )
+    for key in ("loss/policy", "distill/reverse_kl", "distill/advantage_share", "distill/token_share"):
+        assert ray[0][key] == pytest.approx(local[0][key], rel=1e-4, abs=1e-6), key
+    assert local[0]["distill/reverse_kl"] != 0.0
+    assert actors_left("LearnerRank", "RolloutWorker") == []

@@ -16,6 +16,7 @@ from everyprompt.algorithms.corrections import (
     kl_penalty,
     rollout_correction,
 )
+from everyprompt.algorithms.distill import distillation_advantages, distillation_metrics, distillation_sums
 from everyprompt.algorithms.losses import entropy_groups
 from everyprompt.algorithms.registry import (
     advantage_needs_components,
@@ -37,6 +38,9 @@ __all__ = [
     "KL_ESTIMATORS",
     "aggregate",
     "compute_advantages",
+    "distillation_advantages",
+    "distillation_metrics",
+    "distillation_sums",
     "entropy_groups",
     "host_floats",
     "kl_penalty",

@@ -185,6 +185,7 @@ class Config(Section):
             "curriculum.stages": bool(self.curriculum.stages),
             "cluster.backend=ray": self.cluster.backend == "ray",
             f"rl.advantage={self.rl.advantage}": advantage_needs_components(self.rl.advantage),  # no parts
+            "rl.teacher.by": self.rl.teacher.by is not None,  # its rows carry no data columns
         }
         for setting, present in refused.items():
             if present:

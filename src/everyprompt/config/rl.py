@@ -10,6 +10,7 @@ from everyprompt.algorithms import policy_loss_spec, registered_advantages, regi
 from everyprompt.algorithms.gated import DPPOKLOptions, DPPOTVOptions, SAPOOptions
 from everyprompt.algorithms.losses import CISPOOptions, ESPOOptions, GSPOOptions, PPOClipOptions
 from everyprompt.config.base import YAML_WORDS, Section
+from everyprompt.config.teacher import TeacherConfig
 
 
 class KLConfig(Section):
@@ -108,6 +109,11 @@ class RLConfig(Section):
         gt=0,
         description="Off-policy sequence masking (DeepSeek-V3.2): drop a negative-advantage sequence whose mean "
         "per-token KL from the sampling engine's policy to the current one exceeds this (None: off).",
+    )
+    teacher: TeacherConfig = Field(
+        default_factory=lambda: TeacherConfig(),
+        description="On-policy distillation: the teacher(s) whose log-probs of the sampled tokens give a "
+        "per-token advantage (no teacher by default).",
     )
     max_staleness: int = Field(
         0,

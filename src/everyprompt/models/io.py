@@ -53,9 +53,20 @@ def load_pretrained(
     return model, _load_tokenizer(path)
 
 
-def _load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    """The tokenizer of the checkpoint directory, LoRA adapter or GGUF file at `path` (or Hub id), without
+    its weights."""
+    path = resolve_model(path, hint=fetch_hint(Path(path)))
+    if is_gguf(path):
+        return _load_tokenizer(path.parent, gguf_file=path.name)
+    if not (path / "config.json").is_file() and adapter_base_path(path) is None:
+        raise ModelError(f"{path}: not a Hugging Face checkpoint directory (no config.json)")
+    return _load_tokenizer(path)
+
+
+def _load_tokenizer(path: Path, **options) -> PreTrainedTokenizerBase:
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, **options)
     except (OSError, ValueError) as err:
         raise ModelError(f"{path}: cannot load the tokenizer ({err})") from None
     if tokenizer.pad_token_id is None:
@@ -81,6 +92,14 @@ def load_model_and_tokenizer(
     network.generation_config.pad_token_id = tokenizer.pad_token_id
     network.generation_config.eos_token_id = tokenizer.eos_token_id
     return network, tokenizer
+
+
+def config_tokenizer(model: ModelConfig) -> PreTrainedTokenizerBase:
+    """The tokenizer `load_model_and_tokenizer(model, ...)` gives, without loading or making the weights."""
+    if model.path:
+        check_model_name(model.path, "model.path", fetch_hint(Path(model.path)))
+        return load_tokenizer(model.path)
+    return PRESET_TOKENIZERS[model.preset]()
 
 
 def _chat_tokenizer() -> PreTrainedTokenizerBase:

@@ -103,11 +103,19 @@ def enable_gradient_checkpointing(model: nn.Module) -> nn.Module:
     return model
 
 
-def training_kernels(model: nn.Module, model_config) -> nn.Module:
-    """`model` (already on its training device) with the kernels `model_config` trains it with: the MoE
-    experts' (`model.moe_kernel`), float32 attention on the CPU under bf16, and gradient checkpointing."""
+def forward_kernels(model: nn.Module, model_config) -> nn.Module:
+    """`model` (already on the learner's device) with the kernels of the learner's forwards: the MoE
+    experts' (`model.moe_kernel`) and float32 attention on the CPU under bf16. A frozen model the learner
+    scores with (a distillation teacher) gets these, so that it computes as the policy does."""
     select_moe_kernel(model, model_config.moe_kernel)
     cpu_attention_in_fp32(model, model_config.dtype)
+    return model
+
+
+def training_kernels(model: nn.Module, model_config) -> nn.Module:
+    """`model` (already on its training device) with the kernels `model_config` trains it with: the
+    forward kernels (`forward_kernels`) and gradient checkpointing."""
+    forward_kernels(model, model_config)
     if model_config.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     return model

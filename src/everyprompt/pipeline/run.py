@@ -28,7 +28,7 @@ from everyprompt.evaluate import evaluate_config, held_out_rewards
 from everyprompt.hub import check_model_name, pinned
 from everyprompt.logs import quiet_libraries, record_warnings
 from everyprompt.models.catalog import fetch_hint
-from everyprompt.models.io import load_model_and_tokenizer, load_pretrained
+from everyprompt.models.io import config_tokenizer, load_model_and_tokenizer, load_pretrained
 from everyprompt.models.lora import load_adapter
 from everyprompt.models.precision import training_dtype, training_kernels
 from everyprompt.pipeline.backends import build_trainer
@@ -40,6 +40,7 @@ from everyprompt.run.layout import RunLayout
 from everyprompt.run.resume import rl_start, sft_start
 from everyprompt.trainer import RLTrainer, run_sft, save_checkpoint
 from everyprompt.trainer.checkpoint import CheckpointError, load_trainer_state
+from everyprompt.trainer.distill import check_teachers, student_name
 from everyprompt.trainer.wandb_run import require_wandb
 from everyprompt.zve import seeded_sample
 from everyprompt.zve.workflow import filter_counts, run_offline_filter
@@ -103,6 +104,8 @@ HUB_NAMED = {
     "data.eval_file": "data",
     "rewards.genrm.model": "checked",
     "rewards.scalar_rm.model": "checked",
+    "rl.teacher.model": "checked",
+    "rl.teacher.models": "checked",  # value -> teacher: each checked under rl.teacher.models.VALUE
 }
 
 
@@ -117,16 +120,19 @@ def pin_hub_names(config: Config, console: Console) -> Config:
         node = tree
         for section in sections:
             node = node[section]
-        name = node[field]
-        if name is None:
-            continue
-        hint = "" if kind == "data" else fetch_hint(Path(name))
-        if kind == "checked":
-            check_model_name(name, key, hint)
-        node[field] = pinned(name, key, hint)
-        if node[field] != name:
-            changed = True
-            console.print(f"{key}: {name} -> {node[field]} (kept in config.yaml)", markup=False)
+        named = node[field] if isinstance(node[field], dict) else {field: node[field]}
+        holder = node[field] if isinstance(node[field], dict) else node
+        for name_key, name in named.items():
+            if name is None:
+                continue
+            where = key if holder is node else f"{key}.{name_key}"
+            hint = "" if kind == "data" else fetch_hint(Path(name))
+            if kind == "checked":
+                check_model_name(name, where, hint)
+            holder[name_key] = pinned(name, where, hint)
+            if holder[name_key] != name:
+                changed = True
+                console.print(f"{where}: {name} -> {holder[name_key]} (kept in config.yaml)", markup=False)
     return Config.model_validate(tree) if changed else config
 
 
@@ -234,6 +240,9 @@ class Run:
         save_config(self.config, self.layout.config)
         if self.config.eval.reward is not None:  # one that does not resolve fails now, not after RL
             build_reward(held_out_rewards(self.config))
+        if self.config.rl.teacher.enabled:  # a teacher that does not fit fails now, before SFT
+            student = config_tokenizer(self.config.model)
+            check_teachers(self.config.rl.teacher, student, student_name(self.config), self.rows.rl())
         checkpoint = rl_start(self.layout, resume)
         store = self.pass_rate_store()
         if checkpoint is not None:

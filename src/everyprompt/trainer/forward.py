@@ -1,5 +1,6 @@
 """The learner's forward passes: the policy's token log-probs under router replay and the training
-precision, and the KL reference's (a frozen copy, or a LoRA policy's own base with its adapters off)."""
+precision, the KL reference's (a frozen copy, or a LoRA policy's own base with its adapters off) and a
+distillation teacher's."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from everyprompt.config import Config, ConfigError
 from everyprompt.models.lora import reference_forward
 from everyprompt.models.precision import autocast
 from everyprompt.models.replay import ReplayError, RouterReplay
-from everyprompt.trainer.logprobs import token_logprobs
+from everyprompt.trainer.head import check_head
+from everyprompt.trainer.logprobs import check_packing, token_logprobs
 
 
 def policy_router(model, replay: str) -> RouterReplay | None:
@@ -40,16 +42,32 @@ class PolicyForward:
         when given."""
         return self._logprobs(self.model, data, rows, with_entropy, recorded, routes_key, hold, policy=True)
 
+    def check(self, batch) -> bool:
+        """Before the first training forward: packed and one-by-one log-probs agree for this model, and so
+        do the chunked head's and its own logits' (else an error); True."""
+        sequences = [batch.prompt_ids[i] + batch.completion_ids[i] for i in range(min(2, len(batch)))]
+        if self.config.model.pack_sequences:
+            check_packing(self.model, (sequences * 2)[:2], self.pad_id)
+        if self.config.model.logprob_chunk:
+            check_head(self.model, sequences[0], self.config.model.logprob_chunk)
+        return True
+
     @torch.no_grad()
     def reference_logprobs(self, data: dict, rows: slice) -> dict[str, torch.Tensor]:
         """The KL reference's log-probs of rows `rows` as the loss's `ref_logp` (none without KL); its own
         routing, nothing recorded."""
         if self.reference is not None:
-            return {"ref_logp": self._logprobs(self.reference, data, rows, policy=False)[0]}
+            return {"ref_logp": self.frozen_logprobs(self.reference, data, rows)}
         if self.base_as_reference:
             with reference_forward(self.model):
-                return {"ref_logp": self._logprobs(self.model, data, rows, policy=False)[0]}
+                return {"ref_logp": self.frozen_logprobs(self.model, data, rows)}
         return {}
+
+    @torch.no_grad()
+    def frozen_logprobs(self, model, data: dict, rows: slice | torch.Tensor) -> torch.Tensor:
+        """A frozen model's (the reference's, a teacher's) log-probs of rows `rows` (a slice, or positions)
+        of `data`, under the training precision: its own routing, nothing recorded."""
+        return self._logprobs(model, data, rows, policy=False)[0]
 
     def _logprobs(
         self,

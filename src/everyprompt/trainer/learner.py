@@ -36,10 +36,9 @@ from everyprompt.models.lora import is_lora, merged_state_dict
 from everyprompt.rollout import derive_seed
 from everyprompt.trainer.checkpoint import full_weights, load_optimizer_state, portable_optimizer_state
 from everyprompt.trainer.data_parallel import DataParallel
+from everyprompt.trainer.distill import Distillation
 from everyprompt.trainer.forward import PolicyForward, policy_router
-from everyprompt.trainer.head import check_head
 from everyprompt.trainer.interface import LearnerSide
-from everyprompt.trainer.logprobs import check_packing
 from everyprompt.trainer.mismatch import batch_mismatch, fed_tokens
 from everyprompt.trainer.optim import build_optimizer, build_scheduler
 from everyprompt.trainer.replica import BehaviourReplica
@@ -87,6 +86,7 @@ class Learner(LearnerSide):
         self.forward = PolicyForward(
             self.model, self.router, self.reference, self.base_as_reference, config, pad_token_id
         )
+        self.distill = Distillation.build(config, self.device)  # rl.teacher: its teachers, on this device
         self.loss_spec = policy_loss_spec(self.rl.loss)
         self.loss_options = self.rl.loss_kwargs()
         self.last_sync_bytes = 0  # the size of the weights `state_dict` last handed over
@@ -139,8 +139,11 @@ class Learner(LearnerSide):
         if len(batch):  # (empty when every group is still in flight: partial rollouts)
             weights = {c.name: c.weight for c in self.config.rewards.components}
             metrics, still_zero_variance = batch_advantages(batch, self.rl, self.zve, weights)
+            if self.distill is not None:  # a teacher's rows carry its signal whatever their rewards
+                still_zero_variance = self.distill.prepare(batch, still_zero_variance)
             batch = drop_zero_variance(batch, still_zero_variance, self.zve, metrics)
-        if len(batch) and carries_signal(batch):
+        taught = self.distill is not None and len(batch) and bool(self.distill.covered(batch).any())
+        if len(batch) and (carries_signal(batch) or taught):
             metrics.update(self._optimize(batch))
             metrics["actor/no_signal_update"] = 0.0
         else:
@@ -154,7 +157,8 @@ class Learner(LearnerSide):
 
     def _optimize(self, batch: RolloutBatch) -> dict[str, float]:
         self.model.train()
-        self._check_forwards(batch)
+        if not self._forwards_checked:
+            self._forwards_checked = self.forward.check(batch)
         if self.rl.router_replay == "r3" and self.device.type != "cpu" and batch.routed_experts:
             self.router.check_values(torch.cat([routes.reshape(-1) for routes in batch.routed_experts]))
         generator = torch.Generator().manual_seed(derive_seed(self.config.seed, self.version, 7))
@@ -191,18 +195,6 @@ class Learner(LearnerSide):
                 "or look for the batch that produces it"
             )
         return {"actor/skipped_updates": 1.0}
-
-    def _check_forwards(self, batch: RolloutBatch) -> None:
-        """Once, before the first training forward: packed and one-by-one log-probs agree for this model,
-        and so do the chunked head's and its own logits'."""
-        if self._forwards_checked:
-            return
-        sequences = [batch.prompt_ids[i] + batch.completion_ids[i] for i in range(min(2, len(batch)))]
-        if self.config.model.pack_sequences:
-            check_packing(self.model, (sequences * 2)[:2], self.pad_id)
-        if self.config.model.logprob_chunk:
-            check_head(self.model, sequences[0], self.config.model.logprob_chunk)
-        self._forwards_checked = True
 
     def _rollout_as_old(self, batch: RolloutBatch) -> None:
         """`rl.old_logprobs=rollout`: the engine's log-probs (and entropies) stand for the old policy's."""
@@ -327,8 +319,8 @@ class Learner(LearnerSide):
                 used.append((key, fed_tokens(batch, rows[part], used_routes)))
             weight = batch.trained_tokens(rows[part]) / num_tokens
             part_sums = {"loss/policy": loss.detach(), "entropy_sum": (entropy * mask).sum(), **metrics}
-            for name, value in part_sums.items():
-                value = value if name in ("loss/policy", "entropy_sum") else value * weight
+            for name, value in part_sums.items():  # sums (*_sum) add up; per-token means by their weight
+                value = value if name == "loss/policy" or name.endswith("_sum") else value * weight
                 sums[name] = sums.get(name, zero) + value
         if self.parallel.any(not bool(finite)):
             bad = float(sums["loss/policy"])
@@ -341,6 +333,8 @@ class Learner(LearnerSide):
         self.optimizer.step()
         self.consecutive_skips = 0
         stats = self.parallel.sum(host_floats(sums))
+        if self.distill is not None:
+            self.distill.finish(stats, num_tokens)
         if measure:
             order = self.parallel.in_order
             logps, routes = order(measured), order(used)
@@ -358,6 +352,7 @@ class Learner(LearnerSide):
         the loss's metrics."""
         mask = data["mask"][part]
         extra = self.forward.reference_logprobs(data, part)  # first: no replay of the policy's is in force
+        teacher = self.distill and self.distill.teacher_logprobs(self.forward, data, part, rows[part], batch)
         logp, entropy = self.forward(data, part, True, used_routes, routes_key, held)
         part_advantages = advantages[part]
         if batch.zvp_sign is not None:  # RL-ZVP: token advantages from the current policy's entropies
@@ -369,6 +364,9 @@ class Learner(LearnerSide):
         # without old-policy values (recompute, one mini-batch) this forward *is* the old policy
         old_logp = data["old_logp"][part] if "old_logp" in data else logp.detach()
         old_entropy = data["old_entropy"][part] if "old_entropy" in data else entropy
+        distilled = {}
+        if teacher:  # the teacher's term, from the policy that sampled (the old one)
+            part_advantages, distilled = self.distill.advantages(teacher, old_logp, part_advantages, mask)
         loss, metrics = policy_loss(
             self.rl.loss,
             logp,
@@ -393,4 +391,4 @@ class Learner(LearnerSide):
             **extra,
             **self.loss_options,
         )
-        return loss, logp, entropy, metrics
+        return loss, logp, entropy, {**metrics, **distilled}

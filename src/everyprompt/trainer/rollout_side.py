@@ -179,6 +179,7 @@ class RolloutSide:
             log.warning("step %d: %d episode(s) ended by their environment raising, the first: %s",
                         step, len(tally.environment_errors), tally.environment_errors[0])  # fmt: skip
         batch = assemble_batch(finished + collection.groups, settings["max_new_tokens"], self.version)
+        batch.teacher_keys = self._teacher_keys(batch.prompt_index)
         batch.stats = {
             **self._record_pass_rates(finished + collection.all_groups, step),
             **self._partial_stats(batch),
@@ -305,6 +306,14 @@ class RolloutSide:
         return buckets_by_pass_rate(
             self.prompts, self.store.pass_rate, self.config.curriculum.pass_rate_edges
         )
+
+    def _teacher_keys(self, prompt_index: list[int]) -> list[str | None] | None:
+        """Each row's prompt's `rl.teacher.by` value, which picks its teacher (None: not several teachers)."""
+        by = self.config.rl.teacher.by
+        if by is None:
+            return None
+        values = (self.prompts[index].get(by) for index in prompt_index)
+        return [None if value is None else str(value) for value in values]
 
     def _bucket(self, index: int) -> str | None:
         """The prompt's difficulty bucket for length prediction: its curriculum field, when it has one."""
