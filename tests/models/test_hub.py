@@ -185,3 +185,24 @@ def test_a_fetch_shows_the_hubs_progress_bars_and_leaves_them_as_they_were(offli
         assert seen == [False] and are_progress_bars_disabled()  # on while it ran, off again after
     finally:
         (disable_progress_bars if before else enable_progress_bars)()
+
+
+def test_teachers_named_by_id_are_pinned_in_config_yaml(offline_cache, saved, tmp_path):
+    """rl.teacher.model and each of rl.teacher.models' values resolve and are written with their commit."""
+    import yaml
+
+    from everyprompt.pipeline import train
+    from tests.conftest import tiny_config
+
+    cache_repo(offline_cache, "org/tiny", saved / "now", COMMIT)
+    cache_repo(offline_cache, "org/teacher", saved / "older", OLDER)
+    base = ("model.path=org/tiny", "sft.steps=0", "rl.steps=1", "eval.num_samples=0", "data.num_eval=2")
+    train(tiny_config(*base, "rl.teacher.model=org/teacher"), run_dir=tmp_path / "one")
+    written = yaml.safe_load((tmp_path / "one" / "config.yaml").read_text())
+    assert written["rl"]["teacher"]["model"] == f"org/teacher@{OLDER}"
+    several = ("rl.teacher.by=level", "rl.teacher.models={4: org/teacher, 5: org/tiny}")
+    train(tiny_config(*base, *several), run_dir=tmp_path / "several")
+    written = yaml.safe_load((tmp_path / "several" / "config.yaml").read_text())
+    assert written["rl"]["teacher"]["models"] == {"4": f"org/teacher@{OLDER}", "5": f"org/tiny@{COMMIT}"}
+    metrics = (tmp_path / "several" / "metrics.jsonl").read_text()
+    assert '"distill/reverse_kl"' in metrics

@@ -141,11 +141,18 @@ def test_an_outside_driver_samples_scores_and_the_run_trains_on_its_groups(tmp_p
 
 
 @pytest.mark.parametrize(
-    "setting", ["env.name=calculator", "rollout.partial=true", "zve.enabled=true", "cluster.backend=ray"]
+    "setting",
+    [
+        ("env.name=calculator",),
+        ("rollout.partial=true",),
+        ("zve.enabled=true",),
+        ("cluster.backend=ray",),
+        ("rl.teacher.by=task", "rl.teacher.models={math: a}"),  # the driver's groups carry no columns
+    ],
 )
 def test_what_the_driver_does_is_refused_beside_external(setting):
     with pytest.raises(ConfigError, match=r"external.enabled: the driver samples, scores and picks"):
-        tiny_config("model.preset=tiny-chat-moe", "external.enabled=true", setting)
+        tiny_config("model.preset=tiny-chat-moe", "external.enabled=true", *setting)
 
 
 def _group(k: int) -> dict:
