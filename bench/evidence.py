@@ -34,12 +34,13 @@ import os
 import shutil
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import RESULTS, ROOT, repo_path, write_results  # noqa: E402
-from evidence_plan import COMPARISONS, SETUPS, Comparison, Setup  # noqa: E402
+from evidence_plan import COMPARISONS, SETUPS, TEACHER_SEED, Comparison, Setup  # noqa: E402
 from evidence_verdicts import README, claims_table, contrasts, readme_section, write_readme  # noqa: E402, F401
 
 from algorithms import TINY, prepare_sft  # noqa: E402
@@ -61,13 +62,32 @@ def fixed_overrides(
     fixed = [*base, *QUIET, *comparison.fixed]
     if sft_dir is not None:
         fixed += [f"model.path={sft_dir}", "sft.steps=0"]
-    steps *= comparison.steps_factor
+    steps = comparison.steps or steps * comparison.steps_factor
     fixed.append(f"rl.steps={steps}")
     if comparison.equal_rollouts:
         config = load_config(setup.config, fixed)
         budget = steps * config.rl.prompts_per_step * config.rl.group_size
         fixed += [f"rl.max_rollouts={budget}", f"rl.steps={10 * steps}"]  # the budget binds first
     return fixed
+
+
+def prepare_teacher(config_path: Path | None, overrides: list[str], out: Path) -> tuple[Path, dict]:
+    """Train (or reuse, or finish) a comparison's teacher at `out`: the config at `config_path` (None: the
+    demo's) with `overrides`; its final checkpoint and its held-out figures."""
+    from everyprompt.config import load_config
+    from everyprompt.pipeline import train
+    from everyprompt.run.layout import RunLayout
+
+    layout = RunLayout(out)
+    if not (layout.root / "eval.json").is_file():
+        config = load_config(config_path, [*overrides, "logging.progress=true", "logging.tensorboard=false"])
+        train(config, run_dir=out, resume=layout.config.is_file())
+    final = json.loads((layout.root / "eval.json").read_text())
+    return layout.latest.resolve(), {
+        "run_dir": repo_path(out),
+        "greedy_accuracy": final.get("greedy_accuracy"),
+        "pass_at_k": next((v for k, v in final.items() if k.startswith("pass@") and "/" not in k), None),
+    }
 
 
 def record_of(arm: str, seed: int, run_dir: Path, seconds: float, levels: list[int] | None) -> dict:
@@ -84,7 +104,7 @@ def record_of(arm: str, seed: int, run_dir: Path, seconds: float, levels: list[i
         "arm": arm,
         "seed": seed,
         "greedy_accuracy": final["greedy_accuracy"],
-        "pass_at_k": next((v for k, v in final.items() if k.startswith("pass@")), None),
+        "pass_at_k": next((v for k, v in final.items() if k.startswith("pass@") and "/" not in k), None),
         "greedy_accuracy_by_level": by_level,
         "greedy_accuracy_rl_levels": statistics.mean(on_rl_levels) if on_rl_levels else None,
         "zero_variance_rate_mean": statistics.mean(zero) if zero else None,
@@ -206,7 +226,19 @@ def run(
     if setup.shared_sft:
         console.print("the shared SFT checkpoint (trained once, then reused) ...")
         sft_dir = prepare_sft([*base, "seed=1"], work / ("sft_smoke" if smoke else "sft_seed1"))
-    fixed = fixed_overrides(comparison, setup, base, sft_dir, 2 if smoke else setup.steps)
+    # a smoke run takes 2 steps, whatever the comparison's own count
+    planned = replace(comparison, steps=None) if smoke else comparison
+    fixed = fixed_overrides(planned, setup, base, sft_dir, 2 if smoke else setup.steps)
+    arms_of = dict(comparison.arms)
+    if comparison.teacher:
+        console.print(f"the teacher (GRPO from the SFT checkpoint, seed {TEACHER_SEED}; trained once) ...")
+        steps = 2 if smoke else setup.steps
+        own = fixed_overrides(replace(comparison, steps=None), setup, base, sft_dir, steps)  # full budget
+        teacher_fixed = [*own, f"seed={TEACHER_SEED}"]
+        teacher_dir, teacher = prepare_teacher(
+            setup.config, teacher_fixed, work / f"teacher_{setup_name}_seed{TEACHER_SEED}"
+        )
+        arms_of = {arm: [o.format(teacher=teacher_dir) for o in keys] for arm, keys in arms_of.items()}
     config_path = setup.config or demo_config_path()
     levels = load_config(setup.config, fixed).rl.levels
     payload = load(path)
@@ -214,20 +246,23 @@ def run(
     body = entry["setups"].setdefault(setup_name, {"arms": {}})
     body["fixed"] = [o.replace(f"{ROOT}/", "") for o in fixed]  # paths relative to the repository
     body["seeds"] = list(comparison.seeds_on(setup_name))
-    for arm, keys in comparison.arms.items():
-        body["arms"].setdefault(arm, {"overrides": keys, "runs": []})
+    if comparison.teacher:
+        body["teacher"] = teacher
+    for arm, keys in arms_of.items():
+        recorded = [o.replace(f"{ROOT}/", "") for o in keys]
+        body["arms"].setdefault(arm, {"overrides": recorded, "runs": []})
     root = work / f"{name}-{setup_name}"
     harvest(root, body, fixed, levels, keep_checkpoints)  # cells a killed call finished on this machine
     # one sweep per set of arms that miss the same seeds: all of them at once when nothing is recorded,
     # so both cores stay busy; no recorded cell is run again
     by_seeds: dict[tuple[int, ...], list[str]] = {}
-    for arm in comparison.arms:
+    for arm in arms_of:
         recorded = {r["seed"] for r in body["arms"][arm]["runs"]}
         if wanted := tuple(seed for seed in seeds if seed not in recorded):
             by_seeds.setdefault(wanted, []).append(arm)
     for pending, arms in by_seeds.items():
         console.print(f"{name} on {setup_name}: {', '.join(arms)} x seeds {list(pending)}")
-        bundle = {arm: comparison.arms[arm] for arm in arms}
+        bundle = {arm: arms_of[arm] for arm in arms}
         plan = SweepPlan(read_yaml(config_path), fixed, {}, list(pending), str(config_path), bundle)
         plan.validate()
         sweep_dir = root / f"seeds{'-'.join(map(str, pending))}-{'-'.join(arms)}"

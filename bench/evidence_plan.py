@@ -46,6 +46,8 @@ class Comparison:
     seeds: tuple[int, ...] | None = None  # its own seeds (a confirmation's); None: the setup's
     confirms: str | None = None  # the exploratory comparison whose candidate win this reruns on new seeds
     amended: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (set-up, its seeds) since an amendment
+    steps: int | None = None  # its own RL steps a run (None: the setup's, times steps_factor)
+    teacher: bool = False  # its arms name the set-up's teacher as {teacher} (bench/evidence.py trains it)
 
     def first_seeds_on(self, setup_name: str) -> tuple[int, ...]:
         """The seeds as the plan was first written (the original rule judges these)."""
@@ -142,3 +144,17 @@ COMPARISONS["c5-hard-confirm"] = replace(
     seeds=(6, 7, 8, 9, 10, 11),
     confirms="c5-hard",
 )
+# on-policy distillation (docs/evidence.md, C6, registered 2026-11-27 before its runs): the teacher is GRPO
+# from the shared SFT checkpoint at the set-up's full budget (seed 100); the students start from the same
+# SFT checkpoint and get a quarter of those steps, GRPO alone or with the teacher's per-token advantage
+TEACHER = "rl.teacher.model={teacher}"
+COMPARISONS["c6"] = Comparison(
+    "on-policy distillation against GRPO at equal steps",
+    {"grpo": [], "distill": [TEACHER], "distill-alone": [TEACHER, "rl.teacher.mode=alone"]},
+    ("distill", "distill-alone"),
+    (("distill", "distill-alone"),),
+    ("tiny",),
+    steps=30,
+    teacher=True,
+)
+TEACHER_SEED = 100
