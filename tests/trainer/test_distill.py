@@ -105,6 +105,12 @@ def test_pure_distillation_moves_the_student_towards_the_teacher(models, tmp_pat
     before = _exact_reverse_kl(models["student"], models["teacher"], texts)
     after = _exact_reverse_kl(tmp_path / "checkpoints" / "latest", models["teacher"], texts)
     assert after < 0.9 * before, (before, after)  # 1.68 -> 1.37 when written
+    from everyprompt.report import load_metrics, summarize
+
+    (row,) = [
+        r for r in summarize(load_metrics(tmp_path / "metrics.jsonl")) if r["key"] == "distill/reverse_kl"
+    ]
+    assert "teacher" in row["label"]  # `everyprompt report` shows it
 
 
 def test_groups_without_reward_signal_still_learn_from_a_teacher(models, tmp_path):

@@ -41,6 +41,7 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("held-out greedy accuracy", "eval/greedy_accuracy", "evals"),
     ("held-out pass@k", "eval/pass@k", "evals"),
     ("policy entropy", "actor/entropy", "ends"),
+    ("reverse KL to the teacher (rl.teacher)", "distill/reverse_kl", "ends"),
     ("zero-variance rate (sampled)", "zve/zero_variance_rate", "mean"),
     ("zero-variance rate (trained on)", "zve/zero_variance_rate_final", "mean"),
     ("rollouts carrying signal", "zve/signal_rollout_fraction", "mean"),
