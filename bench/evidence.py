@@ -100,6 +100,7 @@ def record_of(arm: str, seed: int, run_dir: Path, seconds: float, levels: list[i
     steps = [m["time/step_s"] for m in history if "time/step_s" in m]
     by_level = {k.rpartition("_")[2]: v for k, v in final.items() if k.startswith("greedy_accuracy/level_")}
     on_rl_levels = [by_level[str(level)] for level in levels or [] if str(level) in by_level]
+    taught = [m["distill/reverse_kl"] for m in history if "distill/reverse_kl" in m]
     return {
         "arm": arm,
         "seed": seed,
@@ -113,6 +114,12 @@ def record_of(arm: str, seed: int, run_dir: Path, seconds: float, levels: list[i
         "rollouts": max((m.get("rollout/total", 0) for m in history), default=0),
         "seconds": seconds,
         "run_dir": repo_path(run_dir),
+        # the held-out curve (step -> greedy accuracy at each evaluation) and, with a teacher, the reverse KL
+        # to it at the first and the last step
+        "greedy_accuracy_by_step": {
+            str(int(m["step"])): m["eval/greedy_accuracy"] for m in history if "eval/greedy_accuracy" in m
+        },
+        "distill_reverse_kl_first_last": [taught[0], taught[-1]] if taught else None,
     }
 
 

@@ -157,4 +157,14 @@ COMPARISONS["c6"] = Comparison(
     steps=30,
     teacher=True,
 )
+# SmolLM2 (the same section): one seed, a curve beside GRPO's, not judged
+COMPARISONS["c6-smollm2"] = Comparison(
+    "on-policy distillation against GRPO on SmolLM2 (one seed, not judged)",
+    {"grpo": [], "distill": [TEACHER]},
+    (),
+    (("distill", "grpo"),),
+    ("smollm2",),
+    seeds=(0,),
+    teacher=True,
+)
 TEACHER_SEED = 100

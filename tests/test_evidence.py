@@ -165,6 +165,8 @@ def test_a_recorded_cell_gives_up_its_checkpoints_unless_told_to_keep_them(tmp_p
         "c5-offpolicy",
         "c5-hard-confirm",
         "c5-recompute",
+        "c6",
+        "c6-smollm2",
     ],
 )
 def test_every_preregistered_cell_is_a_valid_config(name, tmp_path):
@@ -179,7 +181,11 @@ def test_every_preregistered_cell_is_a_valid_config(name, tmp_path):
         fixed = bench.fixed_overrides(comparison, setup, [], sft, setup.steps)
         path = setup.config or demo_config_path()
         seeds = list(comparison.seeds_on(setup_name))
-        plan = SweepPlan(read_yaml(path), fixed, {}, seeds, str(path), comparison.arms)
+        arms = {
+            arm: [o.format(teacher=tmp_path / "teacher") for o in keys]
+            for arm, keys in comparison.arms.items()
+        }
+        plan = SweepPlan(read_yaml(path), fixed, {}, seeds, str(path), arms)
         plan.validate()  # every cell's config built and checked
         assert len(plan.cells()) == len(comparison.arms) * len(seeds)
         if comparison.equal_rollouts:  # plain GRPO's rollouts at the setup's step count
@@ -263,6 +269,25 @@ def test_evidence_bench_smoke(tmp_path):
     assert bench.main(argv) == 0
     again = json.loads((tmp_path / "evidence_smoke.json").read_text())
     assert again["comparisons"] == payload["comparisons"]
+
+
+@pytest.mark.slow  # an SFT checkpoint, a teacher and three short runs (~1 min)
+def test_the_distillation_bench_trains_its_teacher_once_and_hands_it_to_its_arms(tmp_path):
+    bench = _load("evidence")
+    argv = ["--comparison", "c6", "--setup", "tiny", "--tiny", "--seeds", "0", "--out", str(tmp_path)]
+    assert bench.main(argv) == 0
+    body = json.loads((tmp_path / "evidence_smoke.json").read_text())["comparisons"]["c6"]["setups"]["tiny"]
+    teacher = tmp_path / "evidence_runs" / "teacher_tiny_seed100"
+    assert body["teacher"]["run_dir"] == str(teacher) and 0 <= body["teacher"]["greedy_accuracy"] <= 1
+    assert body["arms"]["distill"]["overrides"] == [
+        f"rl.teacher.model={(teacher / 'checkpoints' / 'step_2')}"
+    ]
+    runs = {arm: a["runs"][0] for arm, a in body["arms"].items()}
+    assert runs["grpo"]["distill_reverse_kl_first_last"] is None
+    assert all(len(runs[arm]["distill_reverse_kl_first_last"]) == 2 for arm in ("distill", "distill-alone"))
+    assert all(r["rl_steps"] == 2 for r in runs.values())  # a smoke run's 2 steps, not the comparison's 30
+    made = (teacher / "eval.json").stat().st_mtime
+    assert bench.main(argv) == 0 and (teacher / "eval.json").stat().st_mtime == made  # trained once
 
 
 def test_the_readme_claims_table_is_the_one_the_results_give():
