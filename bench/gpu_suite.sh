@@ -6,6 +6,11 @@
 #   bench/gpu_suite.sh --receive    first call (carry .gpu-model/1): keeps that half on the warm machine
 #   bench/gpu_suite.sh              second call (carry .gpu-model/2 and .gpu-wheels): the suite
 #   bench/gpu_suite.sh --smoke      the same steps on tiny models on the CPU, in CI-sized time (a test)
+#   bench/gpu_suite.sh --evidence "ARGS"
+#                                   second call instead of the suite: setup, models, then
+#                                   `bench/evidence.py ARGS` (pre-registered SmolLM2 runs, docs/evidence.md)
+#                                   until the call's time is spent; OUT/evidence.json is the file with the
+#                                   runs that finished recorded (copy it over bench/results/evidence.json)
 #
 # Steps, each with its own time limit inside the suite's deadline, each logged to OUT/<step>.log, its exit
 # status to OUT/steps.txt; a step that fails does not stop the others, and the suite's exit status is the
@@ -34,7 +39,9 @@ while [ $# -gt 0 ]; do
     --stage) MODE=stage ;;
     --receive) MODE=receive ;;
     --out) RESULTS="$2"; shift ;;
-    *) echo "gpu_suite: unknown argument $1 (--smoke, --stage, --receive, --out DIR)" >&2; exit 2 ;;
+    --evidence) MODE=evidence; EVIDENCE_ARGS="$2"; shift ;;
+    *) echo "gpu_suite: unknown argument $1 (--smoke, --stage, --receive, --evidence ARGS, --out DIR)" >&2
+       exit 2 ;;
   esac
   shift
 done
@@ -65,6 +72,7 @@ fi
 mkdir -p "$RESULTS/models"
 : > "$RESULTS/steps.txt"
 BUDGET_S=$([ $SMOKE = 1 ] && echo 300 || echo 480)
+[ "$MODE" = evidence ] && BUDGET_S=$([ $SMOKE = 1 ] && echo 300 || echo 570)  # a call's 600 s, less its end
 FAILED=0
 
 step() {  # step NAME LIMIT_S COMMAND...: run it within its limit and what is left of the budget
@@ -118,6 +126,16 @@ fi
   | tee -a "$RESULTS/steps.txt"
 
 step models 120 "$PY" bench/gpu_models.py $MODELS_ARGS
+if [ "$MODE" = evidence ]; then
+  # the runs the machine has time for: the bench records each finished cell, and on the time limit's
+  # SIGTERM it stops its cells and saves what finished (a cell cut short is lost: the machine is bare at
+  # its next start)
+  cp bench/results/evidence.json "$RESULTS/evidence.json"
+  # shellcheck disable=SC2086
+  step evidence $((BUDGET_S - SECONDS - 5)) "$PY" bench/evidence.py $EVIDENCE_ARGS --out "$RESULTS"
+  echo "gpu_suite: evidence in $RESULTS/evidence.json ($SECONDS s)"
+  exit "$FAILED"
+fi
 mapfile -t PAIR < <(tail -n 2 "$RESULTS/models.log")
 DENSE_MODEL=${PAIR[0]:-missing} MOE_MODEL=${PAIR[1]:-missing}
 BENCH=("$PY" bench/throughput --device "$DEVICE" --dtype "$DTYPE" --graphs --decode-only $QUICK --out "$RESULTS")

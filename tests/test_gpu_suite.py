@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -44,3 +46,30 @@ def test_the_gpu_suite_runs_every_step_on_tiny_models(tmp_path):
     assert learner["update_s"] > 0 and learner["top_ops"] and learner["device"] == "cpu"
     assert (out / "learner_profile_tiny-dense.txt").stat().st_size > 0
     assert "gpu_suite: 0 step(s) failed" in done.stdout
+
+
+@pytest.mark.slow  # an SFT checkpoint and three short runs (~1 min)
+def test_the_gpu_suites_evidence_mode_runs_the_bench_it_is_given(tmp_path):
+    out = tmp_path / "gpu"
+    args = "--comparison c1 --setup tiny --tiny --seeds 0"
+    done = subprocess.run(
+        ["bash", "bench/gpu_suite.sh", "--smoke", "--evidence", args, "--out", str(out)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    steps = (out / "steps.txt").read_text().splitlines()
+    assert [line.split()[0] for line in steps if " exit " in line] == ["models", "evidence"], steps
+    body = json.loads((out / "evidence_smoke.json").read_text())["comparisons"]["c1"]["setups"]["tiny"]
+    assert {arm: [r["seed"] for r in a["runs"]] for arm, a in body["arms"].items()} == {
+        "ppo-clip": [0],
+        "espo": [0],
+        "gspo": [0],
+    }
+    # the committed file came along, whole: the device's copy adds records to it
+    assert json.loads((out / "evidence.json").read_text()) == json.loads(
+        (ROOT / "bench" / "results" / "evidence.json").read_text()
+    )
