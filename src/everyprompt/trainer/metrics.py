@@ -19,7 +19,7 @@ BAR_FIELDS = {
     "reward/mean": "reward",
     "reward/accuracy": "acc",
     "rollout/tokens_per_s": "tok/s",
-    "distill/reverse_kl": "kl→teacher",  # rl.teacher: how far the student's samples are from the teacher
+    "distill/reverse_kl": "kl-to-teacher",  # rl.teacher: how far the student's samples are from the teacher
 }
 
 
