@@ -77,6 +77,12 @@ def _losses_the_demo_can_use():
 )
 def test_a_learner_step_on_fake_cuda_equals_the_cpu_one(overrides):
     config = tiny_config("rl.old_logprobs=recompute", "rl.lr=1e-2", *overrides)
+    _same_step_on_both_devices(config)
+
+
+def _same_step_on_both_devices(config) -> tuple[dict, dict, object]:
+    """The update on the CPU and on fake CUDA: the same gradients at every optimizer step, the same loss;
+    the two metrics dicts and the fake-CUDA check (its host syncs)."""
     expected, expected_metrics, _ = _step(config, "cpu")
     got, metrics, check = _step(config, "cuda:0")
     assert len(got) == len(expected) > 0
@@ -85,7 +91,47 @@ def test_a_learner_step_on_fake_cuda_equals_the_cpu_one(overrides):
         for name, value in reference.items():
             torch.testing.assert_close(mine[name], value, atol=1e-6, rtol=1e-4, msg=f"step {step}: {name}")
     assert metrics["loss/policy"] == pytest.approx(expected_metrics["loss/policy"], rel=1e-5, abs=1e-7)
-    print(f"{overrides}: {check.total_syncs} host syncs in the update")
+    print(f"{check.total_syncs} host syncs in the update")
+    return expected_metrics, metrics, check
+
+
+@pytest.mark.parametrize("several", [False, True], ids=["one-teacher", "teachers-by-column"])
+def test_a_distillation_step_on_fake_cuda_equals_the_cpu_one(tmp_path, several):
+    """The teacher is loaded onto the learner's (fake) device and scores there; with several teachers each
+    scores its own rows (here: every other row, by a column the batch carries)."""
+    from everyprompt.models.io import save_pretrained
+
+    base = ("rl.old_logprobs=recompute", "rl.lr=1e-2")
+    teacher, tokenizer = _model(tiny_config(*base))
+    with torch.no_grad():
+        teacher.lm_head.weight.mul_(1.5)
+    save_pretrained(teacher, tokenizer, tmp_path / "teacher")
+    named = (
+        ["rl.teacher.by=kind", f"rl.teacher.models={{a: {tmp_path / 'teacher'}}}"]
+        if several
+        else [f"rl.teacher.model={tmp_path / 'teacher'}"]
+    )
+    config = tiny_config(*base, *named)
+    keys = ["a", "b"] * (len(REWARDS) // 2) if several else None
+    hand = hand_batch
+
+    def keyed(*args, **kwargs):
+        batch = hand(*args, **kwargs)
+        batch.teacher_keys = keys
+        return batch
+
+    sys.modules[__name__].hand_batch = keyed
+    try:
+        expected, metrics, check = _same_step_on_both_devices(config)
+    finally:
+        sys.modules[__name__].hand_batch = hand
+    for key in ("distill/reverse_kl", "distill/token_share", "distill/advantage_share"):
+        assert metrics[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-7), key
+    assert expected["distill/reverse_kl"] != 0.0
+    # the teacher's term adds no host sync of its own (its forward passes make transformers' packed-mask
+    # check's, as every forward does: docs/gpu.md)
+    assert not [where for where in check.syncs if "distill.py" in where], dict(check.syncs)
+    assert 0.0 < expected["distill/token_share"] < 1.0 if several else expected["distill/token_share"] == 1.0
 
 
 def test_a_cpu_tensor_planted_in_the_learner_is_named(monkeypatch):
