@@ -106,8 +106,9 @@ def test_a_distillation_step_on_fake_cuda_equals_the_cpu_one(tmp_path, several):
     with torch.no_grad():
         teacher.lm_head.weight.mul_(1.5)
     save_pretrained(teacher, tokenizer, tmp_path / "teacher")
-    named = (
-        ["rl.teacher.by=kind", f"rl.teacher.models={{a: {tmp_path / 'teacher'}}}"]
+    named = (  # several: one micro-batch of every row, so that one teacher scores some of its rows
+        ["rl.teacher.by=kind", f"rl.teacher.models={{a: {tmp_path / 'teacher'}}}", "rl.mini_batches=1"]
+        + ["rl.micro_batch_size=6"]
         if several
         else [f"rl.teacher.model={tmp_path / 'teacher'}"]
     )

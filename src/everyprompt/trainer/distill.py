@@ -73,6 +73,19 @@ def _load(key: str, path: str, config: Config, device: torch.device):
     return forward_kernels(model.to(device), config.model).eval().requires_grad_(False)
 
 
+def _rows_of(data: dict, positions: list[int]) -> dict:
+    """The tensors of a `RolloutBatch.padded` dict at rows `positions`, each indexed on its own device (the
+    token ids on the learner's, the lengths on the host)."""
+    host = torch.tensor(positions)
+    by_device = {host.device: host}
+    out = {}
+    for name, value in data.items():
+        if isinstance(value, torch.Tensor):
+            index = by_device.setdefault(value.device, host.to(value.device))
+            out[name] = value[index]
+    return out
+
+
 class Distillation:
     """The teachers of `rl.teacher` and what they add to an update."""
 
@@ -117,17 +130,15 @@ class Distillation:
         """([b, T] the teachers' log-probs of the sampled tokens of `data`'s rows `part`, the batch's rows
         `rows`; [b] bool on the device: the rows that have a teacher), each teacher on its own rows."""
         keys = self.keys(batch, rows)
-        positions = torch.arange(part.start, part.stop)
         out = None
         for key, model in self.teachers.items():
             mine = [i for i, k in enumerate(keys) if k == key]
+            if len(mine) == len(keys):  # one teacher scores the whole micro-batch
+                out = forward.frozen_logprobs(model, data, part)
+                break
             if not mine:
                 continue
-            whole = len(mine) == len(keys)
-            logp = forward.frozen_logprobs(model, data, part if whole else positions[mine])
-            if whole:
-                out = logp
-                break
+            logp = forward.frozen_logprobs(model, _rows_of(data, [part.start + i for i in mine]), slice(None))
             if out is None:
                 out = logp.new_zeros((len(keys), logp.shape[1]))
             out[torch.tensor(mine, device=out.device)] = logp
