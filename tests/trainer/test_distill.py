@@ -228,3 +228,24 @@ def test_each_row_is_scored_by_the_teacher_its_column_value_names(models):
     torch.testing.assert_close(logp[1][mask[1]], by_student[1][mask[1]], rtol=0, atol=1e-6)
     assert not torch.equal(by_teacher[0][mask[0]], by_student[0][mask[0]])  # the two teachers differ
     assert logp[2].abs().sum() == 0
+
+
+def test_several_teachers_by_a_column_of_a_data_file(models, tmp_path):
+    """A data file's own column picks the teacher: `task` math rows are taught, the others are not."""
+    rows = [
+        {"prompt": f"{a}+{b}=", "answer": str(a + b), "task": "math" if a % 2 else "copy"}
+        for a, b in [(12, 34), (51, 7), (23, 45), (66, 11), (37, 28), (40, 2), (19, 19), (8, 80)]
+    ]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    metrics = _run(
+        models,
+        tmp_path / "run",
+        f"data.train_file={tmp_path / 'train.jsonl'}",
+        "rl.teacher.by=task",
+        f"rl.teacher.models={{math: {models['teacher']}}}",
+        "rl.prompts_per_step=4",
+        "rl.micro_batch_size=8",
+    )
+    shares = [row["distill/token_share"] for row in metrics]
+    assert all(0.0 < share < 1.0 for share in shares), shares  # each step drew prompts of both tasks
+    assert any(row["distill/reverse_kl"] != 0.0 for row in metrics)
