@@ -56,6 +56,17 @@ def test_the_figures_from_the_sums():
         "distill/token_share": 0.4,
         "distill/advantage_share": pytest.approx(1.5 / 5.0),
     }
+    # several teachers: each one's figures beside the whole's (row 0 is teacher a's, row 1 teacher b's,
+    # whose teacher log-probs are here only to be summed)
+    each = {"a": torch.tensor([True, False]), "b": torch.tensor([False, True])}
+    both = torch.tensor([True, True])
+    split = distillation_sums(student, teacher, both, mask, distilled, estimated, each)
+    figures = distillation_metrics({k: float(v) for k, v in split.items()}, trained_tokens=5.0)
+    # a: s - q over row 0's two trained tokens = -0.5 + 1.0; b: row 1's three = 3.0 - 0.9 + 8.0
+    assert figures["distill/a/reverse_kl"] == pytest.approx(0.25)
+    assert figures["distill/b/reverse_kl"] == pytest.approx(10.1 / 3)
+    assert figures["distill/a/token_share"] == pytest.approx(0.4) and figures["distill/b/token_share"] == 0.6
+    assert figures["distill/reverse_kl"] == pytest.approx((0.5 + 10.1) / 5)
     untaught = dict.fromkeys(sums, 0.0)
     assert distillation_metrics(untaught, 5.0) == {
         "distill/reverse_kl": 0.0,

@@ -133,9 +133,19 @@ def test_several_teachers_each_for_the_prompts_its_column_value_selects(models, 
         "rl.levels=[1,2,3]",
         "rl.prompts_per_step=6",
         "rl.micro_batch_size=12",
+        "rl.mini_batches=1",  # a step's figures are one update's (two would be averaged, ratio by ratio)
     )
     shares = [row["distill/token_share"] for row in rows]
     assert all(0.0 < share < 1.0 for share in shares), shares  # level-3 prompts have no teacher
+    for row in rows:  # each teacher's own figures: their shares add up to the whole's
+        assert row["distill/1/token_share"] + row["distill/2/token_share"] == pytest.approx(
+            row["distill/token_share"]
+        )
+        both = (
+            row["distill/1/reverse_kl"] * row["distill/1/token_share"]
+            + row["distill/2/reverse_kl"] * row["distill/2/token_share"]
+        )
+        assert both == pytest.approx(row["distill/reverse_kl"] * row["distill/token_share"], rel=1e-6)
     config = json.dumps((tmp_path / "config.yaml").read_text())
     assert "models" in config
 
@@ -220,8 +230,12 @@ def test_each_row_is_scored_by_the_teacher_its_column_value_names(models):
     )
     data = batch.padded([0, 1, 2], tokenizer.pad_token_id)
     forward = PolicyForward(student.eval(), None, None, False, config, tokenizer.pad_token_id)
-    logp, covered = distill.teacher_logprobs(forward, data, slice(0, 3), [0, 1, 2], batch)
+    logp, covered, each = distill.teacher_logprobs(forward, data, slice(0, 3), [0, 1, 2], batch)
     assert covered.tolist() == [True, True, False]
+    assert {name: rows.tolist() for name, rows in each.items()} == {
+        "1": [True, False, False],
+        "2": [False, True, False],
+    }
     mask = data["mask"].bool()
     by_teacher, by_student = (forward.frozen_logprobs(m, data, slice(0, 3)) for m in (teacher, student))
     torch.testing.assert_close(logp[0][mask[0]], by_teacher[0][mask[0]], rtol=0, atol=1e-6)

@@ -36,28 +36,52 @@ def distillation_sums(
     mask: torch.Tensor,  # [B, T] 1 on the trained tokens
     distilled: torch.Tensor,  # [B, T] the distillation advantage
     estimated: torch.Tensor,  # [B, T] the estimator's advantage beside it
+    teachers: dict[str, torch.Tensor] | None = None,  # several teachers: name -> [B] bool, its rows
 ) -> dict[str, torch.Tensor]:
     """Sums over the trained tokens (detached, on their device) from which `distillation_metrics` makes the
-    step's figures once every micro-batch's are added up (and reduced across ranks)."""
+    step's figures once every micro-batch's are added up (and reduced across ranks); with several
+    `teachers`, each one's KL and token sums too (present for every teacher, 0 where it has no rows)."""
     with torch.no_grad():
+        gap = student_logp - teacher_logp
         taught = mask * covered[:, None].to(mask.dtype)
-        return {
-            "distill/kl_sum": ((student_logp - teacher_logp) * taught).sum(),
+        sums = {
+            "distill/kl_sum": (gap * taught).sum(),
             "distill/tokens_sum": taught.sum(),
             "distill/abs_sum": (distilled.abs() * mask).sum(),
             "distill/estimator_abs_sum": (estimated.abs() * mask).sum(),
         }
+        for name, rows in (teachers or {}).items():
+            mine = mask * rows[:, None].to(mask.dtype)
+            sums[f"distill/{name}/kl_sum"] = (gap * mine).sum()
+            sums[f"distill/{name}/tokens_sum"] = mine.sum()
+        return sums
 
 
 def distillation_metrics(sums: dict[str, float], trained_tokens: float) -> dict[str, float]:
     """`distill/reverse_kl`: the mean per-token reverse-KL estimate over the tokens that have a teacher;
     `distill/token_share`: their share of the trained tokens; `distill/advantage_share`: the distillation
-    term's share of the summed absolute advantage (0 when both are 0). Pops the sums from `sums`."""
-    kl, tokens = sums.pop("distill/kl_sum"), sums.pop("distill/tokens_sum")
+    term's share of the summed absolute advantage (0 when both are 0); with several teachers,
+    `distill/NAME/reverse_kl` and `distill/NAME/token_share` of each. Pops the sums from `sums`."""
+
+    def kl_and_share(prefix: str) -> tuple[float, float]:
+        kl, tokens = sums.pop(f"{prefix}/kl_sum"), sums.pop(f"{prefix}/tokens_sum")
+        return (kl / tokens if tokens else 0.0), (tokens / trained_tokens if trained_tokens else 0.0)
+
+    names = [  # several teachers' own sums: distill/NAME/kl_sum
+        key[len("distill/") : -len("/kl_sum")]
+        for key in sums
+        if key.startswith("distill/") and key.endswith("/kl_sum") and key != "distill/kl_sum"
+    ]
     distilled, estimated = sums.pop("distill/abs_sum"), sums.pop("distill/estimator_abs_sum")
     total = distilled + estimated
-    return {
-        "distill/reverse_kl": kl / tokens if tokens else 0.0,
-        "distill/token_share": tokens / trained_tokens if trained_tokens else 0.0,
+    kl, share = kl_and_share("distill")
+    figures = {
+        "distill/reverse_kl": kl,
+        "distill/token_share": share,
         "distill/advantage_share": distilled / total if total else 0.0,
     }
+    for name in names:
+        figures[f"distill/{name}/reverse_kl"], figures[f"distill/{name}/token_share"] = kl_and_share(
+            f"distill/{name}"
+        )
+    return figures

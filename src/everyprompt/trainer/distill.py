@@ -128,7 +128,8 @@ class Distillation:
     @torch.no_grad()
     def teacher_logprobs(self, forward, data: dict, part: slice, rows: list[int], batch: RolloutBatch):
         """([b, T] the teachers' log-probs of the sampled tokens of `data`'s rows `part`, the batch's rows
-        `rows`; [b] bool on the device: the rows that have a teacher), each teacher on its own rows."""
+        `rows`; [b] bool on the device: the rows that have a teacher; with several teachers, each one's rows
+        by its name, else {}), each teacher on its own rows."""
         keys = self.keys(batch, rows)
         out = None
         for key, model in self.teachers.items():
@@ -146,16 +147,20 @@ class Distillation:
         if out is None:  # no row of this micro-batch has a teacher
             width = data["input_ids"].shape[1] - 1
             out = torch.zeros((len(keys), width), device=data["input_ids"].device)
-        return out, covered.to(out.device)
+        each = {  # several teachers: each one's rows, for its own figures
+            name: torch.tensor([k == name for k in keys], dtype=torch.bool).to(out.device)
+            for name in (self.teachers if self.section.by is not None else ())
+        }
+        return out, covered.to(out.device), each
 
     def advantages(self, teacher, old_logp, estimated, mask):
         """The micro-batch's advantages [b, T]: the estimator's (`estimated`, [b] or [b, T]) plus the
         distillation term from `teacher` (teacher_logprobs' pair) and the old policy's log-probs; and the
         sums `finish` makes the step's figures of."""
-        teacher_logp, covered = teacher
+        teacher_logp, covered, each = teacher
         estimated = estimated[:, None].expand_as(old_logp) if estimated.dim() == 1 else estimated
         distilled = distillation_advantages(old_logp, teacher_logp, covered, self.section.coef)
-        sums = distillation_sums(old_logp, teacher_logp, covered, mask, distilled, estimated)
+        sums = distillation_sums(old_logp, teacher_logp, covered, mask, distilled, estimated, each)
         return estimated + distilled, sums
 
     @staticmethod
