@@ -32,9 +32,20 @@ def best_of(repeats: int, fn) -> tuple[float, object]:
 
 
 def repo_path(path: str | Path) -> str:
-    """`path` relative to the repository when it lies inside it (results JSON name no machine paths)."""
+    """`path` relative to the repository it lies in (results JSON name no machine paths): this one, or the
+    checkout a bench run from another copy of the tree wrote into (`--out`); unchanged outside any."""
     path = Path(path).resolve()
-    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+    root = next(
+        (d for d in (ROOT, *path.parents) if path.is_relative_to(d) and (d == ROOT or (d / ".git").exists())),
+        None,
+    )
+    return str(path.relative_to(root)) if root is not None else str(path)
+
+
+def repo_override(override: str) -> str:
+    """A KEY=VALUE override with a path value written as `repo_path` writes it."""
+    key, sep, value = override.partition("=")
+    return f"{key}={repo_path(value)}" if sep and value.startswith("/") else override
 
 
 def write_results(path: Path, payload: dict, dtype: str | None = None) -> Path:

@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import RESULTS, ROOT, repo_path, write_results  # noqa: E402
+from common import RESULTS, repo_override, repo_path, write_results  # noqa: E402
 from evidence_plan import COMPARISONS, SETUPS, TEACHER_SEED, Comparison, Setup  # noqa: E402
 from evidence_verdicts import README, claims_table, contrasts, readme_section, write_readme  # noqa: E402, F401
 
@@ -251,12 +251,12 @@ def run(
     payload = load(path)
     entry = payload["comparisons"].setdefault(name, {"title": comparison.title, "setups": {}})
     body = entry["setups"].setdefault(setup_name, {"arms": {}})
-    body["fixed"] = [o.replace(f"{ROOT}/", "") for o in fixed]  # paths relative to the repository
+    body["fixed"] = [repo_override(o) for o in fixed]  # paths relative to the repository
     body["seeds"] = list(comparison.seeds_on(setup_name))
     if comparison.teacher:
         body["teacher"] = teacher
     for arm, keys in arms_of.items():
-        recorded = [o.replace(f"{ROOT}/", "") for o in keys]
+        recorded = [repo_override(o) for o in keys]
         body["arms"].setdefault(arm, {"overrides": recorded, "runs": []})
     root = work / f"{name}-{setup_name}"
     harvest(root, body, fixed, levels, keep_checkpoints)  # cells a killed call finished on this machine

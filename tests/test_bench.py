@@ -670,3 +670,39 @@ def test_serve_bench_smoke(tmp_path, capsys):
     assert 0 < result["concurrent"]["completion_tokens"] <= 4 * 6
     assert result["throughput_ratio"] > 0 and "machine" in result
     assert "tokens/s" in capsys.readouterr().out
+
+
+def _machine_paths(value) -> list[str]:
+    """The strings of a results payload that hold an absolute path (alone or as an override's value)."""
+    if isinstance(value, dict):
+        return [found for item in value.values() for found in _machine_paths(item)]
+    if isinstance(value, list):
+        return [found for item in value for found in _machine_paths(item)]
+    if isinstance(value, str) and any(
+        part.startswith("/") and len(Path(part).parts) > 2 for part in value.split("=")
+    ):
+        return [value]
+    return []
+
+
+def test_no_committed_result_names_a_machine_path():
+    files = sorted(p for p in (ROOT / "bench" / "results").rglob("*.json") if "_runs" not in str(p))
+    assert len(files) > 30
+    found = {str(p.relative_to(ROOT)): _machine_paths(json.loads(p.read_text())) for p in files}
+    assert {name: paths for name, paths in found.items() if paths} == {}
+
+
+def test_paths_are_written_relative_to_the_checkout_they_lie_in(tmp_path):
+    """A bench run from another copy of the tree (a frozen worktree) writing into this checkout's results
+    (`--out`) records paths relative to the checkout, as one run from within it does."""
+    common = _load("common")
+    other = tmp_path / "checkout"
+    (other / ".git").mkdir(parents=True)
+    run = other / "bench" / "results" / "evidence_runs" / "cell"
+    run.mkdir(parents=True)
+    assert common.repo_path(run) == "bench/results/evidence_runs/cell"
+    assert common.repo_path(ROOT / "bench" / "results") == "bench/results"
+    assert common.repo_path(tmp_path / "loose") == str(tmp_path / "loose")  # in no checkout: as it is
+    assert common.repo_override(f"model.path={run}") == "model.path=bench/results/evidence_runs/cell"
+    assert common.repo_override("rl.steps=30") == "rl.steps=30"
+    assert _machine_paths({"fixed": [f"model.path={run}"], "n": 3}) == [f"model.path={run}"]
