@@ -83,9 +83,13 @@ def prepare_teacher(config_path: Path | None, overrides: list[str], out: Path) -
         config = load_config(config_path, [*overrides, "logging.progress=true", "logging.tensorboard=false"])
         train(config, run_dir=out, resume=layout.config.is_file())
     final = json.loads((layout.root / "eval.json").read_text())
-    return layout.latest.resolve(), {
-        "run_dir": repo_path(out),
-        "greedy_accuracy": final.get("greedy_accuracy"),
+    return layout.latest.resolve(), {"run_dir": repo_path(out), **_headline(final)}
+
+
+def _headline(final: dict) -> dict:
+    """An eval.json's overall greedy accuracy and pass@k (not a level's)."""
+    return {
+        "greedy_accuracy": final["greedy_accuracy"],
         "pass_at_k": next((v for k, v in final.items() if k.startswith("pass@") and "/" not in k), None),
     }
 
@@ -104,8 +108,7 @@ def record_of(arm: str, seed: int, run_dir: Path, seconds: float, levels: list[i
     return {
         "arm": arm,
         "seed": seed,
-        "greedy_accuracy": final["greedy_accuracy"],
-        "pass_at_k": next((v for k, v in final.items() if k.startswith("pass@") and "/" not in k), None),
+        **_headline(final),
         "greedy_accuracy_by_level": by_level,
         "greedy_accuracy_rl_levels": statistics.mean(on_rl_levels) if on_rl_levels else None,
         "zero_variance_rate_mean": statistics.mean(zero) if zero else None,
@@ -234,12 +237,12 @@ def run(
         console.print("the shared SFT checkpoint (trained once, then reused) ...")
         sft_dir = prepare_sft([*base, "seed=1"], work / ("sft_smoke" if smoke else "sft_seed1"))
     # a smoke run takes 2 steps, whatever the comparison's own count
+    steps = 2 if smoke else setup.steps
     planned = replace(comparison, steps=None) if smoke else comparison
-    fixed = fixed_overrides(planned, setup, base, sft_dir, 2 if smoke else setup.steps)
+    fixed = fixed_overrides(planned, setup, base, sft_dir, steps)
     arms_of = dict(comparison.arms)
     if comparison.teacher:
         console.print(f"the teacher (GRPO from the SFT checkpoint, seed {TEACHER_SEED}; trained once) ...")
-        steps = 2 if smoke else setup.steps
         own = fixed_overrides(replace(comparison, steps=None), setup, base, sft_dir, steps)  # full budget
         teacher_fixed = [*own, f"seed={TEACHER_SEED}"]
         teacher_dir, teacher = prepare_teacher(

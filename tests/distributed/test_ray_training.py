@@ -177,7 +177,7 @@ def test_distillation_on_two_learner_ranks_equals_one_process(ray_instance, tmp_
     train(tiny_config(*distill, *RAY), run_dir=tmp_path / "ray")
     # Adam's first step moves each weight by about rl.lr (1e-2) whatever its gradient's size: a gradient
     # element near 0, summed in another order across the ranks, may move a little more or less (two of
-    # ~25k elements by 5e-5 when written); the figures below agree to the last digits
+    # 37,600 elements by 5e-5 when written); the figures below agree to the last digits
     local_weights, ray_weights = _weights(tmp_path / "local"), _weights(tmp_path / "ray")
     for key in local_weights:
         torch.testing.assert_close(ray_weights[key], local_weights[key], rtol=0, atol=1e-4)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from everyprompt.cli import main
 from everyprompt.config import ConfigError, ModelConfig
@@ -146,8 +147,14 @@ def test_several_teachers_each_for_the_prompts_its_column_value_selects(models, 
             + row["distill/2/reverse_kl"] * row["distill/2/token_share"]
         )
         assert both == pytest.approx(row["distill/reverse_kl"] * row["distill/token_share"], rel=1e-6)
-    config = json.dumps((tmp_path / "config.yaml").read_text())
-    assert "models" in config
+    # at the first step, teacher 2 is the student's own starting weights: its rows add nothing (to rounding:
+    # it scores its rows alone, the policy all of them at once), teacher 1's do
+    assert abs(rows[0]["distill/2/reverse_kl"]) < 1e-6 and rows[0]["distill/1/reverse_kl"] > 0.1
+    written = yaml.safe_load((tmp_path / "config.yaml").read_text())["rl"]["teacher"]
+    assert written["by"] == "level" and written["models"] == {
+        "1": str(models["teacher"]),
+        "2": str(models["student"]),
+    }
 
 
 def _exit_code(capsys, *overrides: str) -> tuple[int, str]:
@@ -177,8 +184,11 @@ def test_a_teacher_with_another_tokenizer_exits_2_naming_both(models, capsys, tm
         (["rl.teacher.model=EMPTY"], "rl.teacher.model"),
         (["rl.teacher.by=difficulty", "rl.teacher.models={1: STUDENT}"], "rl.teacher.by"),
         (["rl.teacher.by=level", "rl.teacher.models={9: STUDENT}"], "rl.teacher.models"),
-        (["rl.teacher.models={1: STUDENT}"], "rl.teacher"),
-        (["rl.teacher.model=STUDENT", "rl.teacher.by=level", "rl.teacher.models={1: STUDENT}"], "rl.teacher"),
+        (["rl.teacher.models={1: STUDENT}"], "'rl.teacher': several teachers need both by and models"),
+        (
+            ["rl.teacher.model=STUDENT", "rl.teacher.by=level", "rl.teacher.models={1: STUDENT}"],
+            "'rl.teacher': name one",
+        ),
         (["rl.teacher.model=STUDENT", "rl.teacher.coef=0"], "rl.teacher.coef"),
         (["rl.teacher.model=STUDENT", "rl.teacher.mode=replace"], "rl.teacher.mode"),
         (["rl.teacher.temperature=2"], "rl.teacher.temperature"),

@@ -121,6 +121,8 @@ def test_the_rollout_side_carries_each_completions_mask_into_the_batch():
     assert batch.trained_tokens([0, 1]) == 5
     plain = assemble_batch([Group(0, 0, [(completion(3), "b")], [1.0])], max_new_tokens=8, version=0)
     assert plain.completion_mask is None and plain.reward_components == {}
-    parted = Group(0, 0, [(completion(3), "b"), (completion(2), "c")], [1.0, 0.5], components=[{"a": 1.0}])
+    parted = Group(
+        0, 0, [(completion(3), "b"), (completion(2), "c")], [1.0, 0.5], components=[{"a": 1.0}, None]
+    )
     mixed = assemble_batch([parted, Group(1, 1, [(completion(3), "d")], [0.0])], max_new_tokens=8, version=0)
     assert mixed.reward_components["a"][0] == 1.0 and mixed.reward_components["a"][1:].isnan().all()

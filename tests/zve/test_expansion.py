@@ -24,7 +24,9 @@ class Bandit:
 
     def sample(self, specs):
         self.sampled += len(specs)
-        return [(f"p{index}s{s}", float(self.rng.random() < self.rates[index])) for index, _, s in specs]
+        return [
+            (f"p{index}s{s}", float(self.rng.random() < self.rates[index]), None) for index, _, s in specs
+        ]
 
 
 def test_without_expansion_it_is_plain_group_sampling():

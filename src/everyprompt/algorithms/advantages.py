@@ -6,6 +6,8 @@ their group's statistics and get advantage 0. Group statistics use scatter ops, 
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from everyprompt.algorithms.registry import register_advantage
@@ -90,12 +92,9 @@ def gdpo_advantages(
     total = torch.zeros(rewards.shape[0], dtype=torch.float64)
     for k, weight in enumerate(weights):
         total += weight * grpo_advantages(components[:, k].double(), group_index, eps=eps).double()
-    valid = ~torch.isnan(rewards)
-    count = valid.sum().clamp(min=1)
-    mean = torch.where(valid, total, 0.0).sum() / count
-    std = (torch.where(valid, total - mean, 0.0).pow(2).sum() / (count - 1).clamp(min=1)).sqrt()
-    advantages = torch.where(valid, (total - mean) / (std + eps), 0.0)
-    return advantages.to(rewards.dtype)
+    # the batch as one group, the rows without a reward left out
+    batch = torch.where(torch.isnan(rewards), math.nan, total)
+    return grpo_advantages(batch, torch.zeros_like(group_index), eps=eps).to(rewards.dtype)
 
 
 def zvp_token_advantages(

@@ -240,18 +240,18 @@ class Run:
         save_config(self.config, self.layout.config)
         if self.config.eval.reward is not None:  # one that does not resolve fails now, not after RL
             build_reward(held_out_rewards(self.config))
+        rows, filter_rollouts = self.rows.rl(), 0  # bad RL data fails before SFT, not after it
         if self.config.rl.teacher.enabled:  # a teacher that does not fit fails now, before SFT
             student = config_tokenizer(self.config.model)
-            check_teachers(self.config.rl.teacher, student, student_name(self.config), self.rows.rl())
+            check_teachers(self.config.rl.teacher, student, student_name(self.config), rows)
         checkpoint = rl_start(self.layout, resume)
         store = self.pass_rate_store()
         if checkpoint is not None:
-            return self._resumed_trainer(checkpoint, store)
-        rows, filter_rollouts = self.rows.rl(), 0  # bad RL data fails before SFT, not after it
+            return self._resumed_trainer(checkpoint, store, rows)
         model, tokenizer = self.warm_started_model()
         if self.config.zve.enabled and self.config.zve.filter.enabled:
             if self.layout.filter_result.is_file():  # it finished before the run was cut short
-                rows, filter_rollouts = self.filtered_rl_rows(store), self._filter_report()["rollouts"]
+                rows, filter_rollouts = self.filtered_rl_rows(store, rows), self._filter_report()["rollouts"]
             else:
                 rows, filter_rollouts = self.offline_filter(model, tokenizer, rows, store)
         trainer = build_trainer(self.config, model, tokenizer, rows, self.run_dir, store=store)
@@ -261,7 +261,7 @@ class Run:
         self.show_format(rollout.prompt_format, "RL", rows[0], shown)
         return trainer
 
-    def _resumed_trainer(self, checkpoint: Path, store: PassRateStore) -> RLTrainer:
+    def _resumed_trainer(self, checkpoint: Path, store: PassRateStore, rows: list[dict]) -> RLTrainer:
         if self.config.model.lora.enabled:  # the adapter on the run's own base (SFT or model.path)
             base, tokenizer = self.warm_started_model()
             model, reference = load_adapter(base, checkpoint), None
@@ -270,7 +270,7 @@ class Run:
             self.prepare_for_training(model)
             reference = self.warm_started_model()[0] if self.config.rl.kl.estimator else None
         trainer = build_trainer(
-            self.config, model, tokenizer, self.filtered_rl_rows(), self.run_dir, reference, store
+            self.config, model, tokenizer, self.filtered_rl_rows(rows=rows), self.run_dir, reference, store
         )
         try:
             trainer.load_state_dict(load_trainer_state(checkpoint))
@@ -345,10 +345,13 @@ class Run:
             raise DataError(f"{report}: missing; the run's offline filter result is needed to resume")
         return json.loads(report.read_text())
 
-    def filtered_rl_rows(self, store: PassRateStore | None = None) -> list[dict]:
-        """The RL prompts of this run: after the offline filter when it ran (its kept list is saved).
-        With `store`, the filter's pass rates are recorded in it again (RL restarts from its start)."""
-        rows = self.rows.rl()
+    def filtered_rl_rows(
+        self, store: PassRateStore | None = None, rows: list[dict] | None = None
+    ) -> list[dict]:
+        """The RL prompts of this run (`rows`: the config's, when already read): after the offline filter
+        when it ran (its kept list is saved). With `store`, the filter's pass rates are recorded in it again
+        (RL restarts from its start)."""
+        rows = self.rows.rl() if rows is None else rows
         if not (self.config.zve.enabled and self.config.zve.filter.enabled):
             return rows
         report = self._filter_report()

@@ -30,7 +30,7 @@ def assemble_batch(groups: list[Group], max_new_tokens: int, version: int) -> Ro
         prompt_index=[g.prompt_index for g in groups for _ in g.completions],
         completion_text=[t for _, t in completions],
         rewards=torch.tensor([math.nan if r is None else r for r in rewards], dtype=torch.float32),
-        reward_components=reward_components([part for g in groups for part in _parts(g)]),
+        reward_components=reward_components([part for g in groups for part in g.components]),
         max_new_tokens=max_new_tokens,
         completion_mask=[
             c.completion_mask
@@ -47,11 +47,6 @@ def assemble_batch(groups: list[Group], max_new_tokens: int, version: int) -> Ro
             for c in every
         ],
     )
-
-
-def _parts(group: Group) -> list[dict | None]:
-    """A group's components, one per completion (None for those it has none for)."""
-    return group.components + [None] * (len(group.completions) - len(group.components))
 
 
 def reward_components(parts: list[dict | None]) -> dict[str, torch.Tensor]:

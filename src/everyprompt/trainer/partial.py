@@ -178,7 +178,7 @@ class PartialRollouts:
         for saved in state["groups"]:
             group = Group(saved["prompt_index"], saved["slot"], initial_size=saved["initial_size"])
             group.rewards = list(saved["rewards"])
-            group.components = list(saved.get("components") or [None] * len(group.rewards))
+            group.components = list(saved.get("components") or [None] * len(group.rewards))  # (older saves)
             for position, member in enumerate(saved["members"]):
                 if "done" in member:
                     group.completions.append((Completion(**member["done"]), member["text"]))

@@ -34,7 +34,12 @@ class Group:
     completions: list = field(default_factory=list)  # rollout.Completion
     rewards: list[float | None] = field(default_factory=list)
     initial_size: int = 0
-    components: list[dict | None] = field(default_factory=list)  # a composite reward's parts, per sample
+    # a composite reward's parts, one entry per sample (None where it has none; all None when not given)
+    components: list[dict | None] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.components:
+            self.components = [None] * len(self.completions)
 
     @property
     def size(self) -> int:
@@ -100,7 +105,8 @@ def collect_groups(
     """ZVE stage 1: draw `group_size` (N0) completions per prompt, then grow zero-variance groups.
 
     `sample(specs)` generates and scores one completion per (prompt index, slot, sample number) spec and
-    returns (completion, reward) pairs in order (or triples, the reward's components third); `take_prompts(n)` gives the next n prompt indices.
+    returns (completion, reward, the reward's components or None) in order; `take_prompts(n)` gives the next
+    n prompt indices.
     Zero-variance groups get `expansion_step` more samples per round until they turn informative or
     reach `max_group_size`; with `dynamic_sampling`, extra prompts are drawn until `prompts_per_step`
     groups are informative. Nothing is sampled past `max_rollouts`. Without expansion
@@ -117,10 +123,10 @@ def collect_groups(
 
     def run(specs: list[tuple[int, int, int]]) -> None:
         nonlocal generated
-        for (_, slot, _), (completion, reward, *parts) in zip(specs, sample(specs)):
+        for (_, slot, _), (completion, reward, parts) in zip(specs, sample(specs)):
             groups[slot].completions.append(completion)
             groups[slot].rewards.append(reward)
-            groups[slot].components.append(parts[0] if parts else None)
+            groups[slot].components.append(parts)
         generated += len(specs)
 
     def open_groups(count: int) -> None:
