@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,11 @@ def test_the_gpu_suite_runs_every_step_on_tiny_models(tmp_path):
     assert learner["update_s"] > 0 and learner["top_ops"] and learner["device"] == "cpu"
     assert (out / "learner_profile_tiny-dense.txt").stat().st_size > 0
     assert "gpu_suite: 0 step(s) failed" in done.stdout
+    # what a device call brings back: at most 8 files, the logs packed as one
+    files = sorted(path.name for path in out.iterdir() if path.is_file())
+    assert len(files) <= 8 and not [name for name in files if name.endswith(".log")], files
+    with tarfile.open(out / "logs.tar.gz") as logs:
+        assert sorted(logs.getnames()) == sorted(f"{step}.log" for step in ran)
 
 
 @pytest.mark.slow  # an SFT checkpoint and three short runs (~1 min)
