@@ -87,7 +87,8 @@ step() {  # step NAME LIMIT_S COMMAND...: run it within its limit and what is le
     return
   fi
   local began=$SECONDS
-  timeout --kill-after=10 "$limit" "$@" > "$RESULTS/$name.log" 2>&1
+  # through bash, so that a step may be one of this script's (exported) functions
+  timeout --kill-after=10 "$limit" bash -c '"$@"' "$name" "$@" > "$RESULTS/$name.log" 2>&1
   rc=$?
   echo "$name exit $rc in $((SECONDS - began)) s (limit $limit s)" | tee -a "$RESULTS/steps.txt"
   tail -n 8 "$RESULTS/$name.log" | sed "s/^/  $name| /"
@@ -107,7 +108,13 @@ setup() {
   # so that make's targets run there; the carried wheels and this project go into it (the machine is bare
   # at each start and given back after)
   set -e
-  [ -e .venv ] || ln -s "$(python3 -c 'import sys; print(sys.prefix)')" .venv
+  local prefix
+  prefix=$(python3 -c 'import sys; print(sys.prefix)')
+  if [ ! -e .venv ] && [ -x "$prefix/bin/python" ]; then
+    ln -s "$prefix" .venv
+  elif [ ! -e .venv ]; then  # a system Python with no `python` beside python3
+    mkdir -p .venv/bin && ln -s "$(python3 -c 'import sys; print(sys.executable)')" .venv/bin/python
+  fi
   # shellcheck disable=SC2086
   .venv/bin/python -m pip install --quiet --no-index --no-deps --find-links .gpu-wheels $WHEELS
   .venv/bin/python -m pip install --quiet --no-index --no-deps --no-build-isolation -e .
@@ -117,6 +124,8 @@ print('torch', torch.__version__, 'transformers', transformers.__version__, 'trl
       'cuda', torch.cuda.is_available() and torch.cuda.get_device_name(0))"
 }
 
+export -f setup
+export WHEELS
 if [ $SMOKE = 1 ]; then
   DEVICE=cpu DTYPE=fp32 QUICK=--quick CONFIG=configs/demo.yaml STEPS=2 UPDATES=1
   RECIPE=(--set sft.steps=0 --set rollout.precision=fp32)  # the demo recipe without its SFT warm start
