@@ -6,6 +6,9 @@
 #   bench/gpu_suite.sh --receive    first call (carry .gpu-model/1): keeps that half on the warm machine
 #   bench/gpu_suite.sh              second call (carry .gpu-model/2 and .gpu-wheels): the suite
 #   bench/gpu_suite.sh --smoke      the same steps on tiny models on the CPU, in CI-sized time (a test)
+#   bench/gpu_suite.sh --only rl_step,learner
+#                                   setup, models and the steps named: a warm machine's rerun of some
+#   bench/gpu_suite.sh --dry-run    each step's command, one a line, run by none (a test loads their configs)
 #   bench/gpu_suite.sh --evidence "ARGS"
 #                                   second call instead of the suite: setup, models, then
 #                                   `bench/evidence.py ARGS` (pre-registered SmolLM2 runs, docs/evidence.md)
@@ -33,6 +36,8 @@ cd "$(dirname "$0")/.."
 
 SMOKE=0
 MODE=run
+ONLY=
+DRY=0
 RESULTS="${OUT:-bench/results/gpu}"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -41,7 +46,10 @@ while [ $# -gt 0 ]; do
     --receive) MODE=receive ;;
     --out) RESULTS="$2"; shift ;;
     --evidence) MODE=evidence; EVIDENCE_ARGS="$2"; shift ;;
-    *) echo "gpu_suite: unknown argument $1 (--smoke, --stage, --receive, --evidence ARGS, --out DIR)" >&2
+    --only) ONLY=",$2,"; shift ;;
+    --dry-run) DRY=1 ;;
+    *) echo "gpu_suite: unknown argument $1 (--smoke, --stage, --receive, --evidence ARGS, --only STEPS," \
+         "--dry-run, --out DIR)" >&2
        exit 2 ;;
   esac
   shift
@@ -79,6 +87,13 @@ FAILED=0
 step() {  # step NAME LIMIT_S COMMAND...: run it within its limit and what is left of the budget
   local name=$1 limit=$2 rc left
   shift 2
+  if [ -n "$ONLY" ] && [[ "$ONLY" != *",$name,"* ]] && [ "$name" != setup ] && [ "$name" != models ]; then
+    return
+  fi
+  if [ "$DRY" = 1 ]; then
+    echo "$name: $*"
+    return
+  fi
   left=$((BUDGET_S - SECONDS))
   [ "$left" -lt "$limit" ] && limit=$left
   if [ "$limit" -le 5 ]; then
@@ -110,6 +125,8 @@ setup() {
   set -e
   local prefix
   prefix=$(python3 -c 'import sys; print(sys.prefix)')
+  # a .venv left by an earlier call is kept only if it holds the image's torch (make makes an empty one)
+  if [ -e .venv ] && ! .venv/bin/python -c "import torch" 2>/dev/null; then rm -rf .venv; fi
   if [ ! -e .venv ] && [ -x "$prefix/bin/python" ]; then
     ln -s "$prefix" .venv
   elif [ ! -e .venv ]; then  # a system Python with no `python` beside python3
@@ -129,13 +146,17 @@ export WHEELS
 if [ $SMOKE = 1 ]; then
   DEVICE=cpu DTYPE=fp32 QUICK=--quick CONFIG=configs/demo.yaml STEPS=2 UPDATES=1
   RECIPE=(--set sft.steps=0 --set rollout.precision=fp32)  # the demo recipe without its SFT warm start
+  LEARNER=("${RECIPE[@]}")
   MODELS_ARGS="--smoke $RESULTS/models"
   TEST_GPU=("$PY" -m pytest -q -m gpu -rs -p no:cacheprovider tests/gpu)
   if "$PY" -c "import trl" 2>/dev/null; then TRAINERS=everyprompt,trl; else TRAINERS=everyprompt; fi
 else
   step setup 90 setup
   DEVICE=cuda DTYPE=bf16 QUICK= CONFIG=configs/smollm2.yaml STEPS=6 UPDATES=3
-  RECIPE=(--set rollout.precision=bf16)  # the engine in the learner's arithmetic, as the H100 run had it
+  # the recipe as it is: rl_step matches TRL's arithmetic itself (a bf16 engine, the old policy's log-probs
+  # recomputed), and the profiled update is that step's update
+  RECIPE=()
+  LEARNER=(--set rollout.precision=bf16 --set rl.old_logprobs=recompute)
   MODELS_ARGS=
   TEST_GPU=(make test-gpu)
   TRAINERS=everyprompt,trl
@@ -151,21 +172,26 @@ if [ "$MODE" = evidence ]; then
   cp bench/results/evidence.json "$RESULTS/evidence.json"
   # shellcheck disable=SC2086
   step evidence $((BUDGET_S - SECONDS - 5)) "$PY" bench/evidence.py $EVIDENCE_ARGS --out "$RESULTS"
+  [ "$DRY" = 1 ] && { echo "gpu_suite: a dry run (nothing ran)"; exit 0; }
   pack
   echo "gpu_suite: evidence in $RESULTS/evidence.json ($SECONDS s)"
   exit "$FAILED"
 fi
-mapfile -t PAIR < <(tail -n 2 "$RESULTS/models.log")
-DENSE_MODEL=${PAIR[0]:-missing} MOE_MODEL=${PAIR[1]:-missing}
+PAIR=()  # the two model directories, the last lines models printed when it succeeded
+grep -q "^models exit 0 " "$RESULTS/steps.txt" && mapfile -t PAIR < <(tail -n 2 "$RESULTS/models.log")
+DENSE_MODEL=${PAIR[0]:-models/smollm2-135m-instruct} MOE_MODEL=${PAIR[1]:-models/smollm2-moe8}
 BENCH=("$PY" bench/throughput --device "$DEVICE" --dtype "$DTYPE" --graphs --decode-only $QUICK --out "$RESULTS")
+# in the order of what matters most when the budget runs out (measured on an H200: setup 20 s, models 62,
+# dense 88, test-gpu 24, moe 106; TRL's six steps took over 160 s)
 step dense 150 "${BENCH[@]}" --model "$DENSE_MODEL"
-step rl_step 180 "$PY" bench/rl_step.py --model "$DENSE_MODEL" --config "$CONFIG" --steps "$STEPS" \
+step rl_step 240 "$PY" bench/rl_step.py --model "$DENSE_MODEL" --config "$CONFIG" --steps "$STEPS" \
   --trainers "$TRAINERS" "${RECIPE[@]}" --out "$RESULTS"
-step moe 120 "${BENCH[@]}" --model "$MOE_MODEL"
-step learner 90 "$PY" bench/learner_profile.py --model "$DENSE_MODEL" --config "$CONFIG" --updates "$UPDATES" \
-  "${RECIPE[@]}" --out "$RESULTS"
 step test-gpu 120 "${TEST_GPU[@]}"
+step learner 90 "$PY" bench/learner_profile.py --model "$DENSE_MODEL" --config "$CONFIG" --updates "$UPDATES" \
+  "${LEARNER[@]}" --out "$RESULTS"
+step moe 120 "${BENCH[@]}" --model "$MOE_MODEL"
 
+[ "$DRY" = 1 ] && { echo "gpu_suite: a dry run (nothing ran)"; exit 0; }
 pack
 echo "gpu_suite: $FAILED step(s) failed; results in $RESULTS ($SECONDS s)"
 exit "$FAILED"

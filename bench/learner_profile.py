@@ -59,7 +59,7 @@ def profile_update(config_path: Path, overrides: list[str], updates: int, run_di
     finally:
         trainer.close()
     events = prof.key_averages()
-    by = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    by = time_key(device)
     top = sorted(events, key=lambda e: getattr(e, by), reverse=True)[:25]
     syncs = {name: 0 for name in (*SYNCS, "device-to-host copies")}
     for event in events:
@@ -87,6 +87,12 @@ def profile_update(config_path: Path, overrides: list[str], updates: int, run_di
         "optimizer_fused": bool(trainer.learner.optimizer.defaults.get("fused")),
     }
     return result, events.table(sort_by=by, row_limit=40)
+
+
+def time_key(device) -> str:
+    """The profiler's per-operator time to rank by: the device's own on a GPU (torch's name since 2.4;
+    `self_cuda_time_total`, the older one, is gone from its averages), the host's on the CPU."""
+    return "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
 
 
 def synchronize(device) -> None:

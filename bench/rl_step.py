@@ -131,8 +131,16 @@ def main(argv: list[str] | None = None) -> int:
     matched = args.rollout_precision == "matched"
     results["rollout_precision"] = args.rollout_precision
     results["everyprompt_overrides"] = matched_precision(args.config, overrides) if matched else []
+    name = args.model.name.removesuffix(".gguf")
+    suffix = (
+        ("_trl_allocator_kept" if kept else "")
+        + ("_trl_whole_batch" if args.trl_micro_batch == "step" else "")
+        + ("_rollout_as_recipe" if args.rollout_precision == "recipe" else "")
+        + (f"_{args.tag}" if args.tag else "")
+    )
+    path = args.out / f"rl_step_{name}{suffix}.json"
     for trainer in args.trainers.split(","):
-        print(f"{trainer}: {args.steps} steps ...")
+        print(f"{trainer}: {args.steps} steps ...", flush=True)
         results[trainer] = measure(
             trainer,
             args.config,
@@ -142,8 +150,11 @@ def main(argv: list[str] | None = None) -> int:
             args.trl_micro_batch,
             args.rollout_precision,
         )
-        row = results[trainer]
-        print(f"  {row['step_s']:.1f} s a step, peak {row['peak_rss_bytes'] / 2**30:.2f} GiB")
+        print(f"  {describe(results[trainer])}", flush=True)
+        results["wall_seconds"] = time.perf_counter() - started
+        write_results(
+            path, results
+        )  # each trainer's figures kept as they come (a time limit may stop the next)
     if "everyprompt" in results and "trl" in results:
         ours, theirs = results["everyprompt"], results["trl"]
         results["step_ratio"] = ours["step_s"] / theirs["step_s"]
@@ -152,16 +163,22 @@ def main(argv: list[str] | None = None) -> int:
             f"everyprompt / TRL: {results['step_ratio']:.2f}x the time, {results['memory_ratio']:.2f}x the memory"
         )
     results["wall_seconds"] = time.perf_counter() - started
-    name = args.model.name.removesuffix(".gguf")
-    suffix = (
-        ("_trl_allocator_kept" if kept else "")
-        + ("_trl_whole_batch" if args.trl_micro_batch == "step" else "")
-        + ("_rollout_as_recipe" if args.rollout_precision == "recipe" else "")
-        + (f"_{args.tag}" if args.tag else "")
-    )
-    out = write_results(args.out / f"rl_step_{name}{suffix}.json", results)
+    out = write_results(path, results)
     print(f"wrote {repo_path(out)}")
     return 0
+
+
+def describe(row: dict) -> str:
+    """A trainer's step in a line: its median, its phases where the trainer reports them, its memory."""
+    phases = ", ".join(
+        f"{label} {row[key]:.2f} s" for key, label in PHASES if isinstance(row.get(key), int | float)
+    )
+    line = f"{row['step_s']:.2f} s a step ({phases or 'no phases reported'}), peak {row['peak_rss_bytes'] / 2**30:.2f} GiB"
+    medians = row.get("medians", {})
+    return line + "".join(f"\n    {key}: {value:.4g}" for key, value in sorted(medians.items()))
+
+
+PHASES = (("rollout_s", "rollout"), ("generate_s", "generation"), ("train_s", "training"))
 
 
 if __name__ == "__main__":

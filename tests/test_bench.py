@@ -425,7 +425,9 @@ def test_the_readme_speed_table_is_the_one_the_results_give():
     assert bench.section(readme) == expected, "run `python bench/speed_table.py`"
     # the README's table is one machine's: the CPU's; the GPU's results are kept apart (docs/gpu.md)
     assert {r["device"] for r in results} == {"cpu"}
-    assert [r["device"] for r in bench.model_results(device="cuda")] == ["cuda:0"]
+    gpu = bench.model_results(device="cuda")  # the H100's eager run, the H200's with graphs (dense, MoE)
+    assert [r["device"] for r in gpu] == ["cuda:0"] * 3
+    assert sorted(bool(r.get("graphs")) for r in gpu) == [False, True, True]
 
 
 def test_rl_step_decodes_in_trls_arithmetic_and_the_table_keeps_that_comparison(tmp_path):

@@ -3,8 +3,10 @@ lent GPU gets runs a script that is known to work (its GPU figures are the GPU's
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tarfile
@@ -29,7 +31,7 @@ def test_the_gpu_suite_runs_every_step_on_tiny_models(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     steps = (out / "steps.txt").read_text().splitlines()
     ran = [line.split()[0] for line in steps if " exit " in line]
-    assert ran == ["models", "dense", "rl_step", "moe", "learner", "test-gpu"], steps
+    assert ran == ["models", "dense", "rl_step", "test-gpu", "learner", "moe"], steps
     assert all(" exit 0 " in line for line in steps if " exit " in line), steps
     for name in ("tiny-dense", "tiny-moe8"):
         payload = json.loads((out / f"throughput_{name}.json").read_text())
@@ -79,3 +81,78 @@ def test_the_gpu_suites_evidence_mode_runs_the_bench_it_is_given(tmp_path):
     assert json.loads((out / "evidence.json").read_text()) == json.loads(
         (ROOT / "bench" / "results" / "evidence.json").read_text()
     )
+
+
+def _bench(name: str):
+    if str(ROOT / "bench") not in sys.path:
+        sys.path.insert(0, str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location(f"suite_{name}", ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _dry_run(*args: str) -> dict[str, list[str]]:
+    done = subprocess.run(
+        ["bash", "bench/gpu_suite.sh", "--dry-run", *args],
+        cwd=ROOT,
+        env={**os.environ, "OUT": ""},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    steps = {}
+    for line in done.stdout.splitlines():
+        name, sep, command = line.partition(": ")
+        if sep and " " not in name and name != "gpu_suite":
+            steps[name] = shlex.split(command)
+    return steps
+
+
+def _option(command: list[str], name: str) -> str:
+    return command[command.index(name) + 1]
+
+
+def _sets(command: list[str]) -> list[str]:
+    return [command[i + 1] for i, word in enumerate(command) if word == "--set"]
+
+
+def test_the_gpu_suites_recipes_load_as_the_gpu_runs_them(tmp_path):
+    """The real suite's RL step and learner profile on configs/smollm2.yaml: the overrides they pass (and
+    the ones rl_step adds to match TRL's arithmetic) make a valid config. On the first lent GPU both steps
+    stopped at the config (a bf16 engine with the recipe's engine log-probs)."""
+    from everyprompt.config import load_config
+
+    steps = _dry_run("--out", str(tmp_path))
+    assert list(steps) == ["setup", "models", "dense", "rl_step", "test-gpu", "learner", "moe"]
+    rl_step = _bench("rl_step")
+    command = steps["rl_step"]
+    config = ROOT / _option(command, "--config")
+    overrides = rl_step.bench_overrides(Path(_option(command, "--model")), _sets(command))
+    matched = rl_step.matched_precision(config, overrides)
+    assert matched == ["rollout.precision=bf16", "rl.old_logprobs=recompute"]
+    loaded = load_config(config, [*overrides, *matched])
+    assert loaded.rollout.precision == "bf16" and loaded.rl.old_logprobs == "recompute"
+    command = steps["learner"]
+    loaded = load_config(ROOT / _option(command, "--config"), _sets(command))
+    assert loaded.rollout.precision == "bf16" and loaded.model.dtype == "bf16"
+
+
+def test_the_gpu_suite_runs_only_the_steps_named(tmp_path):
+    steps = _dry_run("--only", "rl_step,learner", "--out", str(tmp_path))
+    assert list(steps) == ["setup", "models", "rl_step", "learner"]
+
+
+def test_the_learner_profile_ranks_a_gpu_by_a_time_its_profiler_reports():
+    """torch's profiler averages name the device's time `self_device_time_total` (the older
+    `self_cuda_time_total` is gone: the profile failed on the first lent GPU)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    key = _bench("learner_profile").time_key(torch.device("cuda:0"))
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        torch.ones(4) @ torch.ones(4)
+    event = prof.key_averages()[0]
+    assert isinstance(getattr(event, key), int | float)
+    assert isinstance(getattr(event, _bench("learner_profile").time_key(torch.device("cpu"))), int | float)

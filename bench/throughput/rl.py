@@ -7,8 +7,21 @@ import statistics
 import time
 from pathlib import Path
 
-
 # ---------------------------------------------------------------- (d) RL step vs TRL
+ENGINE_FIGURES = tuple(
+    f"rollout/{name}"
+    for name in (
+        "decode_step_ms",
+        "prefill_s",
+        "tokens_per_s",
+        "slot_occupancy",
+        "graph_replays",
+        "graph_captures",
+        "graph_capture_s",
+    )
+)
+
+
 def everyprompt_steps(base: list[str], steps: int, run_dir: Path, config_path: Path | None = None) -> dict:
     from everyprompt.config import load_config
     from everyprompt.pipeline import Run
@@ -30,6 +43,13 @@ def everyprompt_steps(base: list[str], steps: int, run_dir: Path, config_path: P
         "group_size": config.rl.group_size,
         "max_new_tokens": config.rollout.max_new_tokens,
         "mini_batches": config.rl.mini_batches,
+        # where the step's time went, each the median over the steps after the first: every phase the
+        # trainer times and the engine's own figures (its decode step, CUDA graph captures and replays)
+        "medians": {
+            key: statistics.median(m[key] for m in history[1:])
+            for key in history[-1]
+            if key.startswith("time/") or key in ENGINE_FIGURES
+        },
     }
 
 
