@@ -41,6 +41,14 @@ def test_the_gpu_suite_runs_every_step_on_tiny_models(tmp_path):
                 row["graphs_mode"] == "eager" and row["graphs_tokens_per_s"] > 0 and row["graph_failed"] == 0
             )
             assert row["captured_floor_ms"] == row["floor_ms"] > 0  # no CUDA: the eager floor
+        # what a static step launches: counted by differencing two profiled calls, so its matmuls are the
+        # step's projections exactly: per layer the fused query-key-value, the output, the fused
+        # gate-up and the down projection, and the head (2 layers; the upcycle's experts run batched)
+        projections = 2 * 4 + 1 if name == "tiny-dense" else None
+        for row in payload["step_kernels"]:
+            assert row["kind"] == "cpu operators" and row["per_step"] > row["matmuls"] > 0
+            assert projections is None or row["matmuls"] == projections, row
+        assert [row["batch"] for row in payload["step_kernels"]] == [1, 4]
         agree = payload["graphs_agree"]
         assert agree["agrees"] and agree["tokens_equal_eager"] == agree["prompts"] == 6
     rl = json.loads((out / "rl_step_tiny-dense.json").read_text())

@@ -21,6 +21,7 @@ import torch
 from common import ROOT
 
 from throughput.floor import middle_step_gemms
+from throughput.kernels import describe_kernels, step_kernels
 from throughput.setup import draw_lengths, hf_sample
 from throughput.steps import compiled_at, graphs_agree, graphs_at
 from throughput.work import engine, equal_work, left_padded, requests, timed
@@ -278,6 +279,13 @@ def model_suite(
         print("greedy completions: the static step against the eager ones ...")
         out["graphs_agree"] = graphs_agree(model, tokenizer, prompts, dtype, device, *size["agree"])
         print(f"  {out['graphs_agree']}")
+        print("what a static step launches (its bodies run eagerly under the profiler) ...")
+        out["step_kernels"] = [
+            step_kernels(model, tokenizer, prompts, dtype, device, batch)
+            for batch in (size["batches"][0], size["batches"][-1])
+        ]
+        for row in out["step_kernels"]:
+            print(f"  batch {row['batch']}: {describe_kernels(row)}")
     if decode_only:
         return out
     print("long-tailed lengths: continuous vs static batching ...")
