@@ -202,3 +202,27 @@ def test_adamw_is_fused_on_cuda():
 
     model, _ = make_tiny_model()
     assert build_optimizer(model.to(CUDA), 1e-3, 0.0).defaults["fused"] is True
+
+
+def test_a_bf16_norm_on_cuda_is_one_kernel_and_equals_the_upcast_one():
+    """The engine's bf16 RMSNorm (attention.rms_norm) on CUDA: the upcast reference's values, in fewer
+    kernels than upcast, normalise and cast back."""
+    import torch.nn.functional as F
+    from torch.profiler import ProfilerActivity, profile
+
+    from everyprompt.rollout.native.attention import rms_norm
+
+    x = (torch.randn(64, 1, 576, device=CUDA) * 3).bfloat16()
+    reference = F.rms_norm(x.float(), x.shape[-1:], eps=1e-5).bfloat16()
+    got = rms_norm(x, None, 1e-5)
+    assert (got.float() - reference.float()).abs().max().item() <= 2**-7 * reference.abs().max().item()
+
+    def kernels(fn) -> int:
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+    upcast = kernels(lambda: F.rms_norm(x.float(), x.shape[-1:], eps=1e-5).bfloat16())
+    assert kernels(lambda: rms_norm(x, None, 1e-5)) < upcast

@@ -477,3 +477,21 @@ def test_a_groups_prompt_is_prefilled_once_and_its_samples_equal_decoding_alone(
     for completion in grouped:
         reference = next(iter(alone.generate([requests[completion.request_id]], params)))
         _assert_same_completion(completion, reference)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(1, 1, 576), (64, 1, 576), (8, 37, 64)])
+def test_a_low_precision_norm_in_one_op_equals_upcasting_normalising_and_rounding(dtype, shape):
+    """The engine's RMSNorm in bf16 or fp16 is torch's op on the narrow input (float32 inside, one
+    rounding): bit for bit the upcast, normalise, cast back that HF's modules do, in one kernel not three;
+    the weight then scales in the narrow dtype, as theirs does."""
+    import torch.nn.functional as F
+
+    from everyprompt.rollout.native.attention import rms_norm
+
+    torch.manual_seed(0)
+    x = (torch.randn(shape) * 3).to(dtype)
+    weight = (1 + 0.1 * torch.randn(shape[-1])).to(dtype)
+    reference = F.rms_norm(x.float(), shape[-1:], eps=1e-5).to(dtype)
+    assert torch.equal(rms_norm(x, None, 1e-5), reference)
+    assert torch.equal(rms_norm(x, weight, 1e-5), weight * reference)
