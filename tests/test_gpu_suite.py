@@ -164,3 +164,26 @@ def test_the_learner_profile_ranks_a_gpu_by_a_time_its_profiler_reports():
     event = prof.key_averages()[0]
     assert isinstance(getattr(event, key), int | float)
     assert isinstance(getattr(event, _bench("learner_profile").time_key(torch.device("cpu"))), int | float)
+
+
+def test_trl_runs_on_the_device_the_recipe_trains_on(monkeypatch):
+    """TRL's GRPOTrainer goes where everyprompt's learner goes (model.device): on the first lent GPU a
+    fixed use_cpu=True ran it on the CPU beside everyprompt on the GPU."""
+    import torch
+
+    import everyprompt.devices.placement as placement
+    from everyprompt.config import load_config
+
+    rl = _bench_package("throughput.rl")
+    config = load_config(ROOT / "configs" / "smollm2.yaml", [])
+    assert rl.trl_on_cpu(config) is (not torch.cuda.is_available())  # model.device=auto
+    assert rl.trl_on_cpu(load_config(ROOT / "configs" / "smollm2.yaml", ["model.device=cpu"])) is True
+    # a machine whose `auto` is a GPU
+    monkeypatch.setattr(placement, "resolve_device", lambda setting, key="": torch.device("cuda", 0))
+    assert rl.trl_on_cpu(config) is False
+
+
+def _bench_package(name: str):
+    if str(ROOT / "bench") not in sys.path:
+        sys.path.insert(0, str(ROOT / "bench"))
+    return importlib.import_module(name)

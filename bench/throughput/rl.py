@@ -30,6 +30,7 @@ def everyprompt_steps(base: list[str], steps: int, run_dir: Path, config_path: P
     run = Run(config, run_dir)
     trainer = run.trainer()
     history = trainer.train()
+    device = str(next(trainer.learner.model.parameters()).device)
     trainer.close()
     times = [m["time/step_s"] for m in history[1:]]  # the first step warms up
     return {
@@ -43,6 +44,7 @@ def everyprompt_steps(base: list[str], steps: int, run_dir: Path, config_path: P
         "group_size": config.rl.group_size,
         "max_new_tokens": config.rollout.max_new_tokens,
         "mini_batches": config.rl.mini_batches,
+        "device": device,
         # where the step's time went, each the median over the steps after the first: every phase the
         # trainer times and the engine's own figures (its decode step, CUDA graph captures and replays)
         "medians": {
@@ -51,6 +53,14 @@ def everyprompt_steps(base: list[str], steps: int, run_dir: Path, config_path: P
             if key.startswith("time/") or key in ENGINE_FIGURES
         },
     }
+
+
+def trl_on_cpu(config) -> bool:
+    """Whether TRL runs on the CPU: where the recipe's learner would (`model.device`; `auto` is the GPU
+    when there is one). A fixed `use_cpu=True` had TRL on the CPU beside everyprompt on a GPU."""
+    from everyprompt.devices.placement import resolve_device
+
+    return resolve_device(config.model.device).type == "cpu"
 
 
 def trl_steps(
@@ -112,7 +122,7 @@ def trl_steps(
         logging_steps=1,
         save_strategy="no",
         report_to="none",
-        use_cpu=True,
+        use_cpu=trl_on_cpu(config),  # TRL on the device the recipe trains on: the same card as ours
         bf16=config.model.dtype == "bf16",  # autocast, as model.dtype=bf16 is
         seed=config.seed,
         dataloader_num_workers=0,
@@ -167,6 +177,7 @@ def trl_steps(
         if generate_s
         else float("nan"),
         "generate_calls": len(generate_s),
+        "device": str(trainer.model.device),
         # accelerate wraps the model's forward in autocast under bf16=True: generate samples through it
         "generate_under_autocast": hasattr(trainer.model, "_original_forward"),
     }
