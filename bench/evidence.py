@@ -213,6 +213,7 @@ def run(
     smoke: bool,
     workers: int,
     keep_checkpoints: bool = False,
+    seed_by_seed: bool = False,
 ):
     from rich.console import Console
 
@@ -263,14 +264,7 @@ def run(
         body["arms"].setdefault(arm, {"overrides": recorded, "runs": []})
     root = work / f"{name}-{setup_name}"
     harvest(root, body, fixed, levels, keep_checkpoints)  # cells a killed call finished on this machine
-    # one sweep per set of arms that miss the same seeds: all of them at once when nothing is recorded,
-    # so both cores stay busy; no recorded cell is run again
-    by_seeds: dict[tuple[int, ...], list[str]] = {}
-    for arm in arms_of:
-        recorded = {r["seed"] for r in body["arms"][arm]["runs"]}
-        if wanted := tuple(seed for seed in seeds if seed not in recorded):
-            by_seeds.setdefault(wanted, []).append(arm)
-    for pending, arms in by_seeds.items():
+    for pending, arms in pending_sweeps(body, list(arms_of), seeds, seed_by_seed):
         console.print(f"{name} on {setup_name}: {', '.join(arms)} x seeds {list(pending)}")
         bundle = {arm: arms_of[arm] for arm in arms}
         plan = SweepPlan(read_yaml(config_path), fixed, {}, list(pending), str(config_path), bundle)
@@ -289,6 +283,27 @@ def run(
     console.print(summary(payload))
 
 
+def pending_sweeps(
+    body: dict, arms: list[str], seeds: list[int], seed_by_seed: bool = False
+) -> list[tuple[tuple[int, ...], list[str]]]:
+    """The sweeps that run the cells `body` has not recorded, as (seeds, arms): one per set of arms that
+    miss the same seeds, all of them at once when nothing is recorded (the workers stay busy; a sweep
+    runs its cells seed fastest, arm by arm); no recorded cell is run again. `seed_by_seed`: one sweep per
+    seed instead, so that a call stopped early has finished whole seeds, every arm of each (pairs),
+    rather than some arms' every seed."""
+    missing = {
+        arm: [s for s in seeds if s not in {r["seed"] for r in body["arms"][arm]["runs"]}] for arm in arms
+    }
+    if seed_by_seed:
+        sweeps = [((seed,), [arm for arm in arms if seed in missing[arm]]) for seed in seeds]
+        return [(seed, wanting) for seed, wanting in sweeps if wanting]
+    by_seeds: dict[tuple[int, ...], list[str]] = {}
+    for arm in arms:
+        if missing[arm]:
+            by_seeds.setdefault(tuple(missing[arm]), []).append(arm)
+    return list(by_seeds.items())
+
+
 def summary(payload: dict):
     """The recorded contrasts as the console shows them (report/evidence.py's table)."""
     from everyprompt.report.evidence import evidence_table
@@ -304,6 +319,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--setup", choices=list(SETUPS))
     parser.add_argument("--seeds", type=int, nargs="+", help="default: the setup's pre-registered seeds")
     parser.add_argument("--workers", type=int, default=2, help="runs at a time (each its share of the cores)")
+    parser.add_argument(
+        "--seed-by-seed",
+        action="store_true",
+        help="finish every arm of one seed before the next (a call that may be cut short keeps pairs)",
+    )
     parser.add_argument("--summary", action="store_true", help="print the recorded contrasts, run nothing")
     parser.add_argument("--readme", action="store_true", help="write the README's claims table, run nothing")
     parser.add_argument(
@@ -334,7 +354,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--comparison and --setup name what to run (or --summary)")
     seeds = args.seeds or list(COMPARISONS[args.comparison].seeds_on(args.setup))
     work = args.out / "evidence_runs"
-    run(args.comparison, args.setup, seeds, path, work, args.tiny, args.workers, args.keep_checkpoints)
+    run(
+        args.comparison,
+        args.setup,
+        seeds,
+        path,
+        work,
+        args.tiny,
+        args.workers,
+        args.keep_checkpoints,
+        args.seed_by_seed,
+    )
     print(f"wrote {repo_path(path)}")
     return 0
 

@@ -374,3 +374,22 @@ def test_rejudge_rewrites_a_files_contrasts_under_the_rules_in_force(tmp_path, c
     assert [c["arm"] for c in contrasts] == ["espo", "gspo", "espo"]
     assert all("p" in c and "as_first_written" in c for c in contrasts)
     assert written["rules"]["amended"].startswith("paired t-test") and "rejudged" in capsys.readouterr().out
+
+
+def test_the_cells_left_to_run_go_arm_by_arm_or_seed_by_seed():
+    """What a call runs: only unrecorded cells; by default one sweep per set of arms missing the same
+    seeds; `--seed-by-seed` one sweep per seed, so that a call cut short (a lent GPU's time limit) has
+    finished whole seeds of every arm, the pairs the contrasts need."""
+    bench = _load("evidence")
+    runs = {"a": [{"seed": 3}], "b": [], "c": []}
+    body = {"arms": {arm: {"runs": recorded} for arm, recorded in runs.items()}}
+    arms, seeds = ["a", "b", "c"], [3, 4, 5]
+    assert bench.pending_sweeps(body, arms, seeds) == [((4, 5), ["a"]), ((3, 4, 5), ["b", "c"])]
+    assert bench.pending_sweeps(body, arms, seeds, seed_by_seed=True) == [
+        ((3,), ["b", "c"]),
+        ((4,), ["a", "b", "c"]),
+        ((5,), ["a", "b", "c"]),
+    ]
+    done = {"arms": {arm: {"runs": [{"seed": s} for s in seeds]} for arm in arms}}
+    assert bench.pending_sweeps(done, arms, seeds) == []
+    assert bench.pending_sweeps(done, arms, seeds, seed_by_seed=True) == []
