@@ -4,11 +4,12 @@
     python bench/gpu_models.py --receive        # a lent GPU, first call: keep the GGUF's first part
     python bench/gpu_models.py                  # SmolLM2 from models/ (or its two parts), then its upcycle
     python bench/gpu_models.py --smoke DIR      # the tiny pair under DIR
+    python bench/gpu_models.py --dense-only     # no upcycle (a call that runs no MoE bench saves its write)
 
 The GGUF (94 MiB) is more than one call to a lent GPU carries (64 MiB), so `bench/gpu_suite.sh --stage`
 splits it into two halves under .gpu-model/; the first call keeps its half in models/ (`--receive`), the
 second brings the other and this joins them. `everyprompt fetch smollm2`'s own code then checks the file's
-SHA-256 and converts it. Prints the two model directories, one a line.
+SHA-256 and converts it. Prints the model directories, one a line: `dense PATH`, then `moe PATH`.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def receive() -> None:
     print(f"kept {GGUF.name}.1 in models/")
 
 
-def smollm2() -> tuple[Path, Path]:
+def smollm2(dense_only: bool = False) -> dict[str, Path]:
     if not GGUF.is_file() and (MODELS / (GGUF.name + ".1")).is_file() and (STAGED / "2").is_file():
         with open(GGUF, "wb") as joined:
             for part in (MODELS / (GGUF.name + ".1"), STAGED / "2"):
@@ -43,10 +44,10 @@ def smollm2() -> tuple[Path, Path]:
     from everyprompt.models.fetch import fetch
 
     fetch("smollm2", MODELS)
-    return DENSE, upcycled(DENSE, MOE)
+    return {"dense": DENSE} if dense_only else {"dense": DENSE, "moe": upcycled(DENSE, MOE)}
 
 
-def tiny(directory: Path) -> tuple[Path, Path]:
+def tiny(directory: Path, dense_only: bool = False) -> dict[str, Path]:
     """A random-init 2-layer Llama with the character tokenizer (weights N(0, 0.2): outputs vary by
     token), and its upcycle."""
     import torch
@@ -67,7 +68,9 @@ def tiny(directory: Path) -> tuple[Path, Path]:
     dense = directory / "tiny-dense"
     model.save_pretrained(dense)
     tokenizer.save_pretrained(dense)
-    return dense, upcycled(dense, directory / "tiny-moe8")
+    return (
+        {"dense": dense} if dense_only else {"dense": dense, "moe": upcycled(dense, directory / "tiny-moe8")}
+    )
 
 
 def upcycled(dense: Path, target: Path) -> Path:
@@ -85,13 +88,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--receive", action="store_true", help="keep the first half of the GGUF")
     parser.add_argument("--smoke", type=Path, help="write the tiny pair under this directory instead")
+    parser.add_argument("--dense-only", action="store_true", help="the dense model alone, no upcycle")
     args = parser.parse_args(argv)
     if args.receive:
         receive()
         return 0
-    pair = tiny(args.smoke) if args.smoke else smollm2()
-    for directory in pair:
-        print(directory)
+    made = tiny(args.smoke, args.dense_only) if args.smoke else smollm2(args.dense_only)
+    for kind, directory in made.items():
+        print(kind, directory)
     return 0
 
 

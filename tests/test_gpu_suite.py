@@ -150,6 +150,9 @@ def test_the_gpu_suites_recipes_load_as_the_gpu_runs_them(tmp_path):
 def test_the_gpu_suite_runs_only_the_steps_named(tmp_path):
     steps = _dry_run("--only", "rl_step,learner", "--out", str(tmp_path))
     assert list(steps) == ["setup", "models", "rl_step", "learner"]
+    assert steps["models"][-1] == "--dense-only"  # no MoE bench, no upcycle to write
+    assert "--dense-only" not in _dry_run("--only", "moe", "--out", str(tmp_path))["models"]
+    assert "--dense-only" not in _dry_run("--out", str(tmp_path))["models"]
 
 
 def test_the_learner_profile_ranks_a_gpu_by_a_time_its_profiler_reports():
