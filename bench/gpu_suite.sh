@@ -83,6 +83,8 @@ mkdir -p "$RESULTS/models"
 BUDGET_S=$([ $SMOKE = 1 ] && echo 300 || echo 560)  # a call's 600 s, less its end
 [ "$MODE" = evidence ] && BUDGET_S=$([ $SMOKE = 1 ] && echo 300 || echo 570)  # a call's 600 s, less its end
 FAILED=0
+BLOCKED_STEPS=" dense rl_step learner moe evidence "  # the steps that run on the models step's output
+BLOCKED_WHY=  # why they cannot run, once the models step failed
 
 step() {  # step NAME LIMIT_S COMMAND...: run it within its limit and what is left of the budget
   local name=$1 limit=$2 rc left
@@ -92,6 +94,13 @@ step() {  # step NAME LIMIT_S COMMAND...: run it within its limit and what is le
   fi
   if [ "$DRY" = 1 ]; then
     echo "$name: $*"
+    return
+  fi
+  if [ -n "$BLOCKED_WHY" ] && [[ "$BLOCKED_STEPS" == *" $name "* ]]; then
+    # a missing GGUF half (the machine was replaced between the two calls) fails every model step: say
+    # so once each, in no time, and leave the call's time to the steps that need no model
+    echo "$name skipped ($BLOCKED_WHY)" | tee -a "$RESULTS/steps.txt"
+    FAILED=$((FAILED + 1))
     return
   fi
   left=$((BUDGET_S - SECONDS))
@@ -151,7 +160,17 @@ if [ $SMOKE = 1 ]; then
   TEST_GPU=("$PY" -m pytest -q -m gpu -rs -p no:cacheprovider tests/gpu)
   if "$PY" -c "import trl" 2>/dev/null; then TRAINERS=everyprompt,trl; else TRAINERS=everyprompt; fi
 else
+  # the image's Python is the one this mode installs into (and make's targets then use): on any other
+  # machine that would be the host's own Python, so it runs only where that Python sees a GPU
+  if [ "$DRY" = 0 ] && ! python3 -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
+    echo "gpu_suite: python3 here sees no CUDA device; this mode sets up a lent GPU machine's image" \
+      "(use --smoke on a CPU, or --dry-run to see the steps)" >&2
+    exit 2
+  fi
   step setup 90 setup
+  if [ "$DRY" = 0 ] && ! grep -q "^setup exit 0 " "$RESULTS/steps.txt"; then
+    BLOCKED_WHY="the setup step failed" BLOCKED_STEPS=" models dense rl_step learner moe evidence test-gpu "
+  fi
   DEVICE=cuda DTYPE=bf16 QUICK= CONFIG=configs/smollm2.yaml STEPS=6 UPDATES=3
   # the recipe as it is: rl_step matches TRL's arithmetic itself (a bf16 engine, the old policy's log-probs
   # recomputed), and the profiled update is that step's update
@@ -169,6 +188,9 @@ if [ "$MODE" = evidence ] || { [ -n "$ONLY" ] && [[ "$ONLY" != *",moe,"* ]]; }; 
   MODELS_ARGS="$MODELS_ARGS --dense-only"
 fi
 step models 120 "$PY" bench/gpu_models.py $MODELS_ARGS
+if [ "$DRY" = 0 ] && ! grep -q "^models exit 0 " "$RESULTS/steps.txt"; then
+  BLOCKED_WHY="the models step failed: $(tail -n 1 "$RESULTS/models.log" 2>/dev/null)"
+fi
 if [ "$MODE" = evidence ]; then
   # the runs the machine has time for: the bench records each finished cell, and on the time limit's
   # SIGTERM it stops its cells and saves what finished (a cell cut short is lost: the machine is bare at

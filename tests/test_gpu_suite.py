@@ -190,3 +190,44 @@ def _bench_package(name: str):
     if str(ROOT / "bench") not in sys.path:
         sys.path.insert(0, str(ROOT / "bench"))
     return importlib.import_module(name)
+
+
+def test_a_failed_models_step_skips_the_steps_that_need_a_model_at_once(tmp_path):
+    """A machine replaced between the two calls lacks the GGUF's first half: the model steps say why and
+    take no time, instead of each failing on its own."""
+    python = tmp_path / "python"
+    python.write_text(
+        f'#!/bin/sh\ncase "$1" in bench/gpu_models.py) echo "no GGUF here" >&2; exit 1;; esac\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    done = subprocess.run(
+        ["bash", "bench/gpu_suite.sh", "--smoke", "--only", "dense,rl_step", "--out", str(tmp_path / "gpu")],
+        cwd=ROOT,
+        env={**os.environ, "PYTHON": str(python)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 3, done.stdout + done.stderr  # models, dense, rl_step
+    steps = (tmp_path / "gpu" / "steps.txt").read_text().splitlines()
+    assert [line for line in steps if "skipped" in line] == [
+        f"{name} skipped (the models step failed: no GGUF here)" for name in ("dense", "rl_step")
+    ]
+
+
+def test_the_full_suite_refuses_a_machine_whose_python_sees_no_gpu(tmp_path):
+    """Its setup installs into the image's own Python: never into this host's."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    done = subprocess.run(
+        ["bash", "bench/gpu_suite.sh", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "sees no CUDA device" in done.stderr
+    assert not (tmp_path / "steps.txt").read_text().strip()
