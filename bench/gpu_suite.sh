@@ -84,7 +84,7 @@ BUDGET_S=$([ $SMOKE = 1 ] && echo 300 || echo 560)  # a call's 600 s, less its e
 [ "$MODE" = evidence ] && BUDGET_S=$([ $SMOKE = 1 ] && echo 300 || echo 570)  # a call's 600 s, less its end
 FAILED=0
 BLOCKED_STEPS=" dense rl_step learner moe evidence "  # the steps that run on the models step's output
-BLOCKED_WHY=  # why they cannot run, once the models step failed
+BLOCKED_WHY=  # why they cannot run, once the models (or the setup) step failed
 
 step() {  # step NAME LIMIT_S COMMAND...: run it within its limit and what is left of the budget
   local name=$1 limit=$2 rc left
@@ -188,7 +188,7 @@ if [ "$MODE" = evidence ] || { [ -n "$ONLY" ] && [[ "$ONLY" != *",moe,"* ]]; }; 
   MODELS_ARGS="$MODELS_ARGS --dense-only"
 fi
 step models 120 "$PY" bench/gpu_models.py $MODELS_ARGS
-if [ "$DRY" = 0 ] && ! grep -q "^models exit 0 " "$RESULTS/steps.txt"; then
+if [ "$DRY" = 0 ] && [ -z "$BLOCKED_WHY" ] && ! grep -q "^models exit 0 " "$RESULTS/steps.txt"; then
   BLOCKED_WHY="the models step failed: $(tail -n 1 "$RESULTS/models.log" 2>/dev/null)"
 fi
 if [ "$MODE" = evidence ]; then
