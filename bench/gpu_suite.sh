@@ -119,6 +119,17 @@ step() {  # step NAME LIMIT_S COMMAND...: run it within its limit and what is le
   [ "$rc" -ne 0 ] && FAILED=$((FAILED + 1))
 }
 
+passed() {  # passed NAME: the step ran and exited 0 (a dry run runs nothing and fails nothing)
+  [ "$DRY" = 1 ] || grep -q "^$1 exit 0 " "$RESULTS/steps.txt"
+}
+
+finish() {  # finish MESSAGE: the logs packed, MESSAGE said, the number of failed steps as the exit status
+  [ "$DRY" = 1 ] && { echo "gpu_suite: a dry run (nothing ran)"; exit 0; }
+  pack
+  echo "gpu_suite: $1"
+  exit "$FAILED"
+}
+
 pack() {  # the logs as one archive: the device tool brings back at most 8 files from a call
   local logs=("$RESULTS"/*.log)
   [ -e "${logs[0]}" ] || return 0
@@ -136,11 +147,7 @@ setup() {
   prefix=$(python3 -c 'import sys; print(sys.prefix)')
   # a .venv left by an earlier call is kept only if it holds the image's torch (make makes an empty one)
   if [ -e .venv ] && ! .venv/bin/python -c "import torch" 2>/dev/null; then rm -rf .venv; fi
-  if [ ! -e .venv ] && [ -x "$prefix/bin/python" ]; then
-    ln -s "$prefix" .venv
-  elif [ ! -e .venv ]; then  # a system Python with no `python` beside python3
-    mkdir -p .venv/bin && ln -s "$(python3 -c 'import sys; print(sys.executable)')" .venv/bin/python
-  fi
+  [ -e .venv ] || ln -s "$prefix" .venv
   # shellcheck disable=SC2086
   .venv/bin/python -m pip install --quiet --no-index --no-deps --find-links .gpu-wheels $WHEELS
   .venv/bin/python -m pip install --quiet --no-index --no-deps --no-build-isolation -e .
@@ -168,7 +175,7 @@ else
     exit 2
   fi
   step setup 90 setup
-  if [ "$DRY" = 0 ] && ! grep -q "^setup exit 0 " "$RESULTS/steps.txt"; then
+  if ! passed setup; then
     BLOCKED_WHY="the setup step failed" BLOCKED_STEPS=" models dense rl_step learner moe evidence test-gpu "
   fi
   DEVICE=cuda DTYPE=bf16 QUICK= CONFIG=configs/smollm2.yaml STEPS=6 UPDATES=3
@@ -188,7 +195,7 @@ if [ "$MODE" = evidence ] || { [ -n "$ONLY" ] && [[ "$ONLY" != *",moe,"* ]]; }; 
   MODELS_ARGS="$MODELS_ARGS --dense-only"
 fi
 step models 120 "$PY" bench/gpu_models.py $MODELS_ARGS
-if [ "$DRY" = 0 ] && [ -z "$BLOCKED_WHY" ] && ! grep -q "^models exit 0 " "$RESULTS/steps.txt"; then
+if [ -z "$BLOCKED_WHY" ] && ! passed models; then
   BLOCKED_WHY="the models step failed: $(tail -n 1 "$RESULTS/models.log" 2>/dev/null)"
 fi
 if [ "$MODE" = evidence ]; then
@@ -198,15 +205,13 @@ if [ "$MODE" = evidence ]; then
   cp bench/results/evidence.json "$RESULTS/evidence.json"
   # shellcheck disable=SC2086
   step evidence $((BUDGET_S - SECONDS - 5)) "$PY" bench/evidence.py $EVIDENCE_ARGS --out "$RESULTS"
-  [ "$DRY" = 1 ] && { echo "gpu_suite: a dry run (nothing ran)"; exit 0; }
-  pack
-  echo "gpu_suite: evidence in $RESULTS/evidence.json ($SECONDS s)"
-  exit "$FAILED"
+  finish "evidence in $RESULTS/evidence.json ($SECONDS s)"
 fi
 made() {  # made KIND: the model directory the models step printed as `KIND PATH`
   sed -n "s/^$1 //p" "$RESULTS/models.log" 2>/dev/null | tail -n 1
 }
 DENSE_MODEL=$(made dense) MOE_MODEL=$(made moe)
+# (unprinted only in a dry run: the model steps of a failed models step do not run)
 DENSE_MODEL=${DENSE_MODEL:-models/smollm2-135m-instruct} MOE_MODEL=${MOE_MODEL:-models/smollm2-moe8}
 BENCH=("$PY" bench/throughput --device "$DEVICE" --dtype "$DTYPE" --graphs --decode-only $QUICK --out "$RESULTS")
 # in the order of what matters most when the budget runs out (measured on an H200: setup 20 s, models 62,
@@ -219,7 +224,4 @@ step learner 90 "$PY" bench/learner_profile.py --model "$DENSE_MODEL" --config "
   "${LEARNER[@]}" --out "$RESULTS"
 step moe 120 "${BENCH[@]}" --model "$MOE_MODEL"
 
-[ "$DRY" = 1 ] && { echo "gpu_suite: a dry run (nothing ran)"; exit 0; }
-pack
-echo "gpu_suite: $FAILED step(s) failed; results in $RESULTS ($SECONDS s)"
-exit "$FAILED"
+finish "$FAILED step(s) failed; results in $RESULTS ($SECONDS s)"

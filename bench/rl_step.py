@@ -152,9 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"  {describe(results[trainer])}", flush=True)
         results["wall_seconds"] = time.perf_counter() - started
-        write_results(
-            path, results
-        )  # each trainer's figures kept as they come (a time limit may stop the next)
+        # each trainer's figures kept as they come (a time limit may stop the next)
+        write_results(path, results)
     if "everyprompt" in results and "trl" in results:
         ours, theirs = results["everyprompt"], results["trl"]
         results["step_ratio"] = ours["step_s"] / theirs["step_s"]
@@ -169,16 +168,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def describe(row: dict) -> str:
-    """A trainer's step in a line: its median, its phases where the trainer reports them, its memory."""
-    phases = ", ".join(
-        f"{label} {row[key]:.2f} s" for key, label in PHASES if isinstance(row.get(key), int | float)
-    )
-    line = f"{row['step_s']:.2f} s a step ({phases or 'no phases reported'}), peak {row['peak_rss_bytes'] / 2**30:.2f} GiB"
-    medians = row.get("medians", {})
-    return line + "".join(f"\n    {key}: {value:.4g}" for key, value in sorted(medians.items()))
-
-
-PHASES = (("rollout_s", "rollout"), ("generate_s", "generation"), ("train_s", "training"))
+    """A trainer's step in a line: its median and memory, then where its time went: every phase and engine
+    figure the trainer reports (everyprompt's `medians`), else the phases it was timed by (TRL's)."""
+    line = f"{row['step_s']:.2f} s a step, peak {row['peak_rss_bytes'] / 2**30:.2f} GiB"
+    figures = row.get("medians") or {
+        key: row[key] for key in ("generate_s",) if isinstance(row.get(key), float)
+    }
+    return line + "".join(f"\n    {key}: {value:.4g}" for key, value in sorted(figures.items()))
 
 
 if __name__ == "__main__":

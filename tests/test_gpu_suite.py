@@ -3,7 +3,7 @@ lent GPU gets runs a script that is known to work (its GPU figures are the GPU's
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import os
 import shlex
@@ -13,6 +13,8 @@ import tarfile
 from pathlib import Path
 
 import pytest
+
+from tests.test_bench import _load
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -91,15 +93,6 @@ def test_the_gpu_suites_evidence_mode_runs_the_bench_it_is_given(tmp_path):
     )
 
 
-def _bench(name: str):
-    if str(ROOT / "bench") not in sys.path:
-        sys.path.insert(0, str(ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location(f"suite_{name}", ROOT / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _dry_run(*args: str) -> dict[str, list[str]]:
     done = subprocess.run(
         ["bash", "bench/gpu_suite.sh", "--dry-run", *args],
@@ -134,7 +127,7 @@ def test_the_gpu_suites_recipes_load_as_the_gpu_runs_them(tmp_path):
 
     steps = _dry_run("--out", str(tmp_path))
     assert list(steps) == ["setup", "models", "dense", "rl_step", "test-gpu", "learner", "moe"]
-    rl_step = _bench("rl_step")
+    rl_step = _load("rl_step")
     command = steps["rl_step"]
     config = ROOT / _option(command, "--config")
     overrides = rl_step.bench_overrides(Path(_option(command, "--model")), _sets(command))
@@ -161,12 +154,13 @@ def test_the_learner_profile_ranks_a_gpu_by_a_time_its_profiler_reports():
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    key = _bench("learner_profile").time_key(torch.device("cuda:0"))
+    profile_bench = _load("learner_profile")
+    key = profile_bench.time_key(torch.device("cuda:0"))
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         torch.ones(4) @ torch.ones(4)
     event = prof.key_averages()[0]
     assert isinstance(getattr(event, key), int | float)
-    assert isinstance(getattr(event, _bench("learner_profile").time_key(torch.device("cpu"))), int | float)
+    assert isinstance(getattr(event, profile_bench.time_key(torch.device("cpu"))), int | float)
 
 
 def test_trl_runs_on_the_device_the_recipe_trains_on(monkeypatch):
@@ -177,19 +171,14 @@ def test_trl_runs_on_the_device_the_recipe_trains_on(monkeypatch):
     import everyprompt.devices.placement as placement
     from everyprompt.config import load_config
 
-    rl = _bench_package("throughput.rl")
+    _load("rl_step")  # (bench/ on the path, as its scripts put it)
+    rl = importlib.import_module("throughput.rl")
     config = load_config(ROOT / "configs" / "smollm2.yaml", [])
     assert rl.trl_on_cpu(config) is (not torch.cuda.is_available())  # model.device=auto
     assert rl.trl_on_cpu(load_config(ROOT / "configs" / "smollm2.yaml", ["model.device=cpu"])) is True
     # a machine whose `auto` is a GPU
     monkeypatch.setattr(placement, "resolve_device", lambda setting, key="": torch.device("cuda", 0))
     assert rl.trl_on_cpu(config) is False
-
-
-def _bench_package(name: str):
-    if str(ROOT / "bench") not in sys.path:
-        sys.path.insert(0, str(ROOT / "bench"))
-    return importlib.import_module(name)
 
 
 def test_a_failed_models_step_skips_the_steps_that_need_a_model_at_once(tmp_path):

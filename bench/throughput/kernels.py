@@ -21,7 +21,8 @@ from throughput.work import engine, equal_work, requests
 
 SHORT = 2  # tokens of the shorter profiled call
 
-# operators that make no kernel: views, metadata, allocation without a fill, host reads
+# operators that launch no kernel of their own: views, metadata, allocation without a fill, host reads, and
+# the casts and copies whose work is the `copy_` beneath them (counted there)
 VIEWS = frozenset(
     "aten::" + name
     for name in (

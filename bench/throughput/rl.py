@@ -48,7 +48,7 @@ def everyprompt_steps(base: list[str], steps: int, run_dir: Path, config_path: P
         # where the step's time went, each the median over the steps after the first: every phase the
         # trainer times and the engine's own figures (its decode step, CUDA graph captures and replays)
         "medians": {
-            key: statistics.median(m[key] for m in history[1:])
+            key: statistics.median(m[key] for m in history[1:] if key in m)
             for key in history[-1]
             if key.startswith("time/") or key in ENGINE_FIGURES
         },
