@@ -21,6 +21,9 @@ def test_the_note_names_the_settings_and_the_fix_only_when_bf16_is_slow():
 def test_the_settings_that_put_bf16_on_the_cpu():
     cpu = torch.device("cpu")
     assert bf16_on_cpu(tiny_config(), cpu) == []  # auto: fp32 on the CPU
-    both = tiny_config("model.dtype=bf16", "rollout.precision=bf16", "rl.old_logprobs=recompute")
-    assert bf16_on_cpu(both, cpu) == ["model.dtype=bf16", "rollout.precision=bf16"]
+    both = ("model.dtype=bf16", "rollout.precision=bf16", "rl.old_logprobs=recompute")
+    native = tiny_config(*both, "model.cpu_bf16=native")
+    assert bf16_on_cpu(native, cpu) == ["model.dtype=bf16", "rollout.precision=bf16"]
+    # the learner's products on float32 kernels: only the engine's bf16 is left to warn of
+    assert bf16_on_cpu(tiny_config(*both, "model.cpu_bf16=emulated"), cpu) == ["rollout.precision=bf16"]
     assert bf16_on_cpu(tiny_config("model.dtype=bf16"), torch.device("meta")) == []  # not on the CPU

@@ -74,6 +74,13 @@ class ModelConfig(Section):
         description="Training precision: bf16 runs the trainer's forwards under autocast, weights, gradients "
         "and optimizer state staying fp32 (docs/training.md); auto: bf16 on CUDA, fp32 on the CPU.",
     )
+    cpu_bf16: Literal["auto", "native", "emulated"] = Field(
+        "auto",
+        description="How a CPU computes model.dtype=bf16's matrix products: native (torch's bf16 kernels), "
+        "emulated (its float32 kernels on bf16-rounded operands, the result rounded to bf16: the same format, "
+        "fp32 speed), or auto: emulated where a bf16 product is 4x slower than an fp32 one or more on this "
+        "CPU (no AVX-512 BF16 or AMX), else native. GPUs compute bf16 natively.",
+    )
     device: str = Field(
         "auto",
         description="Where the learner's policy (and SFT) runs: auto (the first CUDA device when torch sees "

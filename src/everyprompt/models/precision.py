@@ -9,6 +9,10 @@ optimizer, because it keeps one copy of the weights, checkpoints stay fp32 and e
 weight sync hands the engine the same tensors as in fp32; what it saves is activation memory and matmul
 time where bf16 kernels are fast, not weight memory (docs/training.md has the measurements).
 
+Where a CPU has no fast bf16 instructions (AVX2 only) the products run in `EmulatedBf16` as well
+(`model.cpu_bf16`, models/emulated_bf16.py): torch's float32 kernels on bf16-rounded operands, the result
+rounded to bf16, the same format at float32 speed (gradient checkpointing's recomputation included).
+
 On the CPU under bf16 autocast the attention itself (softmax(QK^T)V) runs in float32 (`cpu_attention_in_fp32`):
 torch's CPU flash-attention backward is about three times slower in bf16 than in fp32 (SmolLM2's shapes,
 16 x 143 tokens: 36.7 ms against 12.5 ms a layer), and the float32 softmax is the more precise one. The
@@ -26,7 +30,9 @@ import torch
 from torch import nn
 
 from everyprompt.devices import default_dtype
+from everyprompt.devices.bf16 import SLOW, cpu_bf16_slowdown
 from everyprompt.errors import InputError
+from everyprompt.models.emulated_bf16 import emulated_if, recompute_context
 from everyprompt.models.experts import select_moe_kernel
 
 TRAINING_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}
@@ -47,13 +53,31 @@ def training_dtype(dtype: str, device: torch.device) -> str:
     return dtype
 
 
-def autocast(model: nn.Module, dtype: str):
-    """The context the trainer's forwards of `model` run under for `model.dtype` = `dtype`."""
+def emulates_bf16(device: torch.device, dtype: str, cpu_bf16: str = "auto") -> bool:
+    """Whether training at `model.dtype` = `dtype` on `device` computes its bf16 products with float32
+    kernels (`model.cpu_bf16`: emulated, native, or auto: emulated where a bf16 product takes SLOW times an
+    fp32 one or more on this CPU, measured once a process)."""
+    if device.type != "cpu" or training_dtype(dtype, device) != "bf16":
+        return False
+    if cpu_bf16 == "auto":
+        return cpu_bf16_slowdown() >= SLOW
+    return cpu_bf16 == "emulated"
+
+
+@contextlib.contextmanager
+def autocast(model: nn.Module, dtype: str, cpu_bf16: str = "auto"):
+    """The context the trainer's forwards of `model` run under for `model.dtype` = `dtype` (and
+    `model.cpu_bf16` = `cpu_bf16`)."""
     device = next(model.parameters()).device
     low = TRAINING_DTYPES[training_dtype(dtype, device)]
     if low is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=low)
+        yield
+        return
+    with (
+        torch.autocast(device_type=device.type, dtype=low),
+        emulated_if(emulates_bf16(device, dtype, cpu_bf16)),
+    ):
+        yield
 
 
 FP32_CPU_SDPA = "everyprompt_sdpa_fp32_cpu"  # the attention implementation `cpu_attention_in_fp32` selects
@@ -95,7 +119,7 @@ def enable_gradient_checkpointing(model: nn.Module) -> nn.Module:
         raise PrecisionError(
             f"config key 'model.gradient_checkpointing': {type(model).__name__} does not support it"
         )
-    kwargs = {"use_reentrant": False}
+    kwargs = {"use_reentrant": False, "context_fn": recompute_context}
     if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x names it so
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:

@@ -30,7 +30,7 @@ from everyprompt.logs import quiet_libraries, record_warnings
 from everyprompt.models.catalog import fetch_hint
 from everyprompt.models.io import config_tokenizer, load_model_and_tokenizer, load_pretrained
 from everyprompt.models.lora import load_adapter
-from everyprompt.models.precision import training_dtype, training_kernels
+from everyprompt.models.precision import emulates_bf16, training_dtype, training_kernels
 from everyprompt.pipeline.backends import build_trainer
 from everyprompt.rewards import build_reward
 from everyprompt.rollout import resolve_engine
@@ -137,9 +137,11 @@ def pin_hub_names(config: Config, console: Console) -> Config:
 
 
 def bf16_on_cpu(config: Config, device: torch.device) -> list[str]:
-    """The settings that put bfloat16 matmuls on the CPU in this run."""
+    """The settings that put torch's bfloat16 matmul kernels on the CPU in this run (not the learner's
+    products where it emulates them: models/emulated_bf16.py)."""
     keys = []
-    if device.type == "cpu" and training_dtype(config.model.dtype, device) == "bf16":
+    learner_bf16 = device.type == "cpu" and training_dtype(config.model.dtype, device) == "bf16"
+    if learner_bf16 and not emulates_bf16(device, config.model.dtype, config.model.cpu_bf16):
         keys.append("model.dtype=bf16")
     rollout = resolve_device(config.rollout.device, "rollout.device")
     if rollout.type == "cpu" and config.rollout.precision == "bf16":
@@ -170,6 +172,13 @@ class Run:
         if note := slow_bf16_note(bf16_on_cpu(config, self.device)):
             log.warning(note)
             self.console.print(f"warning: {note}", markup=False, highlight=False)
+        if emulates_bf16(self.device, config.model.dtype, config.model.cpu_bf16):
+            self.console.print(
+                f"model.dtype=bf16 on this CPU ({torch.backends.cpu.get_cpu_capability()}): bf16 products on "
+                f"float32 kernels, rounded to bf16 (model.cpu_bf16={config.model.cpu_bf16})",
+                markup=False,
+                highlight=False,
+            )
         random.seed(config.seed)
         torch.manual_seed(config.seed)
         self.rows = ConfigRows(config)
@@ -208,6 +217,7 @@ class Run:
                 self.config.logging,
                 pack_sequences=self.config.model.pack_sequences,
                 dtype=self.config.model.dtype,
+                cpu_bf16=self.config.model.cpu_bf16,
                 resume=resume,
                 prompt_format=self.show_format(prompt_format, "SFT", sft_rows[0]),
             )

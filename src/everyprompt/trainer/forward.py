@@ -81,7 +81,7 @@ class PolicyForward:
         *,
         policy: bool,
     ):
-        with autocast(model, self.config.model.dtype):
+        with autocast(model, self.config.model.dtype, self.config.model.cpu_bf16):
             return token_logprobs(
                 model,
                 data["input_ids"][rows],

@@ -31,6 +31,8 @@ from contextlib import contextmanager
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from everyprompt.models.emulated_bf16 import emulated_if, emulating, recompute_context
+
 # config attribute -> what the model does to its logits after the head when that attribute is set
 HEAD_TRANSFORMS: dict[str, Callable[[torch.Tensor, float], torch.Tensor]] = {
     "final_logit_softcapping": lambda logits, cap: torch.tanh(logits / cap) * cap,  # Gemma 2 and 3
@@ -111,7 +113,10 @@ def selected_logprobs(
     parts = []
     for start in range(0, len(targets), chunk):
         h, t = hidden[start : start + chunk], targets[start : start + chunk]
-        parts.append(checkpoint(piece, h, t, use_reentrant=False) if grad else piece(h, t))
+        if grad:
+            parts.append(checkpoint(piece, h, t, use_reentrant=False, context_fn=recompute_context))
+        else:
+            parts.append(piece(h, t))
     if not parts:
         empty = hidden.new_zeros(0, dtype=torch.float32)
         return empty, (empty if with_entropy else None)
@@ -160,6 +165,7 @@ class LinearLogSoftmax(torch.autograd.Function):
                     entropy[rows] = log_total - e.mul_(z).sum(-1) / total
         ctx.save_for_backward(h, w, targets, lse)
         ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.emulating = emulating()  # bf16 products on float32 kernels (models/emulated_bf16.py): here too
         ctx.dtypes = (hidden.dtype, weight.dtype)
         ctx.mark_non_differentiable(entropy)
         return chosen, entropy
@@ -172,7 +178,7 @@ class LinearLogSoftmax(torch.autograd.Function):
         grad_h = torch.empty_like(h) if needs_hidden else None
         grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if needs_weight else None
         scale = grad_chosen.float() / ctx.temperature  # d logp_t / d z = (onehot(t) - softmax) / T
-        with torch.autocast(h.device.type, enabled=False):
+        with torch.autocast(h.device.type, enabled=False), emulated_if(ctx.emulating):
             logits = _Logits(h, w, ctx.temperature, ctx.chunk)
             for rows, z in logits:
                 g = z.sub_(lse[rows, None]).exp_().mul_(-scale[rows, None])

@@ -55,6 +55,7 @@ def run_sft(
     resume: dict | None = None,
     prompt_format=None,
     dtype: str = "fp32",
+    cpu_bf16: str = "auto",
 ) -> list[dict[str, float]]:
     """Train `sft.steps` steps on random batches of `rows` (each needs `prompt` and `solution`).
 
@@ -62,8 +63,8 @@ def run_sft(
     two rows that packing leaves this model's log-probs unchanged. Every `sft.checkpoint_every` steps
     the model, optimizer, schedule and data order are saved as `checkpoints/sft_step_N`; `resume` (the
     state of such a checkpoint, with `model` loaded from it) continues from there. `prompt_format`
-    (data.formatting) renders the examples (default: plain text); `dtype` is `model.dtype`
-    (models/precision.py).
+    (data.formatting) renders the examples (default: plain text); `dtype` is `model.dtype` and
+    `cpu_bf16` `model.cpu_bf16` (models/precision.py).
     """
     missing = [i for i, row in enumerate(rows) if not row.get("solution")]
     if missing:
@@ -99,7 +100,7 @@ def run_sft(
             for step in range(start + 1, sft.steps + 1):
                 started = time.perf_counter()
                 batch = rng.sample(rows, min(sft.batch_size, len(rows)))
-                with autocast(model, dtype):  # the backward runs outside: autocast records the casts it needs
+                with autocast(model, dtype, cpu_bf16):  # the backward outside: autocast records its casts
                     loss = _sft_loss(model, tokenizer, batch, pack_sequences, prompt_format)
                 metrics = _sft_step(model, loss, optimizer, scheduler)
                 release_freed_memory()  # reuse within a step, not across (devices/host.py)
