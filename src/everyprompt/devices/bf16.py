@@ -2,7 +2,10 @@
 fast as fp32; without them bf16 is emulated: on an AMD EPYC with AVX2 only, a [512 x 576] x [576 x 1536]
 product took 788 ms in bf16 against 12 ms in fp32 (one thread), so a recipe that trains under bf16
 autocast there (configs/smollm2.yaml) did not finish its first RL step in 20 CPU-minutes. A run that asks
-for bf16 on the CPU measures it once (a 512-wide product, under a second at worst) and says so when it is slow."""
+for bf16 on the CPU measures it once (a 512-wide product, under a second at worst): where it is slow the
+learner computes its bf16 products on float32 kernels (`model.cpu_bf16=auto`, models/emulated_bf16.py), and
+the run warns of the bf16 left on torch's slow kernels (`model.cpu_bf16=native`, the engine's
+`rollout.precision=bf16`)."""
 
 from __future__ import annotations
 
