@@ -1,5 +1,5 @@
-"""Training set-ups side by side: peak memory and step time of full fp32, bf16 autocast, gradient
-checkpointing and LoRA, on the model of the CPU twin (configs/gsm8k-qwen3-moe-cpu.yaml).
+"""Training set-ups side by side: peak memory and step time of full fp32, bf16 autocast (as `auto` computes
+it on this CPU, and on torch's own bf16 kernels), gradient checkpointing and LoRA, on the model of the CPU twin (configs/gsm8k-qwen3-moe-cpu.yaml).
 
 Each set-up runs in a fresh process: the model and optimizer are built, the process's peak-RSS mark is
 reset (Linux /proc/self/clear_refs), then `--steps` training steps (forward, backward, AdamW step) run on
@@ -34,7 +34,8 @@ TWIN = ROOT / "configs" / "gsm8k-qwen3-moe-cpu.yaml"
 FULL = ["model.lora.enabled=false"]  # the twin trains adapters; the full set-ups train every weight
 SETUPS = {
     "fp32": FULL,
-    "bf16": [*FULL, "model.dtype=bf16"],
+    "bf16": [*FULL, "model.dtype=bf16"],  # cpu_bf16 auto: float32 kernels where bf16's are slow
+    "bf16, torch's kernels": [*FULL, "model.dtype=bf16", "model.cpu_bf16=native"],
     "fp32 + checkpointing": [*FULL, "model.gradient_checkpointing=true"],
     "LoRA": ["model.lora.enabled=true"],
     "LoRA + bf16 + checkpointing": [
@@ -85,7 +86,7 @@ def measure(overrides: list[str], batch_size: int, steps: int) -> dict:
     times = []
     for batch in batches:
         started = time.perf_counter()
-        with autocast(model, config.model.dtype):
+        with autocast(model, config.model.dtype, config.model.cpu_bf16):
             loss = _sft_loss(model, tokenizer, batch, True, prompt_format)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -82,7 +82,9 @@ def test_products_torch_would_not_run_in_bf16_are_untouched():
     assert torch.equal(mixed, torch.mm(a.to(torch.bfloat16).float(), b))
     with torch.autocast("cpu", dtype=torch.bfloat16), EmulatedBf16():
         summed = a.sum()  # not a product: autocast's own rule
+        wide = a.double() @ b.double()  # autocast leaves float64 products alone, and so does the mode
     assert summed.dtype == torch.float32
+    assert wide.dtype == torch.float64 and torch.equal(wide, a.double() @ b.double())
 
 
 class _Products(TorchDispatchMode):

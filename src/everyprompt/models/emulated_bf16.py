@@ -87,12 +87,16 @@ def _floating(value) -> bool:
 
 def _runs_in_bf16(func, args, kwargs) -> bool:
     """Whether torch would compute this product in bf16: on the CPU, under bf16 autocast for the products
-    autocast lowers, or with every floating operand bf16 already."""
+    autocast lowers (float32 and bf16 operands; autocast leaves float64 alone), or with every floating
+    operand bf16 already."""
     tensors = [t for t in tree_leaves((args, kwargs)) if _floating(t)]
     if not tensors or any(t.device.type != "cpu" for t in tensors):
         return False
+    if all(t.dtype == BF16 for t in tensors):
+        return True
     autocast_low = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == BF16
-    return (autocast_low and func in AUTOCAST_LOW) or all(t.dtype == BF16 for t in tensors)
+    lowered = all(t.dtype in (torch.float32, BF16) for t in tensors)
+    return autocast_low and func in AUTOCAST_LOW and lowered
 
 
 def emulated(func, args, kwargs):
