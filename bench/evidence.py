@@ -214,6 +214,7 @@ def run(
     workers: int,
     keep_checkpoints: bool = False,
     seed_by_seed: bool = False,
+    only: list[str] | None = None,
 ):
     from rich.console import Console
 
@@ -226,6 +227,9 @@ def run(
         raise SystemExit(
             f"{name} is not run on {setup_name} (docs/evidence.md: {', '.join(comparison.setups)})"
         )
+    unknown = sorted(set(only or []) - set(comparison.arms))
+    if unknown:
+        raise SystemExit(f"{name} has no arm {', '.join(unknown)} (its arms: {', '.join(comparison.arms)})")
     if setup.needs is not None and not setup.needs.exists():
         raise SystemExit(
             f"{setup_name} needs {repo_path(setup.needs)}: `make smollm2` (and `make smollm2-moe`)"
@@ -264,7 +268,8 @@ def run(
         body["arms"].setdefault(arm, {"overrides": recorded, "runs": []})
     root = work / f"{name}-{setup_name}"
     harvest(root, body, fixed, levels, keep_checkpoints)  # cells a killed call finished on this machine
-    for pending, arms in pending_sweeps(body, list(arms_of), seeds, seed_by_seed):
+    wanted = [arm for arm in arms_of if not only or arm in only]
+    for pending, arms in pending_sweeps(body, wanted, seeds, seed_by_seed):
         console.print(f"{name} on {setup_name}: {', '.join(arms)} x seeds {list(pending)}")
         bundle = {arm: arms_of[arm] for arm in arms}
         plan = SweepPlan(read_yaml(config_path), fixed, {}, list(pending), str(config_path), bundle)
@@ -324,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="finish every arm of one seed before the next (a call that may be cut short keeps pairs)",
     )
+    parser.add_argument("--arms", nargs="+", help="run only these arms' missing cells (default: every arm)")
     parser.add_argument("--summary", action="store_true", help="print the recorded contrasts, run nothing")
     parser.add_argument("--readme", action="store_true", help="write the README's claims table, run nothing")
     parser.add_argument(
@@ -364,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         args.workers,
         args.keep_checkpoints,
         args.seed_by_seed,
+        args.arms,
     )
     print(f"wrote {repo_path(path)}")
     return 0

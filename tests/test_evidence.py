@@ -269,6 +269,22 @@ def test_evidence_bench_smoke(tmp_path):
     assert bench.main(argv) == 0
     again = json.loads((tmp_path / "evidence_smoke.json").read_text())
     assert again["comparisons"] == payload["comparisons"]
+    # --arms: one arm's missing cell, the others' left for later
+    assert bench.main([*argv[:5], "--seeds", "2", "--arms", "espo", "--out", str(tmp_path)]) == 0
+    body = json.loads((tmp_path / "evidence_smoke.json").read_text())["comparisons"]["c1"]["setups"]["tiny"]
+    assert {arm: [r["seed"] for r in a["runs"]] for arm, a in body["arms"].items()} == {
+        "ppo-clip": [0, 1],
+        "espo": [0, 1, 2],
+        "gspo": [0, 1],
+    }
+
+
+def test_an_arm_the_comparison_lacks_is_named_before_any_work(tmp_path):
+    bench = _load("evidence")
+    argv = ["--comparison", "c1", "--setup", "tiny", "--tiny", "--arms", "espo", "ppo", "--out", str(tmp_path)]
+    with pytest.raises(SystemExit, match=r"c1 has no arm ppo \(its arms: ppo-clip, espo, gspo\)"):
+        bench.main(argv)
+    assert not (tmp_path / "evidence_runs").exists()
 
 
 @pytest.mark.slow  # an SFT checkpoint, a teacher and three short runs (~1 min)
