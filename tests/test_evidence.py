@@ -281,7 +281,18 @@ def test_evidence_bench_smoke(tmp_path):
 
 def test_an_arm_the_comparison_lacks_is_named_before_any_work(tmp_path):
     bench = _load("evidence")
-    argv = ["--comparison", "c1", "--setup", "tiny", "--tiny", "--arms", "espo", "ppo", "--out", str(tmp_path)]
+    argv = [
+        "--comparison",
+        "c1",
+        "--setup",
+        "tiny",
+        "--tiny",
+        "--arms",
+        "espo",
+        "ppo",
+        "--out",
+        str(tmp_path),
+    ]
     with pytest.raises(SystemExit, match=r"c1 has no arm ppo \(its arms: ppo-clip, espo, gspo\)"):
         bench.main(argv)
     assert not (tmp_path / "evidence_runs").exists()
