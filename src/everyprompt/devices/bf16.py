@@ -20,7 +20,14 @@ SIZE = 512  # smaller products hide it: at 256 bf16 was only 1.6x fp32 on that C
 
 @functools.cache
 def cpu_bf16_slowdown() -> float:
-    """How many times an fp32 matmul a bf16 one takes on this CPU (best of three, square SIZE products)."""
+    """How many times an fp32 matmul a bf16 one takes on this CPU (best of three, square SIZE products),
+    on torch's own kernels wherever it is first asked (not under autocast, nor a torch-function mode such
+    as the learner's bf16 emulation, either of which would measure something else)."""
+    with torch.autocast("cpu", enabled=False), torch._C.DisableTorchFunction():
+        return _slowdown()
+
+
+def _slowdown() -> float:
     generator = torch.Generator().manual_seed(0)
     a, b = torch.randn(SIZE, SIZE, generator=generator), torch.randn(SIZE, SIZE, generator=generator)
     seconds = {}

@@ -73,10 +73,8 @@ def autocast(model: nn.Module, dtype: str, cpu_bf16: str = "auto"):
     if low is None:
         yield
         return
-    with (
-        torch.autocast(device_type=device.type, dtype=low),
-        emulated_if(emulates_bf16(device, dtype, cpu_bf16)),
-    ):
+    emulate = emulates_bf16(device, dtype, cpu_bf16)  # before autocast: `auto` may measure products
+    with torch.autocast(device_type=device.type, dtype=low), emulated_if(emulate):
         yield
 
 
