@@ -113,29 +113,34 @@ def test_the_mode_computes_on_float32_kernels_forward_and_backward():
     assert products.dtypes == [torch.bfloat16]  # the check can fail: without the mode, torch's bf16 kernel
 
 
-@pytest.mark.parametrize("checkpointing", [False, True])
-def test_a_training_step_of_a_model_makes_no_bf16_product(tiny_model, checkpointing):
-    """The fused head's backward and checkpointed layers' recomputation (both in the backward pass,
-    outside the mode) stay on float32 kernels."""
+@pytest.mark.parametrize("variant", ["fused head", "checkpointed head", "gradient checkpointing"])
+def test_a_training_step_of_a_model_makes_no_bf16_product(tiny_model, variant):
+    """What runs in the backward pass, outside the mode, stays on float32 kernels: the fused head's
+    backward (LinearLogSoftmax), the head's checkpointed chunks recomputed (a head with a hook does not
+    fit the fused path) and checkpointed layers recomputed."""
     model, tokenizer = tiny_model
     model.train()
-    if checkpointing:
+    if variant == "checkpointed head":
+        model.get_output_embeddings().register_forward_hook(lambda *_: None)
+    if variant == "gradient checkpointing":
         precision.enable_gradient_checkpointing(model)
     batch = torch.tensor([tokenizer("12+34=46 and 7*8=56").input_ids] * 3)
     with _Products() as products:
-        _loss_and_grads(model, batch, "emulated")
+        _loss_and_grads(model, batch, "emulated", chunk=16)
     assert products.dtypes and set(products.dtypes) == {torch.float32}
     with _Products() as products:
-        _loss_and_grads(model, batch, "native")
+        _loss_and_grads(model, batch, "native", chunk=16)
     assert torch.bfloat16 in products.dtypes  # the check can fail: torch's own bf16 kernels
 
 
-def _loss_and_grads(model, batch, cpu_bf16: str, dtype: str = "bf16"):
+def _loss_and_grads(model, batch, cpu_bf16: str, dtype: str = "bf16", chunk: int = 0):
+    """Log-probs and gradients of `batch`; `chunk` > 0 runs the LM head on chunks of positions, as the
+    trainer does (trainer/head.py), 0 on the model's full logits."""
     from everyprompt.trainer.logprobs import token_logprobs
 
     model.zero_grad(set_to_none=True)
     with autocast(model, dtype, cpu_bf16):
-        logp, _ = token_logprobs(model, batch, pad_id=0)
+        logp, _ = token_logprobs(model, batch, pad_id=0, chunk=chunk)
     (-logp.mean()).backward()
     return logp.detach(), torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
 
