@@ -296,9 +296,8 @@ def pending_sweeps(
     runs its cells seed fastest, arm by arm); no recorded cell is run again. `seed_by_seed`: one sweep per
     seed instead, so that a call stopped early has finished whole seeds, every arm of each (pairs),
     rather than some arms' every seed."""
-    missing = {
-        arm: [s for s in seeds if s not in {r["seed"] for r in body["arms"][arm]["runs"]}] for arm in arms
-    }
+    recorded = {arm: {r["seed"] for r in body["arms"][arm]["runs"]} for arm in arms}
+    missing = {arm: [s for s in seeds if s not in recorded[arm]] for arm in arms}
     if seed_by_seed:
         sweeps = [((seed,), [arm for arm in arms if seed in missing[arm]]) for seed in seeds]
         return [(seed, wanting) for seed, wanting in sweeps if wanting]

@@ -171,10 +171,10 @@ def describe(row: dict) -> str:
     """A trainer's step in a line: its median and memory, then where its time went: every phase and engine
     figure the trainer reports (everyprompt's `medians`), else the phases it was timed by (TRL's)."""
     line = f"{row['step_s']:.2f} s a step, peak {row['peak_rss_bytes'] / 2**30:.2f} GiB"
-    figures = row.get("medians") or {
-        key: row[key] for key in ("generate_s",) if isinstance(row.get(key), float)
-    }
-    return line + "".join(f"\n    {key}: {value:.4g}" for key, value in sorted(figures.items()))
+    figures = row.get("medians")
+    if not figures and isinstance(row.get("generate_s"), float):
+        figures = {"generate_s": row["generate_s"]}
+    return line + "".join(f"\n    {key}: {value:.4g}" for key, value in sorted((figures or {}).items()))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Training set-ups side by side: peak memory and step time of full fp32, bf16 autocast (as `auto` computes
-it on this CPU, and on torch's own bf16 kernels), gradient checkpointing and LoRA, on the model of the CPU twin (configs/gsm8k-qwen3-moe-cpu.yaml).
+it on this CPU, and on torch's own bf16 kernels), gradient checkpointing and LoRA, on the model of the CPU
+twin (configs/gsm8k-qwen3-moe-cpu.yaml).
 
 Each set-up runs in a fresh process: the model and optimizer are built, the process's peak-RSS mark is
 reset (Linux /proc/self/clear_refs), then `--steps` training steps (forward, backward, AdamW step) run on

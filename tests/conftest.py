@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # tests never reach the Hub: a test that needs a Hub id builds a cache
 if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker per core (`make test`): one thread each, children too
@@ -167,3 +168,16 @@ def offline_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     return cache
+
+
+class ProductDtypes(TorchDispatchMode):
+    """Records the dtype of every matrix product that reaches torch's kernels."""
+
+    def __init__(self):
+        super().__init__()
+        self.dtypes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm):
+            self.dtypes.append(args[0].dtype)
+        return func(*args, **(kwargs or {}))

@@ -32,20 +32,9 @@ def test_the_settings_that_put_bf16_on_the_cpu():
 def test_the_slowdown_is_measured_on_torchs_own_kernels_wherever_it_is_first_asked():
     """Asked first under bf16 autocast and the learner's emulation (as a training forward may ask it),
     the measurement still multiplies an fp32 pair and a bf16 pair on torch's kernels."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from everyprompt.models.emulated_bf16 import EmulatedBf16
+    from tests.conftest import ProductDtypes
 
-    class Products(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.dtypes = set()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func.overloadpacket is torch.ops.aten.mm:
-                self.dtypes.add(args[0].dtype)
-            return func(*args, **(kwargs or {}))
-
-    with Products() as products, torch.autocast("cpu", dtype=torch.bfloat16), EmulatedBf16():
+    with ProductDtypes() as products, torch.autocast("cpu", dtype=torch.bfloat16), EmulatedBf16():
         slowdown = cpu_bf16_slowdown.__wrapped__()
-    assert products.dtypes == {torch.float32, torch.bfloat16} and slowdown > 0
+    assert set(products.dtypes) == {torch.float32, torch.bfloat16} and slowdown > 0

@@ -7,13 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from everyprompt.config import ConfigError
 from everyprompt.models import precision
 from everyprompt.models.emulated_bf16 import EmulatedBf16
 from everyprompt.models.precision import autocast, emulates_bf16
-from tests.conftest import tiny_config
+from tests.conftest import ProductDtypes, tiny_config
 
 ULP = 2.0**-7  # one bf16 unit in the last place, relative to the value (8 significant bits)
 
@@ -87,28 +86,15 @@ def test_products_torch_would_not_run_in_bf16_are_untouched():
     assert wide.dtype == torch.float64 and torch.equal(wide, a.double() @ b.double())
 
 
-class _Products(TorchDispatchMode):
-    """Records the dtype of every matrix product that reaches torch's kernels."""
-
-    def __init__(self):
-        super().__init__()
-        self.dtypes = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm):
-            self.dtypes.append(args[0].dtype)
-        return func(*args, **(kwargs or {}))
-
-
 def test_the_mode_computes_on_float32_kernels_forward_and_backward():
     """What makes it fast: no product reaches torch in bf16 (counted at the dispatcher)."""
     x, w = (t.requires_grad_() for t in _operands((16, 96), (64, 96)))
-    with _Products() as products:
+    with ProductDtypes() as products:
         with torch.autocast("cpu", dtype=torch.bfloat16), EmulatedBf16():
             y = F.linear(x, w)
         y.float().sum().backward()
     assert len(products.dtypes) == 3 and set(products.dtypes) == {torch.float32}, products.dtypes
-    with _Products() as products, torch.autocast("cpu", dtype=torch.bfloat16):
+    with ProductDtypes() as products, torch.autocast("cpu", dtype=torch.bfloat16):
         F.linear(x, w)
     assert products.dtypes == [torch.bfloat16]  # the check can fail: without the mode, torch's bf16 kernel
 
@@ -125,10 +111,10 @@ def test_a_training_step_of_a_model_makes_no_bf16_product(tiny_model, variant):
     if variant == "gradient checkpointing":
         precision.enable_gradient_checkpointing(model)
     batch = torch.tensor([tokenizer("12+34=46 and 7*8=56").input_ids] * 3)
-    with _Products() as products:
+    with ProductDtypes() as products:
         _loss_and_grads(model, batch, "emulated", chunk=16)
     assert products.dtypes and set(products.dtypes) == {torch.float32}
-    with _Products() as products:
+    with ProductDtypes() as products:
         _loss_and_grads(model, batch, "native", chunk=16)
     assert torch.bfloat16 in products.dtypes  # the check can fail: torch's own bf16 kernels
 

@@ -148,7 +148,8 @@ class EmulatedBf16(TorchFunctionMode):
         return super().__exit__(*exc)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = dict(kwargs or {})
+        # every torch call of a training forward comes through here: only products pay for more than a lookup
+        kwargs = kwargs or {}
         if func in PRODUCTS and _runs_in_bf16(func, args, kwargs):
-            return emulated(func, args, kwargs)
+            return emulated(func, args, dict(kwargs))
         return func(*args, **kwargs)
