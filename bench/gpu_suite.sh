@@ -202,9 +202,13 @@ if [ "$MODE" = evidence ]; then
   # the runs the machine has time for: the bench records each finished cell, and on the time limit's
   # SIGTERM it stops its cells and saves what finished (a cell cut short is lost: the machine is bare at
   # its next start)
-  cp bench/results/evidence.json "$RESULTS/evidence.json"
+  # its runs in a folder of the checkout, so that the records name them relative to it (results JSON name
+  # no machine paths; $OUT lies outside the checkout), and the files it writes copied into $RESULTS
+  work=bench/results/gpu-evidence
+  rm -rf "$work" && mkdir -p "$work" && cp bench/results/evidence.json "$work/evidence.json"
   # shellcheck disable=SC2086
-  step evidence $((BUDGET_S - SECONDS - 5)) "$PY" bench/evidence.py $EVIDENCE_ARGS --out "$RESULTS"
+  step evidence $((BUDGET_S - SECONDS - 5)) "$PY" bench/evidence.py $EVIDENCE_ARGS --out "$work"
+  cp "$work"/evidence*.json "$RESULTS/"
   finish "evidence in $RESULTS/evidence.json ($SECONDS s)"
 fi
 made() {  # made KIND: the model directory the models step printed as `KIND PATH`

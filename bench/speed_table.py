@@ -33,13 +33,15 @@ def model_results(folder: Path = RESULTS, device: str = "cpu") -> list[dict]:
     return sorted(found, key=lambda p: (p["parameters"], p["model"]))
 
 
-def rl_step_results(folder: Path = RESULTS) -> list[dict]:
-    """The RL-step benchmark results (both trainers measured) in `folder`, by model."""
+def rl_step_results(folder: Path = RESULTS, device: str = "cpu") -> list[dict]:
+    """The RL-step benchmark results (both trainers measured) in `folder` measured on `device` (its type:
+    the README's table is the CPU's; a GPU's are in docs/gpu.md), by model."""
     found = [json.loads(path.read_text()) for path in sorted(folder.glob("rl_step_*.json"))]
     return [
         p
         for p in found
         if p.get("benchmark") == "rl_step"
+        and p.get("everyprompt", {}).get("device", "cpu").split(":")[0] == device
         and "step_ratio" in p
         and p.get("trl_allocator") != KEPT
         and p.get("trl_micro_batch") == "matched"

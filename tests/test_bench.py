@@ -428,6 +428,8 @@ def test_the_readme_speed_table_is_the_one_the_results_give():
     gpu = bench.model_results(device="cuda")  # the H100's eager run, the H200's with graphs (dense, MoE)
     assert [r["device"] for r in gpu] == ["cuda:0"] * 3
     assert sorted(bool(r.get("graphs")) for r in gpu) == [False, True, True]
+    assert {r["everyprompt"].get("device", "cpu") for r in bench.rl_step_results()} == {"cpu"}
+    assert [r["everyprompt"]["device"] for r in bench.rl_step_results(device="cuda")] == ["cuda:0"]  # H200
 
 
 def test_rl_step_decodes_in_trls_arithmetic_and_the_table_keeps_that_comparison(tmp_path):

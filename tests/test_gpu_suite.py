@@ -7,6 +7,7 @@ import importlib
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -87,6 +88,13 @@ def test_the_gpu_suites_evidence_mode_runs_the_bench_it_is_given(tmp_path):
         "espo": [0],
         "gspo": [0],
     }
+    # its records name their runs relative to the checkout (the suite's $OUT lies outside it)
+    assert all(
+        r["run_dir"].startswith("bench/results/gpu-evidence/")
+        for a in body["arms"].values()
+        for r in a["runs"]
+    )
+    shutil.rmtree(ROOT / "bench" / "results" / "gpu-evidence")  # the runs' scratch folder in the checkout
     # the committed file came along, whole: the device's copy adds records to it
     assert json.loads((out / "evidence.json").read_text()) == json.loads(
         (ROOT / "bench" / "results" / "evidence.json").read_text()
