@@ -74,6 +74,8 @@ def run_probe(script: str | Path, flag: str, arguments: list, env: dict | None =
         raise ProbeFailed(
             f"{Path(script).name} {flag} {arguments} failed ({how}):\n{done.stderr[-4000:]}", how
         )
+    if done.stderr.strip():  # what the probe warned of (a CUDA-graph capture that failed, say) is shown
+        sys.stderr.write(done.stderr[-4000:])
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

@@ -710,3 +710,19 @@ def test_paths_are_written_relative_to_the_checkout_they_lie_in(tmp_path):
     assert common.repo_override(f"model.path={run}") == "model.path=bench/results/evidence_runs/cell"
     assert common.repo_override("rl.steps=30") == "rl.steps=30"
     assert _machine_paths({"fixed": [f"model.path={run}"], "n": 3}) == [f"model.path={run}"]
+
+
+def test_a_probe_returns_its_json_and_shows_what_it_warned_of(tmp_path, capsys):
+    common = _load("common")
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import json, sys\n"
+        "print('a capture failed', file=sys.stderr)\n"
+        "print(json.dumps({'flag': sys.argv[1], 'arguments': json.loads(sys.argv[2])}))\n"
+    )
+    assert common.run_probe(script, "--probe", [1, "a"]) == {"flag": "--probe", "arguments": [1, "a"]}
+    assert "a capture failed" in capsys.readouterr().err
+    script.write_text("import sys\nprint('it broke', file=sys.stderr)\nsys.exit(3)\n")
+    with pytest.raises(common.ProbeFailed, match="exit 3") as failed:
+        common.run_probe(script, "--probe", [])
+    assert "it broke" in str(failed.value)

@@ -109,15 +109,17 @@ class Completion:
 
 
 # an engine's per-call figures that add up over the calls of a step (the native engine's CUDA graphs), where
-# an engine reports them: summed by the step's tally and by the Ray engine over its workers
-SUMMED_STATS = ("graph_replays", "graph_captures", "graph_capture_s")
+# an engine reports them: summed by the step's tally and by the Ray engine over its workers; and the flags
+# that hold for a step if they hold for any of its calls (a capture that failed: its steps ran eagerly)
+SUMMED_STATS = ("graph_replays", "graph_eager_steps", "graph_captures", "graph_capture_s")
+FLAG_STATS = ("graph_failed",)
 
 
 def summed_stats(calls: list[dict[str, float]]) -> dict[str, float]:
-    """The `SUMMED_STATS` the calls report, each added up over them."""
-    return {
-        name: sum(c.get(name, 0.0) for c in calls) for name in SUMMED_STATS if any(name in c for c in calls)
-    }
+    """The `SUMMED_STATS` the calls report, each added up over them, and the `FLAG_STATS`, the largest."""
+    reported = [name for name in (*SUMMED_STATS, *FLAG_STATS) if any(name in c for c in calls)]
+    combine = {name: (max if name in FLAG_STATS else sum) for name in reported}
+    return {name: float(combine[name](c.get(name, 0.0) for c in calls)) for name in reported}
 
 
 def call_stats(clock: dict[str, float], wall: float, slots: int) -> dict[str, float]:
