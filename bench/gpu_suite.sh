@@ -27,7 +27,7 @@
 #            generating with transformers: vLLM cannot be installed on these machines)
 #   moe      the decode bench on the 8-expert upcycle
 #   learner  one learner update of the recipe profiled (bench/learner_profile.py: its top operators by
-#            device time, its host syncs)
+#            device time, its host syncs), with torch's attention backends and again without cuDNN's
 #   test-gpu make test-gpu (pytest -m gpu)
 # Results: OUT (default $OUT where the device tool sets it, else bench/results/gpu), one JSON per bench; the
 # logs end up in one archive, logs.tar.gz (the device tool brings back at most 8 files a call).
@@ -224,8 +224,8 @@ step dense 150 "${BENCH[@]}" --model "$DENSE_MODEL"
 step rl_step 240 "$PY" bench/rl_step.py --model "$DENSE_MODEL" --config "$CONFIG" --steps "$STEPS" \
   --trainers "$TRAINERS" "${RECIPE[@]}" --out "$RESULTS"
 step test-gpu 120 "${TEST_GPU[@]}"
-step learner 90 "$PY" bench/learner_profile.py --model "$DENSE_MODEL" --config "$CONFIG" --updates "$UPDATES" \
-  "${LEARNER[@]}" --out "$RESULTS"
+step learner 150 "$PY" bench/learner_profile.py --model "$DENSE_MODEL" --config "$CONFIG" --updates "$UPDATES" \
+  --attention default,no-cudnn "${LEARNER[@]}" --out "$RESULTS"
 step moe 120 "${BENCH[@]}" --model "$MOE_MODEL"
 
 finish "$FAILED step(s) failed; results in $RESULTS ($SECONDS s)"

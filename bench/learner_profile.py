@@ -6,6 +6,11 @@ the last is profiled: its operators by their own device time (self CUDA time on 
 and the host syncs it made (CUDA's stream, event and device synchronisations and device-to-host copies,
 counted from the profiler's runtime events). The GPU suite runs it (bench/gpu_suite.sh).
 
+`--attention default,no-cudnn` profiles the update again with torch's attention backends restricted
+(`ATTENTION`; the first is the result, the others go under `variants`): on an H200, cuDNN's attention took
+1.7-2.0 ms of host time a call in a 0.75 s update whose GPU work was 86 ms (docs/gpu.md), and whether
+another backend does better is for a GPU to say.
+
     python bench/learner_profile.py --model models/smollm2-135m-instruct
     python bench/learner_profile.py --model DIR --config configs/demo.yaml --updates 2   # smoke
 
@@ -25,9 +30,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import recipe_parser, repo_path, write_results  # noqa: E402
 
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+# the learner's attention backends: torch's own choice, or every backend but cuDNN's (its graph is built for
+# each new shape, and a packed micro-batch's width changes from one to the next)
+ATTENTION = {"default": None, "no-cudnn": ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")}
 
 
-def profile_update(config_path: Path, overrides: list[str], updates: int, run_dir: Path) -> tuple[dict, str]:
+def attention_backends(name: str):
+    """The context an update of `name` (an `ATTENTION` key) runs in."""
+    import contextlib
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backends = ATTENTION[name]
+    return contextlib.nullcontext() if backends is None else sdpa_kernel([getattr(SDPBackend, b) for b in backends])
+
+
+def profile_update(
+    config_path: Path, overrides: list[str], updates: int, run_dir: Path, attention: str = "default"
+) -> tuple[dict, str]:
     from torch.profiler import ProfilerActivity, profile
 
     from everyprompt.config import load_config
@@ -49,11 +69,12 @@ def profile_update(config_path: Path, overrides: list[str], updates: int, run_di
         for batch in batches[:-1]:
             synchronize(device)
             began = time.perf_counter()
-            trainer.learner.update(batch)
+            with attention_backends(attention):
+                trainer.learner.update(batch)
             synchronize(device)
             times.append(time.perf_counter() - began)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        with profile(activities=activities) as prof:
+        with profile(activities=activities) as prof, attention_backends(attention):
             trainer.learner.update(batches[-1])
             synchronize(device)
     finally:
@@ -70,6 +91,7 @@ def profile_update(config_path: Path, overrides: list[str], updates: int, run_di
     last = batches[-1]
     result = {
         "device": str(device),
+        "attention": attention,
         "update_s": statistics.median(times[1:]) if len(times) > 1 else times[0],
         "update_s_all": times,
         "sequences": len(last),
@@ -105,23 +127,44 @@ def synchronize(device) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = recipe_parser(__doc__)
     parser.add_argument("--updates", type=int, default=3, help="timed updates before the profiled one")
+    parser.add_argument(
+        "--attention",
+        default="default",
+        help=f"attention backends, comma-separated, each profiled in turn: {', '.join(ATTENTION)}",
+    )
     args = parser.parse_args(argv)
     if args.model is None or not args.model.exists():
         parser.error(f"--model {args.model}: no such checkpoint directory")
-    with tempfile.TemporaryDirectory() as run_dir:
-        result, table = profile_update(
-            args.config, [f"model.path={args.model}", *args.set], args.updates, Path(run_dir)
-        )
+    names = args.attention.split(",")
+    unknown = [name for name in names if name not in ATTENTION]
+    if unknown:
+        parser.error(f"--attention {', '.join(unknown)}: expected some of {', '.join(ATTENTION)}")
+    profiles = {}
+    for name in names:
+        with tempfile.TemporaryDirectory() as run_dir:
+            profiles[name] = profile_update(
+                args.config, [f"model.path={args.model}", *args.set], args.updates, Path(run_dir), name
+            )
+    result, table = profiles[names[0]]
+    result["variants"] = {name: summary(profiles[name][0]) for name in names[1:]}
     result.update(model=repo_path(args.model), config=repo_path(args.config), overrides=args.set)
     name = args.model.name.removesuffix(".gguf")
     out = write_results(args.out / f"learner_profile_{name}.json", result)
     out.with_suffix(".txt").write_text(table)
     print(table)
+    for name in names:
+        print(f"{name}: {summary(profiles[name][0])}")
     print(
         f"update {result['update_s']:.3f} s on {result['device']} ({result['sequences']} sequences, "
         f"{result['tokens']} tokens); host syncs {result['host_syncs']}; wrote {repo_path(out)}"
     )
     return 0
+
+
+def summary(result: dict) -> dict:
+    """A profile's headline figures: the update's seconds, its host syncs, its top operators by name."""
+    top = {op["op"][:60]: round(op["self_ms"], 3) for op in result["top_ops"][:8]}
+    return {"update_s": result["update_s"], "host_syncs": result["host_syncs"], "top_self_ms": top}
 
 
 if __name__ == "__main__":

@@ -58,6 +58,7 @@ def test_the_gpu_suite_runs_every_step_on_tiny_models(tmp_path):
     assert rl["everyprompt"]["step_s"] > 0
     learner = json.loads((out / "learner_profile_tiny-dense.json").read_text())
     assert learner["update_s"] > 0 and learner["top_ops"] and learner["device"] == "cpu"
+    assert learner["attention"] == "default" and learner["variants"]["no-cudnn"]["update_s"] > 0
     assert (out / "learner_profile_tiny-dense.txt").stat().st_size > 0
     assert "gpu_suite: 0 step(s) failed" in done.stdout
     # what a device call brings back: at most 8 files, the logs packed as one
@@ -154,6 +155,28 @@ def test_the_gpu_suite_runs_only_the_steps_named(tmp_path):
     assert steps["models"][-1] == "--dense-only"  # no MoE bench, no upcycle to write
     assert "--dense-only" not in _dry_run("--only", "moe", "--out", str(tmp_path))["models"]
     assert "--dense-only" not in _dry_run("--out", str(tmp_path))["models"]
+
+
+def test_the_learner_profile_restricts_the_attention_backends_it_is_asked_to():
+    import torch
+    import torch.nn.functional as F
+
+    profile_bench = _load("learner_profile")
+    q = torch.randn(1, 2, 8, 16)
+    mask = torch.ones(8, 8, dtype=torch.bool).tril()
+    expected = F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+    with profile_bench.attention_backends("no-cudnn"):
+        torch.testing.assert_close(F.scaled_dot_product_attention(q, q, q, attn_mask=mask), expected)
+    with profile_bench.attention_backends("default"):  # torch's own choice: no restriction
+        torch.testing.assert_close(F.scaled_dot_product_attention(q, q, q, attn_mask=mask), expected)
+    # the restriction is real: with only cuDNN's backend allowed, a CPU has none to run
+    with (
+        pytest.raises(RuntimeError),
+        torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.CUDNN_ATTENTION]),
+    ):
+        F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+    with pytest.raises(SystemExit):
+        profile_bench.main(["--model", str(ROOT), "--attention", "default,no-flash"])
 
 
 def test_the_learner_profile_ranks_a_gpu_by_a_time_its_profiler_reports():
