@@ -42,7 +42,11 @@ def attention_backends(name: str):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     backends = ATTENTION[name]
-    return contextlib.nullcontext() if backends is None else sdpa_kernel([getattr(SDPBackend, b) for b in backends])
+    return (
+        contextlib.nullcontext()
+        if backends is None
+        else sdpa_kernel([getattr(SDPBackend, b) for b in backends])
+    )
 
 
 def profile_update(
