@@ -169,4 +169,13 @@ COMPARISONS["c6-smollm2"] = Comparison(
     seeds=(0,),
     teacher=True,
 )
+# its confirmation (registered 2026-11-28, after the one seed and before these runs): the same arms on six
+# new seeds, distill - GRPO judged
+COMPARISONS["c6-smollm2-confirm"] = replace(
+    COMPARISONS["c6-smollm2"],
+    title="on-policy distillation against GRPO on SmolLM2, confirmation on seeds 1-6",
+    judged=("distill",),
+    reported=(),
+    seeds=(1, 2, 3, 4, 5, 6),
+)
 TEACHER_SEED = 100

@@ -203,9 +203,11 @@ if [ "$MODE" = evidence ]; then
   # SIGTERM it stops its cells and saves what finished (a cell cut short is lost: the machine is bare at
   # its next start)
   # its runs in a folder of the checkout, so that the records name them relative to it (results JSON name
-  # no machine paths; $OUT lies outside the checkout), and the files it writes copied into $RESULTS
+  # no machine paths; $OUT lies outside the checkout), and the files it writes copied into $RESULTS; the
+  # folder stays on a warm machine, so that a later call reuses its teacher and records the cells an
+  # earlier one finished (the evidence file itself is the carried one)
   work=bench/results/gpu-evidence
-  rm -rf "$work" && mkdir -p "$work" && cp bench/results/evidence.json "$work/evidence.json"
+  mkdir -p "$work" && cp bench/results/evidence.json "$work/evidence.json"
   # shellcheck disable=SC2086
   step evidence $((BUDGET_S - SECONDS - 5)) "$PY" bench/evidence.py $EVIDENCE_ARGS --out "$work"
   cp "$work"/evidence*.json "$RESULTS/"
