@@ -5,6 +5,7 @@
     python bench/evidence.py --summary                         # the contrasts and verdicts so far
     python bench/evidence.py --rejudge                         # the file's contrasts, under the rules in force
     python bench/evidence.py --readme                          # the README's claims table from the file
+    python bench/evidence.py --merge GPU/evidence.json         # the runs another copy recorded, added
     python bench/evidence.py --comparison c1 --setup tiny --tiny --seeds 0 1   # a smoke run, in seconds
 
 A run is recorded in bench/results/evidence.json (its held-out figures and a few training figures) when
@@ -288,6 +289,23 @@ def run(
     console.print(summary(payload))
 
 
+def merge_file(path: Path, other: Path) -> int:
+    """`--merge`: `other`'s runs that `path` lacks added to it, every contrast rejudged; exit 2, naming the
+    file and what conflicts, with nothing changed."""
+    from evidence_merge import MergeConflict, merge_from
+
+    with _locked(path):
+        payload = load(path)
+        try:
+            added = merge_from(payload, other)
+        except MergeConflict as err:
+            print(f"--merge {other}: nothing merged: {err}", file=sys.stderr)
+            return 2
+        _write(path, payload, payload.get("smoke", False))
+    print(f"merged {len(added)} run(s) from {other} into {repo_path(path)}: {', '.join(added) or 'none new'}")
+    return 0
+
+
 def pending_sweeps(
     body: dict, arms: list[str], seeds: list[int], seed_by_seed: bool = False
 ) -> list[tuple[tuple[int, ...], list[str]]]:
@@ -334,6 +352,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--rejudge", action="store_true", help="recompute the file's contrasts under the rules in force"
     )
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        metavar="FILE",
+        help="add the runs FILE records and this file lacks, run nothing",
+    )
     parser.add_argument("--tiny", action="store_true", help="a smoke run on a 2-layer model (its own file)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument(
@@ -351,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
             _write(path, load(path), load(path).get("smoke", False))
         print(f"rejudged {repo_path(path)}")
         return 0
+    if args.merge:
+        return merge_file(path, args.merge)
     if args.readme:
         write_readme(load(path))
         print("wrote the claims table into README.md")
