@@ -420,6 +420,7 @@ def test_a_graph_whose_first_replay_disagrees_with_the_eager_step_is_not_trusted
     with caplog.at_level(logging.WARNING, logger="everyprompt.rollout.native.graphs"):
         graphs.run("sample", "key", 3, body, lambda size: [out[:size]])
     assert graphs.failure is not None and "first replay wrote other values" in graphs.failure
+    assert "output 0 (int64, [4]): 1 of 4 values differ" in graphs.failure  # the bucket of 4 rows
     assert graphs.graphs == 0 and torch.equal(out, torch.arange(4))  # the step ran eagerly after all
     assert graphs.stats()["graph_eager_steps"] == 1 and "decoding without CUDA graphs" in caplog.text
 
@@ -431,3 +432,13 @@ def test_a_graph_whose_first_replay_disagrees_with_the_eager_step_is_not_trusted
     trusted = StepGraphs((1, 2, 4), capture=True)
     trusted.run("sample", "key", 3, body, lambda size: [out[:size]])
     assert trusted.failure is None and trusted.graphs == 1 and trusted.stats()["graph_captures"] == 1
+
+
+def test_a_capture_failure_says_which_output_differed_and_by_how_much():
+    from everyprompt.rollout.native.graphs import _disagreement
+
+    floats = _disagreement(1, torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.5]))
+    assert floats == "output 1 (float32, [2]): largest difference 0.5"
+    halves = _disagreement(0, torch.tensor([8.0, 16.0], dtype=torch.bfloat16), torch.tensor([8.0, 16.125]))
+    assert halves == "output 0 (bfloat16, [2]): largest difference 0.125"
+    assert "inf" in _disagreement(0, torch.tensor([float("nan")]), torch.tensor([1.0]))

@@ -53,6 +53,16 @@ def _agree(got: torch.Tensor, expected: torch.Tensor) -> bool:
     return torch.allclose(got, expected, atol=1e-3, rtol=1e-3, equal_nan=True)
 
 
+def _disagreement(index: int, got: torch.Tensor, expected: torch.Tensor) -> str:
+    """How output `index` of a graph's first replay differs from the eager step's (a capture failure's
+    message: which output, its dtype and shape, and by how much)."""
+    where = f"output {index} ({str(got.dtype).removeprefix('torch.')}, {list(got.shape)})"
+    if not got.is_floating_point():
+        return f"{where}: {int((got != expected).sum())} of {got.numel()} values differ"
+    gap = (got.double() - expected.double()).abs().nan_to_num(nan=float("inf"))
+    return f"{where}: largest difference {float(gap.max()):.3g}"
+
+
 class StepGraphs:
     """The graphs of one engine: `run(phase, key, rows, body)` runs `body(bucket)` for a step of `rows`
     rows, replayed from its graph when it has one. `capture=False` runs every body eagerly (the CPU's
@@ -126,9 +136,15 @@ class StepGraphs:
             with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 body(size)
             graph.replay()
-            if not all(_agree(a, b) for a, b in zip(outputs(size), eager)):
+            differ = [
+                _disagreement(i, a, b)
+                for i, (a, b) in enumerate(zip(outputs(size), eager))
+                if not _agree(a, b)
+            ]
+            if differ:
                 raise RuntimeError(
-                    "its first replay wrote other values than the eager step on the same inputs"
+                    "its first replay wrote other values than the eager step on the same inputs: "
+                    + "; ".join(differ)
                 )
         except Exception as err:  # noqa: BLE001 (any capture failure: the step runs eagerly instead)
             first_line = (str(err).strip().splitlines() or [""])[0]
