@@ -28,8 +28,6 @@ it saves, under a lock, atomically.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -40,7 +38,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import RESULTS, repo_override, repo_path, write_results  # noqa: E402
+from common import RESULTS, repo_override, repo_path  # noqa: E402
+from evidence_file import _locked, _write, load, merge_file, save  # noqa: E402, F401
 from evidence_plan import COMPARISONS, SETUPS, TEACHER_SEED, Comparison, Setup  # noqa: E402
 from evidence_verdicts import README, claims_table, contrasts, readme_section, write_readme  # noqa: E402, F401
 
@@ -125,50 +124,6 @@ def record_of(arm: str, seed: int, run_dir: Path, seconds: float, levels: list[i
         },
         "distill_reverse_kl_first_last": [taught[0], taught[-1]] if taught else None,
     }
-
-
-def load(path: Path) -> dict:
-    if path.is_file():
-        return json.loads(path.read_text())
-    return {"benchmark": "evidence", "preregistration": "docs/evidence.md", "comparisons": {}}
-
-
-def save(path: Path, payload: dict, smoke: bool, name: str, setup_name: str) -> dict:
-    """Write `payload`'s records of comparison `name` on `setup_name` into the file as it is now, under a
-    lock, with every contrast recomputed (a smoke run's file says it is one), so that calls running other
-    comparisons at the same time keep each other's records; the payload written."""
-    with _locked(path):
-        mine = payload["comparisons"][name]
-        payload = load(path)
-        entry = payload["comparisons"].setdefault(name, {"title": mine["title"], "setups": {}})
-        entry["setups"][setup_name] = mine["setups"][setup_name]
-        _write(path, payload, smoke)
-    return payload
-
-
-@contextlib.contextmanager
-def _locked(path: Path):
-    """An exclusive lock on a file beside `path`, held while it is read and rewritten."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(f".{path.name}.lock"), "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _write(path: Path, payload: dict, smoke: bool) -> None:
-    from everyprompt.report.stats import RULES
-
-    for name, entry in payload["comparisons"].items():
-        entry["title"] = COMPARISONS[name].title  # the plan's, should it have been reworded
-        for setup_name, body in entry["setups"].items():
-            body["contrasts"] = contrasts(COMPARISONS[name], setup_name, body["arms"])
-            body["seeds"] = list(COMPARISONS[name].seeds_on(setup_name))
-    payload["rules"] = {key: f"{rule.name} ({rule.since})" for key, rule in RULES.items()}
-    payload["smoke"] = smoke
-    write_results(path, payload)
 
 
 # ---------------------------------------------------------------- running what is missing
@@ -287,23 +242,6 @@ def run(
         harvest(root, body, fixed, levels, keep_checkpoints)
     payload = save(path, payload, smoke, name, setup_name)
     console.print(summary(payload))
-
-
-def merge_file(path: Path, other: Path) -> int:
-    """`--merge`: `other`'s runs that `path` lacks added to it, every contrast rejudged; exit 2, naming the
-    file and what conflicts, with nothing changed."""
-    from evidence_merge import MergeConflict, merge_from
-
-    with _locked(path):
-        payload = load(path)
-        try:
-            added = merge_from(payload, other)
-        except MergeConflict as err:
-            print(f"--merge {other}: nothing merged: {err}", file=sys.stderr)
-            return 2
-        _write(path, payload, payload.get("smoke", False))
-    print(f"merged {len(added)} run(s) from {other} into {repo_path(path)}: {', '.join(added) or 'none new'}")
-    return 0
 
 
 def pending_sweeps(
