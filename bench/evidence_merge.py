@@ -5,62 +5,81 @@ this file lacks are added, a run both have must be the same record, and nothing 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
+
+from evidence_plan import COMPARISONS
 
 
 class MergeConflict(ValueError):
-    """Two files hold different records of one run."""
+    """The other file cannot be merged: unreadable, smoke runs, or runs that contradict this file's."""
+
+
+def _setups(payload: dict) -> Iterator[tuple[str, str, dict]]:
+    for name, entry in payload.get("comparisons", {}).items():
+        for setup_name, body in entry.get("setups", {}).items():
+            yield name, setup_name, body
+
+
+def _runs(payload: dict) -> Iterator[tuple[tuple[str, str, str, int], dict]]:
+    """Every run `payload` records, keyed by (comparison, set-up, arm, seed)."""
+    for name, setup_name, body in _setups(payload):
+        for arm, held in body.get("arms", {}).items():
+            for record in held.get("runs", []):
+                yield (name, setup_name, arm, record["seed"]), record
+
+
+def _conflicts(ours: dict, theirs: dict) -> list[str]:
+    """What keeps `theirs` out of `ours`: comparisons the plan does not have, and set-ups or arms both files
+    hold that ran with other settings (fixed overrides, an arm's own)."""
+    problems = [
+        f"{name}: no such comparison in the plan" for name, _, _ in _setups(theirs) if name not in COMPARISONS
+    ]
+    mine = {(name, setup_name): body for name, setup_name, body in _setups(ours)}
+    for name, setup_name, body in _setups(theirs):
+        held = mine.get((name, setup_name))
+        if held is None:
+            continue
+        if held.get("fixed") and body.get("fixed") != held["fixed"]:
+            problems.append(
+                f"{name}/{setup_name}: fixed settings {body.get('fixed')} against {held['fixed']}"
+            )
+        for arm, runs in body.get("arms", {}).items():
+            other = held.get("arms", {}).get(arm)
+            if other is not None and other.get("overrides") != runs.get("overrides"):
+                problems.append(
+                    f"{name}/{setup_name}/{arm}: overrides {runs.get('overrides')} against {other['overrides']}"
+                )
+    return problems
 
 
 def merge(ours: dict, theirs: dict) -> list[str]:
     """Add to `ours` (an evidence payload) every run `theirs` records that `ours` lacks, with the arm's
     overrides and the set-up's fixed settings and teacher where `ours` has none; the runs added, as
-    `comparison/set-up/arm seed N`. MergeConflict, before any change, when a run both record differs or
-    when the same arm ran with other settings."""
+    `comparison/set-up/arm seed N`. MergeConflict, before any change, when `theirs` holds smoke runs, a
+    comparison the plan lacks, a run both record differently, or an arm both ran with other settings."""
     if theirs.get("smoke") and not ours.get("smoke"):
         raise MergeConflict("the other file holds smoke runs (--tiny); they do not go into the real record")
-    additions: list[tuple[str, str, str, dict]] = []
-    problems: list[str] = []
-    for name, entry in theirs.get("comparisons", {}).items():
-        mine_entry = ours.get("comparisons", {}).get(name, {})
-        for setup_name, body in entry.get("setups", {}).items():
-            mine = mine_entry.get("setups", {}).get(setup_name)
-            where = f"{name}/{setup_name}"
-            if mine is not None and mine.get("fixed") and body.get("fixed") != mine.get("fixed"):
-                problems.append(f"{where}: fixed settings {body.get('fixed')} against {mine.get('fixed')}")
-            for arm, runs in body.get("arms", {}).items():
-                held = (mine or {}).get("arms", {}).get(arm)
-                if held is not None and held.get("overrides") != runs.get("overrides"):
-                    problems.append(
-                        f"{where}/{arm}: overrides {runs.get('overrides')} against {held['overrides']}"
-                    )
-                by_seed = {r["seed"]: r for r in (held or {}).get("runs", [])}
-                for record in runs.get("runs", []):
-                    known = by_seed.get(record["seed"])
-                    if known is None:
-                        additions.append((name, setup_name, arm, record))
-                    elif known != record:
-                        problems.append(f"{where}/{arm} seed {record['seed']}: two different records")
+    problems = _conflicts(ours, theirs)
+    recorded = dict(_runs(ours))
+    new = []
+    for key, record in _runs(theirs):
+        if key not in recorded:
+            new.append((key, record))
+        elif recorded[key] != record:
+            problems.append(f"{'/'.join(key[:3])} seed {key[3]}: two different records")
     if problems:
         raise MergeConflict("; ".join(problems))
-    added = []
-    for name, setup_name, arm, record in additions:
-        source = theirs["comparisons"][name]
-        entry = ours.setdefault("comparisons", {}).setdefault(
-            name, {"title": source.get("title"), "setups": {}}
-        )
+    for (name, setup_name, arm, _), record in new:
+        source = theirs["comparisons"][name]["setups"][setup_name]
+        entry = ours.setdefault("comparisons", {}).setdefault(name, {"title": "", "setups": {}})
         body = entry["setups"].setdefault(setup_name, {"arms": {}})
-        source_body = source["setups"][setup_name]
-        for key in ("fixed", "teacher"):
-            if key in source_body and key not in body:
-                body[key] = source_body[key]
+        body.update({key: source[key] for key in ("fixed", "teacher") if key in source and key not in body})
         held = body["arms"].setdefault(
-            arm, {"overrides": source_body["arms"][arm].get("overrides", []), "runs": []}
+            arm, {"overrides": source["arms"][arm].get("overrides", []), "runs": []}
         )
-        held["runs"].append(record)
-        held["runs"].sort(key=lambda r: r["seed"])
-        added.append(f"{name}/{setup_name}/{arm} seed {record['seed']}")
-    return added
+        held["runs"] = sorted([*held["runs"], record], key=lambda r: r["seed"])
+    return [f"{name}/{setup_name}/{arm} seed {seed}" for (name, setup_name, arm, seed), _ in new]
 
 
 def merge_from(ours: dict, other: Path) -> list[str]:

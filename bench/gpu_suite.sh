@@ -200,12 +200,11 @@ if [ -z "$BLOCKED_WHY" ] && ! passed models; then
 fi
 if [ "$MODE" = evidence ]; then
   # the runs the machine has time for: the bench records each finished cell, and on the time limit's
-  # SIGTERM it stops its cells and saves what finished (a cell cut short is lost: the machine is bare at
-  # its next start)
-  # its runs in a folder of the checkout, so that the records name them relative to it (results JSON name
-  # no machine paths; $OUT lies outside the checkout), and the files it writes copied into $RESULTS; the
-  # folder stays on a warm machine, so that a later call reuses its teacher and records the cells an
-  # earlier one finished (the evidence file itself is the carried one)
+  # SIGTERM it stops its cells (they checkpoint) and saves what finished. It works in a folder of the
+  # checkout, so that the records name runs relative to it ($OUT lies outside), starting from the carried
+  # evidence file; the folder stays while the machine is warm, so a later call reuses the teacher and the
+  # same command continues stopped cells (once the machine is given back they are lost). Its files are
+  # copied into $RESULTS.
   work=bench/results/gpu-evidence
   mkdir -p "$work" && cp bench/results/evidence.json "$work/evidence.json"
   # shellcheck disable=SC2086

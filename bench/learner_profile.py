@@ -7,7 +7,8 @@ and the host syncs it made (CUDA's stream, event and device synchronisations and
 counted from the profiler's runtime events). The GPU suite runs it (bench/gpu_suite.sh).
 
 `--attention default,no-cudnn` profiles the update again with torch's attention backends restricted
-(`ATTENTION`; the first is the result, the others go under `variants`): on an H200, cuDNN's attention took
+(`ATTENTION`; the same trainer and batches, one set-up after the other; the first is the result, the
+others go under `variants`): on an H200, cuDNN's attention took
 1.7-2.0 ms of host time a call in a 0.75 s update whose GPU work was 86 ms (docs/gpu.md), and whether
 another backend does better is for a GPU to say.
 
@@ -19,6 +20,7 @@ Writes OUT/learner_profile_<model>.json and the profiler's table beside it (.txt
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import sys
 import tempfile
@@ -37,8 +39,6 @@ ATTENTION = {"default": None, "no-cudnn": ("FLASH_ATTENTION", "EFFICIENT_ATTENTI
 
 def attention_backends(name: str):
     """The context an update of `name` (an `ATTENTION` key) runs in."""
-    import contextlib
-
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     backends = ATTENTION[name]
@@ -49,11 +49,12 @@ def attention_backends(name: str):
     )
 
 
-def profile_update(
-    config_path: Path, overrides: list[str], updates: int, run_dir: Path, attention: str = "default"
-) -> tuple[dict, str]:
-    from torch.profiler import ProfilerActivity, profile
-
+def profile_updates(
+    config_path: Path, overrides: list[str], updates: int, run_dir: Path, attention: list[str]
+) -> dict[str, tuple[dict, str]]:
+    """Each attention set-up's figures and profiler table, by name: one trainer and one set of batches
+    (made once by its rollout side) serve them all, each timed over `updates` updates and profiled on one
+    more, in the order given."""
     from everyprompt.config import load_config
     from everyprompt.pipeline import Run
 
@@ -68,21 +69,28 @@ def profile_update(
     trainer = Run(config, run_dir).trainer()
     try:
         batches = [trainer.rollout.next_batch(step) for step in range(updates + 1)]
-        device = next(trainer.learner.model.parameters()).device
-        times = []
+        return {name: _profile(trainer.learner, batches, name) for name in attention}
+    finally:
+        trainer.close()
+
+
+def _profile(learner, batches: list, attention: str) -> tuple[dict, str]:
+    """`learner`'s updates on `batches` under `attention`: all but the last timed, the last profiled."""
+    from torch.profiler import ProfilerActivity, profile
+
+    device = next(learner.model.parameters()).device
+    times = []
+    with attention_backends(attention):
         for batch in batches[:-1]:
             synchronize(device)
             began = time.perf_counter()
-            with attention_backends(attention):
-                trainer.learner.update(batch)
+            learner.update(batch)
             synchronize(device)
             times.append(time.perf_counter() - began)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        with profile(activities=activities) as prof, attention_backends(attention):
-            trainer.learner.update(batches[-1])
+        with profile(activities=activities) as prof:
+            learner.update(batches[-1])
             synchronize(device)
-    finally:
-        trainer.close()
     events = prof.key_averages()
     by = time_key(device)
     top = sorted(events, key=lambda e: getattr(e, by), reverse=True)[:25]
@@ -110,7 +118,7 @@ def profile_update(
             }
             for e in top
         ],
-        "optimizer_fused": bool(trainer.learner.optimizer.defaults.get("fused")),
+        "optimizer_fused": bool(learner.optimizer.defaults.get("fused")),
     }
     return result, events.table(sort_by=by, row_limit=40)
 
@@ -143,12 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [name for name in names if name not in ATTENTION]
     if unknown:
         parser.error(f"--attention {', '.join(unknown)}: expected some of {', '.join(ATTENTION)}")
-    profiles = {}
-    for name in names:
-        with tempfile.TemporaryDirectory() as run_dir:
-            profiles[name] = profile_update(
-                args.config, [f"model.path={args.model}", *args.set], args.updates, Path(run_dir), name
-            )
+    with tempfile.TemporaryDirectory() as run_dir:
+        profiles = profile_updates(
+            args.config, [f"model.path={args.model}", *args.set], args.updates, Path(run_dir), names
+        )
     result, table = profiles[names[0]]
     result["variants"] = {name: summary(profiles[name][0]) for name in names[1:]}
     result.update(model=repo_path(args.model), config=repo_path(args.config), overrides=args.set)

@@ -471,6 +471,11 @@ def test_merging_adds_the_runs_another_copy_recorded_and_refuses_a_conflict():
         merging.merge(ours, renamed)
     with pytest.raises(merging.MergeConflict, match="smoke"):
         merging.merge(ours, _evidence({"ppo-clip": [(5, 0.5)]}, smoke=True))
+    unplanned = _evidence({"ppo-clip": [(5, 0.5)]})
+    unplanned["comparisons"]["c9"] = unplanned["comparisons"].pop("c1")  # _write would not know it
+    with pytest.raises(merging.MergeConflict, match="c9: no such comparison in the plan"):
+        merging.merge(ours, unplanned)
+    assert json.dumps(ours, sort_keys=True) == before
 
 
 def test_merge_at_the_command_line_rejudges_or_exits_2_naming_the_file(tmp_path, capsys):

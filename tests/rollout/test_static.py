@@ -379,11 +379,12 @@ def test_a_steps_metrics_add_up_its_calls_graph_figures(tiny, replayed):
     assert metrics["rollout/graph_replays"] == sum(c["graph_replays"] for c in tally.engine_calls) > 0
     assert metrics["rollout/graph_capture_s"] == sum(c["graph_capture_s"] for c in tally.engine_calls)
     assert metrics["rollout/graph_eager_steps"] == 0 and metrics["rollout/graph_failed"] == 0
-    # a call whose capture failed: the step says so, and how many of its decode steps ran eagerly
+    # two calls whose capture had failed: the step says so (a flag, not a count), and adds up how many of
+    # their decode steps ran eagerly
     failed = {**tally.engine_calls[-1], "graph_failed": 1.0, "graph_eager_steps": 5.0}
-    tally.engine_calls.append(failed)
+    tally.engine_calls += [failed, failed]
     metrics = tally.metrics()
-    assert metrics["rollout/graph_failed"] == 1.0 and metrics["rollout/graph_eager_steps"] == 5.0
+    assert metrics["rollout/graph_failed"] == 1.0 and metrics["rollout/graph_eager_steps"] == 10.0
     plain, engine = StepTally(), _engine(model, tokenizer, "off")
     list(engine.generate(_requests(tokenizer), SamplingParams(8)))
     plain.engine_calls.append(dict(engine.stats))

@@ -117,9 +117,11 @@ FLAG_STATS = ("graph_failed",)
 
 def summed_stats(calls: list[dict[str, float]]) -> dict[str, float]:
     """The `SUMMED_STATS` the calls report, each added up over them, and the `FLAG_STATS`, the largest."""
-    reported = [name for name in (*SUMMED_STATS, *FLAG_STATS) if any(name in c for c in calls)]
-    combine = {name: (max if name in FLAG_STATS else sum) for name in reported}
-    return {name: float(combine[name](c.get(name, 0.0) for c in calls)) for name in reported}
+    return {
+        name: float((max if name in FLAG_STATS else sum)(c.get(name, 0.0) for c in calls))
+        for name in (*SUMMED_STATS, *FLAG_STATS)
+        if any(name in c for c in calls)
+    }
 
 
 def call_stats(clock: dict[str, float], wall: float, slots: int) -> dict[str, float]:
