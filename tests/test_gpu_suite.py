@@ -41,7 +41,7 @@ def test_the_gpu_suite_runs_every_step_on_tiny_models(tmp_path):
         assert payload["graphs"] is True and [row["batch"] for row in payload["decode"]] == [1, 4]
         for row in payload["decode"]:  # the static step measured beside the plain one, equal work
             assert (
-                row["graphs_mode"] == "eager" and row["graphs_tokens_per_s"] > 0 and row["graph_failed"] == 0
+                row["graphs_mode"] == "static" and row["graphs_tokens_per_s"] > 0 and row["graph_failed"] == 0
             )
             assert row["captured_floor_ms"] == row["floor_ms"] > 0  # no CUDA: the eager floor
         # what a static step launches: counted by differencing two profiled calls, so its matmuls are the

@@ -38,7 +38,7 @@ def step_kernels(model, tokenizer, prompts, dtype, device, batch: int, new_token
     """One static decode step of `batch` rows, counted (see the module docstring)."""
     from torch.profiler import ProfilerActivity, profile
 
-    native = engine(model, tokenizer, batch, dtype, device, cuda_graphs="eager")
+    native = engine(model, tokenizer, batch, dtype, device, cuda_graphs="static")
     work = requests(prompts, batch)
     equal_work(native, work, SHORT, 1, device)  # warm-up: library handles, lazily built tables
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])

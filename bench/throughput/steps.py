@@ -61,11 +61,11 @@ def graphs_agree(model, tokenizer, prompts, dtype, device, count: int = 64, new_
             c.request_id: c
             for c in engine(model, tokenizer, count, dtype, device, cuda_graphs=mode).generate(work, params)
         }
-        for mode in (static_mode(device), "eager", "off")
+        for mode in (static_mode(device), "static", "off")
     }
     graphs = runs[static_mode(device)]
     out = {"prompts": count, "new_tokens": new_tokens, "graphs_mode": static_mode(device)}
-    for name, other in (("eager", runs["eager"]), ("plain", runs["off"])):
+    for name, other in (("eager", runs["static"]), ("plain", runs["off"])):
         same = [graphs[i].token_ids == other[i].token_ids for i in graphs]
         diffs = [
             float((graphs[i].logprobs - other[i].logprobs).abs().max())

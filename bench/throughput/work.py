@@ -48,7 +48,7 @@ def engine(
 
 def static_mode(device: torch.device) -> str:
     """How the static step runs here: captured as CUDA graphs on a CUDA device, eagerly elsewhere."""
-    return "on" if device.type == "cuda" else "eager"
+    return "on" if device.type == "cuda" else "static"
 
 
 def requests(prompts: list[list[int]], count: int, lengths: list[int] | None = None):

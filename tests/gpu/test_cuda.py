@@ -142,7 +142,7 @@ def test_cuda_graphs_replay_the_eager_static_step(precision, params):
     """The graphs run the very kernels the static step runs eagerly: the same tokens and routes, the same
     log-probs; captured once, replayed on later calls."""
     model, tokenizer = make_tiny_model()
-    eager = NativeEngine.from_model(model, tokenizer, 4, precision, device=CUDA, cuda_graphs="eager")
+    eager = NativeEngine.from_model(model, tokenizer, 4, precision, device=CUDA, cuda_graphs="static")
     expected = _by_id(eager.generate(_requests(tokenizer), params))
     graphs = NativeEngine.from_model(model, tokenizer, 4, precision, device=CUDA, cuda_graphs="on")
     for call in range(2):
@@ -171,7 +171,7 @@ def test_cuda_graphs_stay_valid_across_a_weight_sync():
     graphs.load_weights(merged_state_dict(other))
     got = _by_id(graphs.generate(_requests(tokenizer), params))
     assert graphs.stats["graph_captures"] == 0 and graphs.stats["graph_replays"] > 0
-    fresh = NativeEngine.from_model(other, tokenizer, 4, "bf16", device=CUDA, cuda_graphs="eager")
+    fresh = NativeEngine.from_model(other, tokenizer, 4, "bf16", device=CUDA, cuda_graphs="static")
     for request_id, reference in _by_id(fresh.generate(_requests(tokenizer), params)).items():
         assert got[request_id].token_ids == reference.token_ids
         torch.testing.assert_close(got[request_id].logprobs, reference.logprobs, atol=1e-5, rtol=0)

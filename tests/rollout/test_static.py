@@ -1,7 +1,7 @@
-"""The static decode step (static.py) and its CUDA graphs (graphs.py), checked on the CPU.
+"""The static decode step (static_step.py) and its CUDA graphs (graphs.py), checked on the CPU.
 
 What a graph needs of the step, and what is checked here without a GPU:
-- the step run eagerly (`cuda_graphs="eager"`) gives the plain engine's tokens, log-probs and routes for
+- the step run eagerly (`cuda_graphs="static"`) gives the plain engine's tokens, log-probs and routes for
   the same seeds: dense, MoE, fp8, a live source's mixed settings, episodes; padded to its bucket, a step
   gives its real rows what an unpadded one does;
 - inside a step nothing reads the device back and every buffer keeps its address (the fake CUDA device);
@@ -24,6 +24,7 @@ from everyprompt.rollout import GenerationRequest, SamplingParams, UnsupportedMo
 from everyprompt.rollout.native import NativeEngine
 from everyprompt.rollout.native.graphs import StepGraphs
 from everyprompt.rollout.native.queue import LiveRequest, LiveRequests
+from everyprompt.rollout.native.trust import Output
 from tests.conftest import make_tiny_model
 from tests.families import family_model
 from tests.rollout.test_episodes import Scripted, _observation, _stop_string
@@ -92,13 +93,35 @@ def test_the_static_step_gives_the_plain_engines_completions(tiny, dense, which,
     expected = _by_id(
         _engine(model, tokenizer, "off", precision=precision).generate(_requests(tokenizer), params)
     )
-    engine = _engine(model, tokenizer, "eager", precision=precision)
+    engine = _engine(model, tokenizer, "static", precision=precision)
     got = _by_id(engine.generate(_requests(tokenizer), params))
     assert engine.stats["static_step"] == 1.0 and engine.stats["graph_eager_steps"] > 0
-    atol = 5e-2 if precision == "bf16" else 1e-5
-    _assert_same(got, expected, atol)
+    check = _assert_close_in_bf16 if precision == "bf16" else _assert_same
+    check(got, expected)
     # a second call on the same buffers and cache (left dirty by the first) gives the same again
-    _assert_same(_by_id(engine.generate(_requests(tokenizer), params)), expected, atol)
+    check(_by_id(engine.generate(_requests(tokenizer), params)), expected)
+
+
+def _assert_close_in_bf16(got: dict, expected: dict) -> None:
+    """bf16's comparison: the static step attends over its whole cache width and runs its bucket's rows, so
+    its products round otherwise than the plain step's (by how much depends on the CPU's bf16 kernels: AMX
+    rounds by the shape). A sampled token may then flip where two choices were within rounding (a nucleus
+    boundary, a near-tie), after which the two sequences part. So: each completion equals the plain one's
+    up to where they part, its log-probs there within bf16's 5e-2, and they part in at most 2 of 6 (a
+    static step that computed wrongly parts in every one, at its first token)."""
+    assert got.keys() == expected.keys()
+    parted = 0
+    for request_id, reference in expected.items():
+        tokens, wanted = got[request_id].token_ids, reference.token_ids
+        same = next(
+            (i for i, (a, b) in enumerate(zip(tokens, wanted)) if a != b), min(len(tokens), len(wanted))
+        )
+        parted += tokens != wanted
+        assert same > 0, request_id
+        torch.testing.assert_close(
+            got[request_id].logprobs[:same], reference.logprobs[:same], atol=5e-2, rtol=0
+        )
+    assert parted <= 2, f"{parted} of {len(expected)} completions parted from the plain step's"
 
 
 def _live(tokenizer) -> LiveRequests:
@@ -115,7 +138,7 @@ def test_a_live_sources_mixed_settings_sample_the_same_on_the_static_step(tiny):
     model, tokenizer = tiny
     params = SamplingParams(max_new_tokens=16)
     expected = _by_id(_engine(model, tokenizer, "off", 3).generate(_live(tokenizer), params))
-    got = _by_id(_engine(model, tokenizer, "eager", 3).generate(_live(tokenizer), params))
+    got = _by_id(_engine(model, tokenizer, "static", 3).generate(_live(tokenizer), params))
     _assert_same(got, expected)
 
 
@@ -132,7 +155,7 @@ def test_episodes_decode_the_same_on_the_static_step(tiny):
         ] + _requests(tokenizer, PROMPTS[:4])
 
     expected = _by_id(_engine(model, tokenizer, "off", 3).generate(requests(), params))
-    got = _by_id(_engine(model, tokenizer, "eager", 3).generate(requests(), params))
+    got = _by_id(_engine(model, tokenizer, "static", 3).generate(requests(), params))
     assert any(c.completion_mask is not None for c in got.values())  # an observation was fed
     _assert_same(got, expected)
 
@@ -149,11 +172,11 @@ def test_a_step_padded_to_its_bucket_gives_its_real_rows_what_an_unpadded_one_do
 
     monkeypatch.setattr(NativeEngine, "decode", counting)
     # five requests in eight rows: a pool of 5 padded to 8, then 4, 2, 1 as they finish
-    unpadded = _engine(model, tokenizer, "eager", 8, graph_buckets=list(range(1, 9)))
+    unpadded = _engine(model, tokenizer, "static", 8, graph_buckets=list(range(1, 9)))
     expected = _by_id(unpadded.generate(_requests(tokenizer, PROMPTS[:5]), params))
     assert 5 in seen
     seen.clear()
-    padded = _engine(model, tokenizer, "eager", 8, graph_buckets=[1, 2, 4, 8])
+    padded = _engine(model, tokenizer, "static", 8, graph_buckets=[1, 2, 4, 8])
     got = _by_id(padded.generate(_requests(tokenizer, PROMPTS[:5]), params))
     assert set(seen) <= {1, 2, 4, 8} and 8 in seen
     _assert_same(got, expected)
@@ -238,7 +261,7 @@ def test_replayed_captures_give_the_plain_engines_completions_across_calls_and_w
     model, tokenizer = tiny
     params = SamplingParams(16, record_routes=True)
     expected = _by_id(_engine(model, tokenizer, "off").generate(_requests(tokenizer), params))
-    engine = _engine(model, tokenizer, "eager")
+    engine = _engine(model, tokenizer, "static")
     engine.graphs.capture = True  # as on a GPU
     _assert_same(_by_id(engine.generate(_requests(tokenizer), params)), expected)
     first = list(replayed)
@@ -275,7 +298,7 @@ def _weights(engine) -> list[torch.Tensor]:
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp8"])
 def test_load_weights_keeps_every_weights_storage_and_takes_the_new_values(tiny, precision):
     model, tokenizer = tiny
-    engine = _engine(model, tokenizer, "eager", precision=precision)
+    engine = _engine(model, tokenizer, "static", precision=precision)
     list(engine.generate(_requests(tokenizer), SamplingParams(4)))  # fp8: the decode layers are made
     before = [t.data_ptr() for t in _weights(engine)]
     decode_before = engine._decode_layers
@@ -301,14 +324,16 @@ def test_buckets_must_be_increasing_positive_integers():
 def test_engine_settings_are_refused_by_name(tiny):
     model, tokenizer = tiny
     with pytest.raises(ValueError, match=r"graph_buckets \[4, 2\]: expected increasing"):
-        _engine(model, tokenizer, "eager", graph_buckets=[4, 2])
-    with pytest.raises(ValueError, match="rollout.cuda_graphs must be one of auto, on, off"):
+        _engine(model, tokenizer, "static", graph_buckets=[4, 2])
+    with pytest.raises(ValueError, match="rollout.cuda_graphs must be one of auto, on, off, static"):
         _engine(model, tokenizer, "always")
-    with pytest.raises(ValueError, match="cuda_graphs=on needs a CUDA device and compile off; device cpu"):
+    with pytest.raises(
+        ValueError, match=r"cuda_graphs=on needs a CUDA device; .* \(the engine's device: cpu\)"
+    ):
         _engine(model, tokenizer, "on")
     with pytest.raises(UnsupportedModelError, match="rollout.cuda_graphs=on needs a CUDA device"):
         make_engine("native", model, tokenizer, 4, cuda_graphs="on")
-    with pytest.raises(UnsupportedModelError, match="the hf engine does not"):
+    with pytest.raises(UnsupportedModelError, match="the hf engine has none"):
         make_engine("hf", model, tokenizer, 4, cuda_graphs="on")
 
 
@@ -339,7 +364,7 @@ def test_a_capture_that_fails_is_reported_once_and_the_step_runs_eagerly(tiny, c
     model, tokenizer = tiny
     params = SamplingParams(12)
     expected = _by_id(_engine(model, tokenizer, "off").generate(_requests(tokenizer), params))
-    engine = _engine(model, tokenizer, "eager")
+    engine = _engine(model, tokenizer, "static")
     engine.graphs.capture = True
     with caplog.at_level(logging.WARNING, logger="everyprompt.rollout.native.graphs"):
         _assert_same(_by_id(engine.generate(_requests(tokenizer), params)), expected)
@@ -368,7 +393,7 @@ def test_a_steps_metrics_add_up_its_calls_graph_figures(tiny, replayed):
     from everyprompt.trainer.tally import StepTally
 
     model, tokenizer = tiny
-    engine = _engine(model, tokenizer, "eager")
+    engine = _engine(model, tokenizer, "static")
     engine.graphs.capture = True
     tally = StepTally()
     for _ in range(2):  # the first call captures, the second replays only
@@ -419,7 +444,7 @@ def test_a_graph_whose_first_replay_disagrees_with_the_eager_step_is_not_trusted
 
     graphs = StepGraphs((1, 2, 4), capture=True)
     with caplog.at_level(logging.WARNING, logger="everyprompt.rollout.native.graphs"):
-        graphs.run("sample", "key", 3, body, lambda size: [out[:size]])
+        graphs.run("sample", "key", 3, body, lambda size: [Output(out[:size])])
     assert graphs.failure is not None and "first replay wrote other values" in graphs.failure
     assert "output 0 (int64, [4]): 1 of 4 values differ" in graphs.failure  # the bucket of 4 rows
     assert graphs.graphs == 0 and torch.equal(out, torch.arange(4))  # the step ran eagerly after all
@@ -431,15 +456,5 @@ def test_a_graph_whose_first_replay_disagrees_with_the_eager_step_is_not_trusted
 
     monkeypatch.setattr(torch.cuda, "CUDAGraph", QuietGraph)
     trusted = StepGraphs((1, 2, 4), capture=True)
-    trusted.run("sample", "key", 3, body, lambda size: [out[:size]])
+    trusted.run("sample", "key", 3, body, lambda size: [Output(out[:size])])
     assert trusted.failure is None and trusted.graphs == 1 and trusted.stats()["graph_captures"] == 1
-
-
-def test_a_capture_failure_says_which_output_differed_and_by_how_much():
-    from everyprompt.rollout.native.graphs import _disagreement
-
-    floats = _disagreement(1, torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.5]))
-    assert floats == "output 1 (float32, [2]): largest difference 0.5"
-    halves = _disagreement(0, torch.tensor([8.0, 16.0], dtype=torch.bfloat16), torch.tensor([8.0, 16.125]))
-    assert halves == "output 0 (bfloat16, [2]): largest difference 0.125"
-    assert "inf" in _disagreement(0, torch.tensor([float("nan")]), torch.tensor([1.0]))

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from everyprompt.choices import GRAPH_BUCKETS, check_buckets, engine_choices
+from everyprompt.choices import GRAPH_BUCKETS, Decoding, check_buckets, decoding, engine_choices
 from everyprompt.config.base import YAML_WORDS, Section
 from everyprompt.devices import check_device_setting, resolve_device
 
@@ -28,10 +28,11 @@ class RolloutConfig(Section):
         description="Native engine: run the decode step through torch.compile (`on`), eager (`off`), or "
         "compile once eager decoding has cost about what a compile does (`auto`; docs/rollout.md).",
     )
-    cuda_graphs: Annotated[Literal["auto", "on", "off"], YAML_WORDS] = Field(
+    cuda_graphs: Annotated[Literal["auto", "on", "off", "static"], YAML_WORDS] = Field(
         "auto",
         description="Native engine: its decode step captured as CUDA graphs, one per batch bucket (`auto`: on a "
-        "CUDA device unless `compile` is on; `on`: a CUDA device is required; `off`; docs/gpu.md).",
+        "CUDA device unless `compile` is on; `on`: a CUDA device is required; `off`; `static`: the graphs' "
+        "step run without capture, on any device, to tell a graph's fault from the step's; docs/gpu.md).",
     )
     graph_buckets: list[int] = Field(
         default_factory=lambda: list(GRAPH_BUCKETS),
@@ -47,8 +48,8 @@ class RolloutConfig(Section):
         "auto",
         description="Synchronous runs: the engine frees its weights and KV cache while the learner updates "
         "and takes them back at the weight sync (docs/performance.md); false keeps them; auto: true unless "
-        "the engine keeps CUDA graphs (a CUDA rollout device with cuda_graphs not off), which sleeping "
-        "would drop and recapture every step.",
+        "the engine keeps CUDA graphs (it decodes with graphs: a CUDA rollout device, cuda_graphs auto or "
+        "on, compile not on), which sleeping would drop and recapture every step.",
     )
     max_new_tokens: int = Field(64, gt=0, description="Completion length cap (tokens).")
     temperature: float = Field(
@@ -105,23 +106,22 @@ class RolloutConfig(Section):
         return list(check_buckets(buckets))
 
     @model_validator(mode="after")
-    def _graphs_on_cuda(self) -> RolloutConfig:
-        if self.cuda_graphs == "on" and self.device == "cpu":
-            raise ValueError(
-                "rollout.cuda_graphs=on needs a CUDA device; rollout.device is cpu (set auto, cuda or cuda:N)"
-            )
-        if self.cuda_graphs == "on" and self.compile == "on":
-            raise ValueError(
-                "rollout.cuda_graphs=on and rollout.compile=on: the decode step is either captured or compiled"
-            )
+    def _decoding_settings_agree(self) -> RolloutConfig:
+        # the device is known here only when it is the CPU (auto and cuda resolve where the engine is made)
+        decoding(self.compile, self.cuda_graphs, "cpu" if self.device == "cpu" else "cuda")
         return self
 
+    def decoding(self, device=None) -> Decoding:
+        """How the native engine decodes on `device` (by default `device` resolved): choices.decoding."""
+        device = device or resolve_device(self.device, "rollout.device")
+        return decoding(self.compile, self.cuda_graphs, device.type)
+
     def sleeps(self, device=None) -> bool:
-        """Whether the engine sleeps while the learner trains, on `device` (by default `device` resolved)."""
+        """Whether the engine sleeps while the learner trains, on `device` (by default `device` resolved):
+        under `auto`, unless it decodes with CUDA graphs (sleeping would drop them)."""
         if self.sleep_while_training != "auto":
             return self.sleep_while_training
-        device = device or resolve_device(self.device, "rollout.device")
-        return not (device.type == "cuda" and self.cuda_graphs != "off")
+        return self.decoding(device) is not Decoding.GRAPHS
 
     def segment_tokens(self) -> int:
         """With `partial`: the tokens a sequence generates per step."""

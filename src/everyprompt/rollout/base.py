@@ -15,7 +15,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 
-from everyprompt.choices import AUTO_ENGINE, ENGINES, GRAPH_BUCKETS, engine_choices
+from everyprompt.choices import AUTO_ENGINE, ENGINES, GRAPH_BUCKETS, decoding, engine_choices
 from everyprompt.devices import resolve_device
 from everyprompt.errors import InputError
 
@@ -319,13 +319,13 @@ def make_engine(
         )
     if getattr(cls, "graphs", False):
         options.update(cuda_graphs=cuda_graphs, graph_buckets=graph_buckets)
-    elif cuda_graphs == "on":
+    elif cuda_graphs in ("on", "static"):
         raise UnsupportedModelError(
-            f"rollout.cuda_graphs=on captures the native engine's decode step; the {chosen} engine does not "
-            "(set rollout.cuda_graphs=auto or off)"
+            f"rollout.cuda_graphs={cuda_graphs} runs the native engine's static decode step; the {chosen} "
+            "engine has none (set rollout.cuda_graphs=auto or off)"
         )
-    if cuda_graphs == "on" and device.type != "cuda":
-        raise UnsupportedModelError(
-            f"rollout.cuda_graphs=on needs a CUDA device; the engine runs on {device} (rollout.device)"
-        )
+    try:
+        decoding(compile, cuda_graphs, device.type)  # settings that conflict on this device
+    except ValueError as err:
+        raise UnsupportedModelError(f"{err} (the engine runs on {device})") from None
     return cls.from_model(model, tokenizer, batch_size=batch_size, precision=precision, **options)

@@ -30,9 +30,10 @@ from collections.abc import Callable
 
 import torch
 
+from everyprompt.choices import COMPILE_MODES
+
 log = logging.getLogger(__name__)
 
-COMPILE_MODES = ("auto", "on", "off")
 # bench/throughput (results/throughput.json), 2 CPU cores, the demo model, 64 rows: compiling takes
 # 45.6 s from a cold inductor cache (7.4 s warm) and the compiled step saves 2.36 of the eager 6.09 ms
 # (39%); buying pays once eager decoding has cost 45.6 / 0.39 ~ 118 s (the cold figure: a run cannot

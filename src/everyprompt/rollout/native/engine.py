@@ -15,7 +15,7 @@ sequence finishes, its row is refilled from the queue before the next step; once
 the running rows move to the front and the pool shrinks to them. A multi-turn request (its `episode`)
 stays in its row across turns: at a turn's end its environment answers in a thread of its own while the
 other rows decode, and the observation is fed into the same sequence, one token a decode step in place of
-the sample (turns.py).
+the sample (sequences.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-from everyprompt.choices import GRAPH_BUCKETS, NATIVE_ENGINE, check_buckets
+from everyprompt.choices import GRAPH_BUCKETS, NATIVE_ENGINE, Decoding, check_buckets, decoding
 from everyprompt.models.lora import merged_state_dict
 from everyprompt.rollout.base import (
     Completion,
@@ -34,18 +34,19 @@ from everyprompt.rollout.base import (
     call_stats,
     register_engine,
 )
+from everyprompt.rollout.native.admit_finish import finish, prefill
 from everyprompt.rollout.native.attention import ATTENTIONS, decode_bias, rms_norm
 from everyprompt.rollout.native.cache import KVCache, compact
 from everyprompt.rollout.native.compiled import DecodeCompiler
 from everyprompt.rollout.native.families import FAMILIES, check_family
-from everyprompt.rollout.native.graphs import StepGraphs, graphs_wanted
+from everyprompt.rollout.native.graphs import StepGraphs
 from everyprompt.rollout.native.moe import MixtureOfExperts, swiglu
+from everyprompt.rollout.native.plain_step import PlainStep
 from everyprompt.rollout.native.queue import LiveRequests, Queue
-from everyprompt.rollout.native.rows import finish, prefill
-from everyprompt.rollout.native.state import Record, on_device
-from everyprompt.rollout.native.static import StaticStep, StepBuffers
-from everyprompt.rollout.native.stepping import PlainStep
-from everyprompt.rollout.native.turns import Turns, force, take_tokens
+from everyprompt.rollout.native.sequences import Turns, force, take_tokens
+from everyprompt.rollout.native.slots import Record, on_device
+from everyprompt.rollout.native.static_step import StaticStep, StepBuffers
+from everyprompt.rollout.native.step import DecodeStep, StepModel
 from everyprompt.rollout.native.weights import Layer, StateDict, copy_into, fp8_matmuls, read_layer
 from everyprompt.rollout.sampling import sample_tokens
 from everyprompt.rollout.stops import StopStrings, stop_token_ids
@@ -85,10 +86,10 @@ class NativeEngine:
         decode step eager or through torch.compile (compiled.py). `device`: where the weights, the cache
         and every per-call tensor live (a resolved device, devices/placement.py). `fp8_matmul`: fp8
         projections multiplied in FP8 (`FP8Weight.matmul`) rather than dequantised; None: where the
-        device has FP8 matmuls (weights.fp8_matmuls). `cuda_graphs` (auto | on | off, graphs.py; or
-        `eager`: the static step without graphs, on any device, the reference the graphs are tested
-        against) and `graph_buckets` (increasing batch sizes): the static decode step (static.py), on a
-        CUDA device by default unless `compile` is on."""
+        device has FP8 matmuls (weights.fp8_matmuls). `cuda_graphs` (auto | on | off | static) with
+        `compile` and the device decide how the engine decodes (choices.decoding: `self.decoding`);
+        `graph_buckets` (increasing batch sizes): the rows the static decode step (static_step.py) is captured
+        at."""
         if precision is not None:
             if precision not in PRECISIONS:
                 raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
@@ -101,6 +102,9 @@ class NativeEngine:
         if self.precision != "fp8":
             fp8_matmul = False
         self.fp8_matmul = fp8_matmuls(self.device) if fp8_matmul is None else fp8_matmul
+        # the precision a decode step computes in (a graph's replay is judged at it: trust.py): bf16, or
+        # fp8's products (their outputs are bf16), else float32
+        self.step_precision = torch.bfloat16 if dtype == torch.bfloat16 or self.fp8_matmul else torch.float32
         self.stop_ids = frozenset(stops)
         self.pad_token_id, self.tokenizer = pad_token_id, tokenizer
         self.batch_size, self.dtype = batch_size, dtype
@@ -108,18 +112,18 @@ class NativeEngine:
         self.attention = ATTENTIONS[self.family.attention](config, self.family, dtype)
         self.cache = KVCache(self.attention.cache_layout, config.num_hidden_layers, dtype, self.device)
         self.moe = MixtureOfExperts(config, self.family)
-        self.compiler = DecodeCompiler(compile)
-        # the static step: on a CUDA device (captured as graphs where real CUDA runs), or asked for
-        self.static = cuda_graphs == "eager" or (graphs_wanted(cuda_graphs, self.device) and compile != "on")
-        if cuda_graphs == "on" and not self.static:
-            raise ValueError(
-                f"cuda_graphs=on needs a CUDA device and compile off; device {self.device}, compile {compile}"
-            )
+        try:
+            self.decoding = decoding(compile, cuda_graphs, self.device.type)
+        except ValueError as err:
+            raise ValueError(f"{err} (the engine's device: {self.device})") from None
+        self.compiler = DecodeCompiler(compile)  # a call that cannot have the static step (below) may compile
+        self.static = self.decoding.static
         try:
             buckets = tuple(b for b in check_buckets(graph_buckets) if b < batch_size) + (batch_size,)
         except ValueError as err:
             raise ValueError(f"graph_buckets {list(graph_buckets)}: {err}") from None
-        capture = self.static and cuda_graphs != "eager" and torch.cuda.is_available()
+        # graphs where real CUDA runs (a fake CUDA device runs the static step eagerly)
+        capture = self.decoding is Decoding.GRAPHS and torch.cuda.is_available()
         self.graphs = StepGraphs(buckets, capture=capture, device=self.device)
         self._static: StaticStep | None = None
         self._decode_layers: list[Layer] | None = None  # fp8's dequantised layers, kept for the static step
@@ -352,7 +356,7 @@ class NativeEngine:
         self.stats.update(self.compiler.stats())
         self.stats.update(stepper.stats())
 
-    def _stepper(self, shared: bool):
+    def _stepper(self, shared: bool) -> DecodeStep:
         """How this call decodes: the static step (where asked for, on the engine's shared cache), else
         the plain step, compiled (`compile`: on, or auto once eager decoding has cost enough) or eager."""
         if self.static and shared:
@@ -360,13 +364,20 @@ class NativeEngine:
                 routers = [layer.router for layer in self.layers if layer.router is not None]
                 moe = (len(routers), self.moe.routing.top_k, routers[0].shape[1]) if routers else None
                 buffers = StepBuffers.allocate(self.batch_size, self.config.vocab_size, self.device, moe)
-                self._static = StaticStep(self, buffers, self.graphs)
+                self._static = StaticStep(self._step_model(self.decode), buffers, self.graphs)
             return self._static
         if not self.compiler.active:
-            return PlainStep(self, self.decode, sample_tokens, compiled=False)
+            return PlainStep(self._step_model(self.decode), self.decode, sample_tokens, compiled=False)
         if not self.compiler.bound:
             self.compiler.bind(self.decode, sample_tokens)
-        return PlainStep(self, self.compiler.forward, self.compiler.sample, compiled=True)
+        model = self._step_model(self.compiler.forward)
+        return PlainStep(model, self.compiler.forward, self.compiler.sample, compiled=True)
+
+    def _step_model(self, decode) -> StepModel:
+        """What a decode step reads of this engine (step.py), its forward `decode`."""
+        return StepModel(
+            decode, self.cache, self.config.vocab_size, self.pad_token_id, self.device, self.step_precision
+        )
 
     def decode(self, layers, tokens, positions, caches, record: bool):
         """One decode step of every cache row: the logits [B, V] of each row's next token after feeding

@@ -1,8 +1,8 @@
-"""CUDA graphs of the native engine's static decode step (static.py), one per phase and batch bucket.
+"""CUDA graphs of the native engine's static decode step (static_step.py), one per phase and batch bucket.
 
 On a GPU a small model's decode step is a few hundred kernel launches around a few milliseconds of
 arithmetic; replaying a captured graph launches them all at once. The rules are the fast engines' (nano-vllm,
-vLLM): a step of n rows runs as its bucket, the smallest of `buckets` >= n, its padding rows inert (static.py
+vLLM): a step of n rows runs as its bucket, the smallest of `buckets` >= n, its padding rows inert (static_step.py
 says why); above the largest bucket it runs eagerly at its own size. A bucket's graph is captured the first
 time the bucket runs (after a warm-up run on a side stream, which sets up the libraries' workspaces and
 computes the very values the step writes), into one memory pool that every graph of the engine shares: a
@@ -11,14 +11,14 @@ reused by the next graph. Graphs stay valid while the buffers, the cache storage
 their addresses (the engine's `load_weights` copies in place); the engine drops them (`reset`) when any of
 these is reallocated.
 
-`rollout.cuda_graphs`:
-  auto  graphs on a CUDA device, none elsewhere (the default);
-  on    graphs (a CUDA device is required: refused at the config otherwise);
-  off   no graphs: the engine's eager or compiled step.
-A graph is trusted only once its first replay has written what the eager warm-up wrote on the same inputs.
-A capture that fails (an operator that cannot be captured, a host read on the way, a replay that disagrees)
-is reported once, with why, and the engine decodes with the same static step run eagerly from then on: a
-run never dies of it.
+Whether an engine captures is decided with how it decodes (choices.decoding, from `rollout.cuda_graphs`,
+`rollout.compile` and the device): `Decoding.GRAPHS`.
+A graph is trusted only once its first replay has written what the eager warm-up wrote on the same inputs,
+judged at the precision the step computes in (trust.py: tokens equal, values within a few epsilons of the
+step's dtype at each row's scale, the same greedy tokens save near-ties). A capture that fails (an
+operator that cannot be captured, a host read on the way, a replay that disagrees) is reported once, with
+why, and the engine decodes with the same static step run eagerly from then on: a run never dies of it,
+and every later call's figures say so (`graph_failed`, `graph_eager_steps`).
 """
 
 from __future__ import annotations
@@ -30,37 +30,14 @@ from collections.abc import Callable, Hashable
 
 import torch
 
-from everyprompt.choices import GRAPH_BUCKETS, GRAPH_MODES, check_buckets
+from everyprompt.choices import GRAPH_BUCKETS, check_buckets
+from everyprompt.rollout.native.trust import Output, judge
 
 log = logging.getLogger(__name__)
 
 # the most variants (keys) a phase is captured for: a server whose clients ask for many sampling settings
 # gets graphs for the first few, and runs the others' steps eagerly (the same step, the same numbers)
 MAX_KEYS = 8
-
-
-def graphs_wanted(mode: str, device: torch.device) -> bool:
-    """Whether `mode` captures graphs on `device` (auto: where it is a CUDA device)."""
-    if mode not in GRAPH_MODES:
-        raise ValueError(f"rollout.cuda_graphs must be one of {', '.join(GRAPH_MODES)}, got {mode!r}")
-    return mode != "off" and torch.device(device).type == "cuda"
-
-
-def _agree(got: torch.Tensor, expected: torch.Tensor) -> bool:
-    """A graph's output against the eager step's: integers (tokens, routes) equal, values within 1e-3."""
-    if not got.is_floating_point():
-        return torch.equal(got, expected)
-    return torch.allclose(got, expected, atol=1e-3, rtol=1e-3, equal_nan=True)
-
-
-def _disagreement(index: int, got: torch.Tensor, expected: torch.Tensor) -> str:
-    """How output `index` of a graph's first replay differs from the eager step's (a capture failure's
-    message: which output, its dtype and shape, and by how much)."""
-    where = f"output {index} ({str(got.dtype).removeprefix('torch.')}, {list(got.shape)})"
-    if not got.is_floating_point():
-        return f"{where}: {int((got != expected).sum())} of {got.numel()} values differ"
-    gap = (got.double() - expected.double()).abs().nan_to_num(nan=float("inf"))
-    return f"{where}: largest difference {float(gap.max()):.3g}"
 
 
 class StepGraphs:
@@ -75,6 +52,7 @@ class StepGraphs:
         self.failure: str | None = None  # why a capture failed (the engine then runs its bodies eagerly)
         self.capture_s = 0.0  # time spent capturing (warm-ups included), this engine's life
         self.pool_bytes = 0  # device memory the captures reserved
+        self.replay_eps = 0.0  # the largest difference a trusted graph's first replay showed (trust.py)
         self._call = dict.fromkeys(("replays", "eager", "captures", "capture_s"), 0)
 
     def padded(self, rows: int) -> int:
@@ -88,12 +66,13 @@ class StepGraphs:
         key: Hashable,
         rows: int,
         body: Callable[[int], None],
-        outputs: Callable[[int], list[torch.Tensor]],
+        outputs: Callable[[int], list[Output]],
     ) -> None:
         """One step of `rows` rows: `body(padded rows)` through the graph of its phase, key (what the body
         bakes in: the call's sampling settings, what it records) and bucket, captured now if it has none;
         or eagerly (no capture, a failed one, above the largest bucket, or a phase's `MAX_KEYS` keys
-        taken). `outputs(size)`: the buffers the body writes (a new graph's first replay must equal them)."""
+        taken). `outputs(size)`: the buffers the body writes, and how a new graph's first replay of each is
+        judged against the eager step's (trust.py)."""
         size = self.padded(rows)
         graph = self._graphs.get((phase, key, size))
         if graph is None and (
@@ -118,7 +97,7 @@ class StepGraphs:
 
     def _capture(self, phase: str, size: int, body, outputs):
         """`body(size)` captured as a CUDA graph and replayed once, trusted only if that replay wrote what
-        the eager warm-up did on the same inputs (tokens equal, values within 1e-3); None, reported once,
+        the eager warm-up did on the same inputs, at the step's precision (trust.py); None, reported once,
         if capture fails or the replay disagrees."""
         began = time.perf_counter()
         reserved = torch.cuda.memory_reserved(self.device)
@@ -128,7 +107,7 @@ class StepGraphs:
             with torch.cuda.stream(stream):
                 body(size)  # warm-up: library workspaces, lazily made tables; writes what the step writes
             torch.cuda.current_stream(self.device).wait_stream(stream)
-            eager = [tensor.clone() for tensor in outputs(size)]
+            eager = [output.tensor.clone() for output in outputs(size)]
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
@@ -136,11 +115,8 @@ class StepGraphs:
             with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 body(size)
             graph.replay()
-            differ = [
-                _disagreement(i, a, b)
-                for i, (a, b) in enumerate(zip(outputs(size), eager))
-                if not _agree(a, b)
-            ]
+            verdicts = [judge(i, out.tensor, b, out) for i, (out, b) in enumerate(zip(outputs(size), eager))]
+            differ = [why for why, _ in verdicts if why is not None]
             if differ:
                 raise RuntimeError(
                     "its first replay wrote other values than the eager step on the same inputs: "
@@ -158,6 +134,7 @@ class StepGraphs:
             )
             self._graphs.clear()
             return None
+        self.replay_eps = max([self.replay_eps, *(eps for _, eps in verdicts)])
         seconds = time.perf_counter() - began
         self.capture_s += seconds
         self._call["capture_s"] += seconds
@@ -179,7 +156,8 @@ class StepGraphs:
 
     def stats(self) -> dict[str, float]:
         """A generate call's figures: replayed and eager static steps, captures made and their seconds,
-        and the engine's so far (graphs held, capture seconds, MiB reserved), whether a capture failed."""
+        and the engine's so far (graphs held, capture seconds, MiB reserved, the largest difference a trusted
+        graph's first replay showed, in epsilons of its precision), whether a capture failed."""
         return {
             "graph_replays": float(self._call["replays"]),
             "graph_eager_steps": float(self._call["eager"]),
@@ -188,5 +166,6 @@ class StepGraphs:
             "graphs": float(self.graphs),
             "graph_capture_total_s": self.capture_s,
             "graph_pool_mib": self.pool_bytes / 2**20,
+            "graph_replay_eps": self.replay_eps,
             "graph_failed": float(self.failure is not None),
         }

@@ -13,7 +13,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 import torch
 
-from everyprompt.rollout.native.state import Slots, on_device
+from everyprompt.rollout.native.slots import Slots, on_device
 
 
 def take_tokens(tokens: list[int], active: list[int], state: Slots, requests, stop_ids, stops, turns):

@@ -28,8 +28,14 @@ from dataclasses import dataclass, fields
 import torch
 
 from everyprompt.rollout.native.graphs import StepGraphs
-from everyprompt.rollout.native.state import Slots
+from everyprompt.rollout.native.slots import Slots
+from everyprompt.rollout.native.step import DecodeStep, StepModel
+from everyprompt.rollout.native.trust import Output
 from everyprompt.rollout.sampling import sample_tokens
+
+# the share of a replay's recorded experts that may differ from the eager step's: a router's near-tie goes
+# either way under one unit of rounding (trust.py); a graph that routes wrongly differs in far more
+ROUTE_FLIPS = 0.02
 
 
 @dataclass
@@ -82,30 +88,30 @@ class StepBuffers:
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
 
-class StaticStep:
-    """The static step of one engine, as its generate loop's step (the calls of stepping.PlainStep): its
-    buffers back the call's `Slots`, its cache is the engine's whole storage, and each phase runs through
-    its graphs. The engine's `decode(layers, tokens, positions, caches, record)` is the decode forward."""
+class StaticStep(DecodeStep):
+    """The static step of one engine (step.py's interface): its buffers back the call's `Slots`, its cache
+    is the engine's whole storage, and each phase runs through its graphs."""
 
-    static, compiled = True, False
+    static = True
 
-    def __init__(self, engine, buffers: StepBuffers, graphs: StepGraphs):
-        self.engine, self.buffers, self.graphs = engine, buffers, graphs
+    def __init__(self, model: StepModel, buffers: StepBuffers, graphs: StepGraphs):
+        super().__init__(model)
+        self.buffers, self.graphs = buffers, graphs
         self.caches: list[tuple[torch.Tensor, ...]] = []  # the cache storage, whole: rows [0, N)
         self.layers: list | None = None  # the call's decode layers (kept: graphs read their addresses)
 
     def views(self, pool: int, width: int, shared: bool):
         """The call's cache: the first `pool` rows of the engine's storage, its whole width (graphs are
         dropped if the storage had to grow)."""
-        whole = self.engine.cache.whole(self.buffers.rows, width)
+        whole = self.model.cache.whole(self.buffers.rows, width)
         if whole is not self.caches:
             self.graphs.reset()
         self.caches = whole
         return [tuple(t[:pool] for t in entry) for entry in whole]
 
     def slots(self, pool: int, max_new_tokens: int) -> Slots:
-        engine = self.engine
-        return Slots(pool, max_new_tokens, engine.config.vocab_size, engine.device, self.buffers)
+        model = self.model
+        return Slots(pool, max_new_tokens, model.vocab_size, model.device, self.buffers)
 
     def start(self, caches, layers, pool: int) -> None:
         """A call's decode layers (graphs are dropped if they moved); every row's length starts at 0 (a
@@ -141,8 +147,12 @@ class StaticStep:
             buffers.logprobs[:rows].copy_(logprobs)
             buffers.entropies[:rows].copy_(entropies)
 
-        def outputs(rows: int) -> list[torch.Tensor]:
-            return [buffers.sampled[:rows], buffers.logprobs[:rows], buffers.entropies[:rows]]
+        def outputs(rows: int) -> list[Output]:  # sampled from the same logits: the same tokens
+            return [
+                Output(buffers.sampled[:rows]),
+                Output(buffers.logprobs[:rows]),
+                Output(buffers.entropies[:rows]),
+            ]
 
         self.graphs.run("sample", "rows" if per_row else tuple(settings), active[-1] + 1, body, outputs)
         return buffers.sampled[index], buffers.logprobs[index], buffers.entropies[index]
@@ -157,20 +167,25 @@ class StaticStep:
         # the recorded buffers, by the field of each MoE layer's (experts, router logits) they take
         recorded = [(field, buffer) for field, (wanted, buffer) in enumerate(
             ((routes, buffers.routes), (router_logits, buffers.router_logits))) if wanted]  # fmt: skip
-        buffers.fed.fill_(self.engine.pad_token_id)
+        buffers.fed.fill_(self.model.pad_token_id)
         buffers.fed[running_index] = fed
 
         def body(rows: int) -> None:
             caches = [tuple(t[:rows] for t in entry) for entry in self.caches]
-            out, captured = self.engine.decode(
+            out, captured = self.model.decode(
                 self.layers, buffers.fed[:rows], buffers.length[:rows], caches, bool(recorded)
             )
             buffers.logits[:rows].copy_(out)
             for field, buffer in recorded:
                 buffer[:rows].copy_(torch.stack([layer[field][:, 0] for layer in captured], dim=1))
 
-        def outputs(rows: int) -> list[torch.Tensor]:
-            return [buffers.logits[:rows], *(buffer[:rows] for _, buffer in recorded)]
+        precision = self.model.precision
+
+        def outputs(rows: int) -> list[Output]:  # computed at the step's precision (trust.py)
+            judged = [Output(buffers.logits[:rows], precision)]
+            for field, buffer in recorded:  # the experts picked from rounded scores may flip on a near-tie
+                judged.append(Output(buffer[:rows], precision, flips=ROUTE_FLIPS if field == 0 else 0.0))
+            return judged
 
         self.graphs.run("forward", (routes, router_logits), running[-1] + 1, body, outputs)
         if record is not None:

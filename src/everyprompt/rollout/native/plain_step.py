@@ -1,48 +1,41 @@
-"""The plain decode step of a native generate call: eager operators, or the compiled step of compiled.py.
-The static step (static.py, replayed as CUDA graphs on a GPU) answers the same calls of the engine's loop:
-`views` (the call's cache), `slots` (its decoding state), `start`, `sample` (the active rows' next tokens),
-`forward` (the running rows' fed tokens through the model) and `stats`."""
+"""The plain decode step of a native generate call (step.py's interface): eager operators, or the compiled
+step of compiled.py. Each step runs the rows up to the last running one, in a cache of the call's own
+layout; the static step (static_step.py) is the one that can be captured."""
 
 from __future__ import annotations
 
 import torch
 
 from everyprompt.rollout.native.cache import readable
-from everyprompt.rollout.native.state import Slots
+from everyprompt.rollout.native.slots import Slots
+from everyprompt.rollout.native.step import DecodeStep, StepModel
 
 
-class PlainStep:
+class PlainStep(DecodeStep):
     """Eager: each step reads the rows up to the last running one and the cache up to the furthest
-    position (on the CPU a step's cost follows them). Compiled: the call's whole cache width, masked."""
+    position (on the CPU a step's cost follows them). Compiled: the call's whole cache width, masked.
+    `forward` and `sample`: the decode forward and sampler it runs (eager, or their compiled graphs)."""
 
-    static = False
-
-    def __init__(self, engine, forward, sample, compiled: bool):
-        self.engine, self._forward, self._sample, self.compiled = engine, forward, sample, compiled
+    def __init__(self, model: StepModel, forward, sample, compiled: bool):
+        super().__init__(model)
+        self._forward, self._sample, self.compiled = forward, sample, compiled
 
     def views(self, pool: int, width: int, shared: bool):
         # a compiled step reads the call's whole cache width (masked), so its cache is contiguous and of one
         # layout for the whole call
-        return self.engine.cache.views(pool, width, shared, exact=self.compiled)
-
-    def slots(self, pool: int, max_new_tokens: int) -> Slots:
-        engine = self.engine
-        return Slots(pool, max_new_tokens, engine.config.vocab_size, engine.device)
-
-    def start(self, caches, layers, pool: int) -> None:
-        pass
+        return self.model.cache.views(pool, width, shared, exact=self.compiled)
 
     def sample(self, state: Slots, active: list[int], index: torch.Tensor, step: torch.Tensor, settings):
         """The active rows' samples; `step` [n]: their counts of sampled tokens (the loop's, read once)."""
         return self._sample(state.logits[index], state.seed[index], step, *settings)
 
     def forward(self, layers, state: Slots, running: list[int], running_index, fed, caches, record) -> None:
-        engine = self.engine
+        model = self.model
         if len(running) == len(state.request):  # every row runs (slots ascend): fed is in row order
             tokens = fed
         else:
             tokens = torch.full(
-                (len(state.request),), engine.pad_token_id, dtype=torch.long, device=engine.device
+                (len(state.request),), model.pad_token_id, dtype=torch.long, device=model.device
             )
             tokens[running_index] = fed
         positions, seen = state.length, caches  # idle rows write at their own row's stale length

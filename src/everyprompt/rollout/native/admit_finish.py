@@ -10,8 +10,8 @@ import torch
 
 from everyprompt.rollout.base import Completion
 from everyprompt.rollout.native.cache import copy_rows
-from everyprompt.rollout.native.state import on_device
-from everyprompt.rollout.native.turns import ending
+from everyprompt.rollout.native.sequences import ending
+from everyprompt.rollout.native.slots import on_device
 
 
 def prefill(engine, layers, requests, admitted, slots: list[int], state, caches, params, record) -> None:

@@ -1,0 +1,85 @@
+"""The native engine's decode step as its generate loop calls it (engine.py), and the little of the engine a
+step reads (`StepModel`). Two steps implement it: the plain step (plain_step.py; eager, or through
+torch.compile: compiled.py) and the static step (static_step.py; its buffers allocated once, replayed as
+CUDA graphs: graphs.py). Which one a call gets is decided once, by how the engine decodes
+(choices.decoding).
+
+A call runs: `slots` (its decoding state), `views` (its cache), `start`; then, each decode step, `sample`
+(the active rows' next tokens from their pending logits) and `forward` (the running rows' fed tokens through
+the model, writing their next pending logits); and `stats` once the call ends.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from everyprompt.rollout.native.cache import KVCache
+from everyprompt.rollout.native.slots import Record, Slots
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """What a decode step reads of its engine: the decode forward `decode(layers, tokens [B], positions [B],
+    caches, record) -> (logits [B, V], routes)`, the engine's cache, its vocabulary size, pad token and
+    device, and the precision its decode computes in (a graph's replay is judged at it: trust.py)."""
+
+    decode: Callable
+    cache: KVCache
+    vocab_size: int
+    pad_token_id: int
+    device: torch.device
+    precision: torch.dtype
+
+
+class DecodeStep(ABC):
+    """One generate call's decode step. `static`: it runs on buffers allocated once (the static step);
+    `compiled`: its forward runs through torch.compile."""
+
+    static: bool = False
+    compiled: bool = False
+
+    def __init__(self, model: StepModel):
+        self.model = model
+
+    def slots(self, pool: int, max_new_tokens: int) -> Slots:
+        """The call's decoding state: `pool` rows of at most `max_new_tokens` samples."""
+        model = self.model
+        return Slots(pool, max_new_tokens, model.vocab_size, model.device)
+
+    @abstractmethod
+    def views(self, pool: int, width: int, shared: bool) -> list[tuple[torch.Tensor, ...]]:
+        """The call's cache: per layer, views of `pool` rows and at least `width` positions (`shared`: the
+        engine's own storage, else a cache of the call's own)."""
+
+    def start(self, caches, layers, pool: int) -> None:  # noqa: B027 (the plain step has nothing to set up)
+        """The call begins: its cache views `caches` and decode layers `layers`."""
+
+    @abstractmethod
+    def sample(
+        self, state: Slots, active: list[int], index: torch.Tensor, step: torch.Tensor, settings
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The tokens, log-probs and entropies [n] the rows `active` (host) / `index` (device) sample from
+        their pending logits; `step` [n]: their counts of sampled tokens; `settings`: the call's
+        (temperature, top_p, greedy), or each active row's tensors."""
+
+    @abstractmethod
+    def forward(
+        self,
+        layers,
+        state: Slots,
+        running: list[int],
+        running_index: torch.Tensor,
+        fed: torch.Tensor,
+        caches,
+        record: Record | None,
+    ) -> None:
+        """`fed` [n] into rows `running` (host, ascending) / `running_index` (device) at their lengths;
+        their next-token logits become their pending logits, their routes go into `record`."""
+
+    @abstractmethod
+    def stats(self) -> dict[str, float]:
+        """The call's figures of this step (merged into the engine's `stats`)."""
