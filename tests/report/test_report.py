@@ -154,3 +154,40 @@ def test_the_accuracy_table_shows_pass_at_k_only_when_the_evaluation_sampled():
         {"greedy_accuracy": 0.7, "pass@4": 0.9, "greedy_accuracy/level_1": 0.7, "pass@4/level_1": 0.9},
     )
     assert "pass@4 before" in sampled and "90.0%" in sampled and "level 1" in sampled
+
+
+def test_a_refused_graph_capture_is_a_summary_row(tmp_path):
+    """A run whose engine refused its CUDA graphs in step 2 says so in its summary: a flag, and how many
+    decode steps ran without their graph (steps 2 and 3: 40 and 50)."""
+    records = [
+        {
+            "step": 1,
+            "rollout/graph_failed": 0.0,
+            "rollout/graph_eager_steps": 0.0,
+            "rollout/decode_step_ms": 2.0,
+        },
+        {
+            "step": 2,
+            "rollout/graph_failed": 1.0,
+            "rollout/graph_eager_steps": 40.0,
+            "rollout/decode_step_ms": 12.0,
+        },
+        {
+            "step": 3,
+            "rollout/graph_failed": 1.0,
+            "rollout/graph_eager_steps": 50.0,
+            "rollout/decode_step_ms": 13.0,
+        },
+    ]
+    _write(tmp_path / "metrics.jsonl", records)
+    rows = {r["key"]: r for r in summarize(load_metrics(tmp_path / "metrics.jsonl"))}
+    assert rows["rollout/graph_failed"]["label"] == "CUDA graph capture refused"
+    assert format_row(rows["rollout/graph_failed"]) == "1.000 (max)"
+    assert (
+        rows["rollout/graph_eager_steps"]["value"] == 90.0 and rows["rollout/decode_step_ms"]["value"] == 12.0
+    )
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    _write(plain / "metrics.jsonl", [{"step": 1, "rollout/decode_step_ms": 3.0}])
+    keys = {r["key"] for r in summarize(load_metrics(plain / "metrics.jsonl"))}
+    assert "rollout/graph_failed" not in keys  # an engine without graphs logs no such figure: no row

@@ -48,6 +48,10 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("routing agreement", "mismatch/routing_agreement", "mean"),
     ("|dlogp| trainer vs engine", "mismatch/logp_abs_diff", "mean"),
     ("rollout tokens/s", "rollout/tokens_per_s", "median"),
+    ("decode step (ms)", "rollout/decode_step_ms", "median"),
+    # the native engine's CUDA graphs, where it decodes with them: a refused capture is a row, not a log line
+    ("CUDA graph capture refused", "rollout/graph_failed", "max"),
+    ("decode steps without their CUDA graph", "rollout/graph_eager_steps", "sum"),
     ("seconds per step", "time/step_s", "median"),
     ("learner's peak resident memory (GiB)", "memory/peak_rss_gib", "max"),
     ("learner's peak CUDA memory (GiB)", "memory/cuda_peak_gib", "max"),
