@@ -22,7 +22,8 @@
 #   models   SmolLM2-135M-Instruct and its 8-expert upcycle (smoke: a tiny dense Llama and its upcycle)
 #   dense    bench/throughput on the dense model, bf16: decode at batch 1/8/32/64 with the plain step
 #            and with CUDA graphs, against `generate` and against the step's matmuls (eager and captured),
-#            and graphs' greedy completions against the eager step's on 64 prompts
+#            graphs' greedy completions against the eager step's on 64 prompts, the kernels a step launches
+#            (and a layer), and (--fused) the same for the static step with compiled bodies
 #   rl_step  one RL step of configs/smollm2.yaml against TRL's GRPOTrainer on the same card (TRL
 #            generating with transformers: vLLM cannot be installed on these machines)
 #   moe      the decode bench on the 8-expert upcycle
@@ -160,7 +161,7 @@ print('torch', torch.__version__, 'transformers', transformers.__version__, 'trl
 export -f setup
 export WHEELS
 if [ $SMOKE = 1 ]; then
-  DEVICE=cpu DTYPE=fp32 QUICK=--quick CONFIG=configs/demo.yaml STEPS=2 UPDATES=1
+  DEVICE=cpu DTYPE=fp32 QUICK=--quick CONFIG=configs/demo.yaml STEPS=2 UPDATES=1 FUSED=
   RECIPE=(--set sft.steps=0 --set rollout.precision=fp32)  # the demo recipe without its SFT warm start
   LEARNER=("${RECIPE[@]}")
   MODELS_ARGS="--smoke $RESULTS/models"
@@ -178,7 +179,9 @@ else
   if ! passed setup; then
     BLOCKED_WHY="the setup step failed" BLOCKED_STEPS=" models dense rl_step learner moe evidence test-gpu "
   fi
-  DEVICE=cuda DTYPE=bf16 QUICK= CONFIG=configs/smollm2.yaml STEPS=6 UPDATES=3
+  # FUSED: the dense step also times and counts the static step with compiled bodies (Inductor's kernels
+  # captured), to decide by measurement whether compile=on should go with graphs by default
+  DEVICE=cuda DTYPE=bf16 QUICK= CONFIG=configs/smollm2.yaml STEPS=6 UPDATES=3 FUSED=--fused
   # the recipe as it is: rl_step matches TRL's arithmetic itself (a bf16 engine, the old policy's log-probs
   # recomputed), and the profiled update is that step's update
   RECIPE=()
@@ -220,13 +223,14 @@ DENSE_MODEL=$(made dense) MOE_MODEL=$(made moe)
 DENSE_MODEL=${DENSE_MODEL:-models/smollm2-135m-instruct} MOE_MODEL=${MOE_MODEL:-models/smollm2-moe8}
 BENCH=("$PY" bench/throughput --device "$DEVICE" --dtype "$DTYPE" --graphs --decode-only $QUICK --out "$RESULTS")
 # in the order of what matters most when the budget runs out (measured on an H200: setup 20 s, models 62,
-# dense 88, test-gpu 24, moe 106; TRL's six steps took over 160 s)
-step dense 150 "${BENCH[@]}" --model "$DENSE_MODEL"
+# dense 88 without --fused, test-gpu 24; moe ran past 120 s; rl_step 160 s with TRL's six steps)
 step rl_step 240 "$PY" bench/rl_step.py --model "$DENSE_MODEL" --config "$CONFIG" --steps "$STEPS" \
   --trainers "$TRAINERS" "${RECIPE[@]}" --out "$RESULTS"
-step test-gpu 120 "${TEST_GPU[@]}"
+# shellcheck disable=SC2086
+step dense 220 "${BENCH[@]}" $FUSED --model "$DENSE_MODEL"
 step learner 150 "$PY" bench/learner_profile.py --model "$DENSE_MODEL" --config "$CONFIG" --updates "$UPDATES" \
   --attention default,no-cudnn "${LEARNER[@]}" --out "$RESULTS"
-step moe 120 "${BENCH[@]}" --model "$MOE_MODEL"
+step test-gpu 120 "${TEST_GPU[@]}"
+step moe 180 "${BENCH[@]}" --model "$MOE_MODEL"
 
 finish "$FAILED step(s) failed; results in $RESULTS ($SECONDS s)"

@@ -174,7 +174,14 @@ def describe(row: dict) -> str:
     figures = row.get("medians")
     if not figures and isinstance(row.get("generate_s"), float):
         figures = {"generate_s": row["generate_s"]}
-    return line + "".join(f"\n    {key}: {value:.4g}" for key, value in sorted((figures or {}).items()))
+    line += "".join(f"\n    {key}: {value:.4g}" for key, value in sorted((figures or {}).items()))
+    if "graph_eager_steps_by_step" in row:  # everyprompt's engine: graphs in every step after the first?
+        line += (
+            f"\n    decode phases without their graph, by step: {row['graph_eager_steps_by_step']}; capture "
+            f"refused: {bool(row['graph_failed'])}; largest trusted replay difference: "
+            f"{row['graph_replay_eps']:.3g} epsilons"
+        )
+    return line
 
 
 if __name__ == "__main__":

@@ -85,6 +85,12 @@ def main(argv: list[str] | None = None) -> int:
         "beside the plain one, and its greedy completions checked against the eager step's",
     )
     parser.add_argument(
+        "--fused",
+        action="store_true",
+        help="with --model --graphs: the static step's bodies through torch.compile too (rollout.compile=on: "
+        "Inductor's fused kernels, captured on a CUDA device), timed and counted beside the eager bodies",
+    )
+    parser.add_argument(
         "--decode-only", action="store_true", help="with --model: decode only (no long-tail or prefill runs)"
     )
     args = parser.parse_args(argv)
@@ -93,10 +99,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.model is not None:
         return measure_model(args)
-    if args.device != "cpu" or args.quick or args.compile or args.graphs or args.decode_only:
+    if args.device != "cpu" or args.quick or args.compile or args.graphs or args.fused or args.decode_only:
         parser.error(
-            "--device, --quick, --compile, --graphs and --decode-only go with --model (the demo suite runs on "
-            "the CPU)"
+            "--device, --quick, --compile, --graphs, --fused and --decode-only go with --model (the demo suite "
+            "runs on the CPU)"
         )
 
     from rich.console import Console
@@ -311,7 +317,14 @@ def measure_model(args) -> int:
     results = {
         "benchmark": "throughput_model",
         **model_suite(
-            args.model, device, args.dtype, args.quick, args.compile, args.graphs, args.decode_only
+            args.model,
+            device,
+            args.dtype,
+            args.quick,
+            args.compile,
+            args.graphs,
+            args.decode_only,
+            args.fused,
         ),
     }
     results["model"] = repo_path(args.model)

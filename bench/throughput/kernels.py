@@ -34,11 +34,15 @@ VIEWS = frozenset(
 )
 
 
-def step_kernels(model, tokenizer, prompts, dtype, device, batch: int, new_tokens: int = 8) -> dict:
-    """One static decode step of `batch` rows, counted (see the module docstring)."""
+def step_kernels(
+    model, tokenizer, prompts, dtype, device, batch: int, new_tokens: int = 8, compile: str = "off"
+) -> dict:
+    """One static decode step of `batch` rows, counted (see the module docstring); `compile="on"`: its
+    bodies through torch.compile (Inductor's kernels: what a graph of the fused step replays). The count
+    per decoder layer is the step's count over the model's layers (the head and sampler included)."""
     from torch.profiler import ProfilerActivity, profile
 
-    native = engine(model, tokenizer, batch, dtype, device, cuda_graphs="static")
+    native = engine(model, tokenizer, batch, dtype, device, compile=compile, cuda_graphs="static")
     work = requests(prompts, batch)
     equal_work(native, work, SHORT, 1, device)  # warm-up: library handles, lazily built tables
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -49,11 +53,12 @@ def step_kernels(model, tokenizer, prompts, dtype, device, batch: int, new_token
         counted.append(launches(prof.events(), device))
     (short, short_us), (long, long_us) = counted
     kind = "cuda kernels" if device.type == "cuda" else "cpu operators"
-    row = {"batch": batch, "kind": kind, "steps_counted": new_tokens}
+    row = {"batch": batch, "kind": kind, "steps_counted": new_tokens, "compile": compile}
     if device.type == "cuda" and not sum(long.values()):
         return {**row, "per_step": None, "why": "the profiler saw no CUDA kernels (no CUPTI activity here)"}
     per_step = {name: (long[name] - short[name]) / new_tokens for name in long}
     row["per_step"] = sum(per_step.values())
+    row["per_layer"] = row["per_step"] / model.config.num_hidden_layers
     row["ms_per_step"] = (long_us - short_us) / new_tokens / 1000
     row["matmuls"] = sum(count for name, count in per_step.items() if is_matmul(name, device))
     row["top"] = {name: count for name, count in sorted(per_step.items(), key=lambda kv: -kv[1])[:15]}
@@ -74,7 +79,8 @@ def describe_kernels(row: dict) -> str:
         return row["why"]
     top = ", ".join(f"{name} {count:g}" for name, count in list(row["top"].items())[:6])
     return (
-        f"{row['per_step']:.0f} {row['kind']} a step ({row['matmuls']:g} of them matmuls), "
+        f"{row['per_step']:.0f} {row['kind']} a step, {row['per_layer']:.1f} a layer ({row['matmuls']:g} of them "
+        "matmuls), "
         f"{row['ms_per_step']:.3f} ms in all ({top}, ...)"
     )
 

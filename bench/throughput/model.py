@@ -61,11 +61,21 @@ def load(path: Path, device: torch.device, dtype: str):
 
 
 def decode(
-    model, tokenizer, prompts, batches, new_tokens, repeats, dtype, device, compile=False, graphs=False
+    model,
+    tokenizer,
+    prompts,
+    batches,
+    new_tokens,
+    repeats,
+    dtype,
+    device,
+    compile=False,
+    graphs=False,
+    fused=False,
 ):
     """Tokens/s at each batch size, the engine against `generate`, equal work; the engine's step
     against its GEMMs alone; with `compile`, the compiled decode step's too; with `graphs`, the static
-    step's (CUDA graphs on a CUDA device)."""
+    step's (CUDA graphs on a CUDA device); with `fused` too, the static step's with compiled bodies."""
     rows = []
     for batch in batches:
         work = requests(prompts, batch)
@@ -82,6 +92,14 @@ def decode(
                 f"({row['graphs_speedup']:.2f}x generate); step {row['graphs_step_ms']:.2f} ms, "
                 f"{row['graphs_step_vs_captured_floor']:.2f}x its matmuls captured; capture "
                 f"{row['graph_capture_s']:.2f} s"
+            )
+        if graphs and fused:
+            row.update(graphs_at(model, tokenizer, work, new_tokens, repeats, dtype, device, row, "on"))
+            print(
+                f"    static step, compiled bodies ({row['fused_graphs_mode']}): "
+                f"{row['fused_graphs_tokens_per_s']:.1f} tokens/s; step {row['fused_graphs_step_ms']:.2f} ms, "
+                f"{row['fused_graphs_step_vs_captured_floor']:.2f}x its matmuls captured; first call "
+                f"{row['fused_graph_first_call_s']:.1f} s (compiling included)"
             )
         if compile:
             row.update(compiled_at(model, tokenizer, work, new_tokens, repeats, dtype, device, row))
@@ -254,6 +272,7 @@ def model_suite(
     compile: bool = False,
     graphs: bool = False,
     decode_only: bool = False,
+    fused: bool = False,
 ) -> dict:
     size = sizes(quick)
     model, tokenizer, prompts = load(path, device, dtype)
@@ -261,6 +280,7 @@ def model_suite(
     print(f"{path}: {model.config.model_type}, {params / 1e6:.1f}M parameters, {dtype} on {device}")
     out: dict = {"model": str(path), "model_type": model.config.model_type, "parameters": params}
     out["device"], out["quick"], out["compiled"], out["graphs"] = str(device), quick, compile, graphs
+    out["fused"] = fused
     print("decode: engine vs generate, equal work ...")
     out["decode"] = decode(
         model,
@@ -273,6 +293,7 @@ def model_suite(
         device,
         compile,
         graphs,
+        fused,
     )
     out["bandwidth"] = bandwidth_bound(model, device)
     if graphs:
@@ -281,11 +302,15 @@ def model_suite(
         print(f"  {out['graphs_agree']}")
         print("what a static step launches (its bodies run eagerly under the profiler) ...")
         out["step_kernels"] = [
-            step_kernels(model, tokenizer, prompts, dtype, device, batch)
+            step_kernels(model, tokenizer, prompts, dtype, device, batch, compile=compiled)
+            for compiled in (("off", "on") if fused else ("off",))
             for batch in (size["batches"][0], size["batches"][-1])
         ]
         for row in out["step_kernels"]:
-            print(f"  batch {row['batch']}: {describe_kernels(row)}")
+            print(
+                f"  batch {row['batch']}{' (compiled bodies)' if row['compile'] == 'on' else ''}: "
+                f"{describe_kernels(row)}"
+            )
     if decode_only:
         return out
     print("long-tailed lengths: continuous vs static batching ...")

@@ -18,6 +18,7 @@ ENGINE_FIGURES = tuple(
         "graph_replays",
         "graph_captures",
         "graph_capture_s",
+        "graph_eager_steps",
     )
 )
 
@@ -45,6 +46,11 @@ def everyprompt_steps(base: list[str], steps: int, run_dir: Path, config_path: P
         "max_new_tokens": config.rollout.max_new_tokens,
         "mini_batches": config.rl.mini_batches,
         "device": device,
+        # CUDA graphs in every step after the first: each step's decode phases run without their graph
+        # (0 when the graphs hold), whether a capture was refused, the largest trusted replay's difference
+        "graph_eager_steps_by_step": [m.get("rollout/graph_eager_steps") for m in history],
+        "graph_failed": max((m.get("rollout/graph_failed", 0.0) for m in history), default=0.0),
+        "graph_replay_eps": max((m.get("rollout/graph_replay_eps", 0.0) for m in history), default=0.0),
         # where the step's time went, each the median over the steps after the first: every phase the
         # trainer times and the engine's own figures (its decode step, CUDA graph captures and replays)
         "medians": {

@@ -24,15 +24,20 @@ def compiled_at(model, tokenizer, work, new_tokens, repeats, dtype, device, eage
     }
 
 
-def graphs_at(model, tokenizer, work, new_tokens, repeats, dtype, device, plain: dict) -> dict:
+def graphs_at(
+    model, tokenizer, work, new_tokens, repeats, dtype, device, plain: dict, compile: str = "off"
+) -> dict:
     """The static step (`static_mode`) on `work`, against the plain step's row `plain`: its first call
-    (captures included) timed apart."""
-    native = engine(model, tokenizer, len(work), dtype, device, cuda_graphs=static_mode(device))
+    (captures included) timed apart. `compile="on"`: its bodies through torch.compile first (the figures
+    then named `fused_...`: Inductor's fused kernels, captured on a CUDA device)."""
+    native = engine(
+        model, tokenizer, len(work), dtype, device, compile=compile, cuda_graphs=static_mode(device)
+    )
     first_s, _, first = equal_work(native, work, new_tokens, 1, device)
     seconds, tokens, stats = equal_work(native, work, new_tokens, repeats, device)
     step_ms = stats["decode_step_ms"] + stats.get("sample_ms", 0.0)
-    return {
-        "graphs_mode": static_mode(device),
+    row = {
+        "graphs_mode": native.decoding.name,
         "graphs_s": seconds,
         "graphs_tokens_per_s": tokens / seconds,
         "graphs_speedup": plain["generate_s"] / seconds,
@@ -44,8 +49,11 @@ def graphs_at(model, tokenizer, work, new_tokens, repeats, dtype, device, plain:
         "graph_capture_s": first["graph_capture_s"],
         "graph_pool_mib": first["graph_pool_mib"],
         "graph_replays": stats["graph_replays"],
+        "graph_eager_steps": stats["graph_eager_steps"],
+        "graph_replay_eps": stats["graph_replay_eps"],
         "graph_failed": stats["graph_failed"],
     }
+    return row if compile == "off" else {f"fused_{key}": value for key, value in row.items()}
 
 
 def graphs_agree(model, tokenizer, prompts, dtype, device, count: int = 64, new_tokens: int = 64) -> dict:

@@ -15,7 +15,7 @@ validate a value without importing the layers that implement it (they import the
 
 from __future__ import annotations
 
-from enum import Enum
+from dataclasses import dataclass
 
 FIELDS = ("prompt", "answer", "solution", "level", "messages")
 
@@ -40,42 +40,49 @@ GRAPH_MODES = ("auto", "on", "off", "static")
 COMPILE_MODES = ("auto", "on", "off")
 
 
-class Decoding(str, Enum):
+@dataclass(frozen=True)
+class Decoding:
     """How the native engine runs its decode step (rollout/native/: the static step in static_step.py, its
-    graphs in graphs.py, the plain step in plain_step.py, the compiled one in compiled.py)."""
+    graphs in graphs.py, the plain step in plain_step.py, torch.compile in compiled.py). `static`: the
+    static step (buffers allocated once), else the plain one; `graphs`: the static step captured as CUDA
+    graphs and replayed; `compile`: the step's forward and sampler through torch.compile: `on` from the
+    first call (the static step's compiled bodies are what its graphs capture), `auto` (the plain step only)
+    once eager decoding has cost about a compile, `off` never."""
 
-    GRAPHS = "graphs"  # the static step, captured as CUDA graphs and replayed
-    STATIC = "static"  # the static step, run eagerly
-    COMPILED = "compiled"  # the plain step through torch.compile from the first call
-    EAGER = "eager"  # the plain step, eager (`compile=auto` may compile it once eager decoding cost enough)
+    static: bool
+    graphs: bool
+    compile: str
 
     @property
-    def static(self) -> bool:
-        return self in (Decoding.GRAPHS, Decoding.STATIC)
+    def name(self) -> str:
+        """ "graphs", "compiled graphs", "static", "compiled static", "compiled", "eager" or "eager, compile auto"."""
+        compiled = "compiled " if self.compile == "on" else ""
+        if self.static:
+            return f"{compiled}{'graphs' if self.graphs else 'static'}"
+        return {"on": "compiled", "off": "eager", "auto": "eager, compile auto"}[self.compile]
 
 
 def decoding(compile: str, cuda_graphs: str, device_type: str) -> Decoding:
     """How the engine decodes on a device of `device_type` ("cuda", "cpu", ...) under `rollout.compile` and
-    `rollout.cuda_graphs`; ValueError naming the keys for a value not known or settings that conflict."""
+    `rollout.cuda_graphs`; ValueError naming the key for a value not known or settings that cannot hold.
+
+    The static step runs where graphs are asked for (`on`, `static`) or allowed on a CUDA device (`auto`),
+    and is captured on a CUDA device unless `static` asks otherwise. `compile=on` compiles whichever step
+    runs (the static one's compiled bodies captured: fused kernels inside the graph); `compile=auto` applies
+    to the plain step alone (the static step is never compiled mid-run: its graphs would be captured again)."""
     if compile not in COMPILE_MODES:
         raise ValueError(f"rollout.compile must be one of {', '.join(COMPILE_MODES)}, got {compile!r}")
     if cuda_graphs not in GRAPH_MODES:
         raise ValueError(f"rollout.cuda_graphs must be one of {', '.join(GRAPH_MODES)}, got {cuda_graphs!r}")
-    if cuda_graphs in ("on", "static") and compile == "on":
-        raise ValueError(
-            f"rollout.cuda_graphs={cuda_graphs} and rollout.compile=on: the decode step is either the static "
-            "one (captured) or compiled; set one of them off"
-        )
     if cuda_graphs == "on" and device_type != "cuda":
         raise ValueError(
             f"rollout.cuda_graphs=on needs a CUDA device; rollout.device is {device_type} (set auto, cuda or "
             "cuda:N, or rollout.cuda_graphs=auto)"
         )
-    if cuda_graphs == "static":
-        return Decoding.STATIC
-    if cuda_graphs != "off" and device_type == "cuda" and compile != "on":
-        return Decoding.GRAPHS
-    return Decoding.COMPILED if compile == "on" else Decoding.EAGER
+    static = cuda_graphs in ("on", "static") or (cuda_graphs == "auto" and device_type == "cuda")
+    if not static:
+        return Decoding(static=False, graphs=False, compile=compile)
+    return Decoding(static=True, graphs=cuda_graphs != "static", compile="on" if compile == "on" else "off")
 
 
 # nano-vllm's buckets: 1, 2, 4, 8, then every 16 up to 512 (a 64-row pool shrinking to nothing meets 8)

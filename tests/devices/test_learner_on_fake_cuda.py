@@ -208,3 +208,24 @@ def test_the_startup_parity_check_runs_with_the_policy_on_the_device():
         got = parity_gap(model, tokenizer, "native", prompts, **options)
     assert expected["parity/tokens"] > 0
     assert got == pytest.approx(expected, abs=1e-6)
+
+
+def test_an_update_reads_the_device_back_once_a_mini_batch(monkeypatch):
+    """A second update (the once-a-run checks done): the old policy's pass reads back once (its mismatch
+    figures), each mini-batch's step once (its finite flag, gradient norm, figures together; it used to be
+    three reads, four with the mismatch), and the packed forwards none at all: their
+    attention mask is made on the host (trainer/logprobs.py: `packed_mask`), so transformers' own search
+    for packed segments, a read back in every forward, never runs."""
+    config = tiny_config("rl.old_logprobs=recompute", "rl.mini_batches=2")
+    model, tokenizer = _model(config)
+    use_sorted_experts(model)
+    batch = hand_batch(_model(config)[0], tokenizer, REWARDS)
+    with fake_cuda() as check:
+        model.to(CUDA)
+        learner = Learner(config, model, tokenizer.pad_token_id)
+        learner.update(batch)
+        check.syncs.clear()
+        metrics = learner.update(hand_batch(_model(config)[0], tokenizer, REWARDS))
+    assert metrics["actor/skipped_updates"] == 0.0 and "mismatch/logp_abs_diff" in metrics
+    assert not [where for where in check.syncs if "masking_utils" in where], dict(check.syncs)
+    assert check.total_syncs == 1 + 2, dict(check.syncs)  # the old policy's pass, then one a mini-batch

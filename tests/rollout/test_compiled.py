@@ -201,3 +201,35 @@ def test_a_compiled_step_runs_large_experts_over_their_own_tokens(tiny_model, mo
         assert got[request_id].token_ids == reference.token_ids
         torch.testing.assert_close(got[request_id].logprobs, reference.logprobs, atol=1e-5, rtol=0)
         assert torch.equal(got[request_id].routed_experts, reference.routed_experts)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(16, record_routes=True, record_router_logits=True),
+        SamplingParams(12, temperature=0.7, top_p=0.9),
+    ],
+    ids=["sampled-routes", "top-p"],
+)
+def test_the_static_steps_compiled_bodies_give_the_eager_static_steps_samples(tiny_model, params):
+    """`compile=on` with the static step (what a CUDA device captures: Inductor's fused kernels inside the
+    graph), here run without capture: the eager static step's tokens, log-probs and routes."""
+    model, tokenizer = tiny_model
+    eager = NativeEngine.from_model(model, tokenizer, batch_size=4, cuda_graphs="static")
+    compiled = NativeEngine.from_model(model, tokenizer, batch_size=4, cuda_graphs="static", compile="on")
+    assert compiled.decoding.name == "compiled static" and eager.decoding.name == "static"
+    expected = _by_id(eager.generate(_requests(tokenizer), params))
+    for _ in range(2):  # the second call reuses the compiled bodies, buffers and cache
+        got = _by_id(compiled.generate(_requests(tokenizer), params))
+        assert compiled.stats["compiled"] == 1.0 and compiled.stats["static_step"] == 1.0
+        assert got.keys() == expected.keys()
+        for request_id, reference in expected.items():
+            completion = got[request_id]
+            assert completion.token_ids == reference.token_ids, request_id
+            torch.testing.assert_close(completion.logprobs, reference.logprobs, atol=1e-5, rtol=0)
+            if params.record_routes:
+                assert torch.equal(completion.routed_experts, reference.routed_experts)
+                torch.testing.assert_close(
+                    completion.router_logits, reference.router_logits, atol=1e-5, rtol=0
+                )

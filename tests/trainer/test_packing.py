@@ -143,3 +143,34 @@ def test_rl_old_logprobs_do_not_depend_on_packing(tmp_path):
         assert pack_layout(data["lengths"].tolist(), data["input_ids"].shape[1]).num_rows < len(batch)
     torch.testing.assert_close(values[True][0], values[False][0], atol=1e-5, rtol=0)
     torch.testing.assert_close(values[True][1], values[False][1], atol=1e-5, rtol=0)
+
+
+def test_the_packed_mask_made_on_the_host_gives_transformers_own_log_probs(tiny_model, monkeypatch):
+    """`packed_mask` stands for the mask transformers derives from restarting position ids: the log-probs
+    of packed rows are the same bit for bit with either; a model with sliding-window layers or another
+    attention gets none (transformers builds its own)."""
+    from everyprompt.trainer import logprobs as logprobs_module
+
+    model, tokenizer = tiny_model
+    texts = ["12+34=46", "5+6=11", "100+200=300", "7=7", "1+1+1=3"]
+    tokens = [tokenizer(t).input_ids for t in texts]
+    width = max(map(len, tokens))
+    ids = torch.full((len(tokens), width), tokenizer.pad_token_id)
+    for i, t in enumerate(tokens):
+        ids[i, : len(t)] = torch.tensor(t)
+    lengths = [len(t) for t in tokens]
+    with torch.no_grad():
+        ours, _ = token_logprobs(model, ids, lengths=lengths, pad_id=tokenizer.pad_token_id)
+        monkeypatch.setattr(logprobs_module, "packed_mask", lambda *args: None)
+        theirs, _ = token_logprobs(model, ids, lengths=lengths, pad_id=tokenizer.pad_token_id)
+    assert torch.equal(ours, theirs)
+    monkeypatch.undo()
+    positions = torch.tensor([[0, 1, 2, 0, 1, 5]])  # two segments, then a tail that continues the row
+    mask = logprobs_module.packed_mask(model, positions, "cpu")[0, 0]
+    assert mask[4].tolist() == [False, False, False, True, True, False]  # sees its own segment, causally
+    assert mask[5].tolist() == [False] * 5 + [True]  # the tail: a segment of its own
+    model.config.use_sliding_window = True
+    try:
+        assert logprobs_module.packed_mask(model, positions, "cpu") is None
+    finally:
+        model.config.use_sliding_window = False

@@ -121,7 +121,7 @@ class RolloutConfig(Section):
         under `auto`, unless it decodes with CUDA graphs (sleeping would drop them)."""
         if self.sleep_while_training != "auto":
             return self.sleep_while_training
-        return self.decoding(device) is not Decoding.GRAPHS
+        return not self.decoding(device).graphs
 
     def segment_tokens(self) -> int:
         """With `partial`: the tokens a sequence generates per step."""

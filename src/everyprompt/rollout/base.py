@@ -109,17 +109,18 @@ class Completion:
 
 
 # an engine's per-call figures that add up over the calls of a step (the native engine's CUDA graphs), where
-# an engine reports them: summed by the step's tally and by the Ray engine over its workers; and the flags
-# that hold for a step if they hold for any of its calls (a capture that failed: its steps ran eagerly)
+# an engine reports them: summed by the step's tally and by the Ray engine over its workers; and those whose
+# largest stands for the step: flags that hold if they hold for any call (a capture that failed: its steps
+# ran eagerly), and the largest difference a trusted graph's first replay showed
 SUMMED_STATS = ("graph_replays", "graph_eager_steps", "graph_captures", "graph_capture_s")
-FLAG_STATS = ("graph_failed",)
+MAX_STATS = ("graph_failed", "graph_replay_eps")
 
 
 def summed_stats(calls: list[dict[str, float]]) -> dict[str, float]:
-    """The `SUMMED_STATS` the calls report, each added up over them, and the `FLAG_STATS`, the largest."""
+    """The `SUMMED_STATS` the calls report, each added up over them, and the `MAX_STATS`, the largest."""
     return {
-        name: float((max if name in FLAG_STATS else sum)(c.get(name, 0.0) for c in calls))
-        for name in (*SUMMED_STATS, *FLAG_STATS)
+        name: float((max if name in MAX_STATS else sum)(c.get(name, 0.0) for c in calls))
+        for name in (*SUMMED_STATS, *MAX_STATS)
         if any(name in c for c in calls)
     }
 

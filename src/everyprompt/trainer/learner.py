@@ -39,7 +39,7 @@ from everyprompt.trainer.data_parallel import DataParallel
 from everyprompt.trainer.distill import Distillation
 from everyprompt.trainer.forward import PolicyForward, policy_router
 from everyprompt.trainer.interface import LearnerSide
-from everyprompt.trainer.mismatch import batch_mismatch, fed_tokens
+from everyprompt.trainer.mismatch import batch_mismatch, batch_mismatch_values, fed_tokens, finish_mismatch
 from everyprompt.trainer.optim import build_optimizer, build_scheduler
 from everyprompt.trainer.replica import BehaviourReplica
 from everyprompt.trainer.signal import batch_advantages, carries_signal, drop_zero_variance
@@ -289,8 +289,8 @@ class Learner(LearnerSide):
     def _accumulate(self, batch, rows, data, advantages, num_tokens, routes_key, measure, held):
         """The micro-batches' forward and backward passes of a mini-batch step (this rank's share of
         them), the gradients' reduction across ranks, then the optimizer step. The step's figures stay on
-        the device until one read back after the optimizer step (two with the gradient norm, which decides
-        whether the step is taken)."""
+        the device until one read back, with the finite flag and the gradient norm that decide whether the
+        step is taken."""
         zero = torch.zeros((), device=self.device)
         sums: dict[str, torch.Tensor] = {"loss/policy": zero, "entropy_sum": zero}
         measured: list[tuple[int, list]] = []
@@ -322,23 +322,28 @@ class Learner(LearnerSide):
             for name, value in part_sums.items():  # sums (*_sum) add up; per-token means by their weight
                 value = value if name == "loss/policy" or name.endswith("_sum") else value * weight
                 sums[name] = sums.get(name, zero) + value
-        if self.parallel.any(not bool(finite)):
-            bad = float(sums["loss/policy"])
-            return self._skip("loss" if not bool(finite) else "another rank's loss", bad)
+        # one read back from the device for the whole step: whether every loss was finite, the gradient
+        # norm (together they decide whether the step is taken), the step's figures and its mismatch
         self.parallel.reduce_gradients(self.model)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.rl.max_grad_norm)
-        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+        mismatch = {}
+        if measure:
+            order = self.parallel.in_order
+            mismatch = batch_mismatch_values(batch, rows, order(measured), order(used) or None)
+        read = host_floats({"learner:finite": finite, "learner:grad_norm": grad_norm, **sums, **mismatch})
+        finite_here = read.pop("learner:finite") >= 1.0
+        if self.parallel.any(not finite_here):
+            return self._skip("loss" if not finite_here else "another rank's loss", read["loss/policy"])
+        grad_norm = read.pop("learner:grad_norm")
         if not math.isfinite(grad_norm):
             return self._skip("gradient norm", grad_norm)
         self.optimizer.step()
         self.consecutive_skips = 0
-        stats = self.parallel.sum(host_floats(sums))
+        stats = self.parallel.sum({name: read[name] for name in sums})
         if self.distill is not None:
             self.distill.finish(stats, num_tokens)
-        if measure:
-            order = self.parallel.in_order
-            logps, routes = order(measured), order(used)
-            stats.update(batch_mismatch(batch, rows, logps, routes or None))
+        stats.update(finish_mismatch(read))
         return {
             **stats,
             "actor/entropy": stats.pop("entropy_sum") / num_tokens,

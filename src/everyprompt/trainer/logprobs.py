@@ -71,7 +71,8 @@ def _scatter(values: torch.Tensor | None, sequence, position, shape) -> torch.Te
 def pack(
     input_ids: torch.Tensor, lengths: list[int], pad_id: int
 ) -> tuple[torch.Tensor, torch.Tensor, PackedLayout]:
-    """Packed input_ids and position_ids [R, W] of right-padded `input_ids` [B, L] with true `lengths`."""
+    """Packed input_ids and position_ids [R, W] of right-padded `input_ids` [B, L] with true `lengths` (the
+    position ids on the host: `packed_mask` reads them there, and the forward moves them)."""
     layout = pack_layout(lengths, input_ids.shape[1])
     device = input_ids.device
     packed = torch.full((layout.num_rows, layout.width), pad_id, dtype=input_ids.dtype, device=device)
@@ -81,7 +82,29 @@ def pack(
     for i, n in enumerate(lengths):
         packed[rows[i], offsets[i] : offsets[i] + n] = input_ids[i, :n]
         positions[rows[i], offsets[i] : offsets[i] + n] = torch.arange(n)
-    return packed, positions.to(device), layout
+    return packed, positions, layout
+
+
+def packed_mask(model, positions: torch.Tensor, device) -> torch.Tensor | None:
+    """The attention mask [R, 1, W, W] (True: attend) that transformers' SDPA attention builds for packed rows
+    of host `positions`, built here on the host and copied over: a token sees the earlier tokens of its own
+    segment (a segment: a run of positions rising by one). transformers finds the segments on the device and
+    reads back whether any row holds two, a host sync in every forward; given a 4D mask it takes it as is.
+    None (transformers builds its own) for an attention other than SDPA's, or a model with sliding-window
+    layers (one mask would serve them all)."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return None
+    sliding = getattr(config, "use_sliding_window", bool(getattr(config, "sliding_window", None)))
+    layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if config._attn_implementation != "sdpa" or layer_types != {"full_attention"} or sliding:
+        return None
+    start = torch.ones_like(positions, dtype=torch.bool)
+    start[:, 1:] = positions[:, 1:] - positions[:, :-1] != 1
+    segment = start.cumsum(-1)
+    same = segment[:, :, None] == segment[:, None, :]
+    causal = torch.ones(positions.shape[1], positions.shape[1], dtype=torch.bool).tril()
+    return (same & causal)[:, None].to(device, non_blocking=True)
 
 
 def token_logprobs(
@@ -120,14 +143,19 @@ def token_logprobs(
         forward_ids, positions = input_ids, None
         rows, offsets = torch.arange(input_ids.shape[0]), torch.zeros(input_ids.shape[0], dtype=torch.long)
     else:
-        forward_ids, positions, layout = pack(input_ids, lengths, pad_id)
+        forward_ids, host_positions, layout = pack(input_ids, lengths, pad_id)
+        positions = host_positions.to(forward_ids.device)
         rows, offsets = layout.row, layout.offset
+    mask = None if positions is None else packed_mask(model, host_positions, forward_ids.device)
+    inputs = {"input_ids": forward_ids, "position_ids": positions, "use_cache": False}
+    if mask is not None:
+        inputs["attention_mask"] = mask
     with _routing(router, routes, recorded, forward_ids.shape, rows, offsets, lengths_, hold):
         if chunk:
             with hidden_states_of(model) as captured:
-                model(input_ids=forward_ids, position_ids=positions, use_cache=False)
+                model(**inputs)
         else:
-            logits = model(input_ids=forward_ids, position_ids=positions, use_cache=False).logits[:, :-1]
+            logits = model(**inputs).logits[:, :-1]
     shape = (input_ids.shape[0], input_ids.shape[1] - 1)
     if chunk:  # the hidden states [R, W, H] of the targets asked for, through the head in chunks
         hidden = captured[-1]

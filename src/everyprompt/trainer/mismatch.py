@@ -12,23 +12,31 @@ from collections.abc import Sequence
 
 import torch
 
+from everyprompt.algorithms.registry import host_floats
 from everyprompt.batch import RolloutBatch
 from everyprompt.models.replay import same_expert_sets
 
 
-def mismatch_metrics(
+def mismatch_metrics(*args, **kwargs) -> dict[str, float]:
+    """`mismatch_values`' figures, read back in one copy and finished on the host (`finish_mismatch`)."""
+    values = mismatch_values(*args, **kwargs)
+    return finish_mismatch(host_floats(values)) if values else {}
+
+
+def mismatch_values(
     prompt_lengths: Sequence[int],
     trainer_logprobs: Sequence[torch.Tensor],  # N x [completion]: the trainer's old-policy log-probs
     engine_logprobs: Sequence[torch.Tensor],  # N x [completion]: the engine's
     trainer_routes: Sequence[torch.Tensor] | None = None,  # N x [fed tokens, L_moe, k]: routes it used
     engine_routes: Sequence[torch.Tensor] | None = None,  # N x [fed tokens, L_moe, k]: the engine's
     masks: Sequence[torch.Tensor] | None = None,  # N x [completion] bool: the model's own tokens
-) -> dict[str, float]:
+) -> dict[str, torch.Tensor]:
     """Over completion tokens: mean |logp_trainer - logp_engine|, the k3 estimate of KL(engine || trainer),
     the share of tokens whose ratio pi_trainer / pi_engine exceeds 2; with both sides' routes: the share
     of (token, MoE layer) pairs routed to the same expert set, and |dlogp| on tokens whose input token
     was routed differently in some layer ("flipped") and on the rest. With `masks`, over the model's own
-    completion tokens only (an episode's environment tokens have no engine log-prob)."""
+    completion tokens only (an episode's environment tokens have no engine log-prob). The figures stay
+    tensors on the device (a caller reads them back with its own, then `finish_mismatch`)."""
     if not trainer_logprobs:
         return {}
     old = torch.cat(list(trainer_logprobs))
@@ -61,17 +69,23 @@ def mismatch_metrics(
         diff = log_ratio.abs()[: flipped_tokens.numel()]
         values["mismatch/routing_agreement"] = torch.stack(same_pairs).sum().double() / max(pairs, 1)
         values["mismatch/flipped_token_fraction"] = flipped_tokens.mean()
-        values["flipped"] = flipped_tokens.sum()
-        values["flipped_diff"] = (diff * flipped_tokens).sum()
-        values["unflipped_diff"] = (diff * (1 - flipped_tokens)).sum()
-    metrics = dict(zip(values, torch.stack(list(values.values())).tolist()))
-    if "flipped" in metrics:
-        count, total = metrics.pop("flipped"), len(flipped_tokens)
-        flipped_diff, unflipped_diff = metrics.pop("flipped_diff"), metrics.pop("unflipped_diff")
+        values["mismatch:flipped"] = flipped_tokens.sum()
+        values["mismatch:tokens"] = torch.full((), float(flipped_tokens.numel()), device=device)
+        values["mismatch:flipped_diff"] = (diff * flipped_tokens).sum()
+        values["mismatch:unflipped_diff"] = (diff * (1 - flipped_tokens)).sum()
+    return values
+
+
+def finish_mismatch(read: dict[str, float]) -> dict[str, float]:
+    """The `mismatch/*` metrics from `mismatch_values`' figures read back as floats (among others, which
+    are left out): the flipped and unflipped tokens' mean |dlogp| where there are any."""
+    metrics = {key: value for key, value in read.items() if key.startswith("mismatch/")}
+    if "mismatch:flipped" in read:
+        count, total = read["mismatch:flipped"], read["mismatch:tokens"]
         if count > 0:
-            metrics["mismatch/logp_abs_diff_flipped"] = flipped_diff / count
+            metrics["mismatch/logp_abs_diff_flipped"] = read["mismatch:flipped_diff"] / count
         if count < total:
-            metrics["mismatch/logp_abs_diff_unflipped"] = unflipped_diff / (total - count)
+            metrics["mismatch/logp_abs_diff_unflipped"] = read["mismatch:unflipped_diff"] / (total - count)
     return metrics
 
 
@@ -87,8 +101,16 @@ def batch_mismatch(
     batch: RolloutBatch, rows: list[int], trainer_logprobs, trainer_routes
 ) -> dict[str, float]:
     """`mismatch_metrics` of `rows` of `batch`: the trainer's values given, the engine's from the batch."""
+    values = batch_mismatch_values(batch, rows, trainer_logprobs, trainer_routes)
+    return finish_mismatch(host_floats(values)) if values else {}
+
+
+def batch_mismatch_values(
+    batch: RolloutBatch, rows: list[int], trainer_logprobs, trainer_routes
+) -> dict[str, torch.Tensor]:
+    """`mismatch_values` of `rows` of `batch` (on the device): the trainer's given, the engine's from it."""
     engine_routes = batch.routed_experts
-    return mismatch_metrics(
+    return mismatch_values(
         [len(batch.prompt_ids[r]) for r in rows],
         trainer_logprobs,
         [batch.rollout_logprobs[r] for r in rows],

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-from everyprompt.choices import GRAPH_BUCKETS, NATIVE_ENGINE, Decoding, check_buckets, decoding
+from everyprompt.choices import GRAPH_BUCKETS, NATIVE_ENGINE, check_buckets, decoding
 from everyprompt.models.lora import merged_state_dict
 from everyprompt.rollout.base import (
     Completion,
@@ -116,14 +116,16 @@ class NativeEngine:
             self.decoding = decoding(compile, cuda_graphs, self.device.type)
         except ValueError as err:
             raise ValueError(f"{err} (the engine's device: {self.device})") from None
-        self.compiler = DecodeCompiler(compile)  # a call that cannot have the static step (below) may compile
         self.static = self.decoding.static
+        self.compiler = DecodeCompiler(
+            self.decoding.compile
+        )  # the static step's: from the first call or never
         try:
             buckets = tuple(b for b in check_buckets(graph_buckets) if b < batch_size) + (batch_size,)
         except ValueError as err:
             raise ValueError(f"graph_buckets {list(graph_buckets)}: {err}") from None
         # graphs where real CUDA runs (a fake CUDA device runs the static step eagerly)
-        capture = self.decoding is Decoding.GRAPHS and torch.cuda.is_available()
+        capture = self.decoding.graphs and torch.cuda.is_available()
         self.graphs = StepGraphs(buckets, capture=capture, device=self.device)
         self._static: StaticStep | None = None
         self._decode_layers: list[Layer] | None = None  # fp8's dequantised layers, kept for the static step
@@ -357,27 +359,30 @@ class NativeEngine:
         self.stats.update(stepper.stats())
 
     def _stepper(self, shared: bool) -> DecodeStep:
-        """How this call decodes: the static step (where asked for, on the engine's shared cache), else
-        the plain step, compiled (`compile`: on, or auto once eager decoding has cost enough) or eager."""
+        """How this call decodes (`self.decoding`): the static step (on the engine's shared cache), else the
+        plain step; either compiled where `compile` says so (auto: the plain step, once eager decoding has
+        cost enough). The static step keeps the model it was made with: its graphs captured those bodies."""
+        compiled = self.compiler.active
+        if compiled and not self.compiler.bound:
+            self.compiler.bind(self.decode, sample_tokens)
+        model = StepModel(
+            self.compiler.forward if compiled else self.decode,
+            self.compiler.sample if compiled else sample_tokens,
+            self.cache,
+            self.config.vocab_size,
+            self.pad_token_id,
+            self.device,
+            self.step_precision,
+            compiled,
+        )
         if self.static and shared:
             if self._static is None:
                 routers = [layer.router for layer in self.layers if layer.router is not None]
                 moe = (len(routers), self.moe.routing.top_k, routers[0].shape[1]) if routers else None
                 buffers = StepBuffers.allocate(self.batch_size, self.config.vocab_size, self.device, moe)
-                self._static = StaticStep(self._step_model(self.decode), buffers, self.graphs)
+                self._static = StaticStep(model, buffers, self.graphs)
             return self._static
-        if not self.compiler.active:
-            return PlainStep(self._step_model(self.decode), self.decode, sample_tokens, compiled=False)
-        if not self.compiler.bound:
-            self.compiler.bind(self.decode, sample_tokens)
-        model = self._step_model(self.compiler.forward)
-        return PlainStep(model, self.compiler.forward, self.compiler.sample, compiled=True)
-
-    def _step_model(self, decode) -> StepModel:
-        """What a decode step reads of this engine (step.py), its forward `decode`."""
-        return StepModel(
-            decode, self.cache, self.config.vocab_size, self.pad_token_id, self.device, self.step_precision
-        )
+        return PlainStep(model)
 
     def decode(self, layers, tokens, positions, caches, record: bool):
         """One decode step of every cache row: the logits [B, V] of each row's next token after feeding

@@ -12,7 +12,8 @@ their addresses (the engine's `load_weights` copies in place); the engine drops 
 these is reallocated.
 
 Whether an engine captures is decided with how it decodes (choices.decoding, from `rollout.cuda_graphs`,
-`rollout.compile` and the device): `Decoding.GRAPHS`.
+`rollout.compile` and the device): `Decoding.graphs`. With `compile=on` the bodies captured are
+torch.compile's (compiled.py): Inductor's fused kernels inside the graph.
 A graph is trusted only once its first replay has written what the eager warm-up wrote on the same inputs,
 judged at the precision the step computes in (trust.py: tokens equal, values within a few epsilons of the
 step's dtype at each row's scale, the same greedy tokens save near-ties). A capture that fails (an

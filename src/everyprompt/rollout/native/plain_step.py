@@ -8,17 +8,12 @@ import torch
 
 from everyprompt.rollout.native.cache import readable
 from everyprompt.rollout.native.slots import Slots
-from everyprompt.rollout.native.step import DecodeStep, StepModel
+from everyprompt.rollout.native.step import DecodeStep
 
 
 class PlainStep(DecodeStep):
     """Eager: each step reads the rows up to the last running one and the cache up to the furthest
-    position (on the CPU a step's cost follows them). Compiled: the call's whole cache width, masked.
-    `forward` and `sample`: the decode forward and sampler it runs (eager, or their compiled graphs)."""
-
-    def __init__(self, model: StepModel, forward, sample, compiled: bool):
-        super().__init__(model)
-        self._forward, self._sample, self.compiled = forward, sample, compiled
+    position (on the CPU a step's cost follows them). Compiled: the call's whole cache width, masked."""
 
     def views(self, pool: int, width: int, shared: bool):
         # a compiled step reads the call's whole cache width (masked), so its cache is contiguous and of one
@@ -27,7 +22,7 @@ class PlainStep(DecodeStep):
 
     def sample(self, state: Slots, active: list[int], index: torch.Tensor, step: torch.Tensor, settings):
         """The active rows' samples; `step` [n]: their counts of sampled tokens (the loop's, read once)."""
-        return self._sample(state.logits[index], state.seed[index], step, *settings)
+        return self.model.sample(state.logits[index], state.seed[index], step, *settings)
 
     def forward(self, layers, state: Slots, running: list[int], running_index, fed, caches, record) -> None:
         model = self.model
@@ -43,7 +38,7 @@ class PlainStep(DecodeStep):
             top = running[-1] + 1  # past the last running one are left out (a live pool keeps them)
             seen = readable(caches, max(state.host_length[:top]) + 1, top)
             tokens, positions = tokens[:top], positions[:top]
-        logits, routes = self._forward(layers, tokens, positions, seen, record is not None)
+        logits, routes = self.model.decode(layers, tokens, positions, seen, record is not None)
         state.logits[running_index] = logits[running_index]
         if record is not None:
             record.store(routes, running_index, state.length[running_index], step=0)

@@ -31,7 +31,6 @@ from everyprompt.rollout.native.graphs import StepGraphs
 from everyprompt.rollout.native.slots import Slots
 from everyprompt.rollout.native.step import DecodeStep, StepModel
 from everyprompt.rollout.native.trust import Output
-from everyprompt.rollout.sampling import sample_tokens
 
 # the share of a replay's recorded experts that may differ from the eager step's: a router's near-tie goes
 # either way under one unit of rounding (trust.py); a graph that routes wrongly differs in far more
@@ -140,7 +139,7 @@ class StaticStep(DecodeStep):
                 if per_row
                 else settings
             )
-            tokens, logprobs, entropies = sample_tokens(
+            tokens, logprobs, entropies = self.model.sample(
                 buffers.logits[:rows], buffers.seed[:rows], buffers.step[:rows], *options
             )
             buffers.sampled[:rows].copy_(tokens)

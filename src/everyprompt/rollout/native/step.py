@@ -24,15 +24,19 @@ from everyprompt.rollout.native.slots import Record, Slots
 @dataclass(frozen=True)
 class StepModel:
     """What a decode step reads of its engine: the decode forward `decode(layers, tokens [B], positions [B],
-    caches, record) -> (logits [B, V], routes)`, the engine's cache, its vocabulary size, pad token and
-    device, and the precision its decode computes in (a graph's replay is judged at it: trust.py)."""
+    caches, record) -> (logits [B, V], routes)` and the sampler `sample(logits, seeds, positions,
+    temperature, top_p, greedy) -> (tokens, log-probs, entropies)` (eager, or torch.compile's: `compiled`),
+    the engine's cache, its vocabulary size, pad token and device, and the precision its decode computes in
+    (a graph's replay is judged at it: trust.py)."""
 
     decode: Callable
+    sample: Callable
     cache: KVCache
     vocab_size: int
     pad_token_id: int
     device: torch.device
     precision: torch.dtype
+    compiled: bool = False
 
 
 class DecodeStep(ABC):
@@ -40,10 +44,13 @@ class DecodeStep(ABC):
     `compiled`: its forward runs through torch.compile."""
 
     static: bool = False
-    compiled: bool = False
 
     def __init__(self, model: StepModel):
         self.model = model
+
+    @property
+    def compiled(self) -> bool:
+        return self.model.compiled
 
     def slots(self, pool: int, max_new_tokens: int) -> Slots:
         """The call's decoding state: `pool` rows of at most `max_new_tokens` samples."""
