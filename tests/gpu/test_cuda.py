@@ -90,6 +90,29 @@ def test_a_bf16_train_step_on_cuda():
     assert any(not torch.equal(before[k], v) for k, v in learner.state_dict().items())
 
 
+@pytest.mark.parametrize("compile", ["off", "on"], ids=["graphs", "compiled-graphs"])
+def test_every_rl_step_after_the_first_replays_its_graphs(tmp_path, compile):
+    """A real run on CUDA (the tiny model, bf16 engine): the engine stays awake with its graphs, captures in
+    the first step and replays in every later one; no decode phase runs without its graph, and no capture
+    is refused (the H200's RL step refused every graph under the first trust rule, 1e-3 on bf16 logits)."""
+    from everyprompt.pipeline import Run
+
+    config = tiny_config(
+        "rollout.precision=bf16", "rl.old_logprobs=recompute", "rl.steps=3", f"rollout.compile={compile}"
+    )
+    trainer = Run(config, tmp_path / "run").trainer()
+    try:
+        assert trainer.engine.decoding.graphs and trainer.engine.graphs.capture
+        history = trainer.train()
+    finally:
+        trainer.close()
+    assert [m["rollout/graph_failed"] for m in history] == [0.0, 0.0, 0.0], trainer.engine.graphs.failure
+    assert history[0]["rollout/graph_captures"] > 0
+    for later in history[1:]:
+        assert later["rollout/graph_eager_steps"] == 0.0 and later["rollout/graph_replays"] > 0
+        assert later["rollout/graph_replay_eps"] <= 4.0
+
+
 def _nccl_rank(rank: int, world: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)

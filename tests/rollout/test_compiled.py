@@ -175,6 +175,32 @@ def test_on_stops_at_a_failing_compile(tiny_model, monkeypatch):
         list(engine.generate(_requests(tokenizer), SamplingParams(4)))
 
 
+def test_the_static_steps_failing_compile_is_given_up_with_a_warning(tiny_model, monkeypatch, caplog):
+    """compile=on with the static step (fused bodies, captured on a GPU): a compile that fails costs the
+    speed, not the run: one warning, `compile_failed`, and the eager static step's samples."""
+    model, tokenizer = tiny_model
+    params = SamplingParams(8, record_routes=True)
+    expected = _by_id(
+        NativeEngine.from_model(model, tokenizer, 4, cuda_graphs="static").generate(
+            _requests(tokenizer), params
+        )
+    )
+    monkeypatch.setattr(torch, "compile", _failing_compile)
+    engine = NativeEngine.from_model(model, tokenizer, 4, cuda_graphs="static", compile="on")
+    with caplog.at_level("WARNING"):
+        got = _by_id(engine.generate(_requests(tokenizer), params))
+        list(engine.generate(_requests(tokenizer), params))
+    assert caplog.text.count("rollout.compile=on: compiling the decode step failed") == 1
+    assert engine.stats["compile_failed"] == 1.0 and engine.stats["compiled"] == 0.0
+    for request_id, reference in expected.items():
+        assert got[request_id].token_ids == reference.token_ids
+    from everyprompt.trainer.tally import StepTally
+
+    tally = StepTally()
+    tally.engine_calls.append(dict(engine.stats))
+    assert tally.metrics()["rollout/compile_failed"] == 1.0  # the step's metrics say so too
+
+
 @pytest.mark.slow
 def test_a_compiled_step_runs_large_experts_over_their_own_tokens(tiny_model, monkeypatch):
     """Experts large enough to run over their own tokens on the CPU stay one opaque operator in the

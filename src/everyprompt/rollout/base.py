@@ -111,9 +111,10 @@ class Completion:
 # an engine's per-call figures that add up over the calls of a step (the native engine's CUDA graphs), where
 # an engine reports them: summed by the step's tally and by the Ray engine over its workers; and those whose
 # largest stands for the step: flags that hold if they hold for any call (a capture that failed: its steps
-# ran eagerly), and the largest difference a trusted graph's first replay showed
+# ran eagerly; a compile given up: the step decoded eager), and the largest difference a trusted graph's
+# first replay showed
 SUMMED_STATS = ("graph_replays", "graph_eager_steps", "graph_captures", "graph_capture_s")
-MAX_STATS = ("graph_failed", "graph_replay_eps")
+MAX_STATS = ("graph_failed", "graph_replay_eps", "compile_failed")
 
 
 def summed_stats(calls: list[dict[str, float]]) -> dict[str, float]:

@@ -58,10 +58,15 @@ class DecodeCompiler:
     """Chooses, per generate call, the eager or the compiled forward and sampler of one engine; records
     the eager time spent (for `auto`) and the compile's cost (`stats`)."""
 
-    def __init__(self, mode: str = "off", auto_after_s: float = AUTO_AFTER_S):
+    def __init__(self, mode: str = "off", auto_after_s: float = AUTO_AFTER_S, give_up: bool | None = None):
+        """`give_up`: a graph that fails to compile is given up with a warning and its eager function runs
+        from then on (by default under `auto` only: under `on` the error stops the run); the static step
+        gives up under `on` too, as a capture that fails does (its compiled bodies are an optimisation of
+        the same numbers)."""
         if mode not in COMPILE_MODES:
             raise ValueError(f"rollout.compile must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
         self.mode, self.auto_after_s = mode, auto_after_s
+        self.give_up = mode == "auto" if give_up is None else give_up
         self.eager_s = 0.0  # time spent in eager decode steps so far
         self.compile_s = 0.0  # time the compiled graphs' first calls took (tracing, code generation, gcc)
         self._forward: Callable | None = None
@@ -118,9 +123,10 @@ class DecodeCompiler:
         return self._timed("sample", self._sample, logits, seeds, positions, temperature, top_p, greedy)
 
     def _timed(self, name: str, fn: Callable, *args):
-        """`fn(*args)`, its first call's time counted as compile time. Under `auto` a compiled graph that
-        fails (an operator or a model inductor cannot handle) is given up with a warning and the engine
-        decodes eager from then on; under `on` the error stops the run."""
+        """`fn(*args)`, its first call's time counted as compile time. Where the compiler gives up (`auto`,
+        and the static step's `on`) a compiled graph that fails (an operator or a model inductor cannot
+        handle) is given up with a warning and the engine decodes eager from then on (`compile_failed`);
+        otherwise the error stops the run."""
         if self.failure is not None:
             return self._eager[name](*args)
         first = name in self._pending
@@ -128,13 +134,14 @@ class DecodeCompiler:
         try:
             out = fn(*args)
         except Exception as err:
-            if self.mode != "auto":
+            if not self.give_up:
                 raise
             first_line = (str(err).strip().splitlines() or [""])[0]
             self.failure = f"{type(err).__name__}: {first_line}"
             log.warning(
-                "rollout.compile=auto: compiling the decode step failed (%s); decoding eager from now on "
+                "rollout.compile=%s: compiling the decode step failed (%s); decoding eager from now on "
                 "(rollout.compile=off skips the attempt)",
+                self.mode,
                 self.failure,
             )
             return self._eager[name](*args)

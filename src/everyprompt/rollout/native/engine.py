@@ -117,9 +117,8 @@ class NativeEngine:
         except ValueError as err:
             raise ValueError(f"{err} (the engine's device: {self.device})") from None
         self.static = self.decoding.static
-        self.compiler = DecodeCompiler(
-            self.decoding.compile
-        )  # the static step's: from the first call or never
+        # the static step's compile: from the first call or never, and given up (with a warning) if it fails
+        self.compiler = DecodeCompiler(self.decoding.compile, give_up=True if self.static else None)
         try:
             buckets = tuple(b for b in check_buckets(graph_buckets) if b < batch_size) + (batch_size,)
         except ValueError as err:
