@@ -34,7 +34,7 @@ def test_the_gpu_suite_runs_every_step_on_tiny_models(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     steps = (out / "steps.txt").read_text().splitlines()
     ran = [line.split()[0] for line in steps if " exit " in line]
-    assert ran == ["models", "dense", "rl_step", "test-gpu", "learner", "moe"], steps
+    assert ran == ["models", "rl_step", "dense", "learner", "test-gpu", "moe"], steps
     assert all(" exit 0 " in line for line in steps if " exit " in line), steps
     for name in ("tiny-dense", "tiny-moe8"):
         payload = json.loads((out / f"throughput_{name}.json").read_text())
@@ -136,7 +136,7 @@ def test_the_gpu_suites_recipes_load_as_the_gpu_runs_them(tmp_path):
     from everyprompt.config import load_config
 
     steps = _dry_run("--out", str(tmp_path))
-    assert list(steps) == ["setup", "models", "dense", "rl_step", "test-gpu", "learner", "moe"]
+    assert list(steps) == ["setup", "models", "rl_step", "dense", "learner", "test-gpu", "moe"]
     rl_step = _load("rl_step")
     command = steps["rl_step"]
     config = ROOT / _option(command, "--config")
@@ -236,7 +236,7 @@ def test_a_failed_models_step_skips_the_steps_that_need_a_model_at_once(tmp_path
     assert done.returncode == 3, done.stdout + done.stderr  # models, dense, rl_step
     steps = (tmp_path / "gpu" / "steps.txt").read_text().splitlines()
     assert [line for line in steps if "skipped" in line] == [
-        f"{name} skipped (the models step failed: no GGUF here)" for name in ("dense", "rl_step")
+        f"{name} skipped (the models step failed: no GGUF here)" for name in ("rl_step", "dense")
     ]
 
 

@@ -144,26 +144,35 @@ def test_docs_cite_no_document_outside_the_repository():
     assert not cited, cited
 
 
+def _unnamed_in(text: str, folder=PACKAGE) -> list[str]:
+    """The packages and modules of `folder` that `text` does not name (as `name/` or `name.py`)."""
+    names = sorted(p.name for p in folder.iterdir() if p.name not in ("__init__.py", "__pycache__"))
+    return [n for n in names if not re.search(rf"(?<![\w/]){re.escape(n.removesuffix('.py'))}(\.py|/)", text)]
+
+
 def test_readme_layout_names_every_top_level_module():
     layout = (ROOT / "README.md").read_text().split("## Layout", 1)[1].split("```")[1]
-    names = sorted(
-        p.name if p.is_dir() else p.name
-        for p in PACKAGE.iterdir()
-        if p.name not in ("__init__.py", "__pycache__")
-    )
-    missing = [
-        n for n in names if not re.search(rf"(?<![\w/]){re.escape(n.removesuffix('.py'))}(\.py|/)", layout)
-    ]
+    missing = _unnamed_in(layout)
     assert not missing, f"README's layout does not name: {missing}"
 
 
-def test_no_source_file_is_over_400_lines_and_no_command_module_over_200():
+def test_the_architecture_page_names_every_package_and_top_level_module():
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    missing = _unnamed_in(page)
+    assert not missing, f"docs/architecture.md does not name: {missing}"
+    native = _unnamed_in(page, PACKAGE / "rollout" / "native")  # the engine's rooms, each said in a line
+    assert not native, f"docs/architecture.md does not name rollout/native's {native}"
+
+
+def test_no_file_is_over_400_lines_and_no_command_module_over_200():
+    """src/, bench/ and tests/: a file past 400 lines holds more than one room's worth."""
     sizes = {path: len(path.read_text().splitlines()) for path in sorted(PACKAGE.rglob("*.py"))}
     long = [f"{p.relative_to(ROOT)}: {n}" for p, n in sizes.items() if n > 400]
     long += [f"{p.relative_to(ROOT)}: {n}" for p, n in sizes.items() if p.parent.name == "cli" and n > 200]
     long += [
         f"{p.relative_to(ROOT)}: {n}"
-        for p in sorted((ROOT / "bench").rglob("*.py"))
+        for folder in ("bench", "tests")
+        for p in sorted((ROOT / folder).rglob("*.py"))
         if (n := len(p.read_text().splitlines())) > 400
     ]
     assert not long, long

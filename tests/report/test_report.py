@@ -124,10 +124,10 @@ def test_missing_run_directory_and_missing_metrics_are_clear_errors(tmp_path):
 
 
 def test_moving_average_by_hand():
-    from everyprompt.report import _moving_average
+    from everyprompt.report import moving_average
 
     # windows of 2 over 1, 2, 4, NaN, 8: 1.5, 3, 4 (NaN skipped), 8
-    assert _moving_average([1.0, 2.0, 4.0, float("nan"), 8.0], 2) == [1.5, 3.0, 4.0, 8.0]
+    assert moving_average([1.0, 2.0, 4.0, float("nan"), 8.0], 2) == [1.5, 3.0, 4.0, 8.0]
 
 
 def test_nan_only_series_summarises_to_nan(tmp_path):

@@ -1,5 +1,5 @@
 """The run directory's one owner: its names and finders (run/layout.py) and where a run starts
-(run/resume.py), on directories made by hand."""
+(pipeline/resume.py), on directories made by hand."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import logging
 
 import pytest
 
-from everyprompt.run.layout import RunLayout, SweepLayout, find_checkpoint, numbered, series
-from everyprompt.run.resume import (
+from everyprompt.pipeline.resume import (
     SFTStart,
     latest_complete_checkpoint,
     resolve_checkpoint,
     rl_start,
     sft_start,
 )
+from everyprompt.run.layout import RunLayout, SweepLayout, find_checkpoint, numbered, series
 from everyprompt.trainer.checkpoint import CheckpointError, _write_manifest
 
 

@@ -11,7 +11,7 @@ from everyprompt.cli import main
 from everyprompt.data import DataError
 from everyprompt.data.passrate import PassRateStore
 from everyprompt.pipeline import Run, train
-from everyprompt.run.resume import resolve_checkpoint
+from everyprompt.pipeline.resume import resolve_checkpoint
 from everyprompt.trainer.checkpoint import load_trainer_state
 from tests.conftest import tiny_config
 

@@ -14,13 +14,13 @@ from everyprompt.data import load_prompt_file
 from everyprompt.hub import is_hub_name
 from everyprompt.models.io import load_pretrained
 from everyprompt.models.precision import training_dtype
+from everyprompt.pipeline.resume import resolve_checkpoint
 from everyprompt.pipeline.run import Run
 from everyprompt.report.console import accuracy_table
 from everyprompt.rollout import build_engine
 from everyprompt.run.files import write_json_atomic, write_jsonl_atomic
 from everyprompt.run.layout import eval_dir
 from everyprompt.run.machine import machine
-from everyprompt.run.resume import resolve_checkpoint
 from everyprompt.trainer import RLTrainer
 from everyprompt.zve.workflow import FilteredFile, filter_prompt_file
 

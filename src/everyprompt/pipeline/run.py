@@ -1,5 +1,5 @@
 """A run's stages over its run directory: the warm-started model (SFT), the offline filter, the RL trainer
-(fresh or resumed) and the held-out evaluation. Where a stage starts is `run/resume.py`'s decision; which
+(fresh or resumed) and the held-out evaluation. Where a stage starts is `pipeline/resume.py`'s decision; which
 file holds what is `run/layout.py`'s."""
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ from everyprompt.models.io import config_tokenizer, load_model_and_tokenizer, lo
 from everyprompt.models.lora import load_adapter
 from everyprompt.models.precision import emulates_bf16, training_dtype, training_kernels
 from everyprompt.pipeline.backends import build_trainer
+from everyprompt.pipeline.resume import rl_start, sft_start
 from everyprompt.rewards import build_reward
 from everyprompt.rollout import resolve_engine
 from everyprompt.rollout.stops import stop_token_ids
 from everyprompt.run.files import write_json_atomic
 from everyprompt.run.layout import RunLayout
-from everyprompt.run.resume import rl_start, sft_start
 from everyprompt.trainer import RLTrainer, run_sft, save_checkpoint
 from everyprompt.trainer.checkpoint import CheckpointError, load_trainer_state
 from everyprompt.trainer.distill import check_teachers, student_name
@@ -189,7 +189,7 @@ class Run:
         """The starting policy: the configured model, after the SFT stage when `sft.steps` > 0.
 
         A finished SFT checkpoint in the run directory is reused; an SFT stage that was cut short continues
-        from its newest complete checkpoint (`run/resume.py`).
+        from its newest complete checkpoint (`pipeline/resume.py`).
         """
         start = sft_start(self.layout, self.config.sft.steps)
         if start.finished is not None:

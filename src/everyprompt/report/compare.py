@@ -7,9 +7,9 @@ import io
 import math
 from dataclasses import dataclass, replace
 
-from everyprompt.report import REDUCTIONS, _mean, _moving_average
 from everyprompt.report.runs import Arm, RunRecord
 from everyprompt.report.stats import Difference, Spread, bootstrap_difference, finite
+from everyprompt.report.summary import REDUCTIONS, finite_mean, moving_average
 
 FINAL = "final"  # a column's figure from the held-out eval after the last step
 
@@ -155,7 +155,7 @@ def _smooth(steps: list[int], values: list[float]) -> tuple[list[int], list[floa
     if len(values) <= 20:
         return steps, values
     window = max(2, len(values) // 10)
-    return steps[window - 1 :], _moving_average(values, window)
+    return steps[window - 1 :], moving_average(values, window)
 
 
 def arm_curve(arm: Arm, key: str) -> tuple[list[int], list[float], list[float], list[float]] | None:
@@ -174,7 +174,7 @@ def arm_curve(arm: Arm, key: str) -> tuple[list[int], list[float], list[float], 
     steps = sorted(by_step)
     return (
         steps,
-        [_mean(by_step[s]) for s in steps],
+        [finite_mean(by_step[s]) for s in steps],
         [min(by_step[s]) for s in steps],
         [max(by_step[s]) for s in steps],
     )

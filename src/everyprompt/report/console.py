@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from everyprompt.report import format_row
 from everyprompt.report.compare import describe, describe_difference, summary
+from everyprompt.report.summary import format_row
 
 
 def _levels(results: dict[str, float]) -> list[str]:

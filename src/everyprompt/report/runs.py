@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from everyprompt.report import Metrics, ReportError, _read_config, load_metrics
+from everyprompt.report.summary import Metrics, ReportError, load_metrics, read_config
 from everyprompt.run.layout import RunLayout, SweepLayout
 
 SEED_KEY = "seed"
@@ -118,7 +118,7 @@ def load_run(run_dir: Path, name: str | None = None, state: str | None = None) -
     return RunRecord(
         name=name or run_dir.name,
         path=run_dir,
-        config=flatten(_read_config(run_dir)),
+        config=flatten(read_config(run_dir)),
         rl=rl,
         sft=sft,
         final=final,

@@ -4,7 +4,7 @@ A checkpoint is written into a temporary directory; every file is fsynced, then 
 file's size and SHA-256) is written last, and the directory is renamed into place; `latest` is a symlink
 swapped atomically. A kill at any instant leaves the previous checkpoints whole. On resume a checkpoint
 is trusted only if its manifest matches: a truncated or altered file is reported by name, and the run
-falls back to the newest complete checkpoint (`run/resume.py` decides where a run starts).
+falls back to the newest complete checkpoint (`pipeline/resume.py` decides where a run starts).
 """
 
 from __future__ import annotations
