@@ -14,7 +14,7 @@ TEST_WORKERS ?= 2
 # No .pyc precompilation of every installed file: imports compile what they use (saves ~40 s).
 PIP := $(BIN)/pip install --quiet --no-compile --disable-pip-version-check
 
-.PHONY: demo test test-slow test-gpu lint bench install chromium smollm2 smollm2-moe
+.PHONY: demo test test-long test-slow test-gpu lint bench install chromium smollm2 smollm2-moe
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+
+# the multi-process and end-to-end checks of tens of seconds each (kills, resumes, Ray, sweeps, the GPU
+# suite's smoke), apart so that `make test` stays a few minutes; .ci/run runs both
+test-long: $(STAMP)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "long and not slow"
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow

@@ -33,6 +33,7 @@ def _saved_tiny_model(directory: Path) -> Path:
     return directory
 
 
+@pytest.mark.long  # tens of seconds: `make test-long` (.ci/run runs it after `make test`)
 def test_algorithms_bench_smoke(tmp_path, capsys):
     bench = _load("algorithms")
     args = "--tiny --steps 2 --evals 1 --workers 1 --seeds 0".split() + ["--out", str(tmp_path)]

@@ -20,6 +20,7 @@ from tests.test_bench import _load
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.long  # tens of seconds: `make test-long` (.ci/run runs it after `make test`)
 def test_the_gpu_suite_runs_every_step_on_tiny_models(tmp_path):
     out = tmp_path / "gpu"
     env = {**os.environ, "PYTHON": sys.executable}

@@ -110,6 +110,7 @@ sys.exit(1 if failed else 0)
 """
 
 
+@pytest.mark.long  # tens of seconds: `make test-long` (.ci/run runs it after `make test`)
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
 def test_every_module_imports_first():
     """A cycle through a package's __init__ shows only when a module of the cycle is imported before the

@@ -78,6 +78,7 @@ def test_a_signal_ends_the_step_checkpoints_and_says_how_to_resume(tmp_path, sig
     assert (tmp_path / "checkpoints" / "latest").resolve().name == f"step_{steps}"
 
 
+@pytest.mark.long  # tens of seconds: `make test-long` (.ci/run runs it after `make test`)
 def test_a_signal_during_sft_checkpoints_sft_and_the_resume_finishes_it(tmp_path):
     run = _start_train(tmp_path, "sft.steps=100", "sft.checkpoint_every=0", "rl.steps=1")
     try:

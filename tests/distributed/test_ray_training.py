@@ -59,6 +59,7 @@ def _step_weights(run_dir, step: int) -> dict[str, torch.Tensor]:
     return load_pretrained(run_dir / "checkpoints" / f"step_{step}")[0].state_dict()
 
 
+@pytest.mark.long  # tens of seconds: `make test-long` (.ci/run runs it after `make test`)
 @pytest.mark.parametrize("sharding", ["ddp", pytest.param("fsdp2", marks=pytest.mark.slow)])
 def test_two_learner_ranks_train_as_one_process_and_resume_on_one(
     ray_instance, local_run, tmp_path, sharding
@@ -89,6 +90,7 @@ def test_a_two_rank_ddp_checkpoint_resumes_on_two_fsdp2_ranks(ray_instance, loca
     assert _losses(tmp_path) == pytest.approx(_losses(local_run)[:3], rel=1e-4, abs=1e-6)
 
 
+@pytest.mark.long  # tens of seconds: `make test-long` (.ci/run runs it after `make test`)
 def test_a_lost_learner_rank_stops_the_run_with_the_resume_command(ray_instance, tmp_path):
     run = Run(tiny_config(*SETTINGS, *RAY), tmp_path)
     trainer = run.trainer()

@@ -41,6 +41,7 @@ def _assert_same_batch(mine, theirs) -> None:
         assert torch.equal(a, b)
 
 
+@pytest.mark.long  # tens of seconds: `make test-long` (.ci/run runs it after `make test`)
 @pytest.mark.parametrize("precision", ["fp32", pytest.param("fp8", marks=pytest.mark.slow)])
 def test_two_rollout_workers_make_the_local_batch(ray_instance, precision):
     """fp8: each worker quantises the weights it is sent, as the local engine does."""
@@ -72,6 +73,7 @@ def test_two_rollout_workers_make_the_local_batch(ray_instance, precision):
         engine.close()
 
 
+@pytest.mark.long  # tens of seconds: `make test-long` (.ci/run runs it after `make test`)
 def test_a_rollout_worker_killed_mid_step_is_replaced_and_its_requests_requeued(ray_instance):
     config = tiny_config(*SETTINGS, "cluster.backend=ray", "cluster.rollout_workers=2")
     model, tokenizer = _model(config)

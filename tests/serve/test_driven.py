@@ -182,6 +182,7 @@ def _serving(base: str) -> bool:
         return False
 
 
+@pytest.mark.long  # tens of seconds: `make test-long` (.ci/run runs it after `make test`)
 def test_acknowledged_groups_survive_a_kill_and_are_trained_on_exactly_once(tmp_path):
     """Groups answered 200 are on disk before the answer: a run killed with SIGKILL right after, and
     resumed, trains on each of them once, in the order posted; the driver posts only what is new."""

@@ -168,6 +168,7 @@ def test_a_2x2_sweep_killed_midway_resumes_and_its_report_names_the_differing_ke
     assert keys_table.count("<tr>") == 3  # a header and the two keys that differ, nothing else
 
 
+@pytest.mark.long  # tens of seconds: `make test-long` (.ci/run runs it after `make test`)
 def test_a_failing_cell_is_reported_and_skipped_and_retried_on_resume(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("everyprompt.sweep.runner.LOG_EVERY_S", 0.0)  # progress lines without a terminal
     sweep_dir = tmp_path / "sweep"
@@ -209,6 +210,7 @@ def test_parallel_below_one_is_refused(tmp_path, capsys):
     assert "--parallel 0" in capsys.readouterr().err and not (tmp_path / "s").exists()
 
 
+@pytest.mark.long  # tens of seconds: `make test-long` (.ci/run runs it after `make test`)
 def test_sigterm_stops_the_cells_after_their_checkpoints_and_the_sweep_resumes(tmp_path):
     sweep_dir = tmp_path / "sweep"
     command = [

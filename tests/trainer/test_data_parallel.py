@@ -59,6 +59,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.long  # tens of seconds: `make test-long` (.ci/run runs it after `make test`)
 @pytest.mark.parametrize("sharding", ["ddp", "fsdp2"])
 def test_two_ranks_update_as_one_process(tmp_path, sharding):
     torch.set_num_threads(1)

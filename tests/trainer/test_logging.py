@@ -116,6 +116,7 @@ def test_warnings_are_kept_in_the_run_directory_and_still_shown(tmp_path, capsys
     assert "second run's warning" in second and "not a warning" not in second
 
 
+@pytest.mark.long  # tens of seconds: `make test-long` (.ci/run runs it after `make test`)
 def test_a_warning_still_reaches_the_console_outside_pytest(tmp_path):
     """With no logging set up (the CLI), a warning is printed as Python prints it, and kept in the file."""
     import subprocess
