@@ -90,7 +90,7 @@ def test_an_outside_driver_samples_scores_and_the_run_trains_on_its_groups(tmp_p
     trainer = threading.Thread(target=run)
     trainer.start()
     base = f"http://127.0.0.1:{port}/v1"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 600  # a bound on a hang, far above the work
     while True:  # the run starts its endpoint once the model is loaded
         try:
             state = httpx.get(f"{base}/rollouts", timeout=5).json()

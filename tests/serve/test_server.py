@@ -86,7 +86,7 @@ class Server:
         finally:
             if self.process.poll() is None:
                 self.process.kill()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while any(is_alive(p) for p in children) and time.monotonic() < deadline:
             time.sleep(0.1)
         return self.process.returncode, self.process.stderr.read(), [p for p in children if is_alive(p)]
@@ -259,7 +259,7 @@ def test_a_client_that_disconnects_frees_its_row(server):
         for line in stream.iter_lines():
             if line.startswith("data: "):
                 break  # one chunk, then the client goes away
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 120
     while server.health()["running"] and time.monotonic() < deadline:
         time.sleep(0.05)
     health = server.health()
