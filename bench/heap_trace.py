@@ -111,7 +111,7 @@ def _phases(sampler: Sampler) -> list[int]:
     """Name the sampler's phase after the loop's: the update, each micro-batch of it, the weight sync that
     follows (the engine loading the new weights), and the rollout (everything else). With `+trim` in the
     environment, the heap is trimmed before each micro-batch; the count of trims done, as a one-item list."""
-    from everyprompt.trainer.learner import Learner
+    from everyprompt.trainer.learner_side.learner import Learner
     from everyprompt.trainer.rollout_side import RolloutSide
 
     update, micro_batch, load_weights = Learner.update, Learner._micro_batch, RolloutSide.load_weights

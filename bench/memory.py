@@ -1,5 +1,5 @@
 """Peak memory and time of the trainer's log-prob pass: the model's full logits against the chunked LM head
-(`model.logprob_chunk`, trainer/head.py), without gradients (old and reference log-probs) and with them
+(`model.logprob_chunk`, trainer/learner_side/head.py), without gradients (old and reference log-probs) and with them
 (the update's forward and backward).
 
 Each measurement runs in a process of its own: the model is loaded, the batch made, the process's peak
@@ -43,7 +43,7 @@ def probe(
     from everyprompt.config import ModelConfig
     from everyprompt.models.io import load_model_and_tokenizer
     from everyprompt.models.precision import autocast
-    from everyprompt.trainer.logprobs import token_logprobs
+    from everyprompt.trainer.learner_side.logprobs import token_logprobs
 
     model, _ = load_model_and_tokenizer(ModelConfig(path=model_path, dtype=dtype), 0)
     model.train(grad).requires_grad_(grad)

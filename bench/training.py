@@ -65,7 +65,7 @@ def measure(overrides: list[str], batch_size: int, steps: int) -> dict:
     from everyprompt.models.io import load_model_and_tokenizer
     from everyprompt.models.lora import apply_lora
     from everyprompt.models.precision import autocast, enable_gradient_checkpointing
-    from everyprompt.trainer.optim import build_optimizer
+    from everyprompt.trainer.learner_side.optim import build_optimizer
     from everyprompt.trainer.sft import _sft_loss
 
     torch.set_num_threads(2)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from everyprompt.algorithms import compute_advantages
-from everyprompt.trainer.assemble import reward_components
+from everyprompt.trainer.rollout_side.assemble import reward_components
 
 
 def test_two_components_of_different_scales_each_get_their_say():

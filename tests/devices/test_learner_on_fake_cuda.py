@@ -214,7 +214,7 @@ def test_an_update_reads_the_device_back_once_a_mini_batch(monkeypatch):
     """A second update (the once-a-run checks done): the old policy's pass reads back once (its mismatch
     figures), each mini-batch's step once (its finite flag, gradient norm, figures together; it used to be
     three reads, four with the mismatch), and the packed forwards none at all: their
-    attention mask is made on the host (trainer/logprobs.py: `packed_mask`), so transformers' own search
+    attention mask is made on the host (trainer/learner_side/logprobs.py: `packed_mask`), so transformers' own search
     for packed segments, a read back in every forward, never runs."""
     config = tiny_config("rl.old_logprobs=recompute", "rl.mini_batches=2")
     model, tokenizer = _model(config)

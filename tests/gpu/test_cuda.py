@@ -15,8 +15,8 @@ from everyprompt.rollout import GenerationRequest, SamplingParams
 from everyprompt.rollout.native import NativeEngine
 from everyprompt.rollout.native.weights import fp8_matmuls
 from everyprompt.trainer import Learner
-from everyprompt.trainer.data_parallel import DataParallel
-from everyprompt.trainer.logprobs import token_logprobs
+from everyprompt.trainer.learner_side.data_parallel import DataParallel
+from everyprompt.trainer.learner_side.logprobs import token_logprobs
 from tests.conftest import make_tiny_model, tiny_config
 from tests.rollout.test_fp8_matmul import fp8_comparison
 from tests.trainer.test_data_parallel import REWARDS, SETTINGS, _free_port, _train
@@ -221,7 +221,7 @@ def test_grouped_expert_matmuls_on_cuda_agree_with_the_batched_ones(monkeypatch)
 
 
 def test_adamw_is_fused_on_cuda():
-    from everyprompt.trainer.optim import build_optimizer
+    from everyprompt.trainer.learner_side.optim import build_optimizer
 
     model, _ = make_tiny_model()
     assert build_optimizer(model.to(CUDA), 1e-3, 0.0).defaults["fused"] is True

@@ -121,8 +121,8 @@ def test_a_training_step_of_a_model_makes_no_bf16_product(tiny_model, variant):
 
 def _loss_and_grads(model, batch, cpu_bf16: str, dtype: str = "bf16", chunk: int = 0):
     """Log-probs and gradients of `batch`; `chunk` > 0 runs the LM head on chunks of positions, as the
-    trainer does (trainer/head.py), 0 on the model's full logits."""
-    from everyprompt.trainer.logprobs import token_logprobs
+    trainer does (trainer/learner_side/head.py), 0 on the model's full logits."""
+    from everyprompt.trainer.learner_side.logprobs import token_logprobs
 
     model.zero_grad(set_to_none=True)
     with autocast(model, dtype, cpu_bf16):

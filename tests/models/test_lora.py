@@ -14,7 +14,7 @@ from everyprompt.models.io import ModelError, load_pretrained
 from everyprompt.models.lora import apply_lora, merged_state_dict, plain_copy, reference_forward
 from everyprompt.pipeline import train
 from everyprompt.rollout import GenerationRequest, SamplingParams
-from everyprompt.trainer.logprobs import token_logprobs
+from everyprompt.trainer.learner_side.logprobs import token_logprobs
 from tests.conftest import tiny_config
 from tests.families import family_model, save_family_checkpoint
 

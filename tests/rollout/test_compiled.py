@@ -126,7 +126,7 @@ def test_the_compile_setting_reads_yaml_switches_and_names_bad_values():
 
 def test_the_ray_engine_reports_a_compiled_worker_and_the_step_logs_it():
     from everyprompt.distributed.rollout import RayEngine
-    from everyprompt.trainer.tally import StepTally
+    from everyprompt.trainer.rollout_side.tally import StepTally
 
     calls = [
         {"tokens": 10.0, "decode_steps": 5.0, "slot_occupancy": 1.0, "decode_step_ms": 2.0, "compiled": 1.0},
@@ -194,7 +194,7 @@ def test_the_static_steps_failing_compile_is_given_up_with_a_warning(tiny_model,
     assert engine.stats["compile_failed"] == 1.0 and engine.stats["compiled"] == 0.0
     for request_id, reference in expected.items():
         assert got[request_id].token_ids == reference.token_ids
-    from everyprompt.trainer.tally import StepTally
+    from everyprompt.trainer.rollout_side.tally import StepTally
 
     tally = StepTally()
     tally.engine_calls.append(dict(engine.stats))

@@ -15,7 +15,7 @@ import torch
 from everyprompt.rollout import GenerationRequest, SamplingParams, UnsupportedModelError
 from everyprompt.rollout.hf import HFEngine
 from everyprompt.rollout.native import NativeEngine
-from everyprompt.trainer.logprobs import token_logprobs
+from everyprompt.trainer.learner_side.logprobs import token_logprobs
 from tests.conftest import make_tiny_model
 
 PROMPTS = ["37+48=", "1+2=", "123+456+789=", "9="]

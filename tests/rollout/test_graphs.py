@@ -184,7 +184,7 @@ def test_a_phase_is_captured_for_a_bounded_number_of_keys(replayed):
 
 
 def test_a_steps_metrics_add_up_its_calls_graph_figures(tiny, replayed):
-    from everyprompt.trainer.tally import StepTally
+    from everyprompt.trainer.rollout_side.tally import StepTally
 
     model, tokenizer = tiny
     engine = _engine(model, tokenizer, "static")

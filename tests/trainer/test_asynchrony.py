@@ -11,7 +11,7 @@ import torch
 
 from everyprompt.config import ConfigError
 from everyprompt.pipeline import Run, train
-from everyprompt.trainer.learner import Learner
+from everyprompt.trainer.learner_side.learner import Learner
 from everyprompt.trainer.rollout_side import RolloutSide
 from tests.conftest import tiny_config
 

@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from everyprompt.trainer import Learner
-from everyprompt.trainer.data_parallel import DataParallel
+from everyprompt.trainer.learner_side.data_parallel import DataParallel
 from tests.conftest import tiny_config
 from tests.trainer.test_sides import _model, hand_batch
 

@@ -1,4 +1,4 @@
-"""On-policy distillation in a run (`rl.teacher`, trainer/distill.py): a teacher equal to the student adds
+"""On-policy distillation in a run (`rl.teacher`, trainer/learner_side/distill.py): a teacher equal to the student adds
 nothing (exactly: no term, no gradient, the same weights as without it), pure distillation moves the student
 towards a different teacher, groups without reward signal still learn from the teacher, several teachers by a
 data column, and every bad teacher setting exits 2 naming its key."""
@@ -220,8 +220,8 @@ def test_teacher_settings_in_the_config_schema():
 
 def test_each_row_is_scored_by_the_teacher_its_column_value_names(models):
     from everyprompt.batch import RolloutBatch
-    from everyprompt.trainer.distill import Distillation
-    from everyprompt.trainer.forward import PolicyForward
+    from everyprompt.trainer.learner_side.distill import Distillation
+    from everyprompt.trainer.learner_side.forward import PolicyForward
 
     config = tiny_config(
         "rl.teacher.by=level", f"rl.teacher.models={{1: {models['teacher']}, 2: {models['student']}}}"
@@ -240,7 +240,7 @@ def test_each_row_is_scored_by_the_teacher_its_column_value_names(models):
     )
     data = batch.padded([0, 1, 2], tokenizer.pad_token_id)
     forward = PolicyForward(student.eval(), None, None, False, config, tokenizer.pad_token_id)
-    logp, covered, each = distill.teacher_logprobs(forward, data, slice(0, 3), [0, 1, 2], batch)
+    logp, covered, each = distill.scores(forward, data, slice(0, 3), [0, 1, 2], batch)
     assert covered.tolist() == [True, True, False]
     assert {name: rows.tolist() for name, rows in each.items()} == {
         "1": [True, False, False],
@@ -273,3 +273,21 @@ def test_several_teachers_by_a_column_of_a_data_file(models, tmp_path):
     shares = [row["distill/token_share"] for row in metrics]
     assert all(0.0 < share < 1.0 for share in shares), shares  # each step drew prompts of both tasks
     assert any(row["distill/reverse_kl"] != 0.0 for row in metrics)
+
+
+def test_without_a_teacher_the_advantage_term_changes_nothing():
+    """The learner's advantage term when rl.teacher names none: every one of its steps a no-op, so the
+    learner asks no "is there a teacher?" of its own."""
+    from everyprompt.trainer.learner_side.distill import AdvantageTerm, Distillation, advantage_term
+
+    term = advantage_term(tiny_config(), torch.device("cpu"))
+    assert type(term) is AdvantageTerm and not isinstance(term, Distillation)
+    still = torch.tensor([True, False, True])
+    assert term.prepare(None, still) is still and term.carries(None) is False
+    assert term.scores(None, {}, slice(0, 2), [0, 1], None) is None
+    estimated = torch.tensor([0.5, -0.5])
+    advantages, sums = term.advantages(None, torch.zeros(2, 3), estimated, torch.ones(2, 3))
+    assert advantages is estimated and sums == {}
+    stats = {"loss/policy": 1.0}
+    term.finish(stats, 10.0)
+    assert stats == {"loss/policy": 1.0}

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from everyprompt.trainer.mismatch import batch_mismatch, mismatch_metrics
+from everyprompt.trainer.learner_side.mismatch import batch_mismatch, mismatch_metrics
 from tests.trainer.test_sides import _learner, hand_batch
 
 REWARDS = [1.0, 0.0, 1.0, 0.0, 0.0, 1.0]
@@ -108,7 +108,7 @@ def test_the_rollout_side_carries_each_completions_mask_into_the_batch():
     """An episode's Completion.completion_mask becomes the batch's; a plain completion beside it is all
     model tokens; a batch without episodes has no mask at all."""
     from everyprompt.rollout import Completion
-    from everyprompt.trainer.assemble import assemble_batch
+    from everyprompt.trainer.rollout_side.assemble import assemble_batch
     from everyprompt.zve.expansion import Group
 
     def completion(n, mask=None):

@@ -1,4 +1,4 @@
-"""The chunked LM head (trainer/head.py): the log-probs, entropies and gradients of the targets asked for
+"""The chunked LM head (trainer/learner_side/head.py): the log-probs, entropies and gradients of the targets asked for
 equal the full-logits path's, by the fused linear head and by the checkpointed one; no tensor as wide as
 the vocabulary has more rows than a chunk; the fused head agrees with the checkpointed one under bf16
 autocast and is used only for the heads it computes; a logit transform after the head is applied, and an
@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from everyprompt.trainer import head as head_module
-from everyprompt.trainer.head import HeadError, check_head
-from everyprompt.trainer.logprobs import pack_layout, token_logprobs
+from everyprompt.trainer.learner_side import head as head_module
+from everyprompt.trainer.learner_side.head import HeadError, check_head
+from everyprompt.trainer.learner_side.logprobs import pack_layout, token_logprobs
 from tests.families import family_model
 from tests.trainer.test_packing import _ragged_batch
 

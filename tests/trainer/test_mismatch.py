@@ -51,7 +51,7 @@ def test_mismatch_metrics_are_logged_with_the_old_policy_pass(tmp_path, replay):
 
 
 def test_mismatch_metrics_hand_computed():
-    from everyprompt.trainer.mismatch import mismatch_metrics
+    from everyprompt.trainer.learner_side.mismatch import mismatch_metrics
 
     engine_routes = [torch.tensor([[[0, 1]], [[2, 3]], [[0, 2]]], dtype=torch.int16)]  # 3 fed tokens, 1 layer
     trainer_routes = [torch.tensor([[[1, 0]], [[2, 3]], [[0, 3]]], dtype=torch.int16)]  # last token flipped

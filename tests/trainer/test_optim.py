@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from everyprompt.devices.fake_cuda import fake_cuda
-from everyprompt.trainer.optim import build_optimizer, fused_on
+from everyprompt.trainer.learner_side.optim import build_optimizer, fused_on
 
 
 def test_adamw_is_fused_only_with_every_parameter_on_real_cuda(monkeypatch):

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from everyprompt.trainer.logprobs import PackingError, check_packing, pack, pack_layout, token_logprobs
+from everyprompt.trainer.learner_side.logprobs import (
+    PackingError,
+    check_packing,
+    pack,
+    pack_layout,
+    token_logprobs,
+)
 
 
 def test_pack_layout_is_first_fit_decreasing():
@@ -149,7 +155,7 @@ def test_the_packed_mask_made_on_the_host_gives_transformers_own_log_probs(tiny_
     """`packed_mask` stands for the mask transformers derives from restarting position ids: the log-probs
     of packed rows are the same bit for bit with either; a model with sliding-window layers or another
     attention gets none (transformers builds its own)."""
-    from everyprompt.trainer import logprobs as logprobs_module
+    from everyprompt.trainer.learner_side import logprobs as logprobs_module
 
     model, tokenizer = tiny_model
     texts = ["12+34=46", "5+6=11", "100+200=300", "7=7", "1+1+1=3"]

@@ -17,8 +17,8 @@ from everyprompt.pipeline import train
 from everyprompt.rollout import GenerationRequest, SamplingParams
 from everyprompt.rollout.native import NativeEngine
 from everyprompt.trainer import Learner
-from everyprompt.trainer.learner import Learner as LearnerClass
-from everyprompt.trainer.partial import extend, tag
+from everyprompt.trainer.learner_side.learner import Learner as LearnerClass
+from everyprompt.trainer.rollout_side.partial import extend, tag
 from tests.conftest import tiny_config
 
 ASYNC = ["rl.old_logprobs=recompute", "rl.rollout_correction.mode=tis"]

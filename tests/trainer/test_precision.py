@@ -31,7 +31,7 @@ def _batch(tokenizer):
 
 
 def _loss_and_grads(model, batch, lengths, dtype):
-    from everyprompt.trainer.logprobs import token_logprobs
+    from everyprompt.trainer.learner_side.logprobs import token_logprobs
 
     model.zero_grad(set_to_none=True)
     with autocast(model, dtype):

@@ -77,7 +77,7 @@ def test_train_writes_metrics_checkpoints_and_tensorboard(tmp_path):
 
 
 def test_the_engine_sleeps_while_the_learner_updates_and_the_run_is_unchanged(tmp_path, monkeypatch):
-    from everyprompt.trainer.learner import Learner
+    from everyprompt.trainer.learner_side.learner import Learner
 
     seen = []
     update = Learner.update
@@ -145,7 +145,7 @@ def test_a_hanging_reward_is_cut_at_the_timeout_in_a_run(tmp_path):
 
 def test_update_moves_log_probs_along_the_advantages(tmp_path):
     """One update must raise sum_i A_i * logp(y_i): correct completions up, wrong ones down."""
-    from everyprompt.trainer.logprobs import token_logprobs
+    from everyprompt.trainer.learner_side.logprobs import token_logprobs
 
     trainer = Run(tiny_config("rl.lr=1e-3", "rl.mini_batches=1"), tmp_path).trainer()
     batch = trainer.rollout.next_batch(0)
@@ -206,8 +206,8 @@ def test_every_method_trains_through_the_config(tmp_path, overrides):
 @pytest.mark.parametrize("old_logprobs", ["recompute", "rollout"])
 def test_espo_uses_the_sampling_policys_entropies(tmp_path, monkeypatch, old_logprobs):
     """The entropies the loss receives are the pre-update ones, in every mini-batch, not the live model's."""
-    import everyprompt.trainer.learner as learner_module
-    from everyprompt.trainer.logprobs import token_logprobs
+    import everyprompt.trainer.learner_side.learner as learner_module
+    from everyprompt.trainer.learner_side.logprobs import token_logprobs
 
     config = tiny_config("rl.loss=espo", "rl.lr=1e-2", f"rl.old_logprobs={old_logprobs}")
     trainer = Run(config, tmp_path).trainer()

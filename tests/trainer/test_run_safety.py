@@ -163,7 +163,7 @@ def test_a_run_whose_updates_stay_non_finite_stops_and_names_its_last_checkpoint
     tmp_path, monkeypatch, capsys
 ):
     from everyprompt.cli import main
-    from everyprompt.trainer.learner import Learner
+    from everyprompt.trainer.learner_side.learner import Learner
     from tests.conftest import TINY_OVERRIDES
 
     real_optimize = Learner._optimize

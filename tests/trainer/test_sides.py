@@ -8,14 +8,14 @@ import math
 import pytest
 import torch
 
-import everyprompt.trainer.learner as learner_module
+import everyprompt.trainer.learner_side.learner as learner_module
 from everyprompt.batch import RolloutBatch
 from everyprompt.data.passrate import PassRateStore
 from everyprompt.models import load_model_and_tokenizer
 from everyprompt.rewards.pool import RewardPool
 from everyprompt.rollout import build_engine
 from everyprompt.trainer import Learner, RolloutSide
-from everyprompt.trainer.logprobs import token_logprobs
+from everyprompt.trainer.learner_side.logprobs import token_logprobs
 from tests.conftest import tiny_config
 
 # (prompt, completion) per row; rows 2k and 2k+1 form group k
@@ -264,7 +264,7 @@ def test_a_good_update_resets_the_skip_count():
 def test_the_first_mini_batch_as_its_own_old_policy_equals_a_full_old_policy_pass(replay):
     """The fast path (old values of the first mini-batch from its own forward) against the simple one: a
     no-grad pass over every row, then every mini-batch reads its old values from it."""
-    from everyprompt.trainer.signal import batch_advantages
+    from everyprompt.trainer.learner_side.signal import batch_advantages
 
     options = (
         f"rl.router_replay={replay}",

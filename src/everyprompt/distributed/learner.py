@@ -2,7 +2,7 @@
 driven as one learner.
 
 Each rank rebuilds the policy from its recipe and runs `Learner.update` on the same batch, taking its
-share of the micro-batches (`trainer/data_parallel.py`); the update equals one process's. Rank 0's
+share of the micro-batches (`trainer/learner_side/data_parallel.py`); the update equals one process's. Rank 0's
 figures are the step's. Weights for the rollout workers are put in Ray's object store by rank 0 and
 reach the workers without passing through the driver. A checkpoint is gathered from rank 0 (whole
 weights, optimizer state keyed by parameter name) and written by the driver in the local backend's format,
@@ -27,9 +27,9 @@ from everyprompt.errors import ClusterError
 from everyprompt.logs import quiet_libraries
 from everyprompt.models.precision import training_kernels
 from everyprompt.trainer.checkpoint import full_weights
-from everyprompt.trainer.data_parallel import DataParallel
 from everyprompt.trainer.interface import LearnerSide
-from everyprompt.trainer.learner import Learner
+from everyprompt.trainer.learner_side.data_parallel import DataParallel
+from everyprompt.trainer.learner_side.learner import Learner
 
 GROUP_BACKENDS = {"cuda": "nccl", "cpu": "gloo"}  # the learner group's torch.distributed backend by device
 

@@ -19,7 +19,7 @@ widened copies whose float32 products autograd records.
 The mode sees the Python calls made while it is entered, and the backward pass runs outside it (torch
 takes a mode off its stack while the mode handles a call, `backward` included). So code that makes bf16
 products of its own in a backward pass asks `emulating()` in its forward and enters the mode in its
-backward (trainer/head.py's fused head), and a checkpointed forward recomputed in the backward pass gets
+backward (trainer/learner_side/head.py's fused head), and a checkpointed forward recomputed in the backward pass gets
 the mode through `recompute_context` (models/precision.py). A product the mode does not see still runs,
 natively: correct, only slow.
 """

@@ -4,7 +4,7 @@
 `torch.autocast`: matrix products in bfloat16, while the weights, their gradients and the optimizer state
 stay float32, so the fp32 weights are the master copy and small updates are not rounded away (the mixed
 precision of torch AMP and the HF Trainer's `bf16=True`). Log-softmax runs in float32 either way
-(trainer/logprobs.py). Decided so, rather than bf16 weights with a separate fp32 master copy in the
+(trainer/learner_side/logprobs.py). Decided so, rather than bf16 weights with a separate fp32 master copy in the
 optimizer, because it keeps one copy of the weights, checkpoints stay fp32 and exact on resume, and the
 weight sync hands the engine the same tensors as in fp32; what it saves is activation memory and matmul
 time where bf16 kernels are fast, not weight memory (docs/training.md has the measurements).

@@ -40,7 +40,7 @@ from everyprompt.run.files import write_json_atomic
 from everyprompt.run.layout import RunLayout
 from everyprompt.trainer import RLTrainer, run_sft, save_checkpoint
 from everyprompt.trainer.checkpoint import CheckpointError, load_trainer_state
-from everyprompt.trainer.distill import check_teachers, student_name
+from everyprompt.trainer.learner_side.distill import check_teachers, student_name
 from everyprompt.trainer.wandb_run import require_wandb
 from everyprompt.zve import seeded_sample
 from everyprompt.zve.workflow import filter_counts, run_offline_filter

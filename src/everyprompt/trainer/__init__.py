@@ -1,7 +1,7 @@
 """Training: the rollout side, the learner side, the RL loop that composes them, SFT, checkpoints, metrics."""
 
 from everyprompt.trainer.checkpoint import CheckpointError, save_checkpoint
-from everyprompt.trainer.learner import Learner
+from everyprompt.trainer.learner_side.learner import Learner
 from everyprompt.trainer.loop import RLTrainer
 from everyprompt.trainer.rollout_side import RolloutSide
 from everyprompt.trainer.sft import run_sft

@@ -1,4 +1,4 @@
-"""What the RL loop asks of a learner side (DESIGN: the two sides of the loop). `trainer/learner.py`'s
+"""What the RL loop asks of a learner side (DESIGN: the two sides of the loop). `trainer/learner_side/learner.py`'s
 `Learner` implements it in this process; the Ray backend's `RankedLearner` (`distributed/learner.py`)
 implements it over a group of learner ranks. The loop calls nothing else, so a backend plugs in here
 without the trainer knowing it.

@@ -44,7 +44,7 @@ from everyprompt.trainer.asynchrony import (
 )
 from everyprompt.trainer.checkpoint import save_checkpoint
 from everyprompt.trainer.interface import LearnerSide
-from everyprompt.trainer.learner import NumericsError
+from everyprompt.trainer.learner_side.optim import NumericsError
 from everyprompt.trainer.metrics import MetricsLogger
 from everyprompt.trainer.parity import check_parity
 from everyprompt.trainer.rollout_side import RolloutSide

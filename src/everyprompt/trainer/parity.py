@@ -19,7 +19,7 @@ from everyprompt.rollout import (
     resolve_engine,
 )
 from everyprompt.rollout.sampling import derive_seed
-from everyprompt.trainer.logprobs import token_logprobs
+from everyprompt.trainer.learner_side.logprobs import token_logprobs
 
 
 class ParityError(UnsupportedModelError):

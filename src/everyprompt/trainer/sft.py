@@ -18,9 +18,9 @@ from everyprompt.models.precision import autocast
 from everyprompt.processes import GracefulStop, StopRequested
 from everyprompt.run.layout import RunLayout
 from everyprompt.trainer.checkpoint import save_checkpoint
-from everyprompt.trainer.logprobs import check_packing, token_logprobs
+from everyprompt.trainer.learner_side.logprobs import check_packing, token_logprobs
+from everyprompt.trainer.learner_side.optim import build_optimizer, build_scheduler
 from everyprompt.trainer.metrics import MetricsLogger
-from everyprompt.trainer.optim import build_optimizer, build_scheduler
 
 
 def sft_batch(

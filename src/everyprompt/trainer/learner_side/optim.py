@@ -1,10 +1,17 @@
-"""AdamW and the learning-rate schedule (linear warm-up, then constant or cosine)."""
+"""AdamW, the learning-rate schedule (linear warm-up, then constant or cosine), and the error that stops a
+run whose updates keep coming out non-finite."""
 
 from __future__ import annotations
 
 import math
 
 import torch
+
+from everyprompt.errors import RunError
+
+
+class NumericsError(RunError):
+    """Updates kept coming out non-finite: the run stops rather than train on garbage."""
 
 
 def build_optimizer(model, lr: float, weight_decay: float) -> torch.optim.Optimizer:

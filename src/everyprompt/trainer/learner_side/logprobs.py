@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from everyprompt.trainer.head import hidden_states_of, selected_logprobs
+from everyprompt.trainer.learner_side.head import hidden_states_of, selected_logprobs
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ def token_logprobs(
     checkpointing) must replay the same routes, so the caller ends it after its backward.
 
     With `chunk` > 0 the LM head runs only on the targets asked for, `chunk` positions at a time
-    (trainer/head.py: no [B, L, V] logits): each row's targets from `first_targets[i]` (default 0) to its
+    (trainer/learner_side/head.py: no [B, L, V] logits): each row's targets from `first_targets[i]` (default 0) to its
     last; the other positions of the outputs are 0.
     """
     lengths_ = lengths if lengths is not None else [input_ids.shape[1]] * input_ids.shape[0]

@@ -86,16 +86,44 @@ def _rows_of(data: dict, positions: list[int]) -> dict:
     return out
 
 
-class Distillation:
-    """The teachers of `rl.teacher` and what they add to an update."""
+class AdvantageTerm:
+    """A term the learner adds to the estimator's advantages, and what it needs of an update: no term at
+    all by default (every method a no-op); `Distillation`, a teacher's, where `rl.teacher` names one.
+    `advantage_term(config, device)` gives the learner its term."""
+
+    def prepare(self, batch: RolloutBatch, still: torch.Tensor) -> torch.Tensor:
+        """Before the update, its advantages computed: the groups `still` without signal ([G] bool) less
+        those the term gives a signal of its own."""
+        return still
+
+    def carries(self, batch: RolloutBatch) -> bool:
+        """Whether any row of `batch` has the term's signal (an update runs for it, whatever the rewards)."""
+        return False
+
+    def scores(self, forward, data: dict, part: slice, rows: list[int], batch: RolloutBatch):
+        """What the term needs of a micro-batch before the policy's forward (None: nothing)."""
+        return None
+
+    def advantages(self, scores, old_logp, estimated, mask) -> tuple[torch.Tensor, dict]:
+        """The micro-batch's advantages with the term added, and the sums its figures are made of."""
+        return estimated, {}
+
+    def finish(self, stats: dict[str, float], trained_tokens: float) -> None:
+        """The step's figures of the term in `stats`, from the sums the micro-batches added up."""
+
+
+def advantage_term(config: Config, device: torch.device) -> AdvantageTerm:
+    """The learner's advantage term: the teachers of `rl.teacher` where it names any, else none."""
+    return Distillation(config, device) if config.rl.teacher.enabled else AdvantageTerm()
+
+
+class Distillation(AdvantageTerm):
+    """The teachers of `rl.teacher` and what they add to an update: on-policy distillation's per-token
+    term (algorithms/distill.py) on the rows a teacher covers."""
 
     def __init__(self, config: Config, device: torch.device):
         self.section = section = config.rl.teacher
         self.teachers = {key: _load(key, path, config, device) for key, path in section.named().items()}
-
-    @classmethod
-    def build(cls, config: Config, device: torch.device) -> Distillation | None:
-        return cls(config, device) if config.rl.teacher.enabled else None
 
     def keys(self, batch: RolloutBatch, rows: list[int]) -> list[str | None]:
         """Each row's teacher key ('' for the one teacher; None: a row no teacher covers)."""
@@ -113,6 +141,9 @@ class Distillation:
         rows = list(range(len(batch))) if rows is None else rows
         return torch.tensor([key is not None for key in self.keys(batch, rows)], dtype=torch.bool)
 
+    def carries(self, batch: RolloutBatch) -> bool:
+        return len(batch) > 0 and bool(self.covered(batch).any())
+
     def prepare(self, batch: RolloutBatch, still: torch.Tensor) -> torch.Tensor:
         """Before the update, its advantages computed: `alone` drops the estimator's (and RL-ZVP's signs);
         the groups a teacher covers carry its signal whatever their rewards, so they are no longer among
@@ -126,7 +157,7 @@ class Distillation:
         return still & ~taught
 
     @torch.no_grad()
-    def teacher_logprobs(self, forward, data: dict, part: slice, rows: list[int], batch: RolloutBatch):
+    def scores(self, forward, data: dict, part: slice, rows: list[int], batch: RolloutBatch):
         """([b, T] the teachers' log-probs of the sampled tokens of `data`'s rows `part`, the batch's rows
         `rows`; [b] bool on the device: the rows that have a teacher; with several teachers, each one's rows
         by its name, else {}), each teacher on its own rows."""
@@ -153,17 +184,16 @@ class Distillation:
         }
         return out, covered.to(out.device), each
 
-    def advantages(self, teacher, old_logp, estimated, mask):
+    def advantages(self, scores, old_logp, estimated, mask):
         """The micro-batch's advantages [b, T]: the estimator's (`estimated`, [b] or [b, T]) plus the
-        distillation term from `teacher` (teacher_logprobs' pair) and the old policy's log-probs; and the
-        sums `finish` makes the step's figures of."""
-        teacher_logp, covered, each = teacher
+        distillation term from the teachers' `scores` and the old policy's log-probs (the policy that
+        sampled); and the sums `finish` makes the step's figures of."""
+        teacher_logp, covered, each = scores
         estimated = estimated[:, None].expand_as(old_logp) if estimated.dim() == 1 else estimated
         distilled = distillation_advantages(old_logp, teacher_logp, covered, self.section.coef)
         sums = distillation_sums(old_logp, teacher_logp, covered, mask, distilled, estimated, each)
         return estimated + distilled, sums
 
-    @staticmethod
-    def finish(stats: dict[str, float], trained_tokens: float) -> None:
+    def finish(self, stats: dict[str, float], trained_tokens: float) -> None:
         """The step's `distill/*` figures in `stats`, in place of the sums the micro-batches added up."""
         stats.update(distillation_metrics(stats, trained_tokens))

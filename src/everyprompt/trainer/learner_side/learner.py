@@ -2,7 +2,7 @@
 
 `update(batch)`:
   1. advantages through the registry, then ZVE stage 2 (reshaping) and stage 3 (RL-ZVP signs), in
-     `trainer/signal.py`; groups still zero-variance after every enabled stage leave the update
+     `trainer/learner_side/signal.py`; groups still zero-variance after every enabled stage leave the update
      (`zve.drop_zero_variance`);
   2. the old policy's log-probs: the engine's (`rl.old_logprobs=rollout`), or the trainer's
      (`recompute`): the first mini-batch's own forward for its rows, and for the other mini-batches' rows
@@ -13,7 +13,7 @@
      mini-batch's forward, at no extra cost.
 `state_dict()` is the weights hand-off to the rollout side. Nothing here reads the rollout side.
 
-In a data-parallel group (`trainer/data_parallel.py`) every rank runs `update` on the same batch, each
+In a data-parallel group (`trainer/learner_side/data_parallel.py`) every rank runs `update` on the same batch, each
 its share of every pass's micro-batches; the update equals the single process's.
 """
 
@@ -31,27 +31,27 @@ from everyprompt.algorithms import host_floats, policy_loss, policy_loss_spec, z
 from everyprompt.batch import RolloutBatch
 from everyprompt.config import Config
 from everyprompt.devices.memory import memory_metrics
-from everyprompt.errors import RunError
 from everyprompt.models.lora import is_lora, merged_state_dict
 from everyprompt.rollout import derive_seed
 from everyprompt.trainer.checkpoint import full_weights, load_optimizer_state, portable_optimizer_state
-from everyprompt.trainer.data_parallel import DataParallel
-from everyprompt.trainer.distill import Distillation
-from everyprompt.trainer.forward import PolicyForward, policy_router
 from everyprompt.trainer.interface import LearnerSide
-from everyprompt.trainer.mismatch import batch_mismatch, batch_mismatch_values, fed_tokens, finish_mismatch
-from everyprompt.trainer.optim import build_optimizer, build_scheduler
-from everyprompt.trainer.replica import BehaviourReplica
-from everyprompt.trainer.signal import batch_advantages, carries_signal, drop_zero_variance
+from everyprompt.trainer.learner_side.data_parallel import DataParallel
+from everyprompt.trainer.learner_side.distill import advantage_term
+from everyprompt.trainer.learner_side.forward import PolicyForward, policy_router
+from everyprompt.trainer.learner_side.mismatch import (
+    batch_mismatch,
+    batch_mismatch_values,
+    fed_tokens,
+    finish_mismatch,
+)
+from everyprompt.trainer.learner_side.optim import NumericsError, build_optimizer, build_scheduler
+from everyprompt.trainer.learner_side.replica import BehaviourReplica
+from everyprompt.trainer.learner_side.signal import batch_advantages, carries_signal, drop_zero_variance
 
 log = logging.getLogger(__name__)
 
 # which routes the update passes replay, per rl.router_replay (a `RolloutBatch.padded` key; off: none)
 REPLAYED_ROUTES = {"off": None, "r2": "old_routes", "r3": "routes"}
-
-
-class NumericsError(RunError):
-    """Updates kept coming out non-finite: the run stops rather than train on garbage."""
 
 
 class Learner(LearnerSide):
@@ -86,7 +86,8 @@ class Learner(LearnerSide):
         self.forward = PolicyForward(
             self.model, self.router, self.reference, self.base_as_reference, config, pad_token_id
         )
-        self.distill = Distillation.build(config, self.device)  # rl.teacher: its teachers, on this device
+        # a term added to the estimator's advantages: rl.teacher's teachers (on this device), or none
+        self.term = advantage_term(config, self.device)
         self.loss_spec = policy_loss_spec(self.rl.loss)
         self.loss_options = self.rl.loss_kwargs()
         self.last_sync_bytes = 0  # the size of the weights `state_dict` last handed over
@@ -139,11 +140,10 @@ class Learner(LearnerSide):
         if len(batch):  # (empty when every group is still in flight: partial rollouts)
             weights = {c.name: c.weight for c in self.config.rewards.components}
             metrics, still_zero_variance = batch_advantages(batch, self.rl, self.zve, weights)
-            if self.distill is not None:  # a teacher's rows carry its signal whatever their rewards
-                still_zero_variance = self.distill.prepare(batch, still_zero_variance)
+            # a term's rows (a teacher's) carry its signal whatever their rewards
+            still_zero_variance = self.term.prepare(batch, still_zero_variance)
             batch = drop_zero_variance(batch, still_zero_variance, self.zve, metrics)
-        taught = self.distill is not None and len(batch) and bool(self.distill.covered(batch).any())
-        if len(batch) and (carries_signal(batch) or taught):
+        if len(batch) and (carries_signal(batch) or self.term.carries(batch)):
             metrics.update(self._optimize(batch))
             metrics["actor/no_signal_update"] = 0.0
         else:
@@ -254,7 +254,7 @@ class Learner(LearnerSide):
             self._replica = BehaviourReplica(self.model, self.router is not None, self.config, self.pad_id)
 
     def behaviour_mismatch(self, batch: RolloutBatch, weights: dict[str, torch.Tensor], rows: list[int]):
-        """`mismatch/*` of `rows` against the weights that sampled them (`trainer/replica.py`); touches
+        """`mismatch/*` of `rows` against the weights that sampled them (`trainer/learner_side/replica.py`); touches
         nothing the update uses, so the rollout thread may call it while the learner trains."""
         if not rows:
             return {}
@@ -341,8 +341,7 @@ class Learner(LearnerSide):
         self.optimizer.step()
         self.consecutive_skips = 0
         stats = self.parallel.sum({name: read[name] for name in sums})
-        if self.distill is not None:
-            self.distill.finish(stats, num_tokens)
+        self.term.finish(stats, num_tokens)
         stats.update(finish_mismatch(read))
         return {
             **stats,
@@ -357,7 +356,7 @@ class Learner(LearnerSide):
         the loss's metrics."""
         mask = data["mask"][part]
         extra = self.forward.reference_logprobs(data, part)  # first: no replay of the policy's is in force
-        teacher = self.distill and self.distill.teacher_logprobs(self.forward, data, part, rows[part], batch)
+        scores = self.term.scores(self.forward, data, part, rows[part], batch)  # a teacher's, unreplayed
         logp, entropy = self.forward(data, part, True, used_routes, routes_key, held)
         part_advantages = advantages[part]
         if batch.zvp_sign is not None:  # RL-ZVP: token advantages from the current policy's entropies
@@ -369,9 +368,8 @@ class Learner(LearnerSide):
         # without old-policy values (recompute, one mini-batch) this forward *is* the old policy
         old_logp = data["old_logp"][part] if "old_logp" in data else logp.detach()
         old_entropy = data["old_entropy"][part] if "old_entropy" in data else entropy
-        distilled = {}
-        if teacher:  # the teacher's term, from the policy that sampled (the old one)
-            part_advantages, distilled = self.distill.advantages(teacher, old_logp, part_advantages, mask)
+        # the term's share (a teacher's), from the policy that sampled (the old one)
+        part_advantages, added = self.term.advantages(scores, old_logp, part_advantages, mask)
         loss, metrics = policy_loss(
             self.rl.loss,
             logp,
@@ -396,4 +394,4 @@ class Learner(LearnerSide):
             **extra,
             **self.loss_options,
         )
-        return loss, logp, entropy, {**metrics, **distilled}
+        return loss, logp, entropy, {**metrics, **added}

@@ -28,9 +28,9 @@ from everyprompt.rewards.health import RewardHealth
 from everyprompt.rewards.pool import RewardPool
 from everyprompt.rollout import GenerationRequest, RolloutEngine, SamplingParams, build_engine, derive_seed
 from everyprompt.rollout.scheduler import LengthPredictor, admission_order
-from everyprompt.trainer.assemble import assemble_batch
-from everyprompt.trainer.partial import PartialRollouts, tag
-from everyprompt.trainer.tally import StepTally
+from everyprompt.trainer.rollout_side.assemble import assemble_batch
+from everyprompt.trainer.rollout_side.partial import PartialRollouts, tag
+from everyprompt.trainer.rollout_side.tally import StepTally
 from everyprompt.zve import Group, collect_groups, group_zero_variance
 from everyprompt.zve.expansion import InFlight
 

@@ -14,8 +14,8 @@ from everyprompt.batch import RolloutBatch
 from everyprompt.config import Config
 from everyprompt.models.lora import plain_copy
 from everyprompt.models.replay import RouterReplay
-from everyprompt.trainer.forward import PolicyForward
-from everyprompt.trainer.mismatch import batch_mismatch, fed_tokens
+from everyprompt.trainer.learner_side.forward import PolicyForward
+from everyprompt.trainer.learner_side.mismatch import batch_mismatch, fed_tokens
 
 
 class BehaviourReplica:

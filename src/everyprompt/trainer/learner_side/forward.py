@@ -10,8 +10,8 @@ from everyprompt.config import Config, ConfigError
 from everyprompt.models.lora import reference_forward
 from everyprompt.models.precision import autocast
 from everyprompt.models.replay import ReplayError, RouterReplay
-from everyprompt.trainer.head import check_head
-from everyprompt.trainer.logprobs import check_packing, token_logprobs
+from everyprompt.trainer.learner_side.head import check_head
+from everyprompt.trainer.learner_side.logprobs import check_packing, token_logprobs
 
 
 def policy_router(model, replay: str) -> RouterReplay | None:
