@@ -48,7 +48,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PIP) -e ".[bench]"
-	$(BIN)/python bench/algorithms.py
+	$(BIN)/python -m bench.algorithms
 
 # Debian's Chromium, for the HTML report's browser test (tests/report/test_html.py skips without it)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)

@@ -3,9 +3,9 @@
 Every method starts from the same SFT checkpoint and gets the same rollout budget (steps x prompts x
 group size) under the same three seeds; only the loss (and its aggregation / clip settings) differs.
 
-    python bench/algorithms.py                 # the full ablation (~20 minutes on 2 CPU cores)
-    python bench/algorithms.py --steps 20      # shorter
-    python bench/algorithms.py --tiny          # seconds: a smoke run on a 2-layer model
+    python -m bench.algorithms                 # the full ablation (~20 minutes on 2 CPU cores)
+    python -m bench.algorithms --steps 20      # shorter
+    python -m bench.algorithms --tiny          # seconds: a smoke run on a 2-layer model
 
 The runs are the cells of one sweep (everyprompt.sweep, docs/sweeps.md) under
 bench/results/algorithms_runs/sweep/: one process each, a progress display, and a killed benchmark
@@ -23,9 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import RESULTS, repo_path, write_results  # noqa: E402
+from bench.common import RESULTS, repo_path, write_results
 
 # method -> config overrides (the rest is configs/demo.yaml)
 METHODS: dict[str, list[str]] = {

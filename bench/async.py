@@ -13,8 +13,8 @@ the sequences per step that spanned a weight update (partial rollouts, `rollout.
 the cap) and the engine's prefill time (what re-prefilling continued sequences costs);
 and the held-out greedy accuracy and pass@k after the last step, per seed, with their mean and spread.
 
-    python bench/async.py             # ~20 minutes on 2 CPU cores
-    python bench/async.py --tiny      # ~3 minutes: one seed, few steps, short SFT
+    python -m bench.async             # ~20 minutes on 2 CPU cores
+    python -m bench.async --tiny      # ~3 minutes: one seed, few steps, short SFT
 
 Writes bench/results/async.json.
 """
@@ -28,11 +28,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from setups import measure_each  # bench/setups.py
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import RESULTS, ROOT, write_results  # noqa: E402
+from bench.common import RESULTS, ROOT, write_results
+from bench.setups import measure_each  # bench/setups.py
 
 DEMO = ROOT / "configs" / "demo.yaml"
 

@@ -10,7 +10,7 @@ processes it had. Then
 |parameter difference| of its final model to the uninterrupted run's, and how many of the killed
 processes' children were still alive 5 s after each kill.
 
-    python bench/chaos.py --runs 10        # ~10 minutes on 2 CPU cores
+    python -m bench.chaos --runs 10        # ~10 minutes on 2 CPU cores
 
 Writes bench/results/chaos.json and prints the table.
 """
@@ -26,12 +26,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import RESULTS, ROOT, write_results  # noqa: E402
-
-from algorithms import TINY  # noqa: E402
-from everyprompt.processes import descendants, is_alive  # noqa: E402
+from bench.algorithms import TINY
+from bench.common import RESULTS, ROOT, write_results
+from everyprompt.processes import descendants, is_alive
 
 CONFIG = [
     *TINY,

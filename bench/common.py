@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -64,10 +65,27 @@ class ProbeFailed(RuntimeError):
         self.how = how
 
 
+def module_of(script: str | Path) -> str:
+    """The module `python -m` runs a file of bench/ as (`bench/rl_step.py`: bench.rl_step; a package's
+    `__main__.py`: the package)."""
+    path = Path(script).resolve().relative_to(ROOT).with_suffix("")
+    return ".".join(path.parts[:-1] if path.name == "__main__" else path.parts)
+
+
+def bench_process(script: str | Path, *arguments: str, env: dict | None = None) -> tuple[list[str], dict]:
+    """The command and environment that run a file of bench/ in a process of its own, as a module, from
+    any working directory (the checkout on its PYTHONPATH); a file elsewhere runs as the script it is."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    if not Path(script).resolve().is_relative_to(ROOT / "bench"):
+        return [sys.executable, str(script), *arguments], env
+    return [sys.executable, "-m", module_of(script), *arguments], env
+
+
 def run_probe(script: str | Path, flag: str, arguments: list, env: dict | None = None) -> dict:
     """Run `script flag JSON(arguments)` in a fresh Python process (a measurement that needs a process
     of its own: peak memory, a cold cache) and return the JSON its last line of output prints."""
-    command = [sys.executable, str(script), flag, json.dumps(arguments, default=str)]
+    command, env = bench_process(script, flag, json.dumps(arguments, default=str), env=env)
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode:
         how = f"killed by signal {-done.returncode}" if done.returncode < 0 else f"exit {done.returncode}"

@@ -1,5 +1,5 @@
 """The two simulated reward models of docs/evidence.md's comparison C4, as user reward functions
-(`rewards.function=evidence_rewards:scalar_rm` with bench/ on PYTHONPATH; bench/evidence.py sets it).
+(`rewards.function=evidence_rewards:scalar_rm` with bench/ on PYTHONPATH; bench/evidence/ sets it).
 
 Both start from the true correctness c (the math reward: 1.0 or 0.0) and misjudge equally often:
 - `scalar_rm`: c + e, e ~ N(0, 0.3^2): a correct answer falls below 0.5 (a wrong one above) with

@@ -6,8 +6,8 @@ Both settings judge the same completions with the same judge; greedy decoding ma
 the work, identical (checked). The judge's load is outside the timing (the pool runs it before the
 first call).
 
-    python bench/genrm.py            # ~2 minutes on 2 CPU cores
-    python bench/genrm.py --tiny     # seconds
+    python -m bench.genrm            # ~2 minutes on 2 CPU cores
+    python -m bench.genrm --tiny     # seconds
 
 Writes bench/results/genrm.json.
 """
@@ -20,11 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import RESULTS, write_results  # noqa: E402
-
-from algorithms import TINY  # noqa: E402
+from bench.algorithms import TINY
+from bench.common import RESULTS, write_results
 
 
 def _judge_checkpoint(overrides: list[str], directory: Path) -> Path:

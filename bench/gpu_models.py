@@ -1,10 +1,10 @@
 """The models bench/gpu_suite.sh measures: SmolLM2-135M-Instruct and its 8-expert sparse upcycle, or (with
 `--smoke`) a tiny dense Llama and its upcycle, the same two shapes at a size a CPU runs in seconds.
 
-    python bench/gpu_models.py --receive        # a lent GPU, first call: keep the GGUF's first part
-    python bench/gpu_models.py                  # SmolLM2 from models/ (or its two parts), then its upcycle
-    python bench/gpu_models.py --smoke DIR      # the tiny pair under DIR
-    python bench/gpu_models.py --dense-only     # no upcycle (a call that runs no MoE bench saves its write)
+    python -m bench.gpu_models --receive        # a lent GPU, first call: keep the GGUF's first part
+    python -m bench.gpu_models                  # SmolLM2 from models/ (or its two parts), then its upcycle
+    python -m bench.gpu_models --smoke DIR      # the tiny pair under DIR
+    python -m bench.gpu_models --dense-only     # no upcycle (a call that runs no MoE bench saves its write)
 
 The GGUF (94 MiB) is more than one call to a lent GPU carries (64 MiB), so `bench/gpu_suite.sh --stage`
 splits it into two halves under .gpu-model/; the first call keeps its half in models/ (`--receive`), the

@@ -11,7 +11,7 @@
 #   bench/gpu_suite.sh --dry-run    each step's command, one a line, run by none (a test loads their configs)
 #   bench/gpu_suite.sh --evidence "ARGS"
 #                                   second call instead of the suite: setup, models, then
-#                                   `bench/evidence.py ARGS` (pre-registered SmolLM2 runs, docs/evidence.md)
+#                                   `python -m bench.evidence ARGS` (pre-registered SmolLM2 runs, docs/evidence.md)
 #                                   until the call's time is spent; OUT/evidence.json is the file with the
 #                                   runs that finished recorded (copy it over bench/results/evidence.json)
 #
@@ -76,7 +76,7 @@ if [ "$MODE" = stage ]; then
   exit 0
 fi
 if [ "$MODE" = receive ]; then
-  exec python3 bench/gpu_models.py --receive
+  exec python3 -m bench.gpu_models --receive
 fi
 
 mkdir -p "$RESULTS/models"
@@ -197,7 +197,7 @@ fi
 if [ "$MODE" = evidence ] || { [ -n "$ONLY" ] && [[ "$ONLY" != *",moe,"* ]]; }; then
   MODELS_ARGS="$MODELS_ARGS --dense-only"
 fi
-step models 120 "$PY" bench/gpu_models.py $MODELS_ARGS
+step models 120 "$PY" -m bench.gpu_models $MODELS_ARGS
 if [ -z "$BLOCKED_WHY" ] && ! passed models; then
   BLOCKED_WHY="the models step failed: $(tail -n 1 "$RESULTS/models.log" 2>/dev/null)"
 fi
@@ -211,7 +211,7 @@ if [ "$MODE" = evidence ]; then
   work=bench/results/gpu-evidence
   mkdir -p "$work" && cp bench/results/evidence.json "$work/evidence.json"
   # shellcheck disable=SC2086
-  step evidence $((BUDGET_S - SECONDS - 5)) "$PY" bench/evidence.py $EVIDENCE_ARGS --out "$work"
+  step evidence $((BUDGET_S - SECONDS - 5)) "$PY" -m bench.evidence $EVIDENCE_ARGS --out "$work"
   cp "$work"/evidence*.json "$RESULTS/"
   finish "evidence in $RESULTS/evidence.json ($SECONDS s)"
 fi
@@ -221,14 +221,14 @@ made() {  # made KIND: the model directory the models step printed as `KIND PATH
 DENSE_MODEL=$(made dense) MOE_MODEL=$(made moe)
 # (unprinted only in a dry run: the model steps of a failed models step do not run)
 DENSE_MODEL=${DENSE_MODEL:-models/smollm2-135m-instruct} MOE_MODEL=${MOE_MODEL:-models/smollm2-moe8}
-BENCH=("$PY" bench/throughput --device "$DEVICE" --dtype "$DTYPE" --graphs --decode-only $QUICK --out "$RESULTS")
+BENCH=("$PY" -m bench.throughput --device "$DEVICE" --dtype "$DTYPE" --graphs --decode-only $QUICK --out "$RESULTS")
 # in the order of what matters most when the budget runs out (measured on an H200: setup 20 s, models 62,
 # dense 88 without --fused, test-gpu 24; moe ran past 120 s; rl_step 160 s with TRL's six steps)
-step rl_step 240 "$PY" bench/rl_step.py --model "$DENSE_MODEL" --config "$CONFIG" --steps "$STEPS" \
+step rl_step 240 "$PY" -m bench.rl_step --model "$DENSE_MODEL" --config "$CONFIG" --steps "$STEPS" \
   --trainers "$TRAINERS" "${RECIPE[@]}" --out "$RESULTS"
 # shellcheck disable=SC2086
 step dense 220 "${BENCH[@]}" $FUSED --model "$DENSE_MODEL"
-step learner 150 "$PY" bench/learner_profile.py --model "$DENSE_MODEL" --config "$CONFIG" --updates "$UPDATES" \
+step learner 150 "$PY" -m bench.learner_profile --model "$DENSE_MODEL" --config "$CONFIG" --updates "$UPDATES" \
   --attention default,no-cudnn "${LEARNER[@]}" --out "$RESULTS"
 step test-gpu 120 "${TEST_GPU[@]}"
 step moe 180 "${BENCH[@]}" --model "$MOE_MODEL"

@@ -9,13 +9,13 @@ phase's seconds and page faults say what fresh pages cost (a `+thp` setting asks
 hands the heap's free pages back before each micro-batch; `+jemalloc` and `+tcmalloc` replace glibc's
 malloc with that allocator, preloaded, where glibc's in-use figures no longer apply).
 
-    python bench/heap_trace.py --model models/smollm2-135m-instruct --kept 1024,4 --steps 3     # ~5 min
-    python bench/heap_trace.py --model models/smollm2-135m-instruct --kept 1024,4 --steps 3 \
+    python -m bench.heap_trace --model models/smollm2-135m-instruct --kept 1024,4 --steps 3     # ~5 min
+    python -m bench.heap_trace --model models/smollm2-135m-instruct --kept 1024,4 --steps 3 \
         --set rl.group_size=16 --tag group16                                                     # ~8 min
-    python bench/heap_trace.py --model models/smollm2-135m-instruct --kept 4,4+thp --steps 2 --tag thp
-    python bench/heap_trace.py --model models/smollm2-135m-instruct --kept 1024,1024+trim --steps 2 \
+    python -m bench.heap_trace --model models/smollm2-135m-instruct --kept 4,4+thp --steps 2 --tag thp
+    python -m bench.heap_trace --model models/smollm2-135m-instruct --kept 1024,1024+trim --steps 2 \
         --set rl.group_size=16 --tag trim
-    python bench/heap_trace.py --model models/smollm2-135m-instruct --kept 1024,1024+jemalloc --steps 2 \
+    python -m bench.heap_trace --model models/smollm2-135m-instruct --kept 1024,1024+jemalloc --steps 2 \
         --set rl.group_size=16 --tag jemalloc      # needs libjemalloc.so.2 (Debian: libjemalloc2)
 
 Writes bench/results/heap_trace_<model>[_<tag>].json (Linux with glibc 2.33 or later for the malloc figures).
@@ -31,14 +31,11 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import parse_probing, recipe_parser, repo_path, run_probe, write_results  # noqa: E402
-from rl_step import bench_overrides, matched_precision  # noqa: E402
-
-from everyprompt.devices.malloc import MALLOCS, preloaded_environment, running_malloc, wanted_malloc  # noqa: E402
-from everyprompt.devices.memory import peak_resident_bytes  # noqa: E402
-from everyprompt.errors import InputError  # noqa: E402
+from bench.common import parse_probing, recipe_parser, repo_path, run_probe, write_results
+from bench.rl_step import bench_overrides, matched_precision
+from everyprompt.devices.malloc import MALLOCS, preloaded_environment, running_malloc, wanted_malloc
+from everyprompt.devices.memory import peak_resident_bytes
+from everyprompt.errors import InputError
 
 GIB = 2**30
 # a --kept setting's suffixes: transparent huge pages for torch's large CPU blocks and malloc_trim (the
@@ -150,7 +147,7 @@ def _phases(sampler: Sampler) -> list[int]:
 
 def probe(config: str, overrides: list[str], steps: int) -> dict:
     """`steps` RL steps in this process, traced."""
-    from throughput.rl import everyprompt_steps
+    from bench.throughput.rl import everyprompt_steps
 
     sampler = Sampler().start()
     trims = _phases(sampler)

@@ -11,7 +11,7 @@ Advantages are GRPO's (group-normalised). Measured over the responses whose true
 their group's mean: the share whose advantage has the opposite sign (inversion), the share of right
 answers pushed down; over the equal-quality groups: the mean |advantage| (ideally 0).
 
-    python bench/inversion.py            # seconds
+    python -m bench.inversion            # seconds
 Writes bench/results/inversion.json; prints the table last.
 """
 
@@ -22,9 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import RESULTS, write_results  # noqa: E402
+from bench.common import RESULTS, write_results
 
 LEVELS = (0.0, 0.5, 1.0)  # true quality: wrong, partial, right
 

@@ -12,8 +12,8 @@ others go under `variants`): on an H200, cuDNN's attention took
 1.7-2.0 ms of host time a call in a 0.75 s update whose GPU work was 86 ms (docs/gpu.md), and whether
 another backend does better is for a GPU to say.
 
-    python bench/learner_profile.py --model models/smollm2-135m-instruct
-    python bench/learner_profile.py --model DIR --config configs/demo.yaml --updates 2   # smoke
+    python -m bench.learner_profile --model models/smollm2-135m-instruct
+    python -m bench.learner_profile --model DIR --config configs/demo.yaml --updates 2   # smoke
 
 Writes OUT/learner_profile_<model>.json and the profiler's table beside it (.txt).
 """
@@ -27,9 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import recipe_parser, repo_path, write_results  # noqa: E402
+from bench.common import recipe_parser, repo_path, write_results
 
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 # the learner's attention backends: torch's own choice, or every backend but cuDNN's (its graph is built for

@@ -8,8 +8,8 @@ set before it (after a one-row pass has paid the one-time costs: kernel caches, 
 Batches are `--rows` sequences of `--length` tokens, the last `--completion` of them the
 targets the loss reads (as a rollout's completion).
 
-    python bench/memory.py --model models/smollm2-135m-instruct          # 64 x 256 tokens; minutes
-    python bench/memory.py --model models/smollm2-135m-instruct --rows 16 --grad-rows 8
+    python -m bench.memory --model models/smollm2-135m-instruct          # 64 x 256 tokens; minutes
+    python -m bench.memory --model models/smollm2-135m-instruct --rows 16 --grad-rows 8
 
 Writes bench/results/memory_<model>.json.
 """
@@ -21,9 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import RESULTS, parse_probing, repo_path, run_probe, write_results  # noqa: E402
+from bench.common import RESULTS, parse_probing, repo_path, run_probe, write_results
 
 
 def _resident(field: str) -> int:

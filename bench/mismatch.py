@@ -11,9 +11,9 @@ and of the same entropy, sampled-token log-prob and router perturbation (the pre
 a route flip, which replay does not remove). Then a short RL run per fp8 cell shows whether training
 stays stable.
 
-    python bench/mismatch.py               # ~10 minutes on 2 CPU cores (trains the SFT checkpoint if missing)
-    python bench/mismatch.py --tiny        # seconds: a smoke run on a 2-layer model
-    python bench/mismatch.py --config configs/smollm2-moe.yaml --name mismatch_smollm2_moe \
+    python -m bench.mismatch               # ~10 minutes on 2 CPU cores (trains the SFT checkpoint if missing)
+    python -m bench.mismatch --tiny        # seconds: a smoke run on a 2-layer model
+    python -m bench.mismatch --config configs/smollm2-moe.yaml --name mismatch_smollm2_moe \
         --set model.dtype=fp32 --precisions bf16 --batches 4   # a config's own model as it is (~12 min)
 
 Writes bench/results/NAME.json (`--name`, default mismatch; per-token data: bench/results/NAME_runs/*/tokens.pt);
@@ -28,18 +28,15 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import RESULTS, repo_path, write_results  # noqa: E402
-from mismatch_analysis import (  # noqa: E402
+from bench.algorithms import TINY, nan_mean, prepare_sft
+from bench.common import RESULTS, repo_path, write_results
+from bench.mismatch_analysis import (
     downstream_ratio,
     flipped_token_analysis,
     record_router_logits,
     router_perturbation,
 )
-
-from algorithms import TINY, nan_mean, prepare_sft  # noqa: E402
-from everyprompt.models.replay import same_expert_sets  # noqa: E402
+from everyprompt.models.replay import same_expert_sets
 
 KEYS = (
     "mismatch/routing_agreement",

@@ -7,7 +7,7 @@ recipe's group size; both trainers with the recipe's micro-batch size (TRL by gr
 chat model stops on its own, so a cap bounds the length without setting it: the table and the plot give
 the mean length each trainer actually generated.
 
-    python bench/rl_growth.py --model models/smollm2-135m-instruct     # ~30 minutes on 2 cores
+    python -m bench.rl_growth --model models/smollm2-135m-instruct     # ~30 minutes on 2 cores
 
 Writes bench/results/rl_growth_<model>.json and rl_growth_<model>.png.
 """
@@ -18,10 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import ProbeFailed, recipe_parser, repo_path, require_model, write_results  # noqa: E402
-from rl_step import bench_overrides, matched_precision, measure  # noqa: E402
+from bench.common import ProbeFailed, recipe_parser, repo_path, require_model, write_results
+from bench.rl_step import bench_overrides, matched_precision, measure
 
 TRAINERS = ("everyprompt", "trl")
 

@@ -6,9 +6,9 @@ Each trainer runs in a process of its own (`--steps` steps, the first dropped as
 that process's peak resident set (`ru_maxrss`), model loading included. TRL comes with the `bench` extra
 (`pip install -e .[bench]`).
 
-    python bench/rl_step.py --model models/smollm2-135m-instruct          # ~10 minutes on 2 cores
-    python bench/rl_step.py --model models/smollm2-135m-instruct --set rl.group_size=4
-    python bench/rl_step.py --model models/smollm2-135m-instruct --set rl.group_size=16 --set malloc=tcmalloc \
+    python -m bench.rl_step --model models/smollm2-135m-instruct          # ~10 minutes on 2 cores
+    python -m bench.rl_step --model models/smollm2-135m-instruct --set rl.group_size=4
+    python -m bench.rl_step --model models/smollm2-135m-instruct --set rl.group_size=16 --set malloc=tcmalloc \
         --tag group16_tcmalloc      # everyprompt on tcmalloc (TRL on glibc's, as it ships)
 
 Writes bench/results/rl_step_<model>[_<tag>].json.
@@ -21,17 +21,14 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import parse_probing, recipe_parser, repo_path, run_probe, write_results  # noqa: E402
-
-from everyprompt.devices.malloc import preloaded_environment, running_malloc, wanted_malloc  # noqa: E402
-from everyprompt.devices.memory import peak_resident_bytes  # noqa: E402
+from bench.common import parse_probing, recipe_parser, repo_path, run_probe, write_results
+from everyprompt.devices.malloc import preloaded_environment, running_malloc, wanted_malloc
+from everyprompt.devices.memory import peak_resident_bytes
 
 
 def probe(trainer: str, config: str, overrides: list[str], steps: int, run_dir: str, matched: bool) -> dict:
     """One trainer's steps in this process, with its peak resident set."""
-    from throughput.rl import everyprompt_steps, trl_steps
+    from bench.throughput.rl import everyprompt_steps, trl_steps
 
     if trainer == "everyprompt":
         result = everyprompt_steps(overrides, steps, Path(run_dir), Path(config))

@@ -2,7 +2,7 @@
 entropy) eager against its compiled graph (the one the native engine's `rollout.compile` uses), on
 random logits of the demo's vocabulary and of a 32k-token one, 64 rows, with and without top-p.
 
-    python bench/sampling.py     # about a minute on 2 CPU cores (the compile included)
+    python -m bench.sampling     # about a minute on 2 CPU cores (the compile included)
 
 Writes bench/results/sampling.json; prints a table. Both paths must pick the same tokens.
 """
@@ -15,9 +15,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import RESULTS, write_results  # noqa: E402
+from bench.common import RESULTS, write_results
 
 
 def _mean_ms(fn, loops: int = 50) -> float:

@@ -10,8 +10,8 @@ bytes synced. Ratios are against the local backend with one thread. From the one
 script also projects the step time of larger set-ups (docs/cluster.md): rollout and update divided over
 workers and ranks, the weight sync and Ray's per-step overhead kept as measured.
 
-    python bench/scale.py               # ~6 minutes on 2 CPU cores
-    python bench/scale.py --tiny        # ~2 minutes: fewer steps, shorter SFT
+    python -m bench.scale               # ~6 minutes on 2 CPU cores
+    python -m bench.scale --tiny        # ~2 minutes: fewer steps, shorter SFT
 
 Writes bench/results/scale.json.
 """
@@ -25,11 +25,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from setups import measure_each  # bench/setups.py
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import RESULTS, ROOT, write_results  # noqa: E402
+from bench.common import RESULTS, ROOT, write_results
+from bench.setups import measure_each  # bench/setups.py
 
 DEMO = ROOT / "configs" / "demo.yaml"
 

@@ -1,8 +1,8 @@
 """`everyprompt serve` under load: the same chat requests one at a time and all at once (continuous batching),
 through the official `openai` client against a server process, as a user would run it.
 
-    python bench/serve.py --model models/smollm2-135m-instruct          # the real model (make smollm2)
-    python bench/serve.py                                                # a tiny random model (smoke run)
+    python -m bench.serve --model models/smollm2-135m-instruct          # the real model (make smollm2)
+    python -m bench.serve                                                # a tiny random model (smoke run)
 
 Reported: completion tokens/s one at a time (on a server of one row) and all at once (on a server of as
 many rows as requests): their ratio is what continuous batching buys. Also each
@@ -25,12 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import RESULTS, repo_path, write_results  # noqa: E402
-
-from algorithms import TINY  # noqa: E402
-from everyprompt.processes import first_line  # noqa: E402
+from bench.algorithms import TINY
+from bench.common import RESULTS, repo_path, write_results
+from everyprompt.processes import first_line
 
 
 def tiny_checkpoint(directory: Path) -> Path:

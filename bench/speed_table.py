@@ -2,7 +2,7 @@
 written by `bench/throughput --model PATH`, and the RL step against TRL from rl_step_*.json written by
 `bench/rl_step.py --model PATH`); tests/test_bench.py fails when the README and the results disagree.
 
-    python bench/speed_table.py        # rewrites the table between the README's speed-table markers
+    python -m bench.speed_table        # rewrites the table between the README's speed-table markers
 """
 
 from __future__ import annotations
@@ -11,9 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import RESULTS, ROOT  # noqa: E402
+from bench.common import RESULTS, ROOT
 
 README = ROOT / "README.md"
 # the table's TRL: glibc's allocator defaults and the recipe's micro-batch (other runs are kept apart)
@@ -66,7 +64,7 @@ def rl_step_table(results: list[dict]) -> str:
             f"new tokens at most, `{result['config']}`{_extra(result)}{_malloc(ours)} |"
         )
     lines.append(
-        "\n`python bench/rl_step.py --model PATH` (each trainer in its own process, micro-batches of the "
+        "\n`python -m bench.rl_step --model PATH` (each trainer in its own process, micro-batches of the "
         "recipe's size on both sides, first step dropped)."
     )
     return "\n".join(lines)
@@ -132,8 +130,8 @@ def table(results: list[dict]) -> str:
     machine = results[0]["machine"]
     lines.append(
         f"\n{machine.get('cpu', 'CPU')}, {machine.get('torch_threads')} torch threads, torch {machine.get('torch')}, "
-        f"{machine.get('dtype')}, device {results[0]['device']}; `python bench/throughput --model PATH`, "
-        "then `python bench/speed_table.py`."
+        f"{machine.get('dtype')}, device {results[0]['device']}; `python -m bench.throughput --model PATH`, "
+        "then `python -m bench.speed_table`."
     )
     return "\n".join(lines)
 

@@ -8,8 +8,8 @@ process and directory (bench/smollm2.py's runner: a run cut short resumes, a fin
 results are written after every run, so a session cut short keeps what finished.
 
     make smollm2                                          # once: the model
-    python bench/tools.py --before-only                   # the held-out accuracy before RL, both arms
-    python bench/tools.py --seeds 0 1 2                   # and RL, 3 seeds per arm (~25 min a run here)
+    python -m bench.tools --before-only                   # the held-out accuracy before RL, both arms
+    python -m bench.tools --seeds 0 1 2                   # and RL, 3 seeds per arm (~25 min a run here)
 
 With the tool, each trained checkpoint is evaluated once more to count how often it calls the calculator.
 
@@ -23,10 +23,8 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import RESULTS, ROOT, repo_path, write_results  # noqa: E402
-from smollm2 import before_rl, run_cli, seed_run  # noqa: E402
+from bench.common import RESULTS, ROOT, repo_path, write_results
+from bench.smollm2 import before_rl, run_cli, seed_run
 
 CONFIG = ROOT / "configs" / "smollm2-tools.yaml"
 ARMS = {"tool": [], "no_tool": ["env.name=null"]}

@@ -9,8 +9,8 @@ adds above the built model (peak RSS minus RSS before the first step), the proce
 trainable parameters, and the median step time (the first step dropped). Ratios are against fp32 in the
 same run (the first set-up measured when `--setups` leaves fp32 out).
 
-    python bench/training.py               # ~1 minute on 2 CPU cores
-    python bench/training.py --tiny        # seconds: a smaller batch
+    python -m bench.training               # ~1 minute on 2 CPU cores
+    python -m bench.training --tiny        # seconds: a smaller batch
 
 Writes bench/results/training.json.
 """
@@ -24,11 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-from setups import measure_each  # bench/setups.py
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import RESULTS, ROOT, write_results  # noqa: E402
+from bench.common import RESULTS, ROOT, write_results
+from bench.setups import measure_each  # bench/setups.py
 
 TWIN = ROOT / "configs" / "gsm8k-qwen3-moe-cpu.yaml"
 

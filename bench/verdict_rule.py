@@ -1,8 +1,8 @@
 """How often docs/evidence.md's verdict rules give a verdict when there is no effect, and how often the
 amended rule finds an effect that is there: a simulation of per-seed differences, seconds on a CPU.
 
-    python bench/verdict_rule.py                 # the tables docs/evidence.md quotes: bench/results/verdict_rule.json
-    python bench/verdict_rule.py --reps 2000     # quicker, noisier
+    python -m bench.verdict_rule                 # the tables docs/evidence.md quotes: bench/results/verdict_rule.json
+    python -m bench.verdict_rule --reps 2000     # quicker, noisier
 
 Under no effect the per-seed differences are drawn from a normal, a Student t with 3 degrees of freedom
 (heavy tails) and a Laplace distribution, each scaled to a standard deviation of 0.5, 2 or 5 points; a
@@ -22,8 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, repo_path, write_results  # noqa: E402
+from bench.common import RESULTS, repo_path, write_results
 
 SEEDS = (3, 6, 10)
 SPREADS = (0.5, 2.0, 5.0)  # points: the sd of the per-seed differences
@@ -156,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out,
         {
             "benchmark": "verdict_rule",
-            "command": f"python bench/verdict_rule.py --reps {args.reps} --resamples {args.resamples}",
+            "command": f"python -m bench.verdict_rule --reps {args.reps} --resamples {args.resamples}",
             "false_verdict_rates": rates,
             "family_of_two": {str(n): {"holm": h, "uncorrected": p} for n, (h, p) in family.items()},
             "power": {

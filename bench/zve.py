@@ -7,9 +7,9 @@
     checkpoint, three seeds, the same total rollout budget (`rl.max_rollouts`; the offline filter's
     samples count in it): plain GRPO against the ZVE stack with and without its offline filter.
 
-    python bench/zve.py                # the full benchmark (~25 minutes on 2 CPU cores)
-    python bench/zve.py --budget 6400  # shorter
-    python bench/zve.py --tiny         # seconds: a smoke run on a 2-layer model
+    python -m bench.zve                # the full benchmark (~25 minutes on 2 CPU cores)
+    python -m bench.zve --budget 6400  # shorter
+    python -m bench.zve --tiny         # seconds: a smoke run on a 2-layer model
 
 The runs of (b) are the cells of one sweep (docs/sweeps.md) under bench/results/zve_runs/sweep/. Writes
 bench/results/zve.json and bench/results/zve.png (held-out accuracy vs rollouts, zero-variance
@@ -25,11 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import RESULTS, write_results  # noqa: E402
-
-from algorithms import (  # noqa: E402  (shared bench helpers)
+from bench.algorithms import (  # shared bench helpers
     TINY,
     accuracy_cells,
     nan_mean,
@@ -39,6 +35,7 @@ from algorithms import (  # noqa: E402  (shared bench helpers)
     run_arms,
     start_evaluation,
 )
+from bench.common import RESULTS, write_results
 
 ZVE_ONLINE = [
     "zve.enabled=true",

@@ -94,7 +94,7 @@ def test_the_readme_speed_table_is_the_one_the_results_give():
     assert results, "no model benchmark results in bench/results"
     readme = (ROOT / "README.md").read_text()
     expected = bench.readme_section(results, bench.rl_step_results())
-    assert bench.section(readme) == expected, "run `python bench/speed_table.py`"
+    assert bench.section(readme) == expected, "run `python -m bench.speed_table`"
     # the README's table is one machine's: the CPU's; the GPU's results are kept apart (docs/gpu.md)
     assert {r["device"] for r in results} == {"cpu"}
     gpu = bench.model_results(device="cuda")  # the H100's eager run, the H200's with graphs (dense, MoE)

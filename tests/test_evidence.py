@@ -1,4 +1,4 @@
-"""bench/evidence.py: docs/evidence.md's comparisons as sweeps, and the pre-registered statistic."""
+"""bench/evidence/: docs/evidence.md's comparisons as sweeps, and the pre-registered statistic."""
 
 import json
 import math

@@ -5,12 +5,12 @@ from tests.test_bench import _load
 
 
 def test_the_readme_claims_table_is_the_one_the_results_give():
-    """The README's claims table is generated (bench/evidence.py --readme); it must match the committed
+    """The README's claims table is generated (python -m bench.evidence --readme); it must match the committed
     evidence file."""
     bench = _load("evidence")
     expected = bench.claims_table(bench.load(bench.RESULTS / "evidence.json"))
     assert bench.readme_section(bench.README.read_text()) == expected, (
-        "run `python bench/evidence.py --readme`"
+        "run `python -m bench.evidence --readme`"
     )
 
 

@@ -207,8 +207,7 @@ def test_trl_runs_on_the_device_the_recipe_trains_on(monkeypatch):
     import everyprompt.devices.placement as placement
     from everyprompt.config import load_config
 
-    _load("rl_step")  # (bench/ on the path, as its scripts put it)
-    rl = importlib.import_module("throughput.rl")
+    rl = importlib.import_module("bench.throughput.rl")
     config = load_config(ROOT / "configs" / "smollm2.yaml", [])
     assert rl.trl_on_cpu(config) is (not torch.cuda.is_available())  # model.device=auto
     assert rl.trl_on_cpu(load_config(ROOT / "configs" / "smollm2.yaml", ["model.device=cpu"])) is True
@@ -222,7 +221,7 @@ def test_a_failed_models_step_skips_the_steps_that_need_a_model_at_once(tmp_path
     take no time, instead of each failing on its own."""
     python = tmp_path / "python"
     python.write_text(
-        f'#!/bin/sh\ncase "$1" in bench/gpu_models.py) echo "no GGUF here" >&2; exit 1;; esac\n'
+        f'#!/bin/sh\ncase "$2" in bench.gpu_models) echo "no GGUF here" >&2; exit 1;; esac\n'
         f'exec {sys.executable} "$@"\n'
     )
     python.chmod(0o755)

@@ -12,8 +12,8 @@ Each comparison runs in one process on the same model, prompts and sampling sett
   (d) one RL step (rollout, rewards, update, weight sync) of everyprompt vs TRL's GRPOTrainer on the
       demo model after SFT, with the same group size, prompts per step, lr and completion cap.
 
-    python bench/throughput           # ~10 minutes on 2 CPU cores (trains the SFT checkpoint if missing)
-    python bench/throughput --tiny    # seconds: a smoke run on a 2-layer model (skips TRL unless --trl)
+    python -m bench.throughput           # ~10 minutes on 2 CPU cores (trains the SFT checkpoint if missing)
+    python -m bench.throughput --tiny    # seconds: a smoke run on a 2-layer model (skips TRL unless --trl)
 
 Writes bench/results/throughput.json; prints the summary table last.
 
@@ -21,8 +21,8 @@ With `--model PATH` (a checkpoint directory or a .gguf file) it measures that mo
 (bench/throughput/model.py: decode at several batch sizes against `generate` and against its floor,
 long-tailed lengths, prefill), on `--device` (cpu, cuda, cuda:N) in `--dtype`:
 
-    python bench/throughput --model models/smollm2-135m-instruct            # bench/results/throughput_smollm2-135m-instruct.json
-    python bench/throughput --model models/smollm2-135m-instruct --device cuda --dtype bf16
+    python -m bench.throughput --model models/smollm2-135m-instruct            # bench/results/throughput_smollm2-135m-instruct.json
+    python -m bench.throughput --model models/smollm2-135m-instruct --device cuda --dtype bf16
 """
 
 from __future__ import annotations
@@ -33,16 +33,13 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: its shared helpers
-
-from common import RESULTS, repo_path, write_results  # noqa: E402
-
-from algorithms import TINY, prepare_sft  # noqa: E402
-from throughput.engine import engine_vs_hf, engine_vs_hf_rollout, short_op  # noqa: E402
-from throughput.floor import compile_cost, compile_probe, decode_floor, training_floor  # noqa: E402
-from throughput.rl import everyprompt_steps, trl_steps  # noqa: E402
-from throughput.rollout import reward_overlap, scheduling  # noqa: E402
-from throughput.setup import load_demo_model  # noqa: E402
+from bench.algorithms import TINY, prepare_sft
+from bench.common import RESULTS, repo_path, write_results
+from bench.throughput.engine import engine_vs_hf, engine_vs_hf_rollout, short_op
+from bench.throughput.floor import compile_cost, compile_probe, decode_floor, training_floor
+from bench.throughput.rl import everyprompt_steps, trl_steps
+from bench.throughput.rollout import reward_overlap, scheduling
+from bench.throughput.setup import load_demo_model
 
 # sizes per comparison: (--tiny smoke run, real run)
 SCALES = {
@@ -302,8 +299,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def measure_model(args) -> int:
+    from bench.throughput.model import model_suite
     from everyprompt.devices.placement import DeviceError, resolve_device
-    from throughput.model import model_suite
 
     try:
         device = resolve_device(args.device, "--device")

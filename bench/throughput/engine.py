@@ -3,10 +3,9 @@ and on a rollout's long-tailed lengths, and where each one's time goes (torch pr
 
 from __future__ import annotations
 
-from common import best_of
-
-from throughput.setup import fixed_batch, hf_sample, long_tailed, native_engine
-from throughput.setup import hf_engine as build_hf_engine
+from bench.common import best_of
+from bench.throughput.setup import fixed_batch, hf_sample, long_tailed, native_engine
+from bench.throughput.setup import hf_engine as build_hf_engine
 
 
 # ---------------------------------------------------------------- (a) engine vs transformers

@@ -7,9 +7,8 @@ import math
 import time
 from pathlib import Path
 
-from common import best_of, run_probe
-
-from throughput.setup import fixed_batch, load_demo_model, native_engine
+from bench.common import best_of, run_probe
+from bench.throughput.setup import fixed_batch, load_demo_model, native_engine
 
 
 # ---------------------------------------------------------------- (e) the compute floor
@@ -21,8 +20,7 @@ def _step_ms(stats: dict) -> float:
 def middle_step_gemms(engine, requests, new_tokens: int) -> list:
     """The GEMMs of an eager engine's middle decode step (bench/floor.py), recorded during one generate
     call of `requests` decoding `new_tokens` each."""
-    from floor import GemmRecorder
-
+    from bench.floor import GemmRecorder
     from everyprompt.rollout import SamplingParams
 
     recorder, middle, seen = GemmRecorder(), max(new_tokens // 2, 1), [0]
@@ -46,7 +44,7 @@ def middle_step_gemms(engine, requests, new_tokens: int) -> list:
 def decode_floor(model, tokenizer, prompts: list[str], batch: int, new_tokens: int, engine_vs: dict) -> dict:
     """The decode step's GEMMs alone (recorded at the middle decode step of an eager call of (a)'s
     workload, each with operands of its own), against the eager and the compiled engine's step in (a)."""
-    from floor import replay_seconds
+    from bench.floor import replay_seconds
 
     _, requests = fixed_batch(tokenizer, prompts, batch)
     calls = middle_step_gemms(native_engine(model, tokenizer, batch, eos=False), requests, new_tokens)
@@ -110,8 +108,7 @@ def compile_cost(base: list[str], batch: int, new_tokens: int, floor: dict, cold
 def training_floor(rl_base: list[str], run_dir: Path, updates: int = 3) -> dict:
     """One RL update of (d)'s set-up (synchronous, so a batch can be taken and trained by hand) against
     the GEMMs it dispatches (forwards and backward), replayed alone with operands shared by shape."""
-    from floor import GemmRecorder, replay_seconds
-
+    from bench.floor import GemmRecorder, replay_seconds
     from everyprompt.config import load_config
     from everyprompt.pipeline import Run
 

@@ -17,7 +17,7 @@ from collections import Counter
 
 import torch
 
-from throughput.work import engine, equal_work, requests
+from bench.throughput.work import engine, equal_work, requests
 
 SHORT = 2  # tokens of the shorter profiled call
 

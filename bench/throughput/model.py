@@ -18,13 +18,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from common import ROOT
 
-from throughput.floor import middle_step_gemms
-from throughput.kernels import describe_kernels, step_kernels
-from throughput.setup import draw_lengths, hf_sample
-from throughput.steps import compiled_at, graphs_agree, graphs_at
-from throughput.work import engine, equal_work, left_padded, requests, timed
+from bench.common import ROOT
+from bench.throughput.floor import middle_step_gemms
+from bench.throughput.kernels import describe_kernels, step_kernels
+from bench.throughput.setup import draw_lengths, hf_sample
+from bench.throughput.steps import compiled_at, graphs_agree, graphs_at
+from bench.throughput.work import engine, equal_work, left_padded, requests, timed
 
 SIZES = {  # (--quick, full)
     "batches": ((1, 4), (1, 8, 32, 64)),
@@ -137,7 +137,7 @@ def decode_at(model, tokenizer, work, new_tokens, repeats, dtype, device) -> dic
 
 def step_floor(native, work, new_tokens: int, device: torch.device) -> dict:
     """The GEMMs of the engine's middle decode step, replayed alone on `device`."""
-    from floor import replay_seconds
+    from bench.floor import replay_seconds
 
     calls = middle_step_gemms(native, work, new_tokens)
     flops = sum(call.flops() for call in calls)

@@ -8,9 +8,8 @@ import random
 import statistics
 import time
 
-from common import best_of
-
-from throughput.setup import SLOW_REWARD_S, long_tailed, native_engine
+from bench.common import best_of
+from bench.throughput.setup import SLOW_REWARD_S, long_tailed, native_engine
 
 
 # ---------------------------------------------------------------- (b) reward overlap

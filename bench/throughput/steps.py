@@ -4,7 +4,7 @@ step's greedy completions against the eager ones."""
 
 from __future__ import annotations
 
-from throughput.work import engine, equal_work, requests, static_mode
+from bench.throughput.work import engine, equal_work, requests, static_mode
 
 
 def compiled_at(model, tokenizer, work, new_tokens, repeats, dtype, device, eager: dict) -> dict:

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from throughput.setup import native_engine
+from bench.throughput.setup import native_engine
 
 
 def synchronize(device: torch.device) -> None:

@@ -1,4 +1,4 @@
-"""The evidence page of `everyprompt report` over an evidence file (bench/evidence.py's)."""
+"""The evidence page of `everyprompt report` over an evidence file (bench/evidence/'s)."""
 
 from __future__ import annotations
 

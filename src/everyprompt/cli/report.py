@@ -40,7 +40,7 @@ def cmd_report(args) -> int:
 
 
 def _report_evidence(path: Path, html: str | None) -> int:
-    """An evidence file (bench/evidence.py): its contrasts on the console; with --html, the evidence page
+    """An evidence file (bench/evidence/): its contrasts on the console; with --html, the evidence page
     (default: beside the file, as .html)."""
     import json
 
@@ -101,7 +101,7 @@ def add_parsers(sub) -> None:
         "runs",
         nargs="+",
         metavar="RUN_OR_SWEEP",
-        help="run directories and/or sweep directories, or an evidence file (the JSON bench/evidence.py writes)",
+        help="run directories and/or sweep directories, or an evidence file (the JSON bench/evidence/ writes)",
     )
     p.add_argument(
         "--html",

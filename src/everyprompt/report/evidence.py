@@ -1,4 +1,4 @@
-"""The evidence page: pre-registered comparisons read from an evidence file (the JSON `bench/evidence.py`
+"""The evidence page: pre-registered comparisons read from an evidence file (the JSON `bench/evidence/`
 writes; the plan is docs/evidence.md).
 
 The file holds, per comparison and set-up, each arm's runs (one per seed: its held-out greedy accuracy and
@@ -75,10 +75,19 @@ def first_said(contrast: dict) -> str:
 
 
 def rows(payload: dict):
-    """(comparison, title, set-up, body) of every comparison and set-up in the file, in its order."""
+    """(comparison, title, set-up, body) of every comparison and set-up in the file, in its order: how the
+    file is laid out, read in this one place (the page here, and bench/evidence's merging)."""
     for name, entry in payload.get("comparisons", {}).items():
         for setup, body in entry.get("setups", {}).items():
             yield name, entry.get("title", ""), setup, body
+
+
+def arm_runs(payload: dict):
+    """((comparison, set-up, arm, seed), run record) of every run the file records, in its order."""
+    for name, _, setup, body in rows(payload):
+        for arm, held in body.get("arms", {}).items():
+            for record in held.get("runs", []):
+                yield (name, setup, arm, record["seed"]), record
 
 
 def _figure(body: dict) -> bytes | None:

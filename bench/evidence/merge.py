@@ -1,42 +1,28 @@
-"""Records made elsewhere (a lent GPU's copy of the evidence file) merged into this one: `python
-bench/evidence.py --merge FILE`. A record is one (comparison, set-up, arm, seed) run; the ones FILE has and
+"""Records made elsewhere (a lent GPU's copy of the evidence file) merged into this one: `python -m
+bench.evidence --merge FILE`. A record is one (comparison, set-up, arm, seed) run; the ones FILE has and
 this file lacks are added, a run both have must be the same record, and nothing is removed."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
-from evidence_plan import COMPARISONS
+from bench.evidence.plan import COMPARISONS
+from everyprompt.report.evidence import arm_runs, rows
 
 
 class MergeConflict(ValueError):
     """The other file cannot be merged: unreadable, smoke runs, or runs that contradict this file's."""
 
 
-def _setups(payload: dict) -> Iterator[tuple[str, str, dict]]:
-    for name, entry in payload.get("comparisons", {}).items():
-        for setup_name, body in entry.get("setups", {}).items():
-            yield name, setup_name, body
-
-
-def _runs(payload: dict) -> Iterator[tuple[tuple[str, str, str, int], dict]]:
-    """Every run `payload` records, keyed by (comparison, set-up, arm, seed)."""
-    for name, setup_name, body in _setups(payload):
-        for arm, held in body.get("arms", {}).items():
-            for record in held.get("runs", []):
-                yield (name, setup_name, arm, record["seed"]), record
-
-
 def _conflicts(ours: dict, theirs: dict) -> list[str]:
     """What keeps `theirs` out of `ours`: comparisons the plan does not have, and set-ups or arms both files
     hold that ran with other settings (fixed overrides, an arm's own)."""
     problems = [
-        f"{name}: no such comparison in the plan" for name, _, _ in _setups(theirs) if name not in COMPARISONS
+        f"{name}: no such comparison in the plan" for name, _, _, _ in rows(theirs) if name not in COMPARISONS
     ]
-    mine = {(name, setup_name): body for name, setup_name, body in _setups(ours)}
-    for name, setup_name, body in _setups(theirs):
+    mine = {(name, setup_name): body for name, _, setup_name, body in rows(ours)}
+    for name, _, setup_name, body in rows(theirs):
         held = mine.get((name, setup_name))
         if held is None:
             continue
@@ -61,9 +47,9 @@ def merge(ours: dict, theirs: dict) -> list[str]:
     if theirs.get("smoke") and not ours.get("smoke"):
         raise MergeConflict("the other file holds smoke runs (--tiny); they do not go into the real record")
     problems = _conflicts(ours, theirs)
-    recorded = dict(_runs(ours))
+    recorded = dict(arm_runs(ours))
     new = []
-    for key, record in _runs(theirs):
+    for key, record in arm_runs(theirs):
         if key not in recorded:
             new.append((key, record))
         elif recorded[key] != record:

@@ -1,5 +1,5 @@
 """The plan of docs/evidence.md as data: the set-ups (a model and its base config) and the comparisons
-(arms, the judged and reported contrasts, the set-ups each runs on), which bench/evidence.py runs and
+(arms, the judged and reported contrasts, the set-ups each runs on), which bench/evidence/ runs and
 judges."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from common import ROOT
+from bench.common import ROOT
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class Comparison:
     confirms: str | None = None  # the exploratory comparison whose candidate win this reruns on new seeds
     amended: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (set-up, its seeds) since an amendment
     steps: int | None = None  # its own RL steps a run (None: the setup's, times steps_factor)
-    teacher: bool = False  # its arms name the set-up's teacher as {teacher} (bench/evidence.py trains it)
+    teacher: bool = False  # its arms name the set-up's teacher as {teacher} (bench/evidence/ trains it)
 
     def first_seeds_on(self, setup_name: str) -> tuple[int, ...]:
         """The seeds as the plan was first written (the original rule judges these)."""

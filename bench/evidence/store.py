@@ -1,5 +1,5 @@
 """The evidence file (bench/results/evidence.json): read, written under a lock with every contrast
-recomputed, and merged with another copy's runs (`python bench/evidence.py --merge FILE`)."""
+recomputed, and merged with another copy's runs (`python -m bench.evidence --merge FILE`)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import json
 import sys
 from pathlib import Path
 
-from common import repo_path, write_results
-from evidence_plan import COMPARISONS
-from evidence_verdicts import contrasts
+from bench.common import repo_path, write_results
+from bench.evidence.plan import COMPARISONS
+from bench.evidence.verdicts import contrasts
 
 
 def load(path: Path) -> dict:
@@ -24,17 +24,17 @@ def save(path: Path, payload: dict, smoke: bool, name: str, setup_name: str) -> 
     """Write `payload`'s records of comparison `name` on `setup_name` into the file as it is now, under a
     lock, with every contrast recomputed (a smoke run's file says it is one), so that calls running other
     comparisons at the same time keep each other's records; the payload written."""
-    with _locked(path):
+    with locked(path):
         mine = payload["comparisons"][name]
         payload = load(path)
         entry = payload["comparisons"].setdefault(name, {"title": mine["title"], "setups": {}})
         entry["setups"][setup_name] = mine["setups"][setup_name]
-        _write(path, payload, smoke)
+        write(path, payload, smoke)
     return payload
 
 
 @contextlib.contextmanager
-def _locked(path: Path):
+def locked(path: Path):
     """An exclusive lock on a file beside `path`, held while it is read and rewritten."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(f".{path.name}.lock"), "w") as handle:
@@ -45,7 +45,7 @@ def _locked(path: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _write(path: Path, payload: dict, smoke: bool) -> None:
+def write(path: Path, payload: dict, smoke: bool) -> None:
     from everyprompt.report.stats import RULES
 
     for name, entry in payload["comparisons"].items():
@@ -61,15 +61,15 @@ def _write(path: Path, payload: dict, smoke: bool) -> None:
 def merge_file(path: Path, other: Path) -> int:
     """`--merge`: `other`'s runs that `path` lacks added to it, every contrast rejudged; exit 2, naming the
     file and what conflicts, with nothing changed."""
-    from evidence_merge import MergeConflict, merge_from
+    from bench.evidence.merge import MergeConflict, merge_from
 
-    with _locked(path):
+    with locked(path):
         payload = load(path)
         try:
             added = merge_from(payload, other)
         except MergeConflict as err:
             print(f"--merge {other}: nothing merged: {err}", file=sys.stderr)
             return 2
-        _write(path, payload, payload.get("smoke", False))
+        write(path, payload, payload.get("smoke", False))
     print(f"merged {len(added)} run(s) from {other} into {repo_path(path)}: {', '.join(added) or 'none new'}")
     return 0

@@ -1,12 +1,13 @@
-"""The pre-registered comparisons of docs/evidence.md: each run as sweeps, judged by the rule written there.
+"""The pre-registered comparisons of docs/evidence.md: each run as sweeps, judged by the rule written there
+(`python -m bench.evidence`, from the repository's root).
 
-    python bench/evidence.py --comparison c1 --setup tiny      # runs the cells not recorded yet
-    python bench/evidence.py --comparison c2 --setup smollm2   # needs `make smollm2`
-    python bench/evidence.py --summary                         # the contrasts and verdicts so far
-    python bench/evidence.py --rejudge                         # the file's contrasts, under the rules in force
-    python bench/evidence.py --readme                          # the README's claims table from the file
-    python bench/evidence.py --merge GPU/evidence.json         # the runs another copy recorded, added
-    python bench/evidence.py --comparison c1 --setup tiny --tiny --seeds 0 1   # a smoke run, in seconds
+    python -m bench.evidence --comparison c1 --setup tiny      # runs the cells not recorded yet
+    python -m bench.evidence --comparison c2 --setup smollm2   # needs `make smollm2`
+    python -m bench.evidence --summary                         # the contrasts and verdicts so far
+    python -m bench.evidence --rejudge                         # the file's contrasts, under the rules in force
+    python -m bench.evidence --readme                          # the README's claims table from the file
+    python -m bench.evidence --merge GPU/evidence.json         # the runs another copy recorded, added
+    python -m bench.evidence --comparison c1 --setup tiny --tiny --seeds 0 1   # a smoke run, in seconds
 
 A run is recorded in bench/results/evidence.json (its held-out figures and a few training figures) when
 its sweep ends, so the work carries across sessions and machines through the committed JSON: a later
@@ -36,16 +37,13 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench.algorithms import TINY, prepare_sft
+from bench.common import RESULTS, repo_override, repo_path
+from bench.evidence.plan import COMPARISONS, SETUPS, TEACHER_SEED, Comparison, Setup
+from bench.evidence.store import load, locked, merge_file, save, write
+from bench.evidence.verdicts import write_readme
 
-from common import RESULTS, repo_override, repo_path  # noqa: E402
-from evidence_file import _locked, _write, load, merge_file, save  # noqa: E402, F401
-from evidence_plan import COMPARISONS, SETUPS, TEACHER_SEED, Comparison, Setup  # noqa: E402
-from evidence_verdicts import README, claims_table, contrasts, readme_section, write_readme  # noqa: E402, F401
-
-from algorithms import TINY, prepare_sft  # noqa: E402
-
-BENCH = Path(__file__).resolve().parent
+BENCH = Path(__file__).resolve().parent.parent  # bench/: evidence_rewards.py, C4's reward functions
 
 
 QUIET = ["logging.progress=false", "logging.tensorboard=false"]
@@ -309,8 +307,8 @@ def main(argv: list[str] | None = None) -> int:
         Console(width=140).print(summary(load(path)))
         return 0
     if args.rejudge:
-        with _locked(path):
-            _write(path, load(path), load(path).get("smoke", False))
+        with locked(path):
+            write(path, load(path), load(path).get("smoke", False))
         print(f"rejudged {repo_path(path)}")
         return 0
     if args.merge:

@@ -1,13 +1,13 @@
 """docs/evidence.md's verdicts from recorded runs: each contrast paired by seed and judged by the rule in
 force (amended 2026-11-27: a paired t-test, Holm within a comparison) with the rule as first written
-beside it, and the README's claims table made from them (bench/evidence.py runs, records and writes)."""
+beside it, and the README's claims table made from them (bench/evidence/ runs, records and writes)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from common import ROOT
-from evidence_plan import COMPARISONS, Comparison
+from bench.common import ROOT
+from bench.evidence.plan import COMPARISONS, Comparison
 
 
 def contrasts(comparison: Comparison, setup_name: str, arms: dict[str, dict]) -> list[dict]:
@@ -116,7 +116,7 @@ def claims_table(payload: dict) -> str:
         f"minus the baseline seed by seed. Verdict by the rule amended {amended.since} ({amended.name}): a "
         "win or a loss when the Holm-adjusted p-value of the paired t-test is below 0.05, given once every "
         "pre-registered seed is in. As first written: the verdict of the plan's original rule "
-        f"({first.name}) on its first seeds. `python bench/evidence.py --readme` writes this table from "
+        f"({first.name}) on its first seeds. `python -m bench.evidence --readme` writes this table from "
         "bench/results/evidence.json. The second, exploratory step (where ESPO might win) is on the evidence "
         "page; a win of it is listed here only once the same runs on new seeds confirm it."
     )
