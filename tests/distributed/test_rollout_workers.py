@@ -8,7 +8,7 @@ import torch
 from everyprompt.data.passrate import PassRateStore
 from everyprompt.distributed.rollout import RayEngine
 from everyprompt.rewards.pool import RewardPool
-from everyprompt.rollout import build_engine
+from everyprompt.rollout import build_engine, offers
 from everyprompt.trainer import RolloutSide
 from tests.conftest import tiny_config
 from tests.distributed.conftest import actors_left
@@ -127,7 +127,7 @@ def test_rollout_workers_run_episodes_as_the_local_engine_does(ray_instance):
     local = _side(config, build_engine(config.rollout, model, tokenizer), model, tokenizer)
     engine = RayEngine(config, model, tokenizer)
     try:
-        assert engine.episodes
+        assert offers(engine, "episodes")
         remote = _side(config, engine, model, tokenizer)
         mine, theirs = local.next_batch(0), remote.next_batch(0)
     finally:

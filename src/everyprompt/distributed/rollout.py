@@ -23,7 +23,7 @@ from everyprompt.distributed.recipes import ModelRecipe
 from everyprompt.distributed.runtime import actor_options, require_ray
 from everyprompt.errors import ClusterError
 from everyprompt.logs import quiet_libraries
-from everyprompt.rollout import GenerationRequest, SamplingParams, build_engine, summed_stats
+from everyprompt.rollout import GenerationRequest, SamplingParams, build_engine, offers, summed_stats
 from everyprompt.rollout.scheduler import assign_lpt
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class RolloutWorker:
 
     def ready(self) -> tuple[bool, bool]:
         """Whether the engine records routes, and runs episodes (GenerationRequest.episode)."""
-        return bool(self.engine.can_record_routes), bool(getattr(self.engine, "episodes", False))
+        return bool(self.engine.can_record_routes), offers(self.engine, "episodes")
 
     def generate(self, requests: list[GenerationRequest], params: SamplingParams):
         try:
@@ -85,7 +85,8 @@ class RayEngine:
         self.restarts = 0  # workers replaced so far in this run
         self.workers = [self._spawn() for _ in range(config.cluster.rollout_workers)]
         # episodes travel to a worker with their requests and come back stepped, in the completion
-        self.can_record_routes, self.episodes = self._await_ready(self.workers)
+        self.can_record_routes, episodes = self._await_ready(self.workers)
+        self.offers = frozenset({"episodes"}) if episodes else frozenset()
 
     def _spawn(self):
         cluster = self.config.cluster

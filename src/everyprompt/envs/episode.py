@@ -12,6 +12,7 @@ would render for the whole conversation. A template that rewrites earlier turns 
 from __future__ import annotations
 
 from everyprompt.envs.base import Environment, EnvironmentSetupError, Message, make_environment
+from everyprompt.rollout.base import offers
 
 TURN = "<<everyprompt: the model's turn>>"  # stands for a model turn's text when the template is rendered
 
@@ -167,7 +168,7 @@ class Episodes:
         EnvironmentSetupError if the engine cannot run episodes (`rollout.engine=auto` may pick hf)."""
         if config.env.name is None:
             return None
-        if not getattr(engine, "episodes", False):
+        if not offers(engine, "episodes"):
             raise EnvironmentSetupError(
                 f"env.name={config.env.name} needs a rollout engine that runs episodes (the native one); "
                 f"this run's is {type(engine).__name__} (rollout.engine={config.rollout.engine})"

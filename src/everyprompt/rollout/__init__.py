@@ -3,6 +3,7 @@
 from everyprompt.rollout import hf as _hf  # noqa: F401  (registers "hf")
 from everyprompt.rollout import native as _native  # noqa: F401  (registers "native")
 from everyprompt.rollout.base import (
+    ENGINE_OFFERS,
     Completion,
     GenerationRequest,
     RolloutEngine,
@@ -12,6 +13,7 @@ from everyprompt.rollout.base import (
     engine_choices,
     engines_for,
     make_engine,
+    offers,
     register_engine,
     registered_engines,
     resolve_engine,
@@ -20,6 +22,8 @@ from everyprompt.rollout.base import (
 from everyprompt.rollout.sampling import derive_seed
 
 __all__ = [
+    "ENGINE_OFFERS",
+    "offers",
     "Completion",
     "GenerationRequest",
     "RolloutEngine",

@@ -77,7 +77,7 @@ class GenerationRequest:
     # requests by it (longest first, to the least-loaded worker); one engine may ignore it
     predicted_length: float | None = None
     # a multi-turn request's other side (an environment's episode, envs/episode.py): engines with
-    # `episodes = True` call it at the end of each model turn and feed what it returns before the next
+    # `episodes` among their `offers` call it at the end of each model turn and feed what it returns before the next
     episode: Episode | None = None
 
 
@@ -159,6 +159,10 @@ class RolloutEngine(Protocol):
     stats: dict[str, float]
     # whether SamplingParams.record_routes can be honoured (a mixture-of-experts model)
     can_record_routes: bool
+    # what it offers beyond these, of `ENGINE_OFFERS` (read through `offers`; an engine that declares none
+    # offers none): `device` (it places itself), `compile` (its decode step through torch.compile),
+    # `cuda_graphs` (with `graph_buckets`: its decode step captured), `episodes` (multi-turn requests)
+    offers: frozenset[str]
 
     @classmethod
     def from_model(cls, model, tokenizer, batch_size: int, precision: str) -> RolloutEngine:
@@ -179,6 +183,17 @@ class RolloutEngine(Protocol):
         update hands it new weights anyway, so its memory is the learner's for that time (vLLM's sleep
         mode; `rollout.sleep_while_training`). An engine with nothing worth freeing does nothing."""
         ...
+
+
+# what an engine may offer beyond the protocol's required members, each named by the setting or feature
+ENGINE_OFFERS = ("device", "compile", "cuda_graphs", "episodes")
+
+
+def offers(engine, what: str) -> bool:
+    """Whether `engine` (an engine or its class) offers `what`, one of `ENGINE_OFFERS`."""
+    if what not in ENGINE_OFFERS:
+        raise ValueError(f"an engine offers one of {', '.join(ENGINE_OFFERS)}; {what!r} is none of them")
+    return what in getattr(engine, "offers", frozenset())
 
 
 @dataclass(frozen=True)
@@ -294,32 +309,32 @@ def make_engine(
     graph_buckets=GRAPH_BUCKETS,
 ) -> RolloutEngine:
     """Engine `name` (or `auto`'s choice) over `model`'s weights, on `device`; UnsupportedModelError if it
-    cannot run the model there. `compile` goes to engines that compile their decode step (`compiles`);
-    others run eager under `auto` and refuse `on`. `cuda_graphs` and `graph_buckets` go to engines that
-    capture it as CUDA graphs (`graphs`); others refuse `on`, as does a device that is not CUDA. `device`
-    goes to engines that place themselves (`places`); the others run on the CPU and refuse any other
-    device."""
+    cannot run the model there. Each setting goes to the engines that offer it (`offers`): `compile` to
+    those that compile their decode step (the others run eager under `auto` and refuse `on`),
+    `cuda_graphs` and `graph_buckets` to those that capture it (the others refuse `on` and `static`, as
+    does a device that is not CUDA), `device` to those that place themselves (the others run on the CPU
+    and refuse any other device)."""
     chosen = resolve_engine(name, model.config, precision)
     if name == AUTO:
         log.info("rollout.engine=auto runs %s with the %s engine", model.config.model_type, chosen)
     cls = _spec(chosen).cls
     options = {}
     device = torch.device(device)
-    if getattr(cls, "places", False):
+    if offers(cls, "device"):
         options["device"] = device
     elif device.type != "cpu":
         raise UnsupportedModelError(
-            f"rollout.device={device}: the {chosen} engine runs on the CPU only (it does not declare "
-            "`places`); use the native or hf engine, or rollout.device=cpu"
+            f"rollout.device={device}: the {chosen} engine runs on the CPU only (it does not offer "
+            "`device`); use the native or hf engine, or rollout.device=cpu"
         )
-    if getattr(cls, "compiles", False):
+    if offers(cls, "compile"):
         options["compile"] = compile
     elif compile == "on":
         raise UnsupportedModelError(
             f"rollout.compile=on compiles the native engine's decode step; the {chosen} engine does not "
             "(set rollout.compile=auto or off)"
         )
-    if getattr(cls, "graphs", False):
+    if offers(cls, "cuda_graphs"):
         options.update(cuda_graphs=cuda_graphs, graph_buckets=graph_buckets)
     elif cuda_graphs in ("on", "static"):
         raise UnsupportedModelError(

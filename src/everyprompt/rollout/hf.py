@@ -95,7 +95,7 @@ class HFEngine:
     """RolloutEngine over a transformers causal LM (any architecture). Build it with :meth:`from_model`."""
 
     PRECISIONS = tuple(DTYPES)
-    places = True  # `device`: the model copy, its cache and the call's tensors on that device
+    offers = frozenset({"device"})  # the model copy, its cache and the call's tensors on that device
 
     def __init__(
         self,

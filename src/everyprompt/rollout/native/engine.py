@@ -59,10 +59,10 @@ class NativeEngine:
     """RolloutEngine over a state dict of one of `FAMILIES`. Build it with :meth:`from_model`."""
 
     PRECISIONS = tuple(PRECISIONS)
-    compiles = True  # `compile`: the decode step through torch.compile (compiled.py)
-    graphs = True  # `cuda_graphs`, `graph_buckets`: the static decode step as CUDA graphs (graphs.py)
-    episodes = True  # multi-turn requests (GenerationRequest.episode): observations fed into the sequence
-    places = True  # `device`: weights, cache and decoding state on that device
+    # `device`: weights, cache and decoding state on that device; `compile`: the decode step through
+    # torch.compile (compiled.py); `cuda_graphs`, `graph_buckets`: the static decode step as CUDA graphs
+    # (graphs.py); `episodes`: multi-turn requests, observations fed into the sequence (sequences.py)
+    offers = frozenset({"device", "compile", "cuda_graphs", "episodes"})
 
     def __init__(
         self,
