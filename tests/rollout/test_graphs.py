@@ -17,6 +17,7 @@ from everyprompt.rollout import SamplingParams, UnsupportedModelError, make_engi
 from everyprompt.rollout.native.graphs import StepGraphs
 from everyprompt.rollout.native.trust import Output
 from tests.conftest import make_tiny_model
+from tests.rollout.capture_stand_in import stand_in_capture
 from tests.rollout.test_static import _assert_same, _by_id, _engine, _requests
 
 
@@ -213,25 +214,13 @@ def test_a_steps_metrics_add_up_its_calls_graph_figures(tiny, replayed):
 def test_a_graph_whose_first_replay_disagrees_with_the_eager_step_is_not_trusted(monkeypatch, caplog):
     """The capture machinery stood in for on the CPU: the body really runs (warm-up, then inside the
     'capture'), and the graph's replay writes a wrong token: the engine must not keep that graph."""
-    import contextlib
-
     out = torch.zeros(4, dtype=torch.long)
-
-    class Stream:
-        def wait_stream(self, other):
-            pass
 
     class WrongGraph:
         def replay(self):
             out[0] += 1  # not what the step computes
 
-    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: Stream())
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
-    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "graph", lambda graph, **options: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", WrongGraph)
-    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 0)
+    stand_in_capture(monkeypatch, WrongGraph)
 
     def body(size):
         out[:size] = torch.arange(size)

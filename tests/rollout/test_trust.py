@@ -6,7 +6,6 @@ replay that writes another row's logits is refused at either."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 
 import pytest
@@ -17,6 +16,7 @@ from everyprompt.rollout.native import NativeEngine
 from everyprompt.rollout.native.graphs import StepGraphs
 from everyprompt.rollout.native.trust import FLOOR, UNITS, Output, judge
 from tests.conftest import make_tiny_model
+from tests.rollout.capture_stand_in import stand_in_capture
 
 BF16_EPS = 2.0**-7  # torch.finfo(torch.bfloat16).eps
 
@@ -86,13 +86,8 @@ def tiny():  # made before any test patches torch.cuda (transformers reads it as
     return make_tiny_model()
 
 
-class Stream:
-    def wait_stream(self, other):
-        pass
-
-
 @pytest.fixture
-def stand_in_capture(monkeypatch):
+def replaying(monkeypatch):
     """The real `StepGraphs._capture` over a stand-in CUDA graph: the body runs at the warm-up and inside
     the 'capture' (eagerly); the graph keeps that body and replays it, then applies `state["replay"]` to
     the forward phase's logits (what a graph of other kernels would write)."""
@@ -113,13 +108,7 @@ def stand_in_capture(monkeypatch):
                 state["replay"](self.outputs(self.size)[0].tensor)
 
     monkeypatch.setattr(StepGraphs, "_capture", capture)
-    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: Stream())
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
-    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "graph", lambda graph, **options: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
-    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 0)
+    stand_in_capture(monkeypatch, Graph)
     return state
 
 
@@ -142,12 +131,12 @@ def rows_swapped(logits: torch.Tensor) -> None:
     ids=["bf16-one-unit", "fp32-one-bf16-unit", "bf16-rows-swapped"],
 )
 def test_an_engines_graphs_are_trusted_at_its_own_precision(
-    tiny, stand_in_capture, caplog, precision, replay, trusted
+    tiny, replaying, caplog, precision, replay, trusted
 ):
     model, tokenizer = tiny
     engine = NativeEngine.from_model(model, tokenizer, 4, precision, cuda_graphs="static")
     engine.graphs.capture = True  # as on a GPU
-    stand_in_capture["replay"] = replay
+    replaying["replay"] = replay
     requests = [
         GenerationRequest(i, tokenizer(p).input_ids, seed=i) for i, p in enumerate(["1+2=", "37+48="])
     ]
