@@ -213,9 +213,22 @@ def test_the_startup_parity_check_runs_with_the_policy_on_the_device():
 def test_an_update_reads_the_device_back_once_a_mini_batch(monkeypatch):
     """A second update (the once-a-run checks done): the old policy's pass reads back once (its mismatch
     figures), each mini-batch's step once (its finite flag, gradient norm, figures together; it used to be
-    three reads, four with the mismatch), and the packed forwards none at all: their
-    attention mask is made on the host (trainer/learner_side/logprobs.py: `packed_mask`), so transformers' own search
-    for packed segments, a read back in every forward, never runs."""
+    three reads, four with the mismatch). A forward whose packed rows hold several sequences reads nothing
+    back: its attention mask is made on the host (trainer/learner_side/logprobs.py: `packed_mask`), so
+    transformers' own search for packed segments does not run; where every row holds one sequence,
+    transformers attends causally without a mask (SDPA's fastest path, and the same numbers as before)
+    after its one check, which is the only other read."""
+    from everyprompt.trainer.learner_side import logprobs as logprobs_module
+
+    made = logprobs_module.packed_mask
+    unmasked: list[bool] = []  # per packed forward: whether transformers was left to decide (one read)
+
+    def counted(model, positions, device):
+        mask = made(model, positions, device)
+        unmasked.append(mask is None)
+        return mask
+
+    monkeypatch.setattr(logprobs_module, "packed_mask", counted)
     config = tiny_config("rl.old_logprobs=recompute", "rl.mini_batches=2")
     model, tokenizer = _model(config)
     use_sorted_experts(model)
@@ -225,7 +238,34 @@ def test_an_update_reads_the_device_back_once_a_mini_batch(monkeypatch):
         learner = Learner(config, model, tokenizer.pad_token_id)
         learner.update(batch)
         check.syncs.clear()
+        unmasked.clear()
         metrics = learner.update(hand_batch(_model(config)[0], tokenizer, REWARDS))
     assert metrics["actor/skipped_updates"] == 0.0 and "mismatch/logp_abs_diff" in metrics
-    assert not [where for where in check.syncs if "masking_utils" in where], dict(check.syncs)
-    assert check.total_syncs == 1 + 2, dict(check.syncs)  # the old policy's pass, then one a mini-batch
+    assert unmasked  # the update's forwards were packed
+    masking = sum(n for where, n in check.syncs.items() if "masking_utils" in where)
+    assert masking == sum(unmasked), dict(check.syncs)  # none from a forward with a host-made mask
+    assert check.total_syncs - masking == 1 + 2, dict(check.syncs)  # the old policy's pass, one a mini-batch
+
+
+def test_a_packed_forward_of_several_sequences_a_row_reads_nothing_back():
+    """Rows that hold several sequences get their mask from the host: the forward makes no host read."""
+    from everyprompt.trainer.learner_side.logprobs import pack_layout, token_logprobs
+    from tests.conftest import make_tiny_model
+
+    model, tokenizer = make_tiny_model()
+    use_sorted_experts(model)  # transformers' own kernel takes CUDA-only branches on a (fake) cuda device
+    tokens = [tokenizer(t).input_ids for t in ("100+200+300=600", "1+2=3", "4=4", "5+6=11")]
+    ids = torch.full((len(tokens), max(map(len, tokens))), tokenizer.pad_token_id)
+    for i, t in enumerate(tokens):
+        ids[i, : len(t)] = torch.tensor(t)
+    lengths = [len(t) for t in tokens]
+    assert pack_layout(lengths, ids.shape[1]).num_rows < len(tokens)  # some row holds two or more
+    with torch.no_grad():
+        expected, _ = token_logprobs(model, ids, lengths=lengths, pad_id=tokenizer.pad_token_id)
+    with fake_cuda() as check:
+        model.to(CUDA)
+        with torch.no_grad():
+            got, _ = token_logprobs(model, ids.to(CUDA), lengths=lengths, pad_id=tokenizer.pad_token_id)
+        syncs = dict(check.syncs)
+    assert syncs == {}, syncs
+    torch.testing.assert_close(real(got), expected, atol=1e-6, rtol=0)

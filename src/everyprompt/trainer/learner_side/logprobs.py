@@ -90,8 +90,9 @@ def packed_mask(model, positions: torch.Tensor, device) -> torch.Tensor | None:
     of host `positions`, built here on the host and copied over: a token sees the earlier tokens of its own
     segment (a segment: a run of positions rising by one). transformers finds the segments on the device and
     reads back whether any row holds two, a host sync in every forward; given a 4D mask it takes it as is.
-    None (transformers builds its own) for an attention other than SDPA's, or a model with sliding-window
-    layers (one mask would serve them all)."""
+    None (transformers decides) where no row holds two segments (it then attends causally without a mask,
+    SDPA's fastest path), for an attention other than SDPA's, or a model with sliding-window layers (one
+    mask would serve them all)."""
     config = getattr(model, "config", None)
     if config is None:
         return None
@@ -102,6 +103,8 @@ def packed_mask(model, positions: torch.Tensor, device) -> torch.Tensor | None:
     start = torch.ones_like(positions, dtype=torch.bool)
     start[:, 1:] = positions[:, 1:] - positions[:, :-1] != 1
     segment = start.cumsum(-1)
+    if bool((segment[:, -1] == 1).all()):  # no row holds two: transformers' causal path (no mask at all)
+        return None
     same = segment[:, :, None] == segment[:, None, :]
     causal = torch.ones(positions.shape[1], positions.shape[1], dtype=torch.bool).tril()
     return (same & causal)[:, None].to(device, non_blocking=True)
