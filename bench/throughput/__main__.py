@@ -94,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.compile_probe:
         print(json.dumps(compile_probe(*json.loads(args.compile_probe))))
         return 0
+    if args.fused and not args.graphs:
+        parser.error(
+            "--fused times the static step's compiled bodies beside its eager ones: it goes with --graphs"
+        )
     if args.model is not None:
         return measure_model(args)
     if args.device != "cpu" or args.quick or args.compile or args.graphs or args.fused or args.decode_only:

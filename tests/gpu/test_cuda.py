@@ -110,7 +110,6 @@ def test_every_rl_step_after_the_first_replays_its_graphs(tmp_path, compile):
     assert history[0]["rollout/graph_captures"] > 0
     for later in history[1:]:
         assert later["rollout/graph_eager_steps"] == 0.0 and later["rollout/graph_replays"] > 0
-        assert later["rollout/graph_replay_eps"] <= 4.0
 
 
 def _nccl_rank(rank: int, world: int, port: int, out: str) -> None:

@@ -165,8 +165,12 @@ def test_the_packed_mask_made_on_the_host_gives_transformers_own_log_probs(tiny_
     for i, t in enumerate(tokens):
         ids[i, : len(t)] = torch.tensor(t)
     lengths = [len(t) for t in tokens]
+    made = logprobs_module.packed_mask
+    masks: list = []
+    monkeypatch.setattr(logprobs_module, "packed_mask", lambda *args: masks.append(made(*args)) or masks[-1])
     with torch.no_grad():
         ours, _ = token_logprobs(model, ids, lengths=lengths, pad_id=tokenizer.pad_token_id)
+        assert masks and masks[-1] is not None  # some row holds two sequences: the mask was made here
         monkeypatch.setattr(logprobs_module, "packed_mask", lambda *args: None)
         theirs, _ = token_logprobs(model, ids, lengths=lengths, pad_id=tokenizer.pad_token_id)
     assert torch.equal(ours, theirs)
@@ -175,6 +179,8 @@ def test_the_packed_mask_made_on_the_host_gives_transformers_own_log_probs(tiny_
     mask = logprobs_module.packed_mask(model, positions, "cpu")[0, 0]
     assert mask[4].tolist() == [False, False, False, True, True, False]  # sees its own segment, causally
     assert mask[5].tolist() == [False] * 5 + [True]  # the tail: a segment of its own
+    # every row one sequence (its tail continuing it): no mask, transformers attends causally without one
+    assert logprobs_module.packed_mask(model, torch.tensor([[0, 1, 2, 3], [0, 1, 2, 3]]), "cpu") is None
     model.config.use_sliding_window = True
     try:
         assert logprobs_module.packed_mask(model, positions, "cpu") is None

@@ -31,8 +31,9 @@ class RolloutConfig(Section):
     cuda_graphs: Annotated[Literal["auto", "on", "off", "static"], YAML_WORDS] = Field(
         "auto",
         description="Native engine: its decode step captured as CUDA graphs, one per batch bucket (`auto`: on a "
-        "CUDA device unless `compile` is on; `on`: a CUDA device is required; `off`; `static`: the graphs' "
-        "step run without capture, on any device, to tell a graph's fault from the step's; docs/gpu.md).",
+        "CUDA device; `on`: a CUDA device is required; `off`; `static`: the graphs' step run without capture, "
+        "on any device, to tell a graph's fault from the step's). With compile=on the graphs capture the "
+        "step's compiled bodies (docs/gpu.md).",
     )
     graph_buckets: list[int] = Field(
         default_factory=lambda: list(GRAPH_BUCKETS),
@@ -48,8 +49,8 @@ class RolloutConfig(Section):
         "auto",
         description="Synchronous runs: the engine frees its weights and KV cache while the learner updates "
         "and takes them back at the weight sync (docs/performance.md); false keeps them; auto: true unless "
-        "the engine keeps CUDA graphs (it decodes with graphs: a CUDA rollout device, cuda_graphs auto or "
-        "on, compile not on), which sleeping would drop and recapture every step.",
+        "the engine keeps CUDA graphs (a CUDA rollout device with cuda_graphs auto or on), which sleeping "
+        "would drop and recapture every step.",
     )
     max_new_tokens: int = Field(64, gt=0, description="Completion length cap (tokens).")
     temperature: float = Field(

@@ -123,16 +123,17 @@ class Config(Section):
     def _episodes_need_a_native_chat_setup(self) -> Config:
         if self.env.name is None:
             return self
-        refused = {
-            "rollout.engine=hf": self.rollout.engine == "hf",
-            "rollout.partial=true": self.rollout.partial,
-            "zve.filter.enabled=true": self.zve.filter.enabled,  # its pass rates are single-turn
-        }
-        for setting, present in refused.items():
-            if present:
-                raise ValueError(
-                    f"env.name={self.env.name} runs episodes in the native engine, not with {setting}"
-                )
+        setting = _first_set(
+            {
+                "rollout.engine=hf": self.rollout.engine == "hf",
+                "rollout.partial=true": self.rollout.partial,
+                "zve.filter.enabled=true": self.zve.filter.enabled,  # its pass rates are single-turn
+            }
+        )
+        if setting is not None:
+            raise ValueError(
+                f"env.name={self.env.name} runs episodes in the native engine, not with {setting}"
+            )
         if self.data.format == "plain" or self.data.system_prompt is not None:
             raise ValueError(
                 f"env.name={self.env.name}: the environment writes the episode's first messages in the chat "
@@ -153,7 +154,7 @@ class Config(Section):
     def _external_rollouts_are_the_drivers(self) -> Config:
         if not self.external.enabled:
             return self
-        refused = {  # what the run's own rollout side does, which a driven run leaves to its driver
+        setting = _first_set({  # what the run's own rollout side does, which a driven run leaves to its driver
             "env.name": self.env.name is not None,
             "rollout.engine=hf": self.rollout.engine == "hf",
             "rollout.partial=true": self.rollout.partial,
@@ -165,13 +166,12 @@ class Config(Section):
             "cluster.backend=ray": self.cluster.backend == "ray",
             f"rl.advantage={self.rl.advantage}": advantage_needs_components(self.rl.advantage),  # no parts
             "rl.teacher.by": self.rl.teacher.by is not None,  # its rows carry no data columns
-        }
-        for setting, present in refused.items():
-            if present:
-                raise ValueError(
-                    f"external.enabled: the driver samples, scores and picks the groups, so {setting} does "
-                    "not apply (docs/serving.md)"
-                )
+        })  # fmt: skip
+        if setting is not None:
+            raise ValueError(
+                f"external.enabled: the driver samples, scores and picks the groups, so {setting} does not "
+                "apply (docs/serving.md)"
+            )
         return self
 
     @model_validator(mode="after")
@@ -182,3 +182,8 @@ class Config(Section):
                 f"in fp32; with rollout.precision={self.rollout.precision} set rl.old_logprobs=recompute"
             )
         return self
+
+
+def _first_set(refused: dict[str, bool]) -> str | None:
+    """The first of `refused`'s settings that is set (a validator's refusal names it), or None."""
+    return next((setting for setting, present in refused.items() if present), None)

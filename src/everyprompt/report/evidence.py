@@ -1,5 +1,5 @@
-"""The evidence page: pre-registered comparisons read from an evidence file (the JSON `bench/evidence/`
-writes; the plan is docs/evidence.md).
+"""The evidence page: pre-registered comparisons read from an evidence file (the JSON `python -m
+bench.evidence` writes; the plan is docs/evidence.md).
 
 The file holds, per comparison and set-up, each arm's runs (one per seed: its held-out greedy accuracy and
 more) and the contrasts: an arm against its reference, paired by seed, the mean of the per-seed

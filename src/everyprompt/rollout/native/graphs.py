@@ -16,7 +16,7 @@ Whether an engine captures is decided with how it decodes (choices.decoding, fro
 torch.compile's (compiled.py): Inductor's fused kernels inside the graph.
 A graph is trusted only once its first replay has written what the eager warm-up wrote on the same inputs,
 judged at the precision the step computes in (trust.py: tokens equal, values within a few epsilons of the
-step's dtype at each row's scale, the same greedy tokens save near-ties). A capture that fails (an
+step's dtype at each row's scale, within which a greedy token can change only on a near-tie). A capture that fails (an
 operator that cannot be captured, a host read on the way, a replay that disagrees) is reported once, with
 why, and the engine decodes with the same static step run eagerly from then on: a run never dies of it,
 and every later call's figures say so (`graph_failed`, `graph_eager_steps`).

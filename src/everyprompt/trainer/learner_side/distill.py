@@ -142,7 +142,7 @@ class Distillation(AdvantageTerm):
         return torch.tensor([key is not None for key in self.keys(batch, rows)], dtype=torch.bool)
 
     def carries(self, batch: RolloutBatch) -> bool:
-        return len(batch) > 0 and bool(self.covered(batch).any())
+        return bool(self.covered(batch).any())
 
     def prepare(self, batch: RolloutBatch, still: torch.Tensor) -> torch.Tensor:
         """Before the update, its advantages computed: `alone` drops the estimator's (and RL-ZVP's signs);

@@ -18,8 +18,12 @@ from everyprompt.models.replay import same_expert_sets
 
 
 def mismatch_metrics(*args, **kwargs) -> dict[str, float]:
-    """`mismatch_values`' figures, read back in one copy and finished on the host (`finish_mismatch`)."""
-    values = mismatch_values(*args, **kwargs)
+    """`mismatch_values`' figures as metrics (`read_mismatch`)."""
+    return read_mismatch(mismatch_values(*args, **kwargs))
+
+
+def read_mismatch(values: dict) -> dict[str, float]:
+    """`mismatch_values`' figures read back in one copy and finished on the host (`finish_mismatch`)."""
     return finish_mismatch(host_floats(values)) if values else {}
 
 
@@ -30,7 +34,7 @@ def mismatch_values(
     trainer_routes: Sequence[torch.Tensor] | None = None,  # N x [fed tokens, L_moe, k]: routes it used
     engine_routes: Sequence[torch.Tensor] | None = None,  # N x [fed tokens, L_moe, k]: the engine's
     masks: Sequence[torch.Tensor] | None = None,  # N x [completion] bool: the model's own tokens
-) -> dict[str, torch.Tensor]:
+) -> dict[str, torch.Tensor | float]:
     """Over completion tokens: mean |logp_trainer - logp_engine|, the k3 estimate of KL(engine || trainer),
     the share of tokens whose ratio pi_trainer / pi_engine exceeds 2; with both sides' routes: the share
     of (token, MoE layer) pairs routed to the same expert set, and |dlogp| on tokens whose input token
@@ -70,7 +74,7 @@ def mismatch_values(
         values["mismatch/routing_agreement"] = torch.stack(same_pairs).sum().double() / max(pairs, 1)
         values["mismatch/flipped_token_fraction"] = flipped_tokens.mean()
         values["mismatch:flipped"] = flipped_tokens.sum()
-        values["mismatch:tokens"] = torch.full((), float(flipped_tokens.numel()), device=device)
+        values["mismatch:tokens"] = float(flipped_tokens.numel())  # known on the host
         values["mismatch:flipped_diff"] = (diff * flipped_tokens).sum()
         values["mismatch:unflipped_diff"] = (diff * (1 - flipped_tokens)).sum()
     return values
@@ -101,13 +105,12 @@ def batch_mismatch(
     batch: RolloutBatch, rows: list[int], trainer_logprobs, trainer_routes
 ) -> dict[str, float]:
     """`mismatch_metrics` of `rows` of `batch`: the trainer's values given, the engine's from the batch."""
-    values = batch_mismatch_values(batch, rows, trainer_logprobs, trainer_routes)
-    return finish_mismatch(host_floats(values)) if values else {}
+    return read_mismatch(batch_mismatch_values(batch, rows, trainer_logprobs, trainer_routes))
 
 
 def batch_mismatch_values(
     batch: RolloutBatch, rows: list[int], trainer_logprobs, trainer_routes
-) -> dict[str, torch.Tensor]:
+) -> dict[str, torch.Tensor | float]:
     """`mismatch_values` of `rows` of `batch` (on the device): the trainer's given, the engine's from it."""
     engine_routes = batch.routed_experts
     return mismatch_values(
