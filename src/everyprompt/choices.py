@@ -20,6 +20,7 @@ from dataclasses import dataclass
 FIELDS = ("prompt", "answer", "solution", "level", "messages")
 
 TASKS = ("arithmetic", "questions")  # the built-in tasks (data/arithmetic.py, data/questions.py)
+GYM = "reasoning-gym"  # data.task: reasoning-gym's procedural tasks (data/gym.py)
 
 AUTO_ENGINE = "auto"  # not an engine: the choice of the fastest registered engine that runs the model
 NATIVE_ENGINE = "native"

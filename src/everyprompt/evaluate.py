@@ -15,6 +15,7 @@ from everyprompt.envs.episode import Episodes
 from everyprompt.generation import sample_and_score
 from everyprompt.logs import progress_bar
 from everyprompt.rewards import build_reward
+from everyprompt.rewards.gym import read_answer
 from everyprompt.rewards.math import extract_answer
 from everyprompt.rewards.pool import RewardPool
 from everyprompt.rollout import GenerationRequest, SamplingParams, derive_seed
@@ -75,7 +76,9 @@ def _passes(
                     if episodes is None
                     else tokenizer.decode(prompts[index]),
                     "completion": text,
-                    "extracted_answer": extract_answer(text),
+                    "extracted_answer": extract_answer(text)
+                    if row.get("gym") is None
+                    else read_answer(text, row["gym"].get("read", "auto")),
                     "answer": row.get("answer"),
                     "reward": reward,
                 }
@@ -91,6 +94,12 @@ def _summarise(rows, values: list[float], name: str) -> dict[str, float]:
             by_level[row["level"]].append(value)
     for level in sorted(by_level):
         out[f"{name}/level_{level}"] = sum(by_level[level]) / len(by_level[level])
+    by_task: dict[str, list[float]] = defaultdict(list)  # reasoning-gym rows: per task
+    for row, value in zip(rows, values):
+        if row.get("task") is not None:
+            by_task[row["task"]].append(value)
+    for task in sorted(by_task):
+        out[f"{name}/task_{task}"] = sum(by_task[task]) / len(by_task[task])
     return out
 
 

@@ -55,6 +55,11 @@ from everyprompt.config.rollout import (
     RolloutConfig,
     ScalarRMConfig,
 )
+from everyprompt.config.tasks import (
+    GymConfig,
+    GymTaskConfig,
+    TaskLevelsConfig,
+)
 from everyprompt.config.tree import (
     CheckpointConfig,
     Config,
@@ -89,6 +94,8 @@ __all__ = [
     "ExpansionConfig",
     "ExternalConfig",
     "GenRMConfig",
+    "GymConfig",
+    "GymTaskConfig",
     "KLConfig",
     "LoRAConfig",
     "LoggingConfig",
@@ -103,6 +110,7 @@ __all__ = [
     "RolloutCorrectionConfig",
     "SFTConfig",
     "STAGE_OVERRIDES",
+    "TaskLevelsConfig",
     "ScalarRMConfig",
     "Section",
     "WandbConfig",

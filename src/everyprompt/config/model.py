@@ -6,8 +6,9 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from everyprompt.choices import FIELDS, TASKS
+from everyprompt.choices import FIELDS, GYM, TASKS
 from everyprompt.config.base import Section
+from everyprompt.config.tasks import GymConfig
 from everyprompt.devices import check_device_setting
 
 
@@ -102,7 +103,11 @@ class DataConfig(Section):
         "arithmetic",
         description="Built-in verifiable task used when no files are given: arithmetic (bare sums with "
         "worked solutions, for models trained from scratch) or questions (arithmetic questions and word "
-        "problems in English, for pretrained chat models); docs/data.md.",
+        "problems in English, for pretrained chat models); or reasoning-gym: the procedural tasks of "
+        "`reasoning_gym` (everyprompt[tasks]) named in data.reasoning_gym; docs/data.md.",
+    )
+    reasoning_gym: GymConfig = Field(
+        default_factory=GymConfig, description="data.task=reasoning-gym: the tasks, their mix and levels."
     )
     train_file: str | None = Field(
         None,
@@ -127,15 +132,24 @@ class DataConfig(Section):
     levels: list[int] = Field(
         [1, 2, 3, 4, 5], description="Difficulty levels (1..5) of the built-in task to use."
     )
-    num_train: int = Field(20000, gt=0, description="Built-in task: problems in the train split.")
-    num_eval: int = Field(500, gt=0, description="Built-in task: problems in the held-out split.")
+    num_train: int = Field(
+        20000,
+        gt=0,
+        description="Built-in task: problems in the train split (reasoning-gym: at each training level, "
+        "shared by the tasks' weights).",
+    )
+    num_eval: int = Field(
+        500,
+        gt=0,
+        description="Built-in task: problems in the held-out split (reasoning-gym: shared likewise).",
+    )
     split_seed: int = Field(1234, description="Seed of the built-in task's train/held-out split.")
 
     @field_validator("task")
     @classmethod
     def _known_task(cls, task: str) -> str:
-        if task not in TASKS:
-            raise ValueError(f"expected one of {', '.join(TASKS)}")
+        if task not in (*TASKS, GYM):
+            raise ValueError(f"expected one of {', '.join((*TASKS, GYM))}")
         return task
 
     @field_validator("columns")
@@ -145,6 +159,19 @@ class DataConfig(Section):
         if unknown:
             raise ValueError(f"maps {unknown}; the fields are {', '.join(FIELDS)}")
         return columns
+
+    @model_validator(mode="after")
+    def _gym_tasks(self) -> DataConfig:
+        tasks = self.reasoning_gym.tasks
+        if self.task == GYM and not tasks:
+            raise ValueError(f"data.task={GYM} needs data.reasoning_gym.tasks (e.g. {{leg_counting: {{}}}})")
+        if tasks and self.task != GYM:
+            raise ValueError(
+                f"data.reasoning_gym.tasks is set; it is read with data.task={GYM}, not {self.task}"
+            )
+        if self.task == GYM and self.train_file:
+            raise ValueError(f"data.train_file and data.task={GYM} both name the RL prompts; keep one")
+        return self
 
     @model_validator(mode="after")
     def _chat_only_settings(self) -> DataConfig:

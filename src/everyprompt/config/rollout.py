@@ -233,9 +233,10 @@ class RewardComponentConfig(Section):
 
 class RewardsConfig(Section):
     function: str = Field(
-        "math",
+        "auto",
         description="Registered reward name, `package.module:function`, `genrm` (a judge model) or "
-        "`scalar_rm` (a sequence-classification reward model).",
+        "`scalar_rm` (a sequence-classification reward model); auto: `reasoning_gym` (each task's own "
+        "scorer) when data.task=reasoning-gym, else `math`.",
     )
     genrm: GenRMConfig = Field(default_factory=GenRMConfig, description="The judge of `function: genrm`.")
     scalar_rm: ScalarRMConfig = Field(

@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from everyprompt.algorithms import advantage_needs_components
+from everyprompt.choices import GYM
 from everyprompt.config.base import Section
 from everyprompt.config.cluster import ClusterConfig
 from everyprompt.config.model import DataConfig, ModelConfig, SFTConfig
@@ -142,6 +143,21 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
+    def _gym_tasks_scored_by_their_own_scorers(self) -> Config:
+        if self.rewards.function == "auto":  # resolved here, so the saved config names the reward
+            self.rewards.function = "reasoning_gym" if self.data.task == GYM else "math"
+        return self
+
+    @model_validator(mode="after")
+    def _task_levels_need_gym_tasks(self) -> Config:
+        if self.curriculum.levels.enabled and self.data.task != GYM:
+            raise ValueError(
+                f"curriculum.levels.enabled moves reasoning-gym tasks through their levels: it needs "
+                f"data.task={GYM}, not {self.data.task}"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _component_advantages_need_components(self) -> Config:
         if advantage_needs_components(self.rl.advantage) and len(self.rewards.components) < 2:
             raise ValueError(
@@ -163,6 +179,7 @@ class Config(Section):
             "zve.enabled": self.zve.enabled,
             "zve.filter.enabled": self.zve.filter.enabled,
             "curriculum.stages": bool(self.curriculum.stages),
+            "curriculum.levels.enabled": self.curriculum.levels.enabled,
             "cluster.backend=ray": self.cluster.backend == "ray",
             f"rl.advantage={self.rl.advantage}": advantage_needs_components(self.rl.advantage),  # no parts
             "rl.teacher.by": self.rl.teacher.by is not None,  # its rows carry no data columns

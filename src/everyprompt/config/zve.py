@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from everyprompt.config.base import Section
+from everyprompt.config.tasks import TaskLevelsConfig
 
 
 class OfflineFilterConfig(Section):
@@ -156,3 +157,13 @@ class CurriculumConfig(Section):
     stages: list[CurriculumStage] = Field(
         default_factory=list, description="The stages, in order (empty: no curriculum)."
     )
+    levels: TaskLevelsConfig = Field(
+        default_factory=TaskLevelsConfig,
+        description="reasoning-gym tasks moved through their own curricula's levels by pass rate (docs/data.md).",
+    )
+
+    @model_validator(mode="after")
+    def _stages_or_levels(self) -> CurriculumConfig:
+        if self.levels.enabled and self.stages:
+            raise ValueError("curriculum.levels.enabled and curriculum.stages are two curricula; keep one")
+        return self

@@ -3,8 +3,10 @@ files or from the built-in task's train / held-out split (made once, by `data.sp
 
 from __future__ import annotations
 
+from everyprompt.choices import GYM
 from everyprompt.config import Config, ConfigError
 from everyprompt.data.datasets import load_prompt_file
+from everyprompt.data.gym import GymRows
 from everyprompt.data.tasks import get_task, largest_num_train, make_splits, oversubscribed
 
 
@@ -14,6 +16,7 @@ class ConfigRows:
     def __init__(self, config: Config):
         self.config = config
         self._splits = None
+        self.gym = GymRows(config) if config.data.task == GYM else None  # its names checked here
 
     def _builtin(self):
         if self._splits is None:
@@ -57,12 +60,19 @@ class ConfigRows:
         data = self.config.data
         if data.train_file:
             return load_prompt_file(data.train_file, data.columns, self._required(), "data.train_file")
+        if self.gym is not None:
+            return self.gym.train()
         levels = set(self.config.rl.levels or data.levels)
         return [p.as_row() for p in self._builtin()[0] if p.level in levels]
 
     def sft(self) -> list[dict]:
         """The worked solutions SFT trains on; a train file without them is a config error (sft.steps)."""
         data = self.config.data
+        if self.gym is not None:
+            raise ConfigError(
+                f"config key 'sft.steps': SFT ({self.config.sft.steps} steps) trains on worked solutions, which "
+                f"data.task={GYM} does not have; set sft.steps=0"
+            )
         if not data.train_file:
             levels = set(self.config.sft.levels)
             return [p.as_row() for p in self._builtin()[0] if p.level in levels]
@@ -82,4 +92,6 @@ class ConfigRows:
         data = self.config.data
         if data.eval_file:
             return load_prompt_file(data.eval_file, data.columns, self._required(), "data.eval_file")
+        if self.gym is not None:
+            return self.gym.held_out()
         return [p.as_row() for p in self._builtin()[1]]

@@ -5,6 +5,7 @@ prompt rows' fields (``answer``, ``level``, ...) aligned with the completions. N
 scored": the row is left out of its group's statistics.
 """
 
+from everyprompt.rewards import gym as _gym  # noqa: F401  (registers "reasoning_gym")
 from everyprompt.rewards import math as _math  # noqa: F401  (registers "math")
 from everyprompt.rewards.base import (
     RewardError,

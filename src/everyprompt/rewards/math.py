@@ -145,7 +145,7 @@ def _math_verify_equal(gold: str, predicted: str) -> bool:
     return bool(verify(gold_parsed, parse(f"${predicted}$")))
 
 
-def _plain_number(text: str) -> str:
+def plain_number(text: str) -> str:
     """`1,234` -> `1234` (thousands separators, as GSM8K writes large answers); anything else unchanged."""
     return text.replace(",", "") if _NUMBER.fullmatch(text) else text
 
@@ -153,7 +153,7 @@ def _plain_number(text: str) -> str:
 def answers_match(gold: str, predicted: str | None) -> bool:
     if predicted is None:
         return False
-    gold, predicted = _plain_number(gold.strip()), _plain_number(predicted.strip())
+    gold, predicted = plain_number(gold.strip()), plain_number(predicted.strip())
     if _INTEGER.fullmatch(gold) and _INTEGER.fullmatch(predicted):
         return int(gold) == int(predicted)
     return _math_verify_equal(gold, predicted)

@@ -17,10 +17,8 @@ import torch
 
 from everyprompt.batch import RolloutBatch
 from everyprompt.config import Config
-from everyprompt.data.curriculum import Curriculum
 from everyprompt.data.formatting import prompt_format_of
 from everyprompt.data.passrate import PassRateStore
-from everyprompt.data.source import ALL, PromptSource, buckets_by_field, buckets_by_pass_rate
 from everyprompt.envs.episode import Episodes
 from everyprompt.generation import ScoredSamples, sample_and_score
 from everyprompt.rewards import build_reward
@@ -30,6 +28,7 @@ from everyprompt.rollout import GenerationRequest, RolloutEngine, SamplingParams
 from everyprompt.rollout.scheduler import LengthPredictor, admission_order
 from everyprompt.trainer.rollout_side.assemble import assemble_batch
 from everyprompt.trainer.rollout_side.partial import PartialRollouts, tag
+from everyprompt.trainer.rollout_side.plan import PromptPlan
 from everyprompt.trainer.rollout_side.tally import StepTally
 from everyprompt.zve import Group, collect_groups, group_zero_variance
 from everyprompt.zve.expansion import InFlight
@@ -38,8 +37,8 @@ log = logging.getLogger(__name__)
 
 
 class RolloutSide:
-    """Owns the engine, the reward pool, the prompt source and curriculum, the length predictor and the
-    pass-rate store's updates."""
+    """Owns the engine, the reward pool, the prompt plan (source, curriculum, task mix), the length
+    predictor and the pass-rate store's updates."""
 
     def __init__(
         self,
@@ -52,8 +51,7 @@ class RolloutSide:
     ):
         self.config, self.engine, self.tokenizer = config, engine, tokenizer
         self.prompts, self.rewards, self.store = prompts, rewards, store
-        self.curriculum = Curriculum(config.curriculum) if config.curriculum.stages else None
-        self.source = PromptSource(self._buckets(), config.seed)
+        self.plan = PromptPlan(config, prompts, store.pass_rate)
         self.lengths = LengthPredictor(store, default=config.rollout.max_new_tokens)
         self.retired_total = 0
         self.health = RewardHealth(config.rewards.max_error_fraction, config.rewards.error_window)
@@ -107,9 +105,8 @@ class RolloutSide:
     # ------------------------------------------------------------ state
     def state_dict(self) -> dict:
         return {
-            "source": self.source.state_dict(),
+            **self.plan.state_dict(),  # source, curriculum, tasks
             "store": self.store.state_dict(),
-            "curriculum": self.curriculum.state_dict() if self.curriculum else None,
             "lengths": self.lengths.state_dict(),
             "retired_total": self.retired_total,
             "reward_health": list(self.health.recent),
@@ -118,9 +115,7 @@ class RolloutSide:
 
     def load_state_dict(self, state: dict) -> None:
         self.store.load_state_dict(state["store"])
-        if self.curriculum is not None and state["curriculum"] is not None:
-            self.curriculum.load_state_dict(state["curriculum"])
-        self.source.load_state_dict(state["source"])
+        self.plan.load_state_dict(state)
         self.lengths.load_state_dict(state["lengths"])
         self.retired_total = state["retired_total"]
         self.health.recent.extend(tuple(pair) for pair in state["reward_health"])
@@ -138,10 +133,7 @@ class RolloutSide:
             "rl.prompts_per_step": rl.prompts_per_step,
             "max_new_tokens": rollout.max_new_tokens,
         }
-        if self.curriculum is not None:
-            values.update(self.curriculum.stage.overrides)
-            if self.curriculum.stage.max_new_tokens:
-                values["max_new_tokens"] = self.curriculum.stage.max_new_tokens
+        values.update(self.plan.overrides())
         return values
 
     def next_batch(self, step: int) -> RolloutBatch:
@@ -159,11 +151,10 @@ class RolloutSide:
         errors_before = self.rewards.stats.errors
         zve = self.config.zve
         expand = zve.enabled and zve.expansion.enabled
-        mixture = self.curriculum.stage.mixture if self.curriculum is not None else None
         finished = self._continue_carried(step, params, tally)  # partial rollouts: earlier steps' groups
         available = self._available(step)  # (after: the groups that just finished are no longer in flight)
         collection = collect_groups(
-            lambda count: self.source.take(count, mixture, available),
+            lambda count: self.plan.take(count, available),
             lambda specs: self._sample(step, specs, params, tally),
             prompts_per_step=settings["rl.prompts_per_step"],
             group_size=settings["rl.group_size"],
@@ -188,11 +179,9 @@ class RolloutSide:
             **tally.metrics(),
             "reward/errors": float(self.rewards.stats.errors - errors_before),
         }
-        if self.curriculum is not None:
-            batch.stats["curriculum/stage"] = float(self.curriculum.index + 1)  # the stage this step ran in
-            accuracy = batch.stats["reward/accuracy"]
-            if self.curriculum.observe(step + 1, 0.0 if math.isnan(accuracy) else accuracy):
-                self.source.set_buckets(self._buckets())
+        accuracy = batch.stats["reward/accuracy"]
+        rates = self._pass_rates(finished + collection.all_groups)
+        batch.stats.update(self.plan.observe(step, 0.0 if math.isnan(accuracy) else accuracy, rates))
         batch.timing = {
             "rollout_s": time.perf_counter() - started,
             "generate_s": tally.generate_s,
@@ -297,15 +286,20 @@ class RolloutSide:
             out.append(((completion, text), reward, parts))
         return out
 
-    def _buckets(self) -> dict[str, list[int]]:
-        """Prompt buckets of the current curriculum stage (one bucket without a curriculum)."""
-        if self.curriculum is None:
-            return {ALL: list(range(len(self.prompts)))}
-        if self.config.curriculum.difficulty == "field":
-            return buckets_by_field(self.prompts, self.config.curriculum.field)
-        return buckets_by_pass_rate(
-            self.prompts, self.store.pass_rate, self.config.curriculum.pass_rate_edges
-        )
+    @property
+    def curriculum(self):
+        """The staged curriculum (None without `curriculum.stages`)."""
+        return self.plan.curriculum
+
+    def _pass_rates(self, groups: list[Group]) -> list[tuple[int, float]]:
+        """(prompt index, share of its valid rewards counted correct) of each group with a valid reward."""
+        correct = self.config.zve.correct_reward
+        rates = []
+        for group in groups:
+            valid = group.valid_rewards()
+            if valid:
+                rates.append((group.prompt_index, sum(r >= correct for r in valid) / len(valid)))
+        return rates
 
     def _teacher_keys(self, prompt_index: list[int]) -> list[str | None] | None:
         """Each row's prompt's `rl.teacher.by` value, which picks its teacher (None: not several teachers)."""
