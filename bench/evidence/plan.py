@@ -29,6 +29,9 @@ SETUPS = {
     "smollm2-moe": Setup(
         ROOT / "configs" / "smollm2-moe.yaml", (0, 1, 2), 10, False, ROOT / "models" / "smollm2-moe"
     ),
+    "smollm2-gym": Setup(
+        ROOT / "configs" / "smollm2-gym.yaml", (0, 1, 2), 30, False, ROOT / "models" / "smollm2-135m-instruct"
+    ),
 }
 
 
@@ -48,6 +51,12 @@ class Comparison:
     amended: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (set-up, its seeds) since an amendment
     steps: int | None = None  # its own RL steps a run (None: the setup's, times steps_factor)
     teacher: bool = False  # its arms name the set-up's teacher as {teacher} (bench/evidence/ trains it)
+    judged_pairs: tuple[tuple[str, str], ...] = ()  # (arm, reference) judged beside `judged`, in its family
+
+    def judged_contrasts(self) -> list[tuple[str, str]]:
+        """Every judged (arm, reference): each of `judged` against the baseline, then `judged_pairs`."""
+        baseline = next(iter(self.arms))
+        return [(arm, baseline) for arm in self.judged] + list(self.judged_pairs)
 
     def first_seeds_on(self, setup_name: str) -> tuple[int, ...]:
         """The seeds as the plan was first written (the original rule judges these)."""
@@ -179,3 +188,14 @@ COMPARISONS["c6-smollm2-confirm"] = replace(
     seeds=(1, 2, 3, 4, 5, 6),
 )
 TEACHER_SEED = 100
+# reasoning-gym's tasks with their curricula (docs/evidence.md, C8, registered 2026-11-28 before its runs):
+# the recipe against the instruct model before RL, and its level curriculum against training at the
+# held-out levels from the first step; one Holm family of two
+COMPARISONS["c8"] = Comparison(
+    "reasoning-gym's tasks with their curricula",
+    {"base": ["rl.steps=0"], "levels": [], "fixed": ["curriculum.levels.enabled=false"]},
+    ("levels",),
+    (("fixed", "base"),),
+    ("smollm2-gym",),
+    judged_pairs=(("levels", "fixed"),),
+)

@@ -101,6 +101,11 @@ def record_of(arm: str, seed: int, run_dir: Path, seconds: float, levels: list[i
     zero = [m["zve/zero_variance_rate"] for m in history if "zve/zero_variance_rate" in m]
     steps = [m["time/step_s"] for m in history if "time/step_s" in m]
     by_level = {k.rpartition("_")[2]: v for k, v in final.items() if k.startswith("greedy_accuracy/level_")}
+    by_task = {
+        k.removeprefix("greedy_accuracy/task_"): v
+        for k, v in final.items()
+        if "/task_" in k and k.startswith("greedy")
+    }
     on_rl_levels = [by_level[str(level)] for level in levels or [] if str(level) in by_level]
     taught = [m["distill/reverse_kl"] for m in history if "distill/reverse_kl" in m]
     return {
@@ -108,6 +113,7 @@ def record_of(arm: str, seed: int, run_dir: Path, seconds: float, levels: list[i
         "seed": seed,
         **_headline(final),
         "greedy_accuracy_by_level": by_level,
+        **({"greedy_accuracy_by_task": by_task} if by_task else {}),  # reasoning-gym's tasks
         "greedy_accuracy_rl_levels": statistics.mean(on_rl_levels) if on_rl_levels else None,
         "zero_variance_rate_mean": statistics.mean(zero) if zero else None,
         "step_s_median": statistics.median(steps) if steps else None,

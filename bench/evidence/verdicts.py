@@ -18,9 +18,8 @@ def contrasts(comparison: Comparison, setup_name: str, arms: dict[str, dict]) ->
     until then `status` says which seeds each side lacks."""
     from everyprompt.report.stats import MIN_PAIRS, holm, paired_bootstrap, paired_t, t_verdict, verdict
 
-    baseline = next(iter(comparison.arms))
     wanted, first = comparison.seeds_on(setup_name), comparison.first_seeds_on(setup_name)
-    pairs = [(arm, baseline, True) for arm in comparison.judged]
+    pairs = [(arm, reference, True) for arm, reference in comparison.judged_contrasts()]
     pairs += [(arm, reference, False) for arm, reference in comparison.reported]
     out = []
     for arm, reference, judged in pairs:
@@ -96,18 +95,17 @@ def claims_table(payload: dict) -> str:
         return {(c["arm"], c["reference"]): c for c in contrasts(COMPARISONS[name], setup_name, arms)}
 
     for name, comparison in COMPARISONS.items():
-        baseline = next(iter(comparison.arms))
         for setup_name in comparison.setups:
             mine = found(name, setup_name)
             candidate = found(comparison.confirms, setup_name) if comparison.confirms else {}
-            for arm in comparison.judged:
-                c = mine.get((arm, baseline))
+            for arm, reference in comparison.judged_contrasts():
+                c = mine.get((arm, reference))
                 # the second step's: a claim only as a confirmation of a candidate's win (under the rule
                 # in force when the confirmation was planned, or now)
-                if comparison.exploratory and not (_won(c) and _won(candidate.get((arm, baseline)))):
+                if comparison.exploratory and not (_won(c) and _won(candidate.get((arm, reference)))):
                     continue
                 lines.append(
-                    f"| {name.upper()} {comparison.title} | {setup_name} | {arm} - {baseline} | "
+                    f"| {name.upper()} {comparison.title} | {setup_name} | {arm} - {reference} | "
                     + _cells(c, len(comparison.seeds_on(setup_name)))
                 )
     amended, first = RULES["amended"], RULES["as-first-written"]
