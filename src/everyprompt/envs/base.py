@@ -36,6 +36,7 @@ class EnvironmentSetupError(InputError):
 
 
 _ENVIRONMENTS: dict[str, Callable[..., Environment]] = {}
+_AT_RUN_END: list[Callable[[], None]] = []  # what environments hold beyond an episode (servers), released
 _FAMILIES: dict[str, Callable[..., Environment]] = {}  # "family:id" names: factory(id, **options)
 
 
@@ -73,3 +74,15 @@ def make_environment(name: str, **options) -> Environment:
         known = ", ".join(registered_environments()) or "none"
         raise EnvironmentSetupError(f"unknown environment {name!r} (registered: {known})")
     return _ENVIRONMENTS[name](**options)
+
+
+def at_run_end(release: Callable[[], None]) -> Callable[[], None]:
+    """Register `release()`, called when a run's rollout side closes: what an environment family holds
+    across episodes (a server it started) ends with the run, not with the process."""
+    _AT_RUN_END.append(release)
+    return release
+
+
+def end_of_run() -> None:
+    for release in _AT_RUN_END:
+        release()

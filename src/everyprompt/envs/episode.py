@@ -128,6 +128,15 @@ def continuation(before: str, rendered: str) -> str:
     return rendered[len(start) :]
 
 
+def probe_environment(name: str, options: dict) -> Environment:
+    """An environment `name` made with `options` and never started: an unknown name, an option it does
+    not take or a server that does not answer is an EnvironmentSetupError here, before any episode."""
+    try:
+        return make_environment(name, **options)  # an unknown name lists the registered ones
+    except TypeError as err:  # an option the environment does not take
+        raise EnvironmentSetupError(f"env.options {options} for environment {name!r}: {err}") from None
+
+
 class Episodes:
     """The configured environment's episodes (config `env`): one fresh environment and `TokenEpisode` per
     request (an environment keeps its episode's state), and the stop strings that end its model turns."""
@@ -145,13 +154,7 @@ class Episodes:
         self.name, self.options, self.max_turns = name, dict(options), max_turns
         self.time_limit, self.turn_rewards = time_limit, turn_rewards
         self.tokenizer, self.template_kwargs = tokenizer, dict(template_kwargs or {})
-        try:
-            probe = make_environment(name, **self.options)  # an unknown name lists the registered ones
-        except TypeError as err:  # an option the environment does not take
-            raise EnvironmentSetupError(
-                f"env.options {self.options} for environment {name!r}: {err}"
-            ) from None
-        self.stop: tuple[str, ...] = tuple(getattr(probe, "stop", ()))
+        self.stop: tuple[str, ...] = tuple(getattr(probe_environment(name, self.options), "stop", ()))
         self._check_template()
 
     def _check_template(self) -> None:

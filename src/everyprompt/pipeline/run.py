@@ -24,6 +24,7 @@ from everyprompt.data.rows import ConfigRows
 from everyprompt.devices import keep_freed_memory, resolve_device
 from everyprompt.devices.bf16 import slow_bf16_note
 from everyprompt.devices.malloc import malloc_note
+from everyprompt.envs.episode import probe_environment
 from everyprompt.evaluate import evaluate_config, held_out_rewards
 from everyprompt.hub import check_model_name, pinned
 from everyprompt.logs import quiet_libraries, record_warnings
@@ -251,6 +252,8 @@ class Run:
         if self.config.eval.reward is not None:  # one that does not resolve fails now, not after RL
             build_reward(held_out_rewards(self.config))
         rows, filter_rollouts = self.rows.rl(), 0  # bad RL data fails before SFT, not after it
+        if self.config.env.name is not None:  # an unknown name, a bad option, a server that does not answer
+            probe_environment(self.config.env.name, self.config.env.options)
         if self.config.rl.teacher.enabled:  # a teacher that does not fit fails now, before SFT
             student = config_tokenizer(self.config.model)
             check_teachers(self.config.rl.teacher, student, student_name(self.config), rows)

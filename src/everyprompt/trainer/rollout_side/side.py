@@ -19,6 +19,7 @@ from everyprompt.batch import RolloutBatch
 from everyprompt.config import Config
 from everyprompt.data.formatting import prompt_format_of
 from everyprompt.data.passrate import PassRateStore
+from everyprompt.envs.base import end_of_run
 from everyprompt.envs.episode import Episodes
 from everyprompt.generation import ScoredSamples, sample_and_score
 from everyprompt.rewards import build_reward
@@ -99,8 +100,12 @@ class RolloutSide:
             self.engine.sleep()
 
     def close(self) -> None:
-        """Stop the reward workers (the side is not used after this)."""
-        self.rewards.close()
+        """Stop the reward workers and what the environments hold (the side is not used after this)."""
+        try:
+            self.rewards.close()
+        finally:
+            if self.episodes is not None:
+                end_of_run()  # servers an environment started (envs/openenv.py)
 
     # ------------------------------------------------------------ state
     def state_dict(self) -> dict:

@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from dataclasses import dataclass, field
 
 from everyprompt.rollout import summed_stats
+
+_RAISED = re.compile(r"raised (\w+)")
+
+
+def error_reason(error: str) -> str:
+    """An episode's error as a metric name: the exception its environment raised, or `time_limit`."""
+    if "longer than its time limit" in error:
+        return "time_limit"
+    found = _RAISED.search(error)
+    return found.group(1) if found else "other"
 
 
 @dataclass
@@ -42,6 +53,9 @@ class StepTally:
         }
         if self.environment_errors:
             out["env/errors"] = float(len(self.environment_errors))
+            for error in self.environment_errors:  # by reason: env/errors/ServerGone, .../time_limit, ...
+                key = f"env/errors/{error_reason(error)}"
+                out[key] = out.get(key, 0.0) + 1.0
         calls = self.engine_calls
         for call in calls:  # namespaced figures an engine adds (cluster/*): summed over the step's calls
             for key, value in call.items():
