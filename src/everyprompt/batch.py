@@ -43,6 +43,9 @@ class RolloutBatch:
     # N: the value of each row's prompt's `rl.teacher.by` column, which picks its distillation teacher (None:
     # one teacher or none)
     teacher_keys: list[str | None] | None = None
+    # [N] long: the episode of each row when a step-wise episode trains one row per turn (envs/stepwise.py);
+    # its rows share the episode's reward, and advantages are computed once per episode. None: a row each
+    episode_index: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.completion_ids)
@@ -52,6 +55,13 @@ class RolloutBatch:
         if self.completion_mask is None:
             return sum(len(self.completion_ids[r]) for r in rows)
         return int(sum(int(self.completion_mask[r].sum()) for r in rows))
+
+    def episode_rows(self) -> list[int]:
+        """One row per episode (its first): every row unless step-wise episodes span several."""
+        if self.episode_index is None:
+            return list(range(len(self)))
+        seen: set[int] = set()
+        return [r for r, e in enumerate(self.episode_index.tolist()) if not (e in seen or seen.add(e))]
 
     @property
     def num_groups(self) -> int:
@@ -146,6 +156,8 @@ class RolloutBatch:
             value = getattr(self, item.name)
             if item.name == "group_index":
                 per_row[item.name] = group_index.reshape(-1)
+            elif item.name == "episode_index" and value is not None:
+                per_row[item.name] = torch.unique(value[index], return_inverse=True)[1].reshape(-1)
             elif item.name == "reward_components":
                 per_row[item.name] = {name: values[index] for name, values in value.items()}
             elif isinstance(value, torch.Tensor):

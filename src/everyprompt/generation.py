@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from everyprompt.envs.stepwise import generate_stepwise
 from everyprompt.rewards.pool import RewardPool
 from everyprompt.rollout.base import Completion, GenerationRequest, RolloutEngine, SamplingParams
 
@@ -56,7 +57,11 @@ def sample_and_score(
     judged: dict[int, float] = {}  # episodes: their environment's reward, not the pool's
     errors: list[str] = []  # episodes whose environment raised
     began = time.perf_counter()
-    for completion in engine.generate(requests, params):
+    stepwise = any(
+        getattr(r.episode, "stepwise", False) for r in requests
+    )  # a turn a request (envs/stepwise.py)
+    stream = generate_stepwise(engine, requests, params) if stepwise else engine.generate(requests, params)
+    for completion in stream:
         number = completion.request_id
         if progress is not None:
             progress(1)

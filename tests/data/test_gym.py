@@ -9,7 +9,9 @@ import sys
 
 import pytest
 
-pytest.importorskip("reasoning_gym", reason="reasoning-gym is not installed: pip install 'everyprompt[tasks]'")
+pytest.importorskip(
+    "reasoning_gym", reason="reasoning-gym is not installed: pip install 'everyprompt[tasks]'"
+)
 
 from reasoning_gym.factory import DATASETS  # noqa: E402
 from reasoning_gym.utils import extract_answer as library_reading  # noqa: E402
@@ -59,7 +61,14 @@ def test_with_task_levels_every_level_from_start_to_the_task_level_is_made():
     assert not {r["prompt"] for r in rows.held_out()} & {r["prompt"] for r in rows.train()}
 
 
-AGREEMENT_TASKS = ["leg_counting", "basic_arithmetic", "chain_sum", "gcd", "letter_counting", "spell_backward"]
+AGREEMENT_TASKS = [
+    "leg_counting",
+    "basic_arithmetic",
+    "chain_sum",
+    "gcd",
+    "letter_counting",
+    "spell_backward",
+]
 
 
 @pytest.mark.parametrize("task", AGREEMENT_TASKS)
@@ -131,8 +140,16 @@ def _one_line_error(capsys, argv) -> str:
         ("{leg_counting: {level: 1}}", ("curriculum.levels.enabled=true", "curriculum.levels.start=2"), "'curriculum.levels.start': 2 is above leg_counting's top level 1"),
     ],
 )  # fmt: skip
-def test_bad_tasks_and_settings_exit_2_naming_the_key_before_any_work(capsys, tmp_path, tasks, extra, expected):
-    argv = ["train", *TINY_OVERRIDES, "sft.steps=0", "data.task=reasoning-gym", f"data.reasoning_gym.tasks={tasks}"]
+def test_bad_tasks_and_settings_exit_2_naming_the_key_before_any_work(
+    capsys, tmp_path, tasks, extra, expected
+):
+    argv = [
+        "train",
+        *TINY_OVERRIDES,
+        "sft.steps=0",
+        "data.task=reasoning-gym",
+        f"data.reasoning_gym.tasks={tasks}",
+    ]
     line = _one_line_error(capsys, [*argv, *extra, "--run-dir", str(tmp_path / "run")])
     assert expected in line, line
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
@@ -140,7 +157,13 @@ def test_bad_tasks_and_settings_exit_2_naming_the_key_before_any_work(capsys, tm
 
 def test_without_the_extra_the_error_names_it(capsys, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # `import reasoning_gym` raises ImportError
-    argv = ["train", *TINY_OVERRIDES, "sft.steps=0", "data.task=reasoning-gym", f"data.reasoning_gym.tasks={MIX}"]
+    argv = [
+        "train",
+        *TINY_OVERRIDES,
+        "sft.steps=0",
+        "data.task=reasoning-gym",
+        f"data.reasoning_gym.tasks={MIX}",
+    ]
     line = _one_line_error(capsys, [*argv, "--run-dir", str(tmp_path / "run")])
     assert "needs the reasoning-gym package" in line and "pip install 'everyprompt[tasks]'" in line
 
@@ -205,7 +228,10 @@ def test_a_resumed_run_continues_the_levels_exactly(tmp_path):
     resumed = train(_run_config("rl.steps=4", *options), run_dir=tmp_path / "split", resume=True)
     assert straight.rollout.plan.tasks.state_dict() == resumed.rollout.plan.tasks.state_dict()
     assert straight.rollout.plan.tasks.moves > 0  # the levels did move
+
     def figures(run):  # a resumed run checks the engine against the trainer again on its first step
-        return [{k: v for k, v in row.items() if not k.startswith("parity/")} for row in computed_figures(run)]
+        return [
+            {k: v for k, v in row.items() if not k.startswith("parity/")} for row in computed_figures(run)
+        ]
 
     assert figures(tmp_path / "straight") == figures(tmp_path / "split")

@@ -23,10 +23,16 @@ def test_a_full_window_at_or_past_a_threshold_moves_its_task_one_level():
     assert plan.level == {"a": 0, "b": 1} and stats["curriculum/level/a"] == 0.0
     assert stats["tasks/a/pass_rate"] == 1.0 and stats["tasks/b/pass_rate"] == 0.5
     plan.observe([("a", 0, 0.5), ("b", 1, 0.5)])  # a: mean 0.75 = promote -> up; b: 0.5 holds
-    assert plan.level == {"a": 1, "b": 1} and list(plan.recent["a"]) == [] and list(plan.recent["b"]) == [0.5, 0.5]
+    assert (
+        plan.level == {"a": 1, "b": 1}
+        and list(plan.recent["a"]) == []
+        and list(plan.recent["b"]) == [0.5, 0.5]
+    )
     assert plan.mixture() == {"a@1": 1.0, "b@1": 3.0}
     plan.observe([("a", 0, 1.0), ("a", 1, 0.25), ("b", 1, 0.0)])  # a's group of level 0 is not counted
-    assert list(plan.recent["a"]) == [0.25] and plan.level["b"] == 1  # b: mean 0.25 = demote, but at its floor
+    assert (
+        list(plan.recent["a"]) == [0.25] and plan.level["b"] == 1
+    )  # b: mean 0.25 = demote, but at its floor
     stats = plan.observe([("a", 1, 0.0)])  # a: mean 0.125 <= 0.25 -> down
     assert plan.level["a"] == 0 and stats["curriculum/level/a"] == 1.0  # the level this step drew from
     assert stats["curriculum/level_moves"] == 2.0

@@ -56,4 +56,6 @@ class AnswerEnvironment(Environment):
         return self._state
 
 
-app = create_app(AnswerEnvironment, AnswerAction, AnswerObservation, env_name="answer", max_concurrent_envs=64)
+app = create_app(
+    AnswerEnvironment, AnswerAction, AnswerObservation, env_name="answer", max_concurrent_envs=64
+)

@@ -208,7 +208,7 @@ def test_a_turn_with_special_tokens_or_closed_by_the_model_gets_the_same_answer_
     assert tokenizer.decode(fed) == answer.removeprefix("<|im_end|>")
 
 
-def test_episodes_refuse_a_template_that_cannot_be_fed_before_any_episode_runs(tokenizer):
+def test_a_template_that_cannot_be_fed_is_refused_as_contiguous_before_any_episode_runs(tokenizer):
     import copy
 
     from everyprompt.envs.episode import Episodes
@@ -219,7 +219,8 @@ def test_episodes_refuse_a_template_that_cannot_be_fed_before_any_episode_runs(t
         "{% if message['role'] == 'assistant' %}A: {% endif %}{{ message['content'] }}",
     )
     with pytest.raises(EnvironmentSetupError, match="renders the conversation differently"):
-        Episodes("calculator", {}, hiding)
+        Episodes("calculator", {}, hiding, trajectory="contiguous")
+    assert Episodes("calculator", {}, hiding).stepwise  # auto: such a template trains turn by turn
 
 
 class _Closing(_Graded):

@@ -94,7 +94,10 @@ def _one_line_error(capsys, argv) -> str:
 @pytest.mark.parametrize(
     ("options", "expected"),
     [
-        ("{url: 'http://127.0.0.1:9'}", "env.options.url=http://127.0.0.1:9: no OpenEnv server answers there"),
+        (
+            "{url: 'http://127.0.0.1:9'}",
+            "env.options.url=http://127.0.0.1:9: no OpenEnv server answers there",
+        ),
         ("{url: 'localhost:9'}", "expected an http:// or https:// URL"),
         ("{}", "give exactly one of url"),
         ("{app: " + APP + ", first_message: question}", "env.options.first_message='question'"),
@@ -143,7 +146,9 @@ def test_rl_on_an_openenv_server_that_is_killed_mid_episode_goes_on_and_leaves_n
     from everyprompt.pipeline import train
 
     LocalServer.stop_all()
-    config = _rl_config(_rows(tmp_path, die=True), "rl.steps=4", "rl.prompts_per_step=2", "checkpoint.every=0")
+    config = _rl_config(
+        _rows(tmp_path, die=True), "rl.steps=4", "rl.prompts_per_step=2", "checkpoint.every=0"
+    )
     train(config, run_dir=tmp_path / "run")
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert len(lines) == 4

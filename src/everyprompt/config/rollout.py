@@ -159,6 +159,14 @@ class EnvConfig(Section):
         description="How the rewards an environment gives its turns make the episode's reward: the last one "
         "given (an environment that judges at the end), or their sum (one that rewards each turn).",
     )
+    trajectory: Literal["auto", "contiguous", "stepwise"] = Field(
+        "auto",
+        description="How an episode trains: contiguous (one growing sequence, the environment's tokens fed "
+        "between the model's turns and masked out), stepwise (one sample per model turn, its prompt the whole "
+        "conversation as the chat template renders it: for templates that rewrite earlier turns, such as "
+        "reasoning models' that drop past thinking), or auto: contiguous where the template extends each "
+        "rendering, else stepwise (docs/environments.md).",
+    )
     time_limit_s: float | None = Field(
         60.0,
         gt=0,

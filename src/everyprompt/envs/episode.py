@@ -12,15 +12,13 @@ would render for the whole conversation. A template that rewrites earlier turns 
 from __future__ import annotations
 
 from everyprompt.envs.base import Environment, EnvironmentSetupError, Message, make_environment
+from everyprompt.envs.stepwise import StepwiseEpisode
+from everyprompt.envs.template import TURN_REWARDS, render, require_chat_template
 from everyprompt.rollout.base import offers
 
 TURN = "<<everyprompt: the model's turn>>"  # stands for a model turn's text when the template is rendered
-
-# env.turn_rewards: how a turn's reward joins the episode's so far (None: no turn rewarded yet)
-TURN_REWARDS = {
-    "last": lambda episode, turn: turn,
-    "sum": lambda episode, turn: (episode or 0.0) + turn,
-}
+# model turns the template check renders: plain, and with a thinking block a reasoning template may drop
+PROBE_TURNS = (TURN, f"<think>\n{TURN}\n</think>\n\n{TURN}")
 
 
 class TokenEpisode:
@@ -71,12 +69,12 @@ class TokenEpisode:
             result = self.env.step(action)
         except Exception as err:  # the environment's failure ends its episode, never the run
             self.error = f"{type(self.env).__name__}.step raised {type(err).__name__}: {err}"
-            return self._end()
+            return self.end()
         if result.reward is not None:
             self.reward = self.combine(self.reward, result.reward)
         self.metadata = result.metadata
         if result.done or not result.observations or self.turns >= self.max_turns:
-            return self._end()
+            return self.end()
         self.messages.extend(result.observations)
         self.template += [{"role": "assistant", "content": TURN}, *result.observations]
         rendered = render(self.tokenizer, self.template, self.options)
@@ -88,7 +86,7 @@ class TokenEpisode:
         self.consumed = len(token_ids) + len(observation)
         return observation
 
-    def _end(self) -> None:
+    def end(self) -> None:
         """The episode is over: the environment's `close()`, where it has one, frees what it holds."""
         close = getattr(self.env, "close", None)
         if close is not None:
@@ -102,16 +100,6 @@ class TokenEpisode:
 
     def _ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False).input_ids
-
-
-def require_chat_template(tokenizer) -> None:
-    if getattr(tokenizer, "chat_template", None) is None:
-        raise EnvironmentSetupError("multi-turn environments need a tokenizer with a chat template")
-
-
-def render(tokenizer, messages: list[Message], options: dict) -> str:
-    """`messages` as the chat template writes them, the next assistant turn opened."""
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **options)
 
 
 def continuation(before: str, rendered: str) -> str:
@@ -150,20 +138,35 @@ class Episodes:
         max_turns: int = 8,
         time_limit: float | None = None,
         turn_rewards: str = "last",
+        trajectory: str = "auto",
     ):
         self.name, self.options, self.max_turns = name, dict(options), max_turns
         self.time_limit, self.turn_rewards = time_limit, turn_rewards
         self.tokenizer, self.template_kwargs = tokenizer, dict(template_kwargs or {})
         self.stop: tuple[str, ...] = tuple(getattr(probe_environment(name, self.options), "stop", ()))
-        self._check_template()
-
-    def _check_template(self) -> None:
-        """Refuse, before any episode runs, a template that cannot be fed turn by turn (see TokenEpisode)."""
         require_chat_template(self.tokenizer)
+        rewrites = self._rewrites()
+        if trajectory == "contiguous" and rewrites is not None:
+            raise EnvironmentSetupError(
+                f"env.trajectory=contiguous: {rewrites}; set env.trajectory=stepwise (or auto)"
+            )
+        self.stepwise = trajectory == "stepwise" or rewrites is not None
+
+    def _rewrites(self) -> str | None:
+        """How the template rewrites a conversation's earlier turns as it grows (None: each rendering
+        extends the last, so an episode can be fed as one sequence; see TokenEpisode)."""
         first = [{"role": "user", "content": "?"}]
-        grown = [*first, {"role": "assistant", "content": TURN}, {"role": "user", "content": "!"}]
         tokenizer, options = self.tokenizer, self.template_kwargs
-        continuation(render(tokenizer, first, options), render(tokenizer, grown, options))
+        for turn in PROBE_TURNS:
+            grown = [*first, {"role": "assistant", "content": turn}, {"role": "user", "content": "!"}]
+            try:
+                continuation(
+                    render(tokenizer, first, options) + turn.removesuffix(TURN),
+                    render(tokenizer, grown, options),
+                )
+            except EnvironmentSetupError as err:
+                return str(err)
+        return None
 
     @classmethod
     def from_config(cls, config, tokenizer, engine) -> Episodes | None:
@@ -177,7 +180,7 @@ class Episodes:
                 f"this run's is {type(engine).__name__} (rollout.engine={config.rollout.engine})"
             )
         env = config.env
-        return cls(
+        episodes = cls(
             env.name,
             env.options,
             tokenizer,
@@ -185,11 +188,19 @@ class Episodes:
             env.max_turns,
             env.time_limit_s,
             env.turn_rewards,
+            env.trajectory,
         )
+        if episodes.stepwise and config.zve.enabled:
+            raise EnvironmentSetupError(
+                "zve.enabled: zero-variance elimination is not built for step-wise episodes (env.trajectory "
+                f"{env.trajectory} resolved to stepwise for this chat template); set zve.enabled=false"
+            )
+        return episodes
 
     def start(self, row: dict) -> TokenEpisode:
         """A new episode on data row `row` (EnvironmentSetupError if the environment cannot start from it)."""
         env = make_environment(self.name, **self.options)
-        return TokenEpisode(
+        kind = StepwiseEpisode if self.stepwise else TokenEpisode
+        return kind(
             env, self.tokenizer, row, self.template_kwargs, self.max_turns, self.time_limit, self.turn_rewards
         )

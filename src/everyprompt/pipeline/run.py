@@ -270,7 +270,7 @@ class Run:
         trainer = build_trainer(self.config, model, tokenizer, rows, self.run_dir, store=store)
         trainer.rollouts_total = filter_rollouts  # the filter's samples count against rl.max_rollouts
         rollout = trainer.rollout  # with an environment, the prompt is its first messages
-        shown = tokenizer.decode(rollout.prompt_ids[0]) if rollout.episodes is not None else None
+        shown = tokenizer.decode(rollout.first_prompts(1)[0]) if rollout.episodes is not None else None
         self.show_format(rollout.prompt_format, "RL", rows[0], shown)
         return trainer
 

@@ -106,6 +106,9 @@ class Completion:
     # the request's episode once the completion finished (an engine in another process returns its own copy,
     # the one the environment stepped): its reward is the completion's
     episode: Episode | None = None
+    # a step-wise episode's turns (envs/stepwise.py): each the prompt the model was given and the tokens it
+    # sampled; the batch trains one row per turn. None: the completion is one row
+    turns: list[Completion] | None = None
 
 
 # an engine's per-call figures that add up over the calls of a step (the native engine's CUDA graphs), where

@@ -253,7 +253,12 @@ class RLTrainer:
         end the current step, write a checkpoint and raise StopRequested (exit 130 / 143)."""
         if self.config.rollout.parity_threshold > 0:
             self.startup_metrics.update(
-                check_parity(self.model, self.tokenizer, self.config, self.rollout.prompt_ids)
+                check_parity(
+                    self.model,
+                    self.tokenizer,
+                    self.config,
+                    self.rollout.first_prompts(self.config.rollout.parity_prompts),
+                )
             )
             log.info(
                 "startup parity: engine vs trainer mean |dlogp| %.2e",

@@ -29,7 +29,16 @@ def batch_advantages(
             )
         options["components"] = torch.stack([batch.reward_components[name] for name in names], dim=1)
         options["weights"] = [weights[name] for name in names]
-    batch.advantages = compute_advantages(rl.advantage, batch.rewards, batch.group_index, **options)
+    if batch.episode_index is None:
+        batch.advantages = compute_advantages(rl.advantage, batch.rewards, batch.group_index, **options)
+    else:  # step-wise episodes: one advantage per episode, given to each of its turns' rows
+        first = torch.tensor(batch.episode_rows(), dtype=torch.long)
+        if "components" in options:
+            options["components"] = options["components"][first]
+        per_episode = compute_advantages(
+            rl.advantage, batch.rewards[first], batch.group_index[first], **options
+        )
+        batch.advantages = per_episode[batch.episode_index]
     zero = group_zero_variance(batch.rewards, batch.group_index)
     stats = {"zve/zero_variance_rate_batch": float(zero.double().mean())}
     still = zero.clone()

@@ -12,6 +12,8 @@ from everyprompt.zve import Group
 
 
 def assemble_batch(groups: list[Group], max_new_tokens: int, version: int) -> RolloutBatch:
+    if any(c.turns for g in groups for c, _ in g.completions):
+        return _turn_rows(groups, max_new_tokens, version)
     completions = [pair for g in groups for pair in g.completions]  # (Completion, text)
     rewards = [r for g in groups for r in g.rewards]
     every = [c for c, _ in completions]
@@ -60,3 +62,23 @@ def reward_components(parts: list[dict | None]) -> dict[str, torch.Tensor]:
         )
         for name in names
     }
+
+
+def _turn_rows(groups: list[Group], max_new_tokens: int, version: int) -> RolloutBatch:
+    """Step-wise episodes (envs/stepwise.py): a row per turn, its prompt and sampled tokens as the engine
+    had them, the episode's reward and components on each; `episode_index` ties the rows of an episode."""
+    flat: list[Group] = []  # one single-row group per turn, so that the common path lays the rows out
+    owners: list[tuple[int, int]] = []  # (group, episode) of each row
+    episode = 0
+    for number, group in enumerate(groups):
+        for (completion, text), reward, parts in zip(group.completions, group.rewards, group.components):
+            turns = completion.turns or [completion]
+            texts = completion.episode.texts if completion.turns else [text]  # each turn's decoded text
+            for turn, said in zip(turns, texts, strict=True):
+                flat.append(Group(group.prompt_index, number, [(turn, said)], [reward], 1, [parts]))
+                owners.append((number, episode))
+            episode += 1
+    batch = assemble_batch(flat, max_new_tokens, version)
+    batch.group_index = torch.tensor([g for g, _ in owners], dtype=torch.long)
+    batch.episode_index = torch.tensor([e for _, e in owners], dtype=torch.long)
+    return batch

@@ -58,10 +58,9 @@ class RolloutSide:
         self.health = RewardHealth(config.rewards.max_error_fraction, config.rewards.error_window)
         self.prompt_format = prompt_format_of(config, tokenizer)
         self.episodes = Episodes.from_config(config, tokenizer, engine)  # multi-turn: the env's prompts
-        if self.episodes is not None:
-            self.prompt_ids = [self.episodes.start(p).prompt_ids for p in prompts]
-        else:
-            self.prompt_ids = [self.prompt_format.prompt_ids(p) for p in prompts]
+        # an episode's prompt is its environment's first messages, made when the episode starts (one per
+        # request: a server's environment may answer differently each time)
+        self.prompt_ids = None if self.episodes else [self.prompt_format.prompt_ids(p) for p in prompts]
         keys = sorted({key for row in prompts for key in row})
         self._reward_rows = [{key: row.get(key) for key in keys} for row in prompts]
         self._calls = 0  # generate calls so far: keeps each call's reward keys apart
@@ -262,15 +261,18 @@ class RolloutSide:
         the reward's components)]."""
         seed = self.config.seed
         predicted = [self.lengths.predict(self.prompts[i]["prompt"], self._bucket(i)) for i, _, _ in specs]
+        episodes = [
+            self.episodes.start(self.prompts[index]) if self.episodes else None for index, _, _ in specs
+        ]
         requests = [
             GenerationRequest(
                 i,
-                self.prompt_ids[index],
+                self.prompt_ids[index] if episode is None else episode.prompt_ids,
                 derive_seed(seed, step, slot, s),
                 predicted_length=predicted[i],
-                episode=self.episodes.start(self.prompts[index]) if self.episodes else None,
+                episode=episode,
             )
-            for i, (index, slot, s) in enumerate(specs)
+            for i, ((index, slot, s), episode) in enumerate(zip(specs, episodes))
         ]
         order = admission_order(predicted, self.config.rollout.schedule)
         rows = [self._reward_rows[index] for index, _, _ in specs]
@@ -289,6 +291,18 @@ class RolloutSide:
                 continue
             self.lengths.observe(self._bucket(index), [len(completion.token_ids)])
             out.append(((completion, text), reward, parts))
+        return out
+
+    def first_prompts(self, count: int) -> list[list[int]]:
+        """The first `count` RL prompts' tokens as the model is given them (an episode's: its environment's
+        first messages, from episodes started and ended for the purpose)."""
+        if self.episodes is None:
+            return self.prompt_ids[:count]
+        out = []
+        for row in self.prompts[:count]:
+            episode = self.episodes.start(row)
+            episode.end()
+            out.append(episode.prompt_ids)
         return out
 
     @property
@@ -348,7 +362,8 @@ class RolloutSide:
         """reward/* and rollout/* of the batch, and how many of the `generated` rollouts carry a signal.
         A batch can be empty with partial rollouts (every group still in flight): its figures are NaN."""
         rows = len(batch)
-        valid = batch.rewards[~torch.isnan(batch.rewards)]
+        episodes = batch.rewards[batch.episode_rows()]  # step-wise episodes: their rewards once each
+        valid = episodes[~torch.isnan(episodes)]
         tokens = sum(len(c) for c in batch.completion_ids)
         zero = group_zero_variance(batch.rewards, batch.group_index)
         signal_groups = int((~zero).sum())
@@ -357,7 +372,7 @@ class RolloutSide:
         return {
             "reward/mean": float(valid.mean()) if valid.numel() else nan,
             "reward/accuracy": float((valid >= correct).float().mean()) if valid.numel() else nan,
-            "reward/none_fraction": 1.0 - valid.numel() / rows if rows else nan,
+            "reward/none_fraction": 1.0 - valid.numel() / len(episodes) if rows else nan,
             # of all rollouts generated this step, those in groups with a reward signal (before ZVE 2-3)
             "zve/signal_rollout_fraction": float((~zero)[batch.group_index].sum()) / generated
             if generated

@@ -1,0 +1,178 @@
+"""Step-wise episodes: one trained sample per model turn, for chat templates that re-render history.
+
+Where a template rewrites earlier turns as a conversation grows (a reasoning model's drops the thinking of
+past turns), the tokens the model is given at turn t are not the tokens of turn t-1 plus an observation,
+so an episode cannot be one growing sequence (envs/episode.py). Here every turn is a request of its own:
+its prompt is the whole conversation so far rendered by the template (what the model would be given at
+inference), its completion the tokens the model sampled. Each (prompt, sampled tokens) pair is kept as the
+engine saw it, never re-tokenised, and becomes one row of the batch, every token of it the model's; the
+rows of one episode share its reward and its advantage (computed once per episode, trainer side).
+SkyRL, ROLL and prime-rl train multi-turn episodes this way.
+
+`generate_stepwise` runs a call's episodes turn by turn: each round sends every live episode's prompt to
+the engine, then steps the environments of the turns that ended (concurrently, each within the
+episode's `time_limit`), and yields an episode's `Completion` (its `turns` the per-turn completions) when
+it ends.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_all
+from dataclasses import replace
+
+import torch
+
+from everyprompt.envs.base import Environment, Message
+from everyprompt.envs.template import TURN_REWARDS, render, require_chat_template
+from everyprompt.rollout.base import Completion, GenerationRequest, RolloutEngine, SamplingParams
+from everyprompt.rollout.sampling import derive_seed
+
+
+class StepwiseEpisode:
+    """One episode of `env` on data row `row`, each model turn prompted by the whole conversation as the
+    chat template renders it. `prompt_ids`: the next turn's prompt; `turns`: the turns so far (each the
+    engine's `Completion`: the prompt it was given and the tokens it sampled); `reward`, `error`,
+    `messages` as in `TokenEpisode`."""
+
+    stepwise = True
+
+    def __init__(
+        self,
+        env: Environment,
+        tokenizer,
+        row: dict,
+        template_kwargs: dict | None = None,
+        max_turns: int = 8,
+        time_limit: float | None = None,
+        turn_rewards: str = "last",
+    ):
+        require_chat_template(tokenizer)
+        self.env, self.tokenizer, self.options = env, tokenizer, dict(template_kwargs or {})
+        self.max_turns, self.time_limit, self.combine = max_turns, time_limit, TURN_REWARDS[turn_rewards]
+        self.messages: list[Message] = list(env.init(row))
+        self.prompt_ids = self._render()
+        self.turns: list[Completion] = []
+        self.texts: list[str] = []  # each turn's text, decoded without special tokens
+        self.reward: float | None = None
+        self.error: str | None = None
+        self.metadata: dict = {}
+        self.done = False
+
+    def _render(self) -> list[int]:
+        text = render(self.tokenizer, self.messages, self.options)
+        return self.tokenizer(text, add_special_tokens=False).input_ids
+
+    def take(self, turn: Completion) -> str | None:
+        """Record a finished turn; the action for the environment, or None when the episode ends without
+        one (the token cap cut the turn before it ended)."""
+        self.turns.append(turn)
+        said = turn.token_ids[:-1] if turn.finish_reason == "eos" else turn.token_ids  # without its end token
+        # the turn as the model wrote it, markers such as <think> kept: the template decides what of it a
+        # later rendering shows
+        action = self.tokenizer.decode(said, skip_special_tokens=False)
+        self.texts.append(self.tokenizer.decode(turn.token_ids, skip_special_tokens=True))
+        self.messages.append({"role": "assistant", "content": action})
+        if turn.finish_reason == "length":
+            self.end()
+            return None
+        return action
+
+    def answer(self, result) -> None:
+        """The environment's `StepResult` for the last turn: the episode goes on or ends."""
+        if result.reward is not None:
+            self.reward = self.combine(self.reward, result.reward)
+        self.metadata = result.metadata
+        if result.done or not result.observations or len(self.turns) >= self.max_turns:
+            self.end()
+            return
+        self.messages.extend(result.observations)
+        self.prompt_ids = self._render()  # the template's rendering now, earlier turns as it writes them
+
+    def fail(self, error: str) -> None:
+        self.error = error
+        self.end()
+
+    def end(self) -> None:
+        self.done = True
+        close = getattr(self.env, "close", None)
+        if close is not None:
+            try:
+                close()
+            except Exception as err:  # noqa: BLE001 (closing must not lose the episode)
+                self.error = (
+                    self.error or f"{type(self.env).__name__}.close raised {type(err).__name__}: {err}"
+                )
+
+    def completion(self, request_id: int) -> Completion:
+        """The episode as one completion: its first prompt, every turn's sampled tokens end to end (text
+        and lengths), the last turn's finish reason, and `turns` for the batch."""
+        turns = self.turns
+        return Completion(
+            request_id,
+            turns[0].prompt_ids,
+            [t for turn in turns for t in turn.token_ids],
+            torch.cat([turn.logprobs for turn in turns]),
+            turns[-1].finish_reason,
+            episode=self,
+            turns=list(turns),
+        )
+
+
+def _step_all(pending: list[tuple[StepwiseEpisode, str]]) -> None:
+    """Each episode's environment answers its action, concurrently, each within its episode's time limit
+    (a daemon thread: an environment that never answers cannot hold the process at exit)."""
+    futures: list[tuple[StepwiseEpisode, Future, float | None]] = []
+    for episode, action in pending:
+        future: Future = Future()
+
+        def step(episode=episode, action=action, future=future):
+            try:
+                future.set_result(episode.env.step(action))
+            except BaseException as err:  # noqa: BLE001 (reported as the episode's error)
+                future.set_exception(err)
+
+        threading.Thread(target=step, name="everyprompt-env-step", daemon=True).start()
+        limit = episode.time_limit
+        futures.append((episode, future, None if limit is None else time.monotonic() + limit))
+    for episode, future, deadline in futures:
+        wait_all([future], None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if not future.done():
+            episode.fail(f"the environment took longer than its time limit of {episode.time_limit:g} s")
+        elif future.exception() is not None:
+            err = future.exception()
+            episode.fail(f"{type(episode.env).__name__}.step raised {type(err).__name__}: {err}")
+        else:
+            episode.answer(future.result())
+
+
+def generate_stepwise(
+    engine: RolloutEngine, requests: Sequence[GenerationRequest], params: SamplingParams
+) -> Iterator[Completion]:
+    """The completions of `requests`, each carrying a `StepwiseEpisode`, as their episodes end. Turn t of
+    a request is sampled with the seed derive_seed(request seed, t), its cap the request's."""
+    live = {r.request_id: r for r in requests}
+    turn = 0
+    while live:
+        ids = list(live)
+        calls = [
+            replace(live[i], request_id=n, prompt_ids=live[i].episode.prompt_ids,
+                    seed=derive_seed(live[i].seed, turn), episode=None)
+            for n, i in enumerate(ids)
+        ]  # fmt: skip
+        pending = []
+        for completion in engine.generate(calls, params):
+            request = live[ids[completion.request_id]]
+            action = request.episode.take(replace(completion, request_id=request.request_id))
+            if action is not None:
+                pending.append((request.episode, action))
+        _step_all(pending)
+        for i in ids:
+            episode = live[i].episode
+            if episode.done:
+                del live[i]
+                yield episode.completion(i)
+        turn += 1
