@@ -235,3 +235,39 @@ def test_a_resumed_run_continues_the_levels_exactly(tmp_path):
         ]
 
     assert figures(tmp_path / "straight") == figures(tmp_path / "split")
+
+
+def test_the_agreement_bench_runs_and_finds_no_disagreement(tmp_path):
+    from bench.gym_agreement import main as bench
+
+    out = tmp_path / "agreement.json"
+    assert bench(["--tasks", "products", "gcd", "--items", "30", "--out", str(out)]) == 0
+    recorded = json.loads(out.read_text())["tasks"]
+    assert [(t["task"], t["items"], t["disagreements"]) for t in recorded] == [
+        ("products", 30, 0),
+        ("gcd", 30, 0),
+    ]
+
+
+def test_filter_takes_the_tasks_and_its_kept_rows_stay_scorable(tmp_path, capsys):
+    """`everyprompt filter builtin` on a reasoning-gym config: the kept rows (a JSONL file) still carry their
+    items, so the task's scorer judges them when they are trained on as a file."""
+    from everyprompt.data.datasets import load_prompt_file
+
+    assert main(["sft", *TINY_OVERRIDES, "--run-dir", str(tmp_path / "run")]) == 0
+    out = tmp_path / "filtered"
+    gym = ["data.task=reasoning-gym", f"data.reasoning_gym.tasks={MIX}", "data.num_train=12",
+           "rewards.function=tests.trainer.flaky_reward:hashed"]  # fmt: skip
+    argv = [
+        "filter",
+        "builtin",
+        *TINY_OVERRIDES,
+        *gym,
+        "--model",
+        str(tmp_path / "run" / "checkpoints" / "sft"),
+    ]
+    assert main([*argv, "--samples", "4", "--out", str(out)]) == 0, capsys.readouterr().err
+    kept = load_prompt_file(out / "kept.jsonl")
+    assert kept and {row["task"] for row in kept} <= {"leg_counting", "basic_arithmetic"}
+    gold = [f"<answer>{row['answer']}</answer>" for row in kept]
+    assert get_reward("reasoning_gym")(gold, **reward_columns(kept)) == [1.0] * len(kept)
