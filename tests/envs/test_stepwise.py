@@ -153,3 +153,42 @@ def test_rl_on_step_wise_episodes_end_to_end(tmp_path):
         line["reward/none_fraction"] == 0 for line in lines
     )
     assert any(line["actor/grad_norm"] > 0 and line["actor/no_signal_update"] == 0 for line in lines)
+
+
+class Graded(TwoTries):
+    """Rewards each turn: 0.5 for the first, then 1 if the second says 42."""
+
+    def step(self, action):
+        result = super().step(action)
+        return StepResult(result.observations, 0.5 if self.turns == 1 else result.reward, result.done)
+
+
+def test_per_turn_rewards_train_each_turn_on_its_own_reward(tokenizer):
+    # turns are sampled a round at a time: the first turns of both episodes, then their second turns
+    engine = Scripted(tokenizer, ["<think> a </think> 41", "no", "<think> b </think> 40", "42"])
+    # two episodes of one prompt, each of two turns: rewards (0.5, 0) and (0.5, 1)
+    episodes = [
+        StepwiseEpisode(Graded(), tokenizer, {"prompt": "6 x 7?"}, turn_rewards="turn") for _ in range(2)
+    ]
+    requests = [GenerationRequest(i, e.prompt_ids, seed=i, episode=e) for i, e in enumerate(episodes)]
+    done = sorted(generate_stepwise(engine, requests, SamplingParams(32)), key=lambda c: c.request_id)
+    assert [c.episode.turn_rewards for c in done] == [[0.5, 0.0], [0.5, 1.0]]
+    group = Group(0, 0, [(c, "") for c in done], [c.episode.reward for c in done], 2)
+    batch = assemble_batch([group], 32, version=0)
+    assert batch.rewards.tolist() == [0.5, 0.0, 0.5, 1.0] and batch.episode_index.tolist() == [0, 1, 2, 3]
+    config = load_config(None, ["rl.advantage=grpo"])
+    batch_advantages(batch, config.rl, config.zve)
+    # by hand: GRPO over the four turns' rewards (mean 0.5, sample std 0.4082)
+    assert torch.allclose(batch.advantages, torch.tensor([0.0, -1.2247, 0.0, 1.2247]), atol=1e-4)
+
+
+def test_per_turn_rewards_need_step_wise_episodes():
+    plain = build_chat_tokenizer(CORPUS, vocab_size=300)
+    config = load_config(None, ["model.preset=tiny-chat-moe", "env.name=test-answer-once", "env.turn_rewards=turn",
+                                "sft.steps=0"])  # fmt: skip
+
+    class Native:
+        offers = ("episodes",)
+
+    with pytest.raises(EnvironmentSetupError, match="env.turn_rewards=turn .* set env.trajectory=stepwise"):
+        Episodes.from_config(config, plain, Native())

@@ -154,10 +154,12 @@ class EnvConfig(Section):
         description="Keyword options of the environment (calculator: max_calls, example).",
     )
     max_turns: int = Field(8, ge=1, description="Model turns an episode may take; it ends after the last.")
-    turn_rewards: Annotated[Literal["last", "sum"], YAML_WORDS] = Field(
+    turn_rewards: Annotated[Literal["last", "sum", "turn"], YAML_WORDS] = Field(
         "last",
         description="How the rewards an environment gives its turns make the episode's reward: the last one "
-        "given (an environment that judges at the end), or their sum (one that rewards each turn).",
+        "given (an environment that judges at the end), or their sum (one that rewards each turn); turn: "
+        "step-wise episodes only, each turn's row trained on its own turn's reward (a turn given none: 0), "
+        "its advantage within the group's turns.",
     )
     trajectory: Literal["auto", "contiguous", "stepwise"] = Field(
         "auto",

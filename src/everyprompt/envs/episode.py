@@ -190,6 +190,12 @@ class Episodes:
             env.turn_rewards,
             env.trajectory,
         )
+        if env.turn_rewards == "turn" and not episodes.stepwise:
+            raise EnvironmentSetupError(
+                "env.turn_rewards=turn trains each turn on its own reward, which needs step-wise episodes: this "
+                f"chat template extends each rendering, so env.trajectory={env.trajectory} feeds episodes as one "
+                "sequence; set env.trajectory=stepwise"
+            )
         if episodes.stepwise and config.zve.enabled:
             raise EnvironmentSetupError(
                 "zve.enabled: zero-variance elimination is not built for step-wise episodes (env.trajectory "

@@ -53,6 +53,8 @@ class StepwiseEpisode:
         require_chat_template(tokenizer)
         self.env, self.tokenizer, self.options = env, tokenizer, dict(template_kwargs or {})
         self.max_turns, self.time_limit, self.combine = max_turns, time_limit, TURN_REWARDS[turn_rewards]
+        self.per_turn = turn_rewards == "turn"  # each turn's row trained on its own turn's reward
+        self.turn_rewards: list[float] = []  # the reward each turn was given (0 where none)
         self.messages: list[Message] = list(env.init(row))
         self.prompt_ids = self._render()
         self.turns: list[Completion] = []
@@ -85,6 +87,7 @@ class StepwiseEpisode:
         """The environment's `StepResult` for the last turn: the episode goes on or ends."""
         if result.reward is not None:
             self.reward = self.combine(self.reward, result.reward)
+        self.turn_rewards.append(0.0 if result.reward is None else float(result.reward))
         self.metadata = result.metadata
         if result.done or not result.observations or len(self.turns) >= self.max_turns:
             self.end()

@@ -9,6 +9,9 @@ from everyprompt.envs.base import EnvironmentSetupError, Message
 TURN_REWARDS = {
     "last": lambda episode, turn: turn,
     "sum": lambda episode, turn: (episode or 0.0) + turn,
+    "turn": lambda episode, turn: (
+        (episode or 0.0) + turn
+    ),  # step-wise: each row its turn's; the episode's their sum
 }
 
 

@@ -74,11 +74,25 @@ def _turn_rows(groups: list[Group], max_new_tokens: int, version: int) -> Rollou
         for (completion, text), reward, parts in zip(group.completions, group.rewards, group.components):
             turns = completion.turns or [completion]
             texts = completion.episode.texts if completion.turns else [text]  # each turn's decoded text
-            for turn, said in zip(turns, texts, strict=True):
-                flat.append(Group(group.prompt_index, number, [(turn, said)], [reward], 1, [parts]))
+            own = _own_rewards(completion, reward)  # env.turn_rewards=turn: each row its turn's reward
+            for number_in_episode, (turn, said) in enumerate(zip(turns, texts, strict=True)):
+                value = reward if own is None else own[number_in_episode]
+                flat.append(Group(group.prompt_index, number, [(turn, said)], [value], 1, [parts]))
                 owners.append((number, episode))
-            episode += 1
+                episode += own is not None  # per-turn credit: every row an advantage of its own
+            episode += own is None
     batch = assemble_batch(flat, max_new_tokens, version)
     batch.group_index = torch.tensor([g for g, _ in owners], dtype=torch.long)
     batch.episode_index = torch.tensor([e for _, e in owners], dtype=torch.long)
     return batch
+
+
+def _own_rewards(completion, reward: float | None) -> list[float | None] | None:
+    """A step-wise episode's per-turn rewards when it trains each turn on its own (None: the episode's
+    reward for every row). A turn the environment never answered has no reward of its own: 0 where the cap
+    cut it, None (left out, as the episode's reward is) where the environment failed."""
+    episode = completion.episode
+    if not completion.turns or not getattr(episode, "per_turn", False):
+        return None
+    given = list(episode.turn_rewards)
+    return given + [None if reward is None else 0.0] * (len(completion.turns) - len(given))
