@@ -181,3 +181,13 @@ class ProductDtypes(TorchDispatchMode):
         if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm):
             self.dtypes.append(args[0].dtype)
         return func(*args, **(kwargs or {}))
+
+
+def one_line_error(capsys, argv: list[str]) -> str:
+    """The one line `everyprompt ARGV` prints when it exits 2 (bad input): no traceback, nothing else."""
+    from everyprompt.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    return err[0]

@@ -22,7 +22,7 @@ from everyprompt.data.gym import GymRows, top_level  # noqa: E402
 from everyprompt.rewards import get_reward  # noqa: E402
 from everyprompt.rewards.base import reward_columns  # noqa: E402
 from everyprompt.rewards.gym import read_answer  # noqa: E402
-from tests.conftest import TINY_OVERRIDES  # noqa: E402
+from tests.conftest import TINY_OVERRIDES, one_line_error  # noqa: E402
 
 MIX = "{leg_counting: {level: 2}, basic_arithmetic: {level: 1, weight: 2}}"
 
@@ -120,13 +120,6 @@ def test_a_row_that_is_not_a_gym_item_is_not_scored():
     assert reward(["<answer>1</answer>"], answer=["1"]) == [None]
 
 
-def _one_line_error(capsys, argv) -> str:
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "Traceback" not in err[0], err
-    return err[0]
-
-
 @pytest.mark.parametrize(
     ("tasks", "extra", "expected"),
     [
@@ -150,7 +143,7 @@ def test_bad_tasks_and_settings_exit_2_naming_the_key_before_any_work(
         "data.task=reasoning-gym",
         f"data.reasoning_gym.tasks={tasks}",
     ]
-    line = _one_line_error(capsys, [*argv, *extra, "--run-dir", str(tmp_path / "run")])
+    line = one_line_error(capsys, [*argv, *extra, "--run-dir", str(tmp_path / "run")])
     assert expected in line, line
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
@@ -164,7 +157,7 @@ def test_without_the_extra_the_error_names_it(capsys, tmp_path, monkeypatch):
         "data.task=reasoning-gym",
         f"data.reasoning_gym.tasks={MIX}",
     ]
-    line = _one_line_error(capsys, [*argv, "--run-dir", str(tmp_path / "run")])
+    line = one_line_error(capsys, [*argv, "--run-dir", str(tmp_path / "run")])
     assert "needs the reasoning-gym package" in line and "pip install 'everyprompt[tasks]'" in line
 
 

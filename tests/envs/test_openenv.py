@@ -13,7 +13,6 @@ import pytest
 
 pytest.importorskip("openenv.core", reason="openenv-core is the optional extra everyprompt[openenv]")
 
-from everyprompt.cli import main  # noqa: E402
 from everyprompt.envs import EnvironmentSetupError, make_environment  # noqa: E402
 from everyprompt.envs.openenv import (  # noqa: E402
     LocalServer,
@@ -23,7 +22,7 @@ from everyprompt.envs.openenv import (  # noqa: E402
     ServerUnreachable,
 )
 from everyprompt.processes import descendants  # noqa: E402
-from tests.conftest import TINY_OVERRIDES, computed_figures, tiny_config  # noqa: E402
+from tests.conftest import TINY_OVERRIDES, computed_figures, one_line_error, tiny_config  # noqa: E402
 
 APP = "tests.envs.openenv_app:app"
 pytestmark = pytest.mark.xdist_group("openenv")  # one server process for the module's tests
@@ -84,13 +83,6 @@ def test_a_server_given_by_url_that_is_gone_stops_the_run(server):
     server.start()
 
 
-def _one_line_error(capsys, argv) -> str:
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "Traceback" not in err[0], err
-    return err[0]
-
-
 @pytest.mark.parametrize(
     ("options", "expected"),
     [
@@ -107,7 +99,7 @@ def _one_line_error(capsys, argv) -> str:
 def test_bad_set_ups_exit_2_before_any_work(capsys, tmp_path, server, options, expected):
     argv = ["train", *TINY_OVERRIDES, "model.preset=tiny-chat-moe", "sft.steps=0", "env.name=openenv",
             f"env.options={options}", "--run-dir", str(tmp_path / "run")]  # fmt: skip
-    line = _one_line_error(capsys, argv)
+    line = one_line_error(capsys, argv)
     assert expected in line, line
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 

@@ -23,6 +23,7 @@ from everyprompt.trainer.rollout_side.assemble import assemble_batch
 from everyprompt.zve import Group
 from tests.conftest import tiny_config
 from tests.envs.test_env_runs import EPISODES
+from tests.envs.test_episode import _Graded
 
 CORPUS = ["<think> so 6 times 7 </think> The answer is 42. Try again. user assistant"] * 20
 # ChatML that writes a past assistant turn without its thinking, as reasoning models' templates do
@@ -41,14 +42,8 @@ def tokenizer():
     return tok
 
 
-class TwoTries:
+class TwoTries(_Graded):
     """Says 'Try again.' to a first turn, ends the episode at the second, rewarding it 1 if it says 42."""
-
-    def __init__(self):
-        self.turns = 0
-
-    def init(self, row):
-        return [{"role": "user", "content": row["prompt"]}]
 
     def step(self, action):
         self.turns += 1

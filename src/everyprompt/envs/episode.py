@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from everyprompt.envs.base import Environment, EnvironmentSetupError, Message, make_environment
 from everyprompt.envs.stepwise import StepwiseEpisode
-from everyprompt.envs.template import TURN_REWARDS, render, require_chat_template
+from everyprompt.envs.template import EpisodeState, render, require_chat_template
 from everyprompt.rollout.base import offers
 
 TURN = "<<everyprompt: the model's turn>>"  # stands for a model turn's text when the template is rendered
@@ -21,7 +21,7 @@ TURN = "<<everyprompt: the model's turn>>"  # stands for a model turn's text whe
 PROBE_TURNS = (TURN, f"<think>\n{TURN}\n</think>\n\n{TURN}")
 
 
-class TokenEpisode:
+class TokenEpisode(EpisodeState):
     """One episode of `env` on data row `row`, tokenised by `tokenizer` (which must have a chat template).
 
     `prompt_ids` is the request's prompt; pass the episode as `GenerationRequest.episode`. After the engine
@@ -35,29 +35,13 @@ class TokenEpisode:
     place of each model turn's text (the model's own tokens are never re-tokenised, and a turn that holds
     special tokens renders like any other); the rendering before `TURN` must be the last one (checked)."""
 
-    def __init__(
-        self,
-        env: Environment,
-        tokenizer,
-        row: dict,
-        template_kwargs: dict | None = None,
-        max_turns: int = 8,
-        time_limit: float | None = None,
-        turn_rewards: str = "last",
-    ):
-        require_chat_template(tokenizer)
-        self.combine = TURN_REWARDS[turn_rewards]
-        self.env, self.tokenizer, self.options = env, tokenizer, dict(template_kwargs or {})
-        self.max_turns, self.time_limit = max_turns, time_limit
-        self.error: str | None = None  # what the environment raised, if it did (the episode ended there)
-        self.messages: list[Message] = list(env.init(row))
+    def __init__(self, env: Environment, tokenizer, row: dict, *args, **kwargs):
+        super().__init__(env, tokenizer, row, *args, **kwargs)
         self.template: list[Message] = list(self.messages)  # the conversation with TURN for model turns
         self.rendered = render(tokenizer, self.template, self.options)
         self.prompt_ids: list[int] = self._ids(self.rendered)
         self.consumed = 0  # completion tokens already part of earlier turns and observations
-        self.reward: float | None = None
         self.turns = 0
-        self.metadata: dict = {}
 
     def turn_ended(self, token_ids: list[int]) -> list[int] | None:
         """`token_ids`: the completion so far; its tokens after `consumed` are the model's new turn."""
@@ -67,15 +51,11 @@ class TokenEpisode:
         self.messages.append({"role": "assistant", "content": action})
         try:
             result = self.env.step(action)
-        except Exception as err:  # the environment's failure ends its episode, never the run
-            self.error = f"{type(self.env).__name__}.step raised {type(err).__name__}: {err}"
-            return self.end()
-        if result.reward is not None:
-            self.reward = self.combine(self.reward, result.reward)
-        self.metadata = result.metadata
-        if result.done or not result.observations or self.turns >= self.max_turns:
-            return self.end()
-        self.messages.extend(result.observations)
+        except Exception as err:  # noqa: BLE001 (the environment's failure ends its episode, never the run)
+            self.failed("step", err)
+            return None
+        if not self.answered(result, self.turns):
+            return None
         self.template += [{"role": "assistant", "content": TURN}, *result.observations]
         rendered = render(self.tokenizer, self.template, self.options)
         after = continuation(self.rendered, rendered)
@@ -85,18 +65,6 @@ class TokenEpisode:
         self.rendered = rendered
         self.consumed = len(token_ids) + len(observation)
         return observation
-
-    def end(self) -> None:
-        """The episode is over: the environment's `close()`, where it has one, frees what it holds."""
-        close = getattr(self.env, "close", None)
-        if close is not None:
-            try:
-                close()
-            except Exception as err:
-                self.error = (
-                    self.error or f"{type(self.env).__name__}.close raised {type(err).__name__}: {err}"
-                )
-        return None
 
     def _ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False).input_ids

@@ -26,42 +26,26 @@ from dataclasses import replace
 
 import torch
 
-from everyprompt.envs.base import Environment, Message
-from everyprompt.envs.template import TURN_REWARDS, render, require_chat_template
+from everyprompt.envs.base import Environment
+from everyprompt.envs.template import EpisodeState, render
 from everyprompt.rollout.base import Completion, GenerationRequest, RolloutEngine, SamplingParams
 from everyprompt.rollout.sampling import derive_seed
 
 
-class StepwiseEpisode:
+class StepwiseEpisode(EpisodeState):
     """One episode of `env` on data row `row`, each model turn prompted by the whole conversation as the
     chat template renders it. `prompt_ids`: the next turn's prompt; `turns`: the turns so far (each the
-    engine's `Completion`: the prompt it was given and the tokens it sampled); `reward`, `error`,
-    `messages` as in `TokenEpisode`."""
+    engine's `Completion`: the prompt it was given and the tokens it sampled), `texts` theirs decoded;
+    `turn_rewards` what each was given; the rest as in `EpisodeState`."""
 
     stepwise = True
 
-    def __init__(
-        self,
-        env: Environment,
-        tokenizer,
-        row: dict,
-        template_kwargs: dict | None = None,
-        max_turns: int = 8,
-        time_limit: float | None = None,
-        turn_rewards: str = "last",
-    ):
-        require_chat_template(tokenizer)
-        self.env, self.tokenizer, self.options = env, tokenizer, dict(template_kwargs or {})
-        self.max_turns, self.time_limit, self.combine = max_turns, time_limit, TURN_REWARDS[turn_rewards]
-        self.per_turn = turn_rewards == "turn"  # each turn's row trained on its own turn's reward
+    def __init__(self, env: Environment, tokenizer, row: dict, *args, **kwargs):
+        super().__init__(env, tokenizer, row, *args, **kwargs)
         self.turn_rewards: list[float] = []  # the reward each turn was given (0 where none)
-        self.messages: list[Message] = list(env.init(row))
         self.prompt_ids = self._render()
         self.turns: list[Completion] = []
         self.texts: list[str] = []  # each turn's text, decoded without special tokens
-        self.reward: float | None = None
-        self.error: str | None = None
-        self.metadata: dict = {}
         self.done = False
 
     def _render(self) -> list[int]:
@@ -85,30 +69,13 @@ class StepwiseEpisode:
 
     def answer(self, result) -> None:
         """The environment's `StepResult` for the last turn: the episode goes on or ends."""
-        if result.reward is not None:
-            self.reward = self.combine(self.reward, result.reward)
         self.turn_rewards.append(0.0 if result.reward is None else float(result.reward))
-        self.metadata = result.metadata
-        if result.done or not result.observations or len(self.turns) >= self.max_turns:
-            self.end()
-            return
-        self.messages.extend(result.observations)
-        self.prompt_ids = self._render()  # the template's rendering now, earlier turns as it writes them
-
-    def fail(self, error: str) -> None:
-        self.error = error
-        self.end()
+        if self.answered(result, len(self.turns)):
+            self.prompt_ids = self._render()  # the template's rendering now, earlier turns as it writes them
 
     def end(self) -> None:
         self.done = True
-        close = getattr(self.env, "close", None)
-        if close is not None:
-            try:
-                close()
-            except Exception as err:  # noqa: BLE001 (closing must not lose the episode)
-                self.error = (
-                    self.error or f"{type(self.env).__name__}.close raised {type(err).__name__}: {err}"
-                )
+        super().end()
 
     def completion(self, request_id: int) -> Completion:
         """The episode as one completion: its first prompt, every turn's sampled tokens end to end (text
@@ -144,10 +111,10 @@ def _step_all(pending: list[tuple[StepwiseEpisode, str]]) -> None:
     for episode, future, deadline in futures:
         wait_all([future], None if deadline is None else max(0.0, deadline - time.monotonic()))
         if not future.done():
-            episode.fail(f"the environment took longer than its time limit of {episode.time_limit:g} s")
+            episode.error = f"the environment took longer than its time limit of {episode.time_limit:g} s"
+            episode.end()
         elif future.exception() is not None:
-            err = future.exception()
-            episode.fail(f"{type(episode.env).__name__}.step raised {type(err).__name__}: {err}")
+            episode.failed("step", future.exception())
         else:
             episode.answer(future.result())
 
