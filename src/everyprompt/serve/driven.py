@@ -133,6 +133,10 @@ class DrivenRolloutSide:
             self._eval_version = self.version
         return self._eval_engine
 
+    def first_prompts(self, count: int) -> list[list[int]]:
+        """The first `count` prompts' tokens as the model is given them (the startup parity check's)."""
+        return self.prompt_ids[:count]
+
     def sleep(self) -> None:
         """Nothing: the server answers the driver while the learner trains."""
 
