@@ -2,7 +2,7 @@
 by its `create_app` (uvicorn runs `tests.envs.openenv_app:app`): the model is asked a row's question and
 has two turns to answer it. Actions that ask for trouble, for the failure tests: a turn holding `RAISE`
 makes the environment raise (the server answers an error), `SLOW` makes it sleep 30 s (past any test's
-time limit); an episode reset with `mode="die"` ends the server's process at its first step (a server
+time limit); a reset with `question="RAISE"` raises; an episode reset with `mode="die"` ends the server's process at its first step (a server
 killed mid-episode)."""
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ class AnswerEnvironment(Environment):
 
     def reset(self, seed=None, episode_id=None, answer: str = "0", question: str = "", mode: str = "", **_):
         self._state = State(episode_id=episode_id, step_count=0)
+        if question == "RAISE":
+            raise RuntimeError("this episode cannot start")
         self.answer, self.mode = str(answer), mode
         return AnswerObservation(text=f"Answer with one number. {question}".strip(), done=False, reward=None)
 

@@ -165,3 +165,9 @@ def test_a_resumed_run_on_an_openenv_server_equals_an_uninterrupted_one(tmp_path
 
     assert figures(tmp_path / "straight") == figures(tmp_path / "split")
     assert any(r["rollout/environment_tokens"] > 0 for r in figures(tmp_path / "straight"))
+
+
+def test_a_reset_the_server_refuses_stops_the_run_with_a_clear_error(server):
+    env = make_environment("openenv", app=APP, reset={"question": "RAISE"})
+    with pytest.raises(ServerUnreachable, match="answered its reset with ServerFailed"):
+        env.init({})

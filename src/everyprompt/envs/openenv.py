@@ -14,9 +14,10 @@ What can go wrong, and what happens:
   within `timeout_s`, or the engine's `env.time_limit_s`) or drops the session (`ServerGone`, killed
   mid-episode): that episode ends with no reward and the reason counted in the step's metrics
   (`env/errors/<reason>`), the run goes on;
-- a server that cannot be reached when an episode starts: an app server this process started is started
-  again (up to `restarts` times in a run); a server given by URL stops the run with `ServerUnreachable`
-  (exit 1, the last checkpoint kept: `--resume` continues once it is back).
+- a server that cannot be reached when an episode starts: an app server this process started that died
+  is started again (up to `restarts` times in a run); otherwise (a server given by URL, a live one that
+  refuses the session, a reset answered with an error) the run stops with `ServerUnreachable` (exit 1,
+  the last checkpoint kept: `--resume` continues once it is back).
 
 Local servers (`app: module:attribute`, an ASGI app as `openenv.core.env_server.create_app` makes) run
 under uvicorn in a child process that dies with the run, even when the run is killed.
@@ -276,7 +277,14 @@ class OpenEnvEnvironment:
             )
         self.client = self._connect()
         kwargs = {**self.reset_kwargs, **{f: row[f] for f in self.row_fields}}
-        result = self._call(self.client.reset(**kwargs))
+        try:
+            result = self._call(self.client.reset(**kwargs))
+        except (ServerGone, ServerFailed, ServerTimeout) as err:  # no prompt, so no episode: the run stops
+            self.close()
+            raise ServerUnreachable(
+                f"{self.key}: an episode could not start, the OpenEnv server answered its reset with "
+                f"{type(err).__name__}: {err} (reset arguments {sorted(kwargs)}); the run stopped"
+            ) from None
         said = self._text(result.observation)
         prompt = str(row.get("prompt", ""))
         content = {"observation": said, "prompt": prompt, "both": f"{prompt}\n\n{said}".strip()}[
@@ -303,12 +311,11 @@ class OpenEnvEnvironment:
                 _Loop.run(client.connect())
                 return client
             except ConnectionError as err:
-                if self.server is None or attempt == 1:
+                if self.server is None or self.server.alive() or attempt == 1:  # not a server that died
                     raise ServerUnreachable(
                         f"{self.key}={self.server.app if self.server else self.url}: an episode could not "
                         f"start, the OpenEnv server cannot be reached ({err}); the run stopped"
                     ) from None
-                self.server.stop()  # a local server that refuses sessions: start it again
 
     def _call(self, coroutine):
         """A request's answer; the failure as ServerGone, ServerFailed or ServerTimeout."""
