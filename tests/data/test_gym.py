@@ -243,24 +243,41 @@ def test_the_agreement_bench_runs_and_finds_no_disagreement(tmp_path):
 
 
 def test_filter_takes_the_tasks_and_its_kept_rows_stay_scorable(tmp_path, capsys):
-    """`everyprompt filter builtin` on a reasoning-gym config: the kept rows (a JSONL file) still carry their
-    items, so the task's scorer judges them when they are trained on as a file."""
+    """`everyprompt filter reasoning-gym:TASK@LEVEL,...`: the kept rows (a JSONL file) still carry their items,
+    so the task's scorer judges them when they are trained on as a file; `everyprompt eval --data` takes
+    the same form; a form that does not parse exits 2."""
     from everyprompt.data.datasets import load_prompt_file
 
     assert main(["sft", *TINY_OVERRIDES, "--run-dir", str(tmp_path / "run")]) == 0
-    out = tmp_path / "filtered"
-    gym = ["data.task=reasoning-gym", f"data.reasoning_gym.tasks={MIX}", "data.num_train=12",
-           "rewards.function=tests.trainer.flaky_reward:hashed"]  # fmt: skip
+    out, model = tmp_path / "filtered", str(tmp_path / "run" / "checkpoints" / "sft")
+    gym = ["data.num_train=12", "rewards.function=tests.trainer.flaky_reward:hashed"]
     argv = [
         "filter",
-        "builtin",
+        "reasoning-gym:leg_counting@2,basic_arithmetic@1",
         *TINY_OVERRIDES,
         *gym,
         "--model",
-        str(tmp_path / "run" / "checkpoints" / "sft"),
+        model,
     ]
     assert main([*argv, "--samples", "4", "--out", str(out)]) == 0, capsys.readouterr().err
     kept = load_prompt_file(out / "kept.jsonl")
     assert kept and {row["task"] for row in kept} <= {"leg_counting", "basic_arithmetic"}
     gold = [f"<answer>{row['answer']}</answer>" for row in kept]
     assert get_reward("reasoning_gym")(gold, **reward_columns(kept)) == [1.0] * len(kept)
+
+    # eval takes the same names: the tasks' held-out items, figures per task
+    argv = [
+        "eval",
+        model,
+        *TINY_OVERRIDES,
+        "data.num_eval=6",
+        "eval.num_samples=0",
+        "--run-dir",
+        str(tmp_path / "e"),
+    ]
+    assert main([*argv, "--data", "reasoning-gym:leg_counting@2,basic_arithmetic@1"]) == 0
+    results = json.loads((tmp_path / "e" / "eval.json").read_text())
+    assert results["num_prompts"] == 6 and "greedy_accuracy/task_basic_arithmetic" in results
+    capsys.readouterr()
+    line = one_line_error(capsys, ["eval", model, "--data", "reasoning-gym:leg_counting@x"])
+    assert "--data=reasoning-gym:leg_counting@x: expected reasoning-gym:TASK[@LEVEL]" in line

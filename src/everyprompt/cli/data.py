@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from everyprompt.cli.args import add_config_argument, config_from
+from everyprompt.config import GYM_PREFIX, gym_overrides
 
 
 def cmd_score(args) -> int:
@@ -30,9 +31,12 @@ def cmd_filter(args) -> int:
         for key in ("samples", "low", "high")
         if (value := getattr(args, key)) is not None
     ]
+    data, out = args.data, args.out
+    if data.startswith(GYM_PREFIX):  # reasoning-gym's tasks: the training items the config makes of them
+        data, extra, out = "builtin", [*extra, *gym_overrides(data, "DATA")], out or "reasoning-gym-filtered"
     config = config_from(args.config, extra)
     rules = config.zve.filter
-    done = filter_prompts(config, args.data, args.model, args.out)
+    done = filter_prompts(config, data, args.model, out)
     report = done.report
     console = Console()
     console.print(histogram_table(report["histogram"], report["prompts"], rules.samples))
@@ -58,7 +62,11 @@ def add_parsers(sub) -> None:
     p = sub.add_parser(
         "filter", help="ZVE stage 0: estimate pass rates, keep prompts neither solved nor hopeless"
     )
-    p.add_argument("data", help="JSONL/Parquet prompts (prompt, answer), or 'builtin' for the config's task")
+    p.add_argument(
+        "data",
+        help="JSONL/Parquet prompts (prompt, answer), 'builtin' for the config's task, or "
+        "reasoning-gym:TASK[@LEVEL],... (those tasks' training items)",
+    )
     add_config_argument(p)
     p.add_argument("--model", required=True, help="checkpoint directory or run directory")
     p.add_argument("--samples", type=int, default=None, help="samples per prompt (zve.filter.samples)")

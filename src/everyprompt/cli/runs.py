@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from everyprompt.cli.args import add_config_argument, config_from, split_config_args
-from everyprompt.config import ConfigError, load_config
+from everyprompt.config import GYM_PREFIX, ConfigError, gym_overrides, load_config
 from everyprompt.devices.malloc import use_malloc
 from everyprompt.run.layout import RunLayout, run_of
 
@@ -52,10 +52,13 @@ def cmd_eval(args) -> int:
     from everyprompt.pipeline import evaluate_checkpoint
     from everyprompt.report.console import eval_table
 
-    config = _eval_config(args.checkpoint, args.config)
+    data, values = args.data, list(args.config)
+    if data is not None and data.startswith(GYM_PREFIX):  # reasoning-gym's tasks, their held-out items
+        data, values = None, [*values, *gym_overrides(data)]
+    config = _eval_config(args.checkpoint, values)
     given = {"prompt": args.prompt_field, "answer": args.answer_field}
     fields = {field: name for field, name in given.items() if name}
-    results = evaluate_checkpoint(config, args.checkpoint, args.data, fields, args.run_dir)
+    results = evaluate_checkpoint(config, args.checkpoint, data, fields, args.run_dir)
     Console().print(eval_table(results, config.eval.pass_k))
     return 0
 
@@ -98,7 +101,10 @@ def add_parsers(sub) -> None:
         p, "optional CONFIG.yaml (default: the run's own config.yaml, else the demo config), then KEY=VALUE"
     )
     p.add_argument(
-        "--data", default=None, help="a data file with prompt and answer columns (as data.train_file)"
+        "--data",
+        default=None,
+        help="a data file with prompt and answer columns (as data.train_file), or reasoning-gym:TASK[@LEVEL],... "
+        "(the held-out items of those tasks)",
     )
     p.add_argument("--prompt-field", default=None, help="the prompt's column (default: data.columns.prompt)")
     p.add_argument("--answer-field", default=None, help="the answer's column (default: data.columns.answer)")

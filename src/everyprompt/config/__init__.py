@@ -56,9 +56,11 @@ from everyprompt.config.rollout import (
     ScalarRMConfig,
 )
 from everyprompt.config.tasks import (
+    GYM_PREFIX,
     GymConfig,
     GymTaskConfig,
     TaskLevelsConfig,
+    gym_overrides,
 )
 from everyprompt.config.tree import (
     CheckpointConfig,
@@ -93,6 +95,7 @@ __all__ = [
     "EvalConfig",
     "ExpansionConfig",
     "ExternalConfig",
+    "GYM_PREFIX",
     "GenRMConfig",
     "GymConfig",
     "GymTaskConfig",
@@ -121,6 +124,7 @@ __all__ = [
     "build_config",
     "demo_config_path",
     "find_config",
+    "gym_overrides",
     "load_config",
     "parse_override",
     "read_yaml",

@@ -11,9 +11,25 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from everyprompt.config.base import Section
+from everyprompt.config.base import ConfigError, Section
 
 RESERVED_SETTINGS = ("seed", "size")  # set by everyprompt: the split's seed and the number of items
+GYM_PREFIX = "reasoning-gym:"  # `--data reasoning-gym:chain_sum@1,products` (eval, filter)
+
+
+def gym_overrides(spec: str, what: str = "--data") -> list[str]:
+    """The config overrides `reasoning-gym:TASK[@LEVEL],...` stands for: data.task=reasoning-gym and those
+    tasks, weight 1 each, at their levels (none given: the task's defaults); ConfigError naming `what` for a
+    spec that does not parse (exit 2)."""
+    tasks = []
+    for part in spec.removeprefix(GYM_PREFIX).split(","):
+        name, _, level = part.strip().partition("@")
+        if not name or (level and not level.isdigit()):
+            raise ConfigError(
+                f"{what}={spec}: expected reasoning-gym:TASK[@LEVEL],... (e.g. reasoning-gym:chain_sum@1,products)"
+            )
+        tasks.append(f"{name}: {{level: {level}}}" if level else f"{name}: {{}}")
+    return ["data.task=reasoning-gym", f"data.reasoning_gym.tasks={{{', '.join(tasks)}}}"]
 
 
 class GymTaskConfig(Section):
