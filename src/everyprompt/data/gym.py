@@ -98,7 +98,12 @@ def task_config(name: str, task: GymTaskConfig, level: int | None, key: str = KE
             )
         curriculum = curricula[name]()
         curriculum.set_global_level(level)
-        made = dataclasses.asdict(curriculum.generate_configuration())
+        try:
+            made = dataclasses.asdict(curriculum.generate_configuration())
+        except (AssertionError, ValueError, TypeError) as err:
+            raise ConfigError(
+                f"config key '{key}.{name}.level': reasoning-gym cannot make {name}'s level {level} ({err})"
+            ) from None
         level_set = set()
         for attribute in curriculum.attributes.values():
             names = ("lower_field_name", "upper_field_name", "field_name")
