@@ -28,7 +28,8 @@ class ScoredSamples:
     reward_wait_s: float = 0.0  # then waiting for the last rewards
     engine_stats: dict[str, float] = field(default_factory=dict)  # the engine's figures of this call
     scored: int = 0  # completions sent to the reward (all but unfinished partial rollouts)
-    environment_errors: list[str] = field(default_factory=list)  # episodes ended by their environment raising
+    # (reason, error) of each episode its environment ended early (Episode.error_reason, Episode.error)
+    environment_errors: list[tuple[str, str]] = field(default_factory=list)
 
 
 def sample_and_score(
@@ -55,11 +56,10 @@ def sample_and_score(
     done: dict[int, tuple[Completion, str]] = {}
     scored: list[int] = []
     judged: dict[int, float] = {}  # episodes: their environment's reward, not the pool's
-    errors: list[str] = []  # episodes whose environment raised
+    errors: list[tuple[str, str]] = []  # episodes whose environment ended them early
     began = time.perf_counter()
-    stepwise = any(
-        getattr(r.episode, "stepwise", False) for r in requests
-    )  # a turn a request (envs/stepwise.py)
+    # step-wise episodes: a request a turn (envs/stepwise.py)
+    stepwise = any(getattr(r.episode, "stepwise", False) for r in requests)
     stream = generate_stepwise(engine, requests, params) if stepwise else engine.generate(requests, params)
     for completion in stream:
         number = completion.request_id
@@ -74,7 +74,7 @@ def sample_and_score(
         if completion.episode is not None:  # its environment's reward; 0 if the cap cut it before judging
             episode = completion.episode
             if episode.error:  # an environment that failed: no reward, as a failed reward
-                errors.append(episode.error)
+                errors.append((episode.error_reason or "other", episode.error))
             else:
                 judged[number] = 0.0 if episode.reward is None else episode.reward
             continue

@@ -155,6 +155,7 @@ def test_an_environment_that_raises_ends_its_episode_with_the_error_recorded(tok
     episode = TokenEpisode(_Raises(), tokenizer, ROW)
     assert episode.turn_ended(_ids(tokenizer, "hello")) is None
     assert episode.error == "_Raises.step raised RuntimeError: the sandbox is gone"
+    assert episode.error_reason == "RuntimeError"
     assert episode.reward is None and episode.turns == 1
 
 

@@ -31,7 +31,7 @@ class Scripted:
 
     def __init__(self, *observations: list[int]):
         self.observations, self.turns = list(observations), []
-        self.reward, self.error = None, None  # the Episode protocol's (nothing judges these turns)
+        self.reward, self.error, self.error_reason = None, None, None  # the Episode protocol's
 
     def turn_ended(self, token_ids: list[int]) -> list[int] | None:
         self.turns.append(list(token_ids))
@@ -266,6 +266,7 @@ def test_an_environment_past_its_time_limit_or_raising_ends_its_episode_with_an_
     assert time.monotonic() - began < 5  # the call did not wait for the hung environment
     assert hung.error == "the environment took longer than its time limit of 0.2 s"
     assert broken.error == "turn_ended raised RuntimeError: tool crashed"
+    assert (hung.error_reason, broken.error_reason) == ("time_limit", "RuntimeError")  # env/errors/<reason>
     assert hung.released is None  # still waiting in its thread when the call ended
     for number in (0, 1):  # each ended at its first turn, no observation fed
         completion = out[number]

@@ -28,7 +28,14 @@ import torch
 
 from everyprompt.envs.base import Environment
 from everyprompt.envs.template import EpisodeState, render
-from everyprompt.rollout.base import Completion, GenerationRequest, RolloutEngine, SamplingParams
+from everyprompt.rollout.base import (
+    TIME_LIMIT,
+    Completion,
+    GenerationRequest,
+    RolloutEngine,
+    SamplingParams,
+    end_episode,
+)
 from everyprompt.rollout.sampling import derive_seed
 
 
@@ -111,7 +118,11 @@ def _step_all(pending: list[tuple[StepwiseEpisode, str]]) -> None:
     for episode, future, deadline in futures:
         wait_all([future], None if deadline is None else max(0.0, deadline - time.monotonic()))
         if not future.done():
-            episode.error = f"the environment took longer than its time limit of {episode.time_limit:g} s"
+            end_episode(
+                episode,
+                TIME_LIMIT,
+                f"the environment took longer than its time limit of {episode.time_limit:g} s",
+            )
             episode.end()
         elif future.exception() is not None:
             episode.failed("step", future.exception())

@@ -5,15 +5,16 @@ episode's own state (`EpisodeState`: the conversation, the reward, the error, th
 from __future__ import annotations
 
 from everyprompt.envs.base import Environment, EnvironmentSetupError, Message, StepResult
+from everyprompt.rollout.base import end_episode
 
 # env.turn_rewards: how a turn's reward joins the episode's so far (None: no turn rewarded yet)
 TURN_REWARDS = {
     "last": lambda episode, turn: turn,
     "sum": lambda episode, turn: (episode or 0.0) + turn,
-    "turn": lambda episode, turn: (
-        (episode or 0.0) + turn
-    ),  # step-wise: each row its turn's; the episode's their sum
 }
+TURN_REWARDS["turn"] = TURN_REWARDS[
+    "sum"
+]  # step-wise, each row its own turn's reward; the episode's: their sum
 
 
 def require_chat_template(tokenizer) -> None:
@@ -49,6 +50,7 @@ class EpisodeState:
         self.messages: list[Message] = list(env.init(row))
         self.reward: float | None = None
         self.error: str | None = None
+        self.error_reason: str | None = None
         self.metadata: dict = {}
 
     def answered(self, result: StepResult, turns: int) -> bool:
@@ -66,7 +68,9 @@ class EpisodeState:
 
     def failed(self, what: str, err: BaseException) -> None:
         """The environment's `what` (step) raised: the episode ends with the error, never the run."""
-        self.error = f"{type(self.env).__name__}.{what} raised {type(err).__name__}: {err}"
+        end_episode(
+            self, type(err).__name__, f"{type(self.env).__name__}.{what} raised {type(err).__name__}: {err}"
+        )
         self.end()
 
     def end(self) -> None:
@@ -76,6 +80,9 @@ class EpisodeState:
             try:
                 close()
             except Exception as err:  # noqa: BLE001 (closing must not lose the episode)
-                self.error = (
-                    self.error or f"{type(self.env).__name__}.close raised {type(err).__name__}: {err}"
-                )
+                if self.error is None:
+                    end_episode(
+                        self,
+                        type(err).__name__,
+                        f"{type(self.env).__name__}.close raised {type(err).__name__}: {err}",
+                    )

@@ -55,16 +55,27 @@ class Episode(Protocol):
     environment's observation, wrapped as the chat template wraps a message) into the same sequence and
     lets the model go on, or, given None, finishes the completion. Fed tokens are part of the completion
     but not the model's: `Completion.completion_mask` is False there, their log-probs and entropies 0.
-    Once the completion finishes, `reward` is the episode's (None: never judged) and `error` what its
-    environment raised, if anything (generation.py reads both). `turn_ended` runs in a thread of its own
+    Once the completion finishes, `reward` is the episode's (None: never judged), `error` what ended it
+    early, if anything, and `error_reason` why in a word (the exception's class, or `TIME_LIMIT`: the step's
+    metrics count episodes by it); generation.py reads them. `turn_ended` runs in a thread of its own
     while the other sequences decode; past `time_limit` seconds (None: no limit) the engine ends the
-    episode and sets its `error`."""
+    episode (`end_episode`)."""
 
     reward: float | None
     error: str | None
+    error_reason: str | None
     time_limit: float | None
 
     def turn_ended(self, token_ids: list[int]) -> list[int] | None: ...
+
+
+TIME_LIMIT = "time_limit"  # an episode's error_reason when its environment answered too late
+
+
+def end_episode(episode: Episode, reason: str, error: str) -> None:
+    """Record what ended `episode` early: `error`, and `reason` (a metric name: an exception's class or
+    TIME_LIMIT). The only writer of both fields, engines and episodes alike."""
+    episode.error, episode.error_reason = error, reason
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 import torch
 
+from everyprompt.rollout.base import TIME_LIMIT, end_episode
 from everyprompt.rollout.native.slots import Slots, on_device
 
 
@@ -72,9 +73,13 @@ class Turns:
                 error = future.exception()
                 observation = None if error else future.result()
                 if error is not None:
-                    episode.error = f"turn_ended raised {type(error).__name__}: {error}"
+                    end_episode(
+                        episode, type(error).__name__, f"turn_ended raised {type(error).__name__}: {error}"
+                    )
             elif deadline is not None and now >= deadline:
-                episode.error = f"the environment took longer than its time limit of {limit:g} s"
+                end_episode(
+                    episode, TIME_LIMIT, f"the environment took longer than its time limit of {limit:g} s"
+                )
                 observation = None
             else:
                 continue

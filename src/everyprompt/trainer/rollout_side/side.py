@@ -172,7 +172,7 @@ class RolloutSide:
         self.health.check(step, self.rewards.take_failures(), tally.scored)
         if tally.environment_errors:  # their episodes have no reward; the run goes on
             log.warning("step %d: %d episode(s) ended by their environment raising, the first: %s",
-                        step, len(tally.environment_errors), tally.environment_errors[0])  # fmt: skip
+                        step, len(tally.environment_errors), tally.environment_errors[0][1])  # fmt: skip
         batch = assemble_batch(finished + collection.groups, settings["max_new_tokens"], self.version)
         batch.teacher_keys = self._teacher_keys(batch.prompt_index)
         batch.stats = {

@@ -3,21 +3,10 @@
 from __future__ import annotations
 
 import math
-import re
 import statistics
 from dataclasses import dataclass, field
 
 from everyprompt.rollout import summed_stats
-
-_RAISED = re.compile(r"raised (\w+)")
-
-
-def error_reason(error: str) -> str:
-    """An episode's error as a metric name: the exception its environment raised, or `time_limit`."""
-    if "longer than its time limit" in error:
-        return "time_limit"
-    found = _RAISED.search(error)
-    return found.group(1) if found else "other"
 
 
 @dataclass
@@ -29,7 +18,7 @@ class StepTally:
     scored: int = 0  # completions sent to the reward (unfinished partial rollouts are not)
     engine_calls: list[dict[str, float]] = field(default_factory=list)
     components: dict[str, list[float | None]] = field(default_factory=dict)
-    environment_errors: list[str] = field(default_factory=list)  # episodes whose environment raised
+    environment_errors: list[tuple[str, str]] = field(default_factory=list)  # (reason, error) an episode
 
     def add(self, scored) -> None:
         self.generate_s += scored.generate_s
@@ -53,9 +42,8 @@ class StepTally:
         }
         if self.environment_errors:
             out["env/errors"] = float(len(self.environment_errors))
-            for error in self.environment_errors:  # by reason: env/errors/ServerGone, .../time_limit, ...
-                key = f"env/errors/{error_reason(error)}"
-                out[key] = out.get(key, 0.0) + 1.0
+            for reason, _ in self.environment_errors:  # env/errors/ServerGone, .../time_limit, ...
+                out[f"env/errors/{reason}"] = out.get(f"env/errors/{reason}", 0.0) + 1.0
         calls = self.engine_calls
         for call in calls:  # namespaced figures an engine adds (cluster/*): summed over the step's calls
             for key, value in call.items():
