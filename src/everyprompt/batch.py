@@ -57,11 +57,12 @@ class RolloutBatch:
         return int(sum(int(self.completion_mask[r].sum()) for r in rows))
 
     def episode_rows(self) -> list[int]:
-        """One row per episode (its first): every row unless step-wise episodes span several."""
+        """One row per episode, its first: every row unless step-wise episodes span several (an episode's
+        rows are consecutive, its number one above the last's)."""
         if self.episode_index is None:
             return list(range(len(self)))
-        seen: set[int] = set()
-        return [r for r, e in enumerate(self.episode_index.tolist()) if not (e in seen or seen.add(e))]
+        episodes = self.episode_index.tolist()
+        return [r for r, e in enumerate(episodes) if r == 0 or e != episodes[r - 1]]
 
     @property
     def num_groups(self) -> int:

@@ -4,19 +4,20 @@ reward (and a composite reward's components), and the policy version of each tok
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from typing import NamedTuple
 
 import torch
 
 from everyprompt.batch import RolloutBatch
+from everyprompt.rollout.base import Completion
 from everyprompt.zve import Group
 
 
 def assemble_batch(groups: list[Group], max_new_tokens: int, version: int) -> RolloutBatch:
-    if any(c.turns for g in groups for c, _ in g.completions):
-        return _turn_rows(groups, max_new_tokens, version)
-    completions = [pair for g in groups for pair in g.completions]  # (Completion, text)
-    rewards = [r for g in groups for r in g.rewards]
-    every = [c for c, _ in completions]
+    rows = list(_rows(groups))
+    every = [r.completion for r in rows]
+    stepwise = any(c.turns for g in groups for c, _ in g.completions)
     return RolloutBatch(
         prompt_ids=[c.prompt_ids for c in every],
         completion_ids=[c.token_ids for c in every],
@@ -28,11 +29,11 @@ def assemble_batch(groups: list[Group], max_new_tokens: int, version: int) -> Ro
         if every and all(c.routed_experts is not None for c in every)
         else None,
         finish_reason=[c.finish_reason for c in every],
-        group_index=torch.tensor([n for n, g in enumerate(groups) for _ in g.completions], dtype=torch.long),
-        prompt_index=[g.prompt_index for g in groups for _ in g.completions],
-        completion_text=[t for _, t in completions],
-        rewards=torch.tensor([math.nan if r is None else r for r in rewards], dtype=torch.float32),
-        reward_components=reward_components([part for g in groups for part in g.components]),
+        group_index=torch.tensor([r.group for r in rows], dtype=torch.long),
+        prompt_index=[groups[r.group].prompt_index for r in rows],
+        completion_text=[r.text for r in rows],
+        rewards=torch.tensor([math.nan if r.reward is None else r.reward for r in rows], dtype=torch.float32),
+        reward_components=reward_components([r.parts for r in rows]),
         max_new_tokens=max_new_tokens,
         completion_mask=[
             c.completion_mask
@@ -48,7 +49,38 @@ def assemble_batch(groups: list[Group], max_new_tokens: int, version: int) -> Ro
             else torch.full((len(c.token_ids),), version, dtype=torch.int32)
             for c in every
         ],
+        episode_index=torch.tensor([r.episode for r in rows], dtype=torch.long) if stepwise else None,
     )
+
+
+class _Row(NamedTuple):
+    completion: Completion  # what the engine was given and sampled for this row
+    text: str
+    reward: float | None
+    parts: dict | None  # a composite reward's components
+    group: int  # its group's position in the batch
+    episode: int  # the advantage unit it belongs to: its episode (or, with per-turn credit, itself)
+
+
+def _rows(groups: list[Group]) -> Iterator[_Row]:
+    """The batch's rows in order: a completion each, or a step-wise episode's turns (envs/stepwise.py), a
+    row each with the tokens the engine had for it, the episode's reward (or with `env.turn_rewards=turn`
+    the turn's own) and its components."""
+    unit = 0
+    for number, group in enumerate(groups):
+        for (completion, text), reward, parts in zip(group.completions, group.rewards, group.components):
+            if not completion.turns:
+                yield _Row(completion, text, reward, parts, number, unit)
+                unit += 1
+                continue
+            episode = completion.episode
+            own = _own_rewards(completion, reward) if episode.per_turn else None
+            for turn, (part, said) in enumerate(zip(completion.turns, episode.texts, strict=True)):
+                yield _Row(part, said, reward if own is None else own[turn], parts, number, unit)
+                if own is not None:  # per-turn credit: each turn an advantage of its own
+                    unit += 1
+            if own is None:  # the episode's rows share one advantage
+                unit += 1
 
 
 def reward_components(parts: list[dict | None]) -> dict[str, torch.Tensor]:
@@ -64,35 +96,9 @@ def reward_components(parts: list[dict | None]) -> dict[str, torch.Tensor]:
     }
 
 
-def _turn_rows(groups: list[Group], max_new_tokens: int, version: int) -> RolloutBatch:
-    """Step-wise episodes (envs/stepwise.py): a row per turn, its prompt and sampled tokens as the engine
-    had them, the episode's reward and components on each; `episode_index` ties the rows of an episode."""
-    flat: list[Group] = []  # one single-row group per turn, so that the common path lays the rows out
-    owners: list[tuple[int, int]] = []  # (group, episode) of each row
-    episode = 0
-    for number, group in enumerate(groups):
-        for (completion, text), reward, parts in zip(group.completions, group.rewards, group.components):
-            turns = completion.turns or [completion]
-            texts = completion.episode.texts if completion.turns else [text]  # each turn's decoded text
-            own = _own_rewards(completion, reward)  # env.turn_rewards=turn: each row its turn's reward
-            for number_in_episode, (turn, said) in enumerate(zip(turns, texts, strict=True)):
-                value = reward if own is None else own[number_in_episode]
-                flat.append(Group(group.prompt_index, number, [(turn, said)], [value], 1, [parts]))
-                owners.append((number, episode))
-                episode += own is not None  # per-turn credit: every row an advantage of its own
-            episode += own is None
-    batch = assemble_batch(flat, max_new_tokens, version)
-    batch.group_index = torch.tensor([g for g, _ in owners], dtype=torch.long)
-    batch.episode_index = torch.tensor([e for _, e in owners], dtype=torch.long)
-    return batch
-
-
-def _own_rewards(completion, reward: float | None) -> list[float | None] | None:
-    """A step-wise episode's per-turn rewards when it trains each turn on its own (None: the episode's
-    reward for every row). A turn the environment never answered has no reward of its own: 0 where the cap
-    cut it, None (left out, as the episode's reward is) where the environment failed."""
-    episode = completion.episode
-    if not completion.turns or not getattr(episode, "per_turn", False):
-        return None
-    given = list(episode.turn_rewards)
+def _own_rewards(completion: Completion, reward: float | None) -> list[float | None]:
+    """A step-wise episode's reward for each turn, when it trains each turn on its own. A turn the
+    environment never answered has no reward of its own: 0 where the cap cut it, None (left out, as the
+    episode's reward is) where the environment failed."""
+    given = list(completion.episode.turn_rewards)
     return given + [None if reward is None else 0.0] * (len(completion.turns) - len(given))
