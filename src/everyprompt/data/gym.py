@@ -145,10 +145,9 @@ def make_items(
     """`count` rows of task `name` made with `config` from `seed`, none whose question is in `dealt`
     (those made are added to it); `read`: how the reward reads the model's answer."""
     datasets, _ = _registry()
-    dataset_cls = datasets[name][0]
-    settings = dataclasses.asdict(config)
-    made = dataclasses.replace(config, seed=seed, size=max(count, 1)) if "seed" in settings else config
-    dataset = dataset_cls(config=made)
+    made = dataclasses.replace(config, seed=seed, size=max(count, 1)) if hasattr(config, "seed") else config
+    dataset = datasets[name][0](config=made)
+    settings = _json_copy(dataclasses.asdict(made))  # what the reward rebuilds the task's scorer from
     rows: list[dict] = []
     index, limit = 0, 50 * count + 1000
     while len(rows) < count:
@@ -170,12 +169,7 @@ def make_items(
                 "answer": "" if item.get("answer") is None else str(item["answer"]),
                 "level": level,
                 "task": name,
-                "gym": {
-                    "task": name,
-                    "config": _json_copy(dataclasses.asdict(made)),
-                    "entry": entry,
-                    "read": read,
-                },
+                "gym": {"task": name, "config": settings, "entry": entry, "read": read},
             }
         )
     return rows
@@ -188,10 +182,13 @@ class GymRows:
         self.config = config
         self.tasks = config.data.reasoning_gym.tasks
         self.read = config.data.reasoning_gym.answer
-        for name, task in self.tasks.items():  # every name, setting and level checked before any work
-            task_config(name, task, task.level)
-            for level in self.training_levels(name):
-                task_config(name, task, level)
+        # every task's config at its held-out level and each training level: every name, setting and level
+        # checked here, before any work
+        self.configs = {
+            (name, level): task_config(name, task, level)
+            for name, task in self.tasks.items()
+            for level in {task.level, *self.training_levels(name)}
+        }
         self._dealt: set[str] = set()
         self._held_out: list[dict] | None = None
         self._train: list[dict] | None = None
@@ -224,10 +221,11 @@ class GymRows:
         if self._held_out is None:
             data, rows = self.config.data, []
             for name, count in self._shares(data.num_eval).items():
-                task = self.tasks[name]
-                config = task_config(name, task, task.level)
+                level = self.tasks[name].level
                 seed = _seed(data.split_seed, name, "held-out")
-                rows += make_items(name, config, seed, count, self._dealt, task.level, self.read)
+                rows += make_items(
+                    name, self.configs[name, level], seed, count, self._dealt, level, self.read
+                )
             self._held_out = rows
         return self._held_out
 
@@ -237,9 +235,10 @@ class GymRows:
             data, rows = self.config.data, []
             for name, count in self._shares(data.num_train).items():
                 for level in self.training_levels(name):
-                    config = task_config(name, self.tasks[name], level)
                     seed = _seed(data.split_seed, name, "train", level)
-                    rows += make_items(name, config, seed, count, self._dealt, level, self.read)
+                    rows += make_items(
+                        name, self.configs[name, level], seed, count, self._dealt, level, self.read
+                    )
             self._train = rows
         return self._train
 

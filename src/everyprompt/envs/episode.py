@@ -171,8 +171,9 @@ class Episodes:
             )
         return episodes
 
-    def start(self, row: dict) -> TokenEpisode:
-        """A new episode on data row `row` (EnvironmentSetupError if the environment cannot start from it)."""
+    def start(self, row: dict) -> TokenEpisode | StepwiseEpisode:
+        """A new episode on data row `row`, fed as one sequence or step-wise (`stepwise`);
+        EnvironmentSetupError if the environment cannot start from it."""
         env = make_environment(self.name, **self.options)
         kind = StepwiseEpisode if self.stepwise else TokenEpisode
         return kind(

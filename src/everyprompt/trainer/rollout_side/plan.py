@@ -16,7 +16,7 @@ from everyprompt.data.source import ALL, PromptSource, buckets_by_field, buckets
 
 def task_plan(config: Config, prompts: list[dict]) -> TaskMix | None:
     """The tasks' mix (and levels, with curriculum.levels) of reasoning-gym rows; None for other data."""
-    if config.data.task != GYM or config.data.train_file:
+    if config.data.task != GYM:  # (the config refuses data.train_file beside it)
         return None
     weights = {name: task.weight for name, task in config.data.reasoning_gym.tasks.items()}
     ladders: dict[str, set] = {name: set() for name in weights}

@@ -175,8 +175,9 @@ class RolloutSide:
                         step, len(tally.environment_errors), tally.environment_errors[0][1])  # fmt: skip
         batch = assemble_batch(finished + collection.groups, settings["max_new_tokens"], self.version)
         batch.teacher_keys = self._teacher_keys(batch.prompt_index)
+        outcomes = self._outcomes(finished + collection.all_groups)
         batch.stats = {
-            **self._record_pass_rates(finished + collection.all_groups, step),
+            **self._record_pass_rates(outcomes, step),
             **self._partial_stats(batch),
             **collection.metrics(),
             **self._reward_stats(batch, collection.generated),
@@ -184,7 +185,7 @@ class RolloutSide:
             "reward/errors": float(self.rewards.stats.errors - errors_before),
         }
         accuracy = batch.stats["reward/accuracy"]
-        rates = self._pass_rates(finished + collection.all_groups)
+        rates = [(index, correct / scored) for index, scored, correct, _ in outcomes]
         batch.stats.update(self.plan.observe(step, 0.0 if math.isnan(accuracy) else accuracy, rates))
         batch.timing = {
             "rollout_s": time.perf_counter() - started,
@@ -310,15 +311,17 @@ class RolloutSide:
         """The staged curriculum (None without `curriculum.stages`)."""
         return self.plan.curriculum
 
-    def _pass_rates(self, groups: list[Group]) -> list[tuple[int, float]]:
-        """(prompt index, share of its valid rewards counted correct) of each group with a valid reward."""
-        correct = self.config.zve.correct_reward
-        rates = []
+    def _outcomes(self, groups: list[Group]) -> list[tuple[int, int, int, float]]:
+        """(prompt index, valid rewards, those counted correct, mean completion length) of each finished
+        group with a valid reward (once: an in-flight group when its last sample finishes)."""
+        correct, out = self.config.zve.correct_reward, []
         for group in groups:
             valid = group.valid_rewards()
             if valid:
-                rates.append((group.prompt_index, sum(r >= correct for r in valid) / len(valid)))
-        return rates
+                lengths = [len(c.token_ids) for c, _ in group.completions]
+                out.append((group.prompt_index, len(valid), sum(r >= correct for r in valid),
+                            sum(lengths) / len(lengths)))  # fmt: skip
+        return out
 
     def _teacher_keys(self, prompt_index: list[int]) -> list[str | None] | None:
         """Each row's prompt's `rl.teacher.by` value, which picks its teacher (None: not several teachers)."""
@@ -333,18 +336,11 @@ class RolloutSide:
         value = self.prompts[index].get(self.config.curriculum.field)
         return None if value is None else str(value)
 
-    def _record_pass_rates(self, groups: list[Group], step: int) -> dict[str, float]:
-        """ZVE stage 4: every finished group updates its prompt's pass rate (once: an in-flight group when
-        its last sample finishes); retire / defer by the streak rules."""
+    def _record_pass_rates(self, outcomes: list[tuple[int, int, int, float]], step: int) -> dict[str, float]:
+        """ZVE stage 4: every finished group's outcome (`_outcomes`) updates its prompt's pass rate;
+        retire / defer by the streak rules."""
         zve = self.config.zve
-        visits = []
-        for group in groups:
-            valid = group.valid_rewards()
-            if valid:
-                lengths = [len(c.token_ids) for c, _ in group.completions]
-                prompt = self.prompts[group.prompt_index]["prompt"]
-                correct = sum(r >= zve.correct_reward for r in valid)
-                visits.append((prompt, len(valid), correct, sum(lengths) / len(lengths)))
+        visits = [(self.prompts[index]["prompt"], *rest) for index, *rest in outcomes]
         rules = zve.retirement
         if zve.enabled and rules.enabled:
             counts = self.store.record(visits, step, rules.retire_after, rules.defer_after, rules.defer_steps)
