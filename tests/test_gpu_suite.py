@@ -207,7 +207,7 @@ def test_trl_runs_on_the_device_the_recipe_trains_on(monkeypatch):
     import everyprompt.devices.placement as placement
     from everyprompt.config import load_config
 
-    rl = importlib.import_module("bench.throughput.rl")
+    rl = importlib.import_module("bench.trl_grpo")
     config = load_config(ROOT / "configs" / "smollm2.yaml", [])
     assert rl.trl_on_cpu(config) is (not torch.cuda.is_available())  # model.device=auto
     assert rl.trl_on_cpu(load_config(ROOT / "configs" / "smollm2.yaml", ["model.device=cpu"])) is True

@@ -52,6 +52,7 @@ class Comparison:
     steps: int | None = None  # its own RL steps a run (None: the setup's, times steps_factor)
     teacher: bool = False  # its arms name the set-up's teacher as {teacher} (bench/evidence/ trains it)
     judged_pairs: tuple[tuple[str, str], ...] = ()  # (arm, reference) judged beside `judged`, in its family
+    runner: str | None = None  # the module that runs its cells, where they are not everyprompt sweeps
 
     def judged_contrasts(self) -> list[tuple[str, str]]:
         """Every judged (arm, reference): each of `judged` against the baseline, then `judged_pairs`."""
@@ -198,4 +199,16 @@ COMPARISONS["c8"] = Comparison(
     (("fixed", "base"),),
     ("smollm2-gym",),
     judged_pairs=(("levels", "fixed"),),
+)
+# time to accuracy against TRL on the same card (docs/evidence.md, C7, registered 2026-11-28 before its
+# runs): TRL's GRPOTrainer, the smollm2 recipe and the GPU recipe, each trained for the same seconds of its
+# own clock; its cells run one at a time (bench/time_to_accuracy/), not as sweeps; one Holm family of two
+COMPARISONS["c7"] = Comparison(
+    "time to accuracy against TRL on the same card",
+    {"trl": [], "recipe": [], "gpu": []},
+    ("recipe", "gpu"),
+    (("gpu", "recipe"),),
+    ("smollm2",),
+    seeds=tuple(range(8)),
+    runner="bench.time_to_accuracy",
 )

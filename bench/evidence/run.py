@@ -183,6 +183,8 @@ def run(
     from everyprompt.sweep import SweepPlan, SweepRunner
 
     comparison, setup = COMPARISONS[name], SETUPS[setup_name]
+    if comparison.runner is not None:
+        raise SystemExit(f"{name}'s cells are not sweeps: `python -m {comparison.runner}` runs them")
     if setup_name not in comparison.setups:
         raise SystemExit(
             f"{name} is not run on {setup_name} (docs/evidence.md: {', '.join(comparison.setups)})"

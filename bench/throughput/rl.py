@@ -61,80 +61,26 @@ def everyprompt_steps(base: list[str], steps: int, run_dir: Path, config_path: P
     }
 
 
-def trl_on_cpu(config) -> bool:
-    """Whether TRL runs on the CPU: where the recipe's learner would (`model.device`; `auto` is the GPU
-    when there is one). A fixed `use_cpu=True` had TRL on the CPU beside everyprompt on a GPU."""
-    from everyprompt.devices.placement import resolve_device
-
-    return resolve_device(config.model.device).type == "cpu"
-
-
 def trl_steps(
     base: list[str], steps: int, run_dir: Path, config_path: Path | None = None, matched: bool = False
 ) -> dict:
-    """TRL's GRPOTrainer on the recipe. `matched`: its micro-batch is the recipe's `rl.micro_batch_size`
-    (gradient accumulation up to the mini-batch, as everyprompt's learner does); else one micro-batch
-    holds a whole mini-batch."""
+    """TRL's GRPOTrainer on the recipe (bench/trl_grpo.py). `matched`: its micro-batch is the recipe's
+    `rl.micro_batch_size` (gradient accumulation up to the mini-batch, as everyprompt's learner does);
+    else one micro-batch holds a whole mini-batch."""
     import torch
-    from datasets import Dataset
-    from transformers import PrinterCallback, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from transformers import TrainerCallback
 
+    from bench.trl_grpo import grpo_config, grpo_trainer, trl_dataset
     from everyprompt.config import load_config
-    from everyprompt.data.formatting import ChatFormat, prompt_format_of
     from everyprompt.models.io import load_model_and_tokenizer
     from everyprompt.pipeline import Run
-    from everyprompt.rewards import math_reward
 
     config = load_config(config_path, [*base, f"rl.steps={steps}"])
     model, tokenizer = load_model_and_tokenizer(config.model, config.seed)
-    rows = Run(config, None).rows.rl()
-    # the prompts as everyprompt's data format gives them: a chat model's as conversations, which TRL
-    # renders with the same chat template
-    chat = isinstance(prompt_format_of(config, tokenizer), ChatFormat)
-
-    def prompt(text: str):
-        if not chat:
-            return text
-        system = (
-            [{"role": "system", "content": config.data.system_prompt}] if config.data.system_prompt else []
-        )
-        return [*system, {"role": "user", "content": text}]
-
-    dataset = Dataset.from_list([{"prompt": prompt(r["prompt"]), "answer": r["answer"]} for r in rows])
-
-    def reward(prompts, completions, answer, **_):
-        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        return [0.0 if r is None else r for r in math_reward(texts, answer=answer)]
-
+    dataset = trl_dataset(config, tokenizer, Run(config, None).rows.rl())
     rl = config.rl
-    completions_per_step = rl.prompts_per_step * rl.group_size
-    mini_batch = completions_per_step // rl.mini_batches
-    micro = min(rl.micro_batch_size, mini_batch) if matched else mini_batch
-    args = GRPOConfig(
-        output_dir=str(run_dir),
-        per_device_train_batch_size=micro,
-        # one generation of the whole step, `mini_batches` optimizer steps over it: as ours
-        steps_per_generation=completions_per_step // micro,
-        gradient_accumulation_steps=mini_batch // micro,
-        num_generations=rl.group_size,
-        max_completion_length=config.rollout.max_new_tokens,
-        temperature=config.rollout.temperature,
-        learning_rate=rl.lr,
-        beta=0.0,
-        num_iterations=1,
-        loss_type="dapo",
-        max_steps=steps * rl.mini_batches,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=trl_on_cpu(config),  # TRL on the device the recipe trains on: the same card as ours
-        bf16=config.model.dtype == "bf16",  # autocast, as model.dtype=bf16 is
-        seed=config.seed,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
-        gradient_checkpointing=False,  # TRL's default recomputes activations; everyprompt's trainer does not
-    )
+    args = grpo_config(config, run_dir, steps * rl.mini_batches, matched)
+    micro = args.per_device_train_batch_size
 
     class Clock(TrainerCallback):
         def __init__(self):
@@ -154,15 +100,7 @@ def trl_steps(
         return out
 
     model.generate = timed_generate
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=reward,
-        args=args,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        callbacks=[clock],
-    )
-    trainer.remove_callback(PrinterCallback)  # its per-step dicts would bury the table
+    trainer = grpo_trainer(model, tokenizer, args, dataset, [clock])
     torch.manual_seed(config.seed)
     started = time.perf_counter()
     trainer.train()

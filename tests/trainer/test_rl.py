@@ -347,3 +347,40 @@ def test_a_step_with_signal_updates_and_ticks_the_schedule(tmp_path):
     assert trainer.learner.scheduler.last_epoch == 1 and trainer.learner.optimizer.state
     line = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
     assert line["actor/no_signal_update"] == 0.0 and "loss/policy" in line
+
+
+def test_a_hook_sees_every_step_and_ends_the_run_where_it_says(tmp_path):
+    """`train(hooks=...)`: told once before the first step, after each step with its metrics, and a True
+    from any hook ends the run after that step, its final checkpoint written as at `rl.steps`; the steps
+    before are those of a run without hooks."""
+    from tests.conftest import computed_figures
+
+    class Stop:
+        def __init__(self, at: int):
+            self.at, self.begun, self.seen = at, [], []
+
+        def on_train_begin(self, trainer):
+            self.begun.append(trainer.step)
+
+        def after_step(self, trainer, metrics):
+            self.seen.append((trainer.step, "time/step_s" in metrics))
+            return trainer.step == self.at
+
+    stopper, watcher = Stop(2), Stop(-1)
+    run = Run(tiny_config("rl.steps=5", "checkpoint.every=0"), tmp_path / "hooked")
+    trainer = run.trainer()
+    try:
+        history = trainer.train(hooks=[watcher, stopper])
+    finally:
+        trainer.close()
+    assert trainer.step == 2 and len(history) == 2
+    assert stopper.begun == watcher.begun == [0]
+    assert stopper.seen == watcher.seen == [(1, True), (2, True)]
+    assert resolve_checkpoint(tmp_path / "hooked").name == "step_2"
+
+    plain = Run(tiny_config("rl.steps=2", "checkpoint.every=0"), tmp_path / "plain").trainer()
+    try:
+        plain.train()
+    finally:
+        plain.close()
+    assert computed_figures(tmp_path / "hooked") == computed_figures(tmp_path / "plain")

@@ -2,7 +2,7 @@
 
 from everyprompt.trainer.checkpoint import CheckpointError, save_checkpoint
 from everyprompt.trainer.learner_side.learner import Learner
-from everyprompt.trainer.loop import RLTrainer
+from everyprompt.trainer.loop import RLTrainer, StepHook
 from everyprompt.trainer.rollout_side import RolloutSide
 from everyprompt.trainer.sft import run_sft
 
@@ -11,6 +11,7 @@ __all__ = [
     "Learner",
     "RLTrainer",
     "RolloutSide",
+    "StepHook",
     "run_sft",
     "save_checkpoint",
 ]

@@ -25,7 +25,9 @@ import logging
 import random
 import signal
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -50,6 +52,17 @@ from everyprompt.trainer.parity import check_parity
 from everyprompt.trainer.rollout_side import RolloutSide
 
 log = logging.getLogger(__name__)
+
+
+class StepHook(Protocol):
+    """Told of the run's steps (`RLTrainer.train(hooks=...)`), in this process, between steps."""
+
+    def on_train_begin(self, trainer: RLTrainer) -> None:
+        """The pipeline is up; the first step starts next (a resumed run: the first step after resuming)."""
+
+    def after_step(self, trainer: RLTrainer, metrics: dict[str, float]) -> bool:
+        """Step `trainer.step` is done, logged and checkpointed; True ends the run here (its final checkpoint
+        is written as at `rl.steps`)."""
 
 
 class RLTrainer:
@@ -248,9 +261,11 @@ class RLTrainer:
         budget = self.rl.max_rollouts
         return self.step >= self.rl.steps or (budget is not None and self.rollouts_total >= budget)
 
-    def train(self, evaluate_fn=None) -> list[dict[str, float]]:
+    def train(self, evaluate_fn=None, hooks: Sequence[StepHook] = ()) -> list[dict[str, float]]:
         """Run until finished; checkpoint every `checkpoint.every` steps and at the end. SIGINT / SIGTERM
-        end the current step, write a checkpoint and raise StopRequested (exit 130 / 143)."""
+        end the current step, write a checkpoint and raise StopRequested (exit 130 / 143). `hooks`: each is
+        told when the first step starts and after every step (its metrics logged, its checkpoint written),
+        and may end the run there, as `rl.steps` would (a wall-clock budget, snapshots: `StepHook`)."""
         if self.config.rollout.parity_threshold > 0:
             self.startup_metrics.update(
                 check_parity(
@@ -278,13 +293,15 @@ class RLTrainer:
         split = bool(self.rl.max_staleness) and self._in_process and not self.config.threads
         try:
             with threads_per_side(split):
-                self._run(logger, evaluate_fn, history)
+                self._run(logger, evaluate_fn, history, hooks)
         finally:
             logger.close()
         return history
 
-    def _run(self, logger: MetricsLogger, evaluate_fn, history: list) -> None:
+    def _run(self, logger: MetricsLogger, evaluate_fn, history: list, hooks: Sequence[StepHook]) -> None:
         self._start_pipeline()
+        for hook in hooks:
+            hook.on_train_begin(self)
         with GracefulStop() as stop:
             while not self.finished:
                 history.append(self._step(logger, evaluate_fn))
@@ -292,6 +309,9 @@ class RLTrainer:
                     self.save()
                 if stop.signum is not None:
                     self._stop(stop.signum)
+                ended = [hook.after_step(self, history[-1]) for hook in hooks]  # every hook sees the step
+                if any(ended):
+                    break
                 self._publish()
             if not self.layout.step_checkpoint(self.step).is_dir():
                 self.save()

@@ -1,0 +1,173 @@
+"""C7, time to accuracy against TRL on the same card (docs/evidence.md): the cells (arm, seed) not recorded,
+one at a time, every arm of a seed before the next seed, in an order that turns with the seed.
+
+    python -m bench.time_to_accuracy                 # every pre-registered seed's missing cells (a GPU)
+    python -m bench.time_to_accuracy --seeds 0       # one seed: its three arms, about 12 minutes on an H200
+    python -m bench.time_to_accuracy --smoke         # a tiny model on the CPU in about a minute (its own file)
+    python -m bench.evidence --summary               # the contrasts and verdicts so far
+
+Each finished cell is recorded at once in bench/results/evidence.json (`--merge` adds another copy's). A
+seed's arms must share one card: a seed some of whose arms were recorded on another machine is run whole
+here, the earlier records kept under `superseded`."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import sys
+import tempfile
+from pathlib import Path
+
+from bench.common import RESULTS, repo_override, repo_path, run_probe
+from bench.evidence.plan import COMPARISONS
+from bench.evidence.store import load, save
+from bench.time_to_accuracy import MARKS_S
+from bench.time_to_accuracy.arms import ARMS
+
+NAME, SETUP = "c7", "smollm2"
+MODEL = Path("models") / "smollm2-135m-instruct"
+# --smoke: a 2-layer chat model made on the spot, on the CPU, for 2 seconds of each clock
+SMOKE_MARKS = (1.0, 2.0)
+SMOKE = [
+    "model.dtype=fp32",
+    "model.device=cpu",
+    "rollout.device=cpu",
+    "data.num_train=16",
+    "data.num_eval=6",
+    "rl.prompts_per_step=2",
+    "rl.group_size=2",
+    "rl.micro_batch_size=4",
+    "rl.warmup_steps=1",
+    "rollout.max_new_tokens=8",
+    "malloc=glibc",
+]
+
+
+def order_of(seed: int) -> list[str]:
+    """The arms of `seed` in the order they run: turned by one for each seed, so that no arm always runs
+    first on a fresh machine."""
+    arms = list(ARMS)
+    turn = seed % len(arms)
+    return arms[turn:] + arms[:turn]
+
+
+@contextlib.contextmanager
+def the_card():
+    """Held while a cell runs: a second call on this machine waits rather than share the card's time."""
+    with open(Path(tempfile.gettempdir()) / "everyprompt-c7-card.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def cell_environment(arm: str, overrides: list[str]) -> dict | None:
+    """everyprompt's process on the allocator its config names, as the everyprompt command starts it;
+    TRL's on glibc's, as it ships."""
+    from everyprompt.config import load_config
+    from everyprompt.devices.malloc import preloaded_environment, wanted_malloc
+
+    if ARMS[arm].trainer == "trl":
+        return None
+    return preloaded_environment(wanted_malloc(load_config(ARMS[arm].config, overrides).malloc))
+
+
+def smoke_model(work: Path) -> Path:
+    """A 2-layer chat model (tiny-chat-moe) saved once: every arm of the smoke starts from it."""
+    from everyprompt.config import load_config
+    from everyprompt.models.io import load_model_and_tokenizer, save_pretrained
+
+    directory = work / "start"
+    if not (directory / "config.json").is_file():
+        config = load_config(
+            None,
+            [
+                "model.preset=tiny-chat-moe",
+                "model.hidden_size=32",
+                "model.num_layers=2",
+                "model.num_experts=4",
+                "model.moe_intermediate_size=32",
+                "model.num_heads=2",
+                "model.num_kv_heads=1",
+            ],  # fmt: skip
+        )
+        model, tokenizer = load_model_and_tokenizer(config.model, seed=0)
+        save_pretrained(model, tokenizer, directory)
+    return directory
+
+
+def supersede(body: dict, seed: int, here: str) -> None:
+    """A seed whose recorded arms are not all in and ran elsewhere is run whole on this machine: its
+    records move to `superseded`."""
+    runs = {arm: [r for r in body["arms"][arm]["runs"] if r["seed"] == seed] for arm in ARMS}
+    recorded = [r for rs in runs.values() for r in rs]
+    if recorded and len(recorded) < len(ARMS) and any(r["machine"] != here for r in recorded):
+        for arm in ARMS:
+            body["arms"][arm]["runs"] = [r for r in body["arms"][arm]["runs"] if r["seed"] != seed]
+        body.setdefault("superseded", []).extend(recorded)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seeds", type=int, nargs="+", help="default: the pre-registered seeds")
+    parser.add_argument("--arms", nargs="+", choices=list(ARMS), help="default: every arm")
+    parser.add_argument("--smoke", action="store_true", help="a tiny model on the CPU (evidence_smoke.json)")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    comparison = COMPARISONS[NAME]
+    seeds = args.seeds or list(comparison.seeds_on(SETUP))
+    work = args.out / "evidence_runs" / ("c7-smoke" if args.smoke else "c7")
+    if args.smoke:
+        overrides, marks = [f"model.path={smoke_model(work)}", *SMOKE], list(SMOKE_MARKS)
+    else:
+        if not MODEL.exists():
+            parser.error(f"{MODEL} is missing: `make smollm2` first")
+        overrides, marks = [], list(MARKS_S)
+    path = args.out / ("evidence_smoke.json" if args.smoke else "evidence.json")
+    payload = load(path)
+    entry = payload["comparisons"].setdefault(NAME, {"title": comparison.title, "setups": {}})
+    body = entry["setups"].setdefault(SETUP, {"arms": {}})
+    body.update(
+        fixed=[repo_override(o) for o in overrides],
+        marks_s=marks,
+        seeds=list(comparison.seeds_on(SETUP)),
+    )
+    for arm, spec in ARMS.items():
+        body["arms"].setdefault(arm, {"overrides": [], "runs": []})["config"] = repo_path(spec.config)
+    here = run_probe(Path(__file__).with_name("cell.py"), "--probe", ["machine"])["machine"]
+    if "start" not in body:
+        body["start"] = run_probe(Path(__file__).with_name("cell.py"), "--probe",
+                                  ["start", overrides, str(work / "start-eval")])  # fmt: skip
+    for seed in seeds:
+        supersede(body, seed, here)
+        for arm in order_of(seed):
+            if (args.arms and arm not in args.arms) or any(
+                r["seed"] == seed for r in body["arms"][arm]["runs"]
+            ):
+                continue
+            print(f"c7: {arm}, seed {seed}: {marks[-1]:g} s of training ...", flush=True)
+            with the_card():
+                record = run_probe(
+                    Path(__file__).with_name("cell.py"),
+                    "--probe",
+                    ["cell", arm, seed, overrides, marks, str(work / f"{arm}-seed{seed}")],
+                    env=cell_environment(arm, overrides),
+                )
+            body["arms"][arm]["runs"] = sorted([*body["arms"][arm]["runs"], record], key=lambda r: r["seed"])
+            payload = save(path, payload, args.smoke, NAME, SETUP)
+            print(
+                f"  held-out greedy {record['greedy_accuracy']:.1%} after {record['rl_steps']} steps "
+                f"({record['train_seconds']:.0f} s of training, {record['seconds']:.0f} s in all)",
+                flush=True,
+            )
+    payload = save(path, payload, args.smoke, NAME, SETUP)
+    print(f"wrote {repo_path(path)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""C7's arms, each trained for the same seconds of its training clock (clock.py) from its first step, with
+snapshots of the policy at the marks: everyprompt through `RLTrainer.train(hooks=...)`, TRL's
+GRPOTrainer (bench/trl_grpo.py) through a callback, on the same prompts in the same order."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.common import ROOT
+from bench.time_to_accuracy.clock import Snapshots, TrainingClock
+
+RECIPE = ROOT / "configs" / "smollm2.yaml"
+GPU_RECIPE = ROOT / "configs" / "smollm2-gpu.yaml"
+# the most steps a run may take: its clock reaches the budget long before (a run that gets here fails)
+MAX_STEPS = 2000
+
+
+@dataclass(frozen=True)
+class Arm:
+    trainer: str  # "everyprompt" or "trl"
+    config: Path  # the recipe it trains with (TRL: the settings it is given)
+
+
+ARMS = {
+    "trl": Arm("trl", RECIPE),
+    "recipe": Arm("everyprompt", RECIPE),
+    "gpu": Arm("everyprompt", GPU_RECIPE),
+}
+
+
+def plan_order(config, rows: list[dict], steps: int) -> list[dict]:
+    """The rows everyprompt's prompt plan draws in its first `steps` steps, in order, one per prompt (its
+    groups are `rl.group_size` samples of each): TRL is given them in this order, unshuffled."""
+    from everyprompt.trainer.rollout_side.plan import PromptPlan
+
+    plan = PromptPlan(config, rows, lambda _prompt: None)
+    return [rows[i] for _ in range(steps) for i in plan.take(config.rl.prompts_per_step, None)]
+
+
+class BudgetHook:
+    """everyprompt's side of the clock (trainer.StepHook): starts it before the first step, snapshots the
+    policy at the marks and ends the run at the budget."""
+
+    def __init__(self, snapshots: Snapshots):
+        self.snapshots = snapshots
+
+    def on_train_begin(self, trainer) -> None:
+        from everyprompt.models.io import save_pretrained
+
+        self.snapshots.save = lambda directory: save_pretrained(trainer.model, trainer.tokenizer, directory)
+        self.snapshots.clock.start()
+
+    def after_step(self, trainer, metrics: dict) -> bool:
+        return self.snapshots.after_step(trainer.step)
+
+
+def train_everyprompt(config, out: Path, marks: list[float]) -> dict:
+    """One everyprompt run of `config` until its clock reaches the last of `marks`."""
+    from everyprompt.pipeline import Run
+
+    snapshots = Snapshots(TrainingClock(), marks, out / "snapshots", save=None)  # the hook's, once it starts
+    run = Run(config, out / "run")
+    trainer = run.trainer()
+    try:
+        hook = BudgetHook(snapshots)
+        history = trainer.train(hooks=[hook])
+        device = str(next(trainer.learner.model.parameters()).device)
+    finally:
+        trainer.close()
+    return {
+        "snapshots": snapshots.taken,
+        "rl_steps": trainer.step,
+        "train_seconds": snapshots.clock.elapsed(),
+        "step_s_median": statistics.median(m["time/step_s"] for m in history),
+        "device": device,
+    }
+
+
+def train_trl(config, out: Path, marks: list[float]) -> dict:
+    """TRL's GRPOTrainer on `config`'s settings until its clock reaches the last of `marks`: the prompts in
+    everyprompt's order, everyprompt's AdamW and learning-rate schedule (the same betas, warm-up and
+    constant rate), the math reward as a plain reward function."""
+    import torch
+    from transformers import TrainerCallback
+
+    from bench.trl_grpo import grpo_config, grpo_trainer, trl_dataset, trl_on_cpu
+    from everyprompt.models.io import load_model_and_tokenizer, save_pretrained
+    from everyprompt.pipeline import Run
+    from everyprompt.trainer.learner_side.optim import build_optimizer, build_scheduler
+
+    rl = config.rl
+    model, tokenizer = load_model_and_tokenizer(config.model, config.seed)
+    if not trl_on_cpu(config):  # on its card before the optimizer sees it (fused AdamW, as ours there)
+        model.to(torch.device("cuda", torch.cuda.current_device()))
+    rows = plan_order(config, Run(config, None).rows.rl(), MAX_STEPS)
+    dataset = trl_dataset(config, tokenizer, rows)
+    args = grpo_config(config, out / "run", MAX_STEPS * rl.mini_batches, matched=True, shuffle=False)
+    optimizer = build_optimizer(model, rl.lr, rl.weight_decay)
+    scheduler = build_scheduler(optimizer, rl.warmup_steps, rl.steps, rl.lr_schedule)
+    clock = TrainingClock()
+    per = rl.mini_batches  # TRL's optimizer steps in one everyprompt step (one generation)
+    steps_ended: list[float] = []
+
+    class Budget(TrainerCallback):
+        def __init__(self):
+            self.snapshots = Snapshots(clock, marks, out / "snapshots", save=self.save)
+            self.trainer = None
+
+        def save(self, directory: Path) -> None:
+            save_pretrained(self.trainer.accelerator.unwrap_model(self.trainer.model), tokenizer, directory)
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            clock.start()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step % per == 0:  # a whole generation's updates done
+                steps_ended.append(clock.elapsed())
+                if self.snapshots.after_step(state.global_step // per):
+                    control.should_training_stop = True
+
+    budget = Budget()
+    trainer = grpo_trainer(model, tokenizer, args, dataset, [budget], (optimizer, scheduler))
+    budget.trainer = trainer
+    torch.manual_seed(config.seed)
+    trainer.train()
+    step_s = [b - a for a, b in zip([0.0, *steps_ended], steps_ended, strict=False)]
+    return {
+        "snapshots": budget.snapshots.taken,
+        "rl_steps": trainer.state.global_step // per,
+        "train_seconds": clock.elapsed(),
+        "step_s_median": statistics.median(step_s),
+        "device": str(trainer.model.device),
+    }
+
+
+TRAINERS = {"everyprompt": train_everyprompt, "trl": train_trl}
