@@ -14,6 +14,9 @@
 #                                   `python -m bench.evidence ARGS` (pre-registered SmolLM2 runs, docs/evidence.md)
 #                                   until the call's time is spent; OUT/evidence.json is the file with the
 #                                   runs that finished recorded (copy it over bench/results/evidence.json)
+#   bench/gpu_suite.sh --c7 "ARGS"  the same for `python -m bench.time_to_accuracy ARGS` (C7: each cell alone on
+#                                   the card; no cell is started that the call's time cannot finish); a
+#                                   second call on the warm machine goes on from the first's records
 #
 # Steps, each with its own time limit inside the suite's deadline, each logged to OUT/<step>.log, its exit
 # status to OUT/steps.txt; a step that fails does not stop the others, and the suite's exit status is the
@@ -46,10 +49,11 @@ while [ $# -gt 0 ]; do
     --stage) MODE=stage ;;
     --receive) MODE=receive ;;
     --out) RESULTS="$2"; shift ;;
-    --evidence) MODE=evidence; EVIDENCE_ARGS="$2"; shift ;;
+    --evidence) MODE=evidence; EVIDENCE=(bench.evidence); EVIDENCE_ARGS="$2"; shift ;;
+    --c7) MODE=evidence; EVIDENCE=(bench.time_to_accuracy --time-left); EVIDENCE_ARGS="$2"; shift ;;
     --only) ONLY=",$2,"; shift ;;
     --dry-run) DRY=1 ;;
-    *) echo "gpu_suite: unknown argument $1 (--smoke, --stage, --receive, --evidence ARGS, --only STEPS," \
+    *) echo "gpu_suite: unknown argument $1 (--smoke, --stage, --receive, --evidence ARGS, --c7 ARGS, --only STEPS," \
          "--dry-run, --out DIR)" >&2
        exit 2 ;;
   esac
@@ -208,10 +212,20 @@ if [ "$MODE" = evidence ]; then
   # evidence file; the folder stays while the machine is warm, so a later call reuses the teacher and the
   # same command continues stopped cells (once the machine is given back they are lost). Its files are
   # copied into $RESULTS.
+  # An earlier call's file on this warm machine is kept, the carried one's runs merged into it.
   work=bench/results/gpu-evidence
-  mkdir -p "$work" && cp bench/results/evidence.json "$work/evidence.json"
+  if [ "$DRY" = 1 ]; then
+    :
+  elif [ -f "$work/evidence.json" ]; then
+    "$PY" -m bench.evidence --out "$work" --merge bench/results/evidence.json || FAILED=$((FAILED + 1))
+  else
+    mkdir -p "$work" && cp bench/results/evidence.json "$work/evidence.json"
+  fi
+  limit=$((BUDGET_S - SECONDS - 5))
+  # C7's runner is told the time it has (--time-left), the evidence bench is stopped at it
+  [ "${EVIDENCE[1]:-}" = --time-left ] && EVIDENCE+=("$((limit - 15))")
   # shellcheck disable=SC2086
-  step evidence $((BUDGET_S - SECONDS - 5)) "$PY" -m bench.evidence $EVIDENCE_ARGS --out "$work"
+  step evidence "$limit" "$PY" -m "${EVIDENCE[@]}" $EVIDENCE_ARGS --out "$work"
   cp "$work"/evidence*.json "$RESULTS/"
   finish "evidence in $RESULTS/evidence.json ($SECONDS s)"
 fi

@@ -255,3 +255,21 @@ def test_the_full_suite_refuses_a_machine_whose_python_sees_no_gpu(tmp_path):
     )
     assert done.returncode == 2 and "sees no CUDA device" in done.stderr
     assert not (tmp_path / "steps.txt").read_text().strip()
+
+
+def test_the_c7_mode_tells_its_runner_the_calls_time(tmp_path):
+    """`--c7 ARGS` runs C7's own runner (not the evidence bench's sweeps) with the time the call has left,
+    so that it starts no cell the call cannot finish; a dry run writes nothing into the checkout."""
+    work = ROOT / "bench" / "results" / "gpu-evidence"
+    existed = work.exists()
+    done = subprocess.run(
+        ["bash", "bench/gpu_suite.sh", "--smoke", "--dry-run", "--c7", "--smoke --seeds 0", "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("evidence:")]
+    words = line.split()
+    assert words[words.index("-m") + 1 : words.index("-m") + 3] == ["bench.time_to_accuracy", "--time-left"]
+    assert 200 < int(words[words.index("--time-left") + 1]) < 300  # the smoke's 300 s, less what went
+    assert "--smoke --seeds 0" in line
+    assert work.exists() == existed

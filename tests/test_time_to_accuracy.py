@@ -95,7 +95,7 @@ def test_the_evidence_bench_hands_c7_to_its_own_runner(tmp_path):
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the card's lock and the probes are Linux's")
-def test_the_smoke_form_runs_every_arm_for_its_budget_and_records_them(tmp_path):
+def test_the_smoke_form_runs_every_arm_for_its_budget_and_records_them(tmp_path, capsys):
     """`--smoke --seeds 0`: a 2-layer chat model on the CPU, 2 s of each arm's clock: every arm recorded
     with a snapshot at each mark, the clock past the budget, each snapshot's evaluation written and its
     weights gone, TRL on TRL's trainer (its own output directory), and the contrasts computed."""
@@ -122,3 +122,11 @@ def test_the_smoke_form_runs_every_arm_for_its_budget_and_records_them(tmp_path)
     contrasts = {(c["arm"], c["reference"]): c for c in body["contrasts"]}
     assert set(contrasts) == {("recipe", "trl"), ("gpu", "trl"), ("gpu", "recipe")}
     assert contrasts[("recipe", "trl")]["seeds"] == [0]
+
+    # a call with less time than a cell takes starts none, and says so
+    assert main(["--smoke", "--seeds", "1", "--time-left", "5", "--out", str(tmp_path)]) == 0
+    assert "stopping here" in capsys.readouterr().out
+    body = json.loads((tmp_path / "evidence_smoke.json").read_text())["comparisons"]["c7"]["setups"][
+        "smollm2"
+    ]
+    assert all([r["seed"] for r in body["arms"][arm]["runs"]] == [0] for arm in ("trl", "recipe", "gpu"))

@@ -17,6 +17,7 @@ import contextlib
 import fcntl
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from bench.common import RESULTS, repo_override, repo_path, run_probe
@@ -98,6 +99,22 @@ def smoke_model(work: Path) -> Path:
     return directory
 
 
+def expected_cell_s(marks: list[float]) -> float:
+    """A cell's seconds before one has run here: its budget, a third more for steps that overrun the last
+    mark and for the snapshots, and a minute to load and evaluate."""
+    return marks[-1] * 4 / 3 + 60
+
+
+def pending(body: dict, seeds: list[int], arms: list[str], here: str):
+    """The (seed, arm) cells to run, seed by seed in each seed's order; a seed begun on another machine
+    is run whole here (`supersede`)."""
+    for seed in seeds:
+        supersede(body, seed, here)
+        for arm in order_of(seed):
+            if arm in arms and not any(r["seed"] == seed for r in body["arms"][arm]["runs"]):
+                yield seed, arm
+
+
 def supersede(body: dict, seed: int, here: str) -> None:
     """A seed whose recorded arms are not all in and ran elsewhere is run whole on this machine: its
     records move to `superseded`."""
@@ -117,7 +134,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arms", nargs="+", choices=list(ARMS), help="default: every arm")
     parser.add_argument("--smoke", action="store_true", help="a tiny model on the CPU (evidence_smoke.json)")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--time-left",
+        type=float,
+        metavar="S",
+        help="start no cell that would end more than S seconds after the call began (a lent GPU's call)",
+    )
     args = parser.parse_args(argv)
+    began = time.monotonic()
     comparison = COMPARISONS[NAME]
     seeds = args.seeds or list(comparison.seeds_on(SETUP))
     work = args.out / "evidence_runs" / ("c7-smoke" if args.smoke else "c7")
@@ -142,28 +166,29 @@ def main(argv: list[str] | None = None) -> int:
     if "start" not in body:
         body["start"] = run_probe(Path(__file__).with_name("cell.py"), "--probe",
                                   ["start", overrides, str(work / "start-eval")])  # fmt: skip
-    for seed in seeds:
-        supersede(body, seed, here)
-        for arm in order_of(seed):
-            if (args.arms and arm not in args.arms) or any(
-                r["seed"] == seed for r in body["arms"][arm]["runs"]
-            ):
-                continue
-            print(f"c7: {arm}, seed {seed}: {marks[-1]:g} s of training ...", flush=True)
-            with the_card():
-                record = run_probe(
-                    Path(__file__).with_name("cell.py"),
-                    "--probe",
-                    ["cell", arm, seed, overrides, marks, str(work / f"{arm}-seed{seed}")],
-                    env=cell_environment(arm, overrides),
-                )
-            body["arms"][arm]["runs"] = sorted([*body["arms"][arm]["runs"], record], key=lambda r: r["seed"])
-            payload = save(path, payload, args.smoke, NAME, SETUP)
-            print(
-                f"  held-out greedy {record['greedy_accuracy']:.1%} after {record['rl_steps']} steps "
-                f"({record['train_seconds']:.0f} s of training, {record['seconds']:.0f} s in all)",
-                flush=True,
+    cell_s = expected_cell_s(marks)
+    for seed, arm in pending(body, seeds, args.arms or list(ARMS), here):
+        left = None if args.time_left is None else args.time_left - (time.monotonic() - began)
+        if left is not None and left < cell_s:
+            print(f"c7: {left:.0f} s left, a cell takes about {cell_s:.0f} s: stopping here (the same command "
+                  "goes on from the records)")  # fmt: skip
+            break
+        print(f"c7: {arm}, seed {seed}: {marks[-1]:g} s of training ...", flush=True)
+        with the_card():
+            record = run_probe(
+                Path(__file__).with_name("cell.py"),
+                "--probe",
+                ["cell", arm, seed, overrides, marks, str(work / f"{arm}-seed{seed}")],
+                env=cell_environment(arm, overrides),
             )
+        cell_s = max(cell_s, record["seconds"] + 15)  # and its process's start
+        body["arms"][arm]["runs"] = sorted([*body["arms"][arm]["runs"], record], key=lambda r: r["seed"])
+        payload = save(path, payload, args.smoke, NAME, SETUP)
+        print(
+            f"  held-out greedy {record['greedy_accuracy']:.1%} after {record['rl_steps']} steps "
+            f"({record['train_seconds']:.0f} s of training, {record['seconds']:.0f} s in all)",
+            flush=True,
+        )
     payload = save(path, payload, args.smoke, NAME, SETUP)
     print(f"wrote {repo_path(path)}")
     return 0
