@@ -67,7 +67,7 @@ def test_trl_is_given_the_prompts_everyprompt_draws_in_its_order(tmp_path):
         trainer.train()
     finally:
         trainer.close()
-    rows = Run(config, None).rows.rl()
+    rows = Run(config, tmp_path / "rows").rows.rl()
     expected = [rows[i]["prompt"] for step in drawn for i in step]
     assert len(drawn) == 3 and len(expected) == 3 * config.rl.prompts_per_step
     assert [r["prompt"] for r in plan_order(config, rows, 3)] == expected
@@ -100,7 +100,9 @@ def test_the_smoke_form_runs_every_arm_for_its_budget_and_records_them(tmp_path,
     with a snapshot at each mark, the clock past the budget, each snapshot's evaluation written and its
     weights gone, TRL on TRL's trainer (its own output directory), and the contrasts computed."""
     pytest.importorskip("trl")
+    from bench.common import ROOT
     from bench.time_to_accuracy.__main__ import main
+    from bench.time_to_accuracy.cell import git_blob
 
     assert main(["--smoke", "--seeds", "0", "--out", str(tmp_path)]) == 0
     payload = json.loads((tmp_path / "evidence_smoke.json").read_text())
@@ -113,6 +115,9 @@ def test_the_smoke_form_runs_every_arm_for_its_budget_and_records_them(tmp_path,
         assert set(run["greedy_accuracy_by_seconds"]) == set(run["steps_by_seconds"]) == {"1", "2"}
         assert run["greedy_accuracy"] == run["greedy_accuracy_by_seconds"]["2"]
         assert run["steps_by_seconds"]["2"] == run["rl_steps"]
+        assert run["config_blob"] == git_blob(
+            ROOT / "configs" / ("smollm2-gpu.yaml" if arm == "gpu" else "smollm2.yaml")
+        )
         cell = tmp_path / "evidence_runs" / "c7-smoke" / f"{arm}-seed0"
         for snapshot in (cell / "snapshots").iterdir():
             assert sorted(p.name for p in snapshot.iterdir()) == ["eval"]  # the weights are gone

@@ -77,7 +77,7 @@ def trl_steps(
 
     config = load_config(config_path, [*base, f"rl.steps={steps}"])
     model, tokenizer = load_model_and_tokenizer(config.model, config.seed)
-    dataset = trl_dataset(config, tokenizer, Run(config, None).rows.rl())
+    dataset = trl_dataset(config, tokenizer, Run(config, run_dir / "prompts").rows.rl())
     rl = config.rl
     args = grpo_config(config, run_dir, steps * rl.mini_batches, matched)
     micro = args.per_device_train_batch_size

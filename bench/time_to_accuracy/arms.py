@@ -94,7 +94,7 @@ def train_trl(config, out: Path, marks: list[float]) -> dict:
     model, tokenizer = load_model_and_tokenizer(config.model, config.seed)
     if not trl_on_cpu(config):  # on its card before the optimizer sees it (fused AdamW, as ours there)
         model.to(torch.device("cuda", torch.cuda.current_device()))
-    rows = plan_order(config, Run(config, None).rows.rl(), MAX_STEPS)
+    rows = plan_order(config, Run(config, out / "prompts").rows.rl(), MAX_STEPS)  # (Run: a folder of its own)
     dataset = trl_dataset(config, tokenizer, rows)
     args = grpo_config(config, out / "run", MAX_STEPS * rl.mini_batches, matched=True, shuffle=False)
     optimizer = build_optimizer(model, rl.lr, rl.weight_decay)

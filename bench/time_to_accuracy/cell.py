@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import json
 import platform
 import shutil
@@ -30,6 +31,12 @@ def machine_id() -> str:
     from everyprompt.run.machine import cpu_model
 
     return f"cpu {cpu_model()} on {platform.node()}"
+
+
+def git_blob(path: Path) -> str:
+    """The file's git blob id (`git hash-object`): which version of a recipe a record ran."""
+    data = path.read_bytes()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
 def arm_overrides(arm: str, overrides: list[str]) -> list[str]:
@@ -81,6 +88,7 @@ def run_cell(arm: str, seed: int, overrides: list[str], marks: list[float], out:
         "step_s_median": trained["step_s_median"],
         "device": trained["device"],
         "machine": machine_id(),
+        "config_blob": git_blob(ARMS[arm].config),
         "seconds": time.perf_counter() - started,
         "run_dir": repo_path(out),
     }
