@@ -38,13 +38,16 @@ METHODS: dict[str, list[str]] = {
     "ESPO": ["rl.loss=espo"],
 }
 
-TINY = [
+TINY_MODEL = [  # a 2-layer MoE of 4 experts, hidden size 32
     "model.hidden_size=32",
     "model.num_layers=2",
     "model.num_experts=4",
     "model.moe_intermediate_size=32",
     "model.num_heads=2",
     "model.num_kv_heads=1",
+]
+TINY = [
+    *TINY_MODEL,
     "data.num_train=64",
     "data.num_eval=10",
     "sft.steps=4",

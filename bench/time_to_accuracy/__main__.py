@@ -77,23 +77,13 @@ def cell_environment(arm: str, overrides: list[str]) -> dict | None:
 
 def smoke_model(work: Path) -> Path:
     """A 2-layer chat model (tiny-chat-moe) saved once: every arm of the smoke starts from it."""
+    from bench.algorithms import TINY_MODEL
     from everyprompt.config import load_config
     from everyprompt.models.io import load_model_and_tokenizer, save_pretrained
 
     directory = work / "start"
     if not (directory / "config.json").is_file():
-        config = load_config(
-            None,
-            [
-                "model.preset=tiny-chat-moe",
-                "model.hidden_size=32",
-                "model.num_layers=2",
-                "model.num_experts=4",
-                "model.moe_intermediate_size=32",
-                "model.num_heads=2",
-                "model.num_kv_heads=1",
-            ],  # fmt: skip
-        )
+        config = load_config(None, ["model.preset=tiny-chat-moe", *TINY_MODEL])
         model, tokenizer = load_model_and_tokenizer(config.model, seed=0)
         save_pretrained(model, tokenizer, directory)
     return directory
