@@ -200,6 +200,18 @@ COMPARISONS["c8"] = Comparison(
     ("smollm2-gym",),
     judged_pairs=(("levels", "fixed"),),
 )
+# C8's recipe for twice the steps (docs/evidence.md, C8-long, registered 2026-11-28 after C8 and before any
+# of its runs): at 30 steps the win was 4.7 points, short of the +5 claimed, and only the level-0 task moved;
+# new seeds, the recipe against the model before RL, one judged contrast
+COMPARISONS["c8-long"] = Comparison(
+    "reasoning-gym's tasks with their curricula, 60 steps, seeds 3-5",
+    {"base": ["rl.steps=0"], "levels": []},
+    ("levels",),
+    (),
+    ("smollm2-gym",),
+    steps=60,
+    seeds=(3, 4, 5),
+)
 # time to accuracy against TRL on the same card (docs/evidence.md, C7, registered 2026-11-28 before its
 # runs): TRL's GRPOTrainer, the smollm2 recipe and the GPU recipe, each trained for the same seconds of its
 # own clock; its cells run one at a time (bench/time_to_accuracy/), not as sweeps; one Holm family of two
