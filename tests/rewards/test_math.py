@@ -1,7 +1,11 @@
+import json
+from pathlib import Path
+
 import pytest
 
 from everyprompt.rewards import RewardError, extract_answer, get_reward, math_reward, score_completions
 from everyprompt.rewards.base import register_reward
+from everyprompt.rewards.math import extract_with_rule
 
 
 @pytest.mark.parametrize(
@@ -120,8 +124,9 @@ def test_references_are_extracted_like_completions():
 def test_the_extraction_policy_reads_real_chat_completions_as_a_reader_does():
     """60 greedy completions of SmolLM2-135M-Instruct on the `questions` task (levels 1, 2, 4), each with
     the answer a reader takes from it (None where it states none). The policy agrees on 53; the last-number
-    policy it replaced on 41. Where the reader finds no answer the policy still takes a number (6 of the 7
-    misses); only one of them changes a reward ('0 + 0 is undefined ...' scored right)."""
+    policy it replaced on 41. Where the reader finds no answer the policy still takes something (6 of the 7
+    misses); none of them changes a reward since the `undefined` rule (2026-11-28: '0 + 0 is undefined ...'
+    was scored right, its reasoning's 0 read as the answer)."""
     import json
     from pathlib import Path
 
@@ -136,4 +141,45 @@ def test_the_extraction_policy_reads_real_chat_completions_as_a_reader_does():
         judged = reader is not None and answers_match(row["answer"], reader)
         rewards_agree += judged == bool(math_reward([row["completion"]], answer=[row["answer"]])[0])
     assert agree >= 53, agree
-    assert rewards_agree >= len(rows) - 1, rewards_agree
+    assert rewards_agree == len(rows), rewards_agree
+
+
+# docs/rewards.md, "How often the reward misreads": 100 completions of SmolLM2 read by a person, 2026-11-28
+AUDIT = Path(__file__).parent / "reward_audit_smollm2.jsonl"
+
+
+def test_the_audits_misreads_are_gone_and_no_reading_got_worse():
+    """The audit sheet (25 completions each of the instruct model and of the smollm2 recipe's seed 1 at RL
+    steps 10, 20 and 30, read by a person): the reward as the runs were evaluated with it misread one (a
+    reward where the person reads none); today's reward misreads none, and reads as the person does
+    everywhere but nine completions, each scored 0 either way: eight that state no answer (it takes a number
+    of their talk) and one whose last equation answers another question than the one asked (row 70)."""
+    from bench.reward_audit import score
+
+    rows = [json.loads(line) for line in AUDIT.open()]
+    result = score(rows)
+    assert result["rows"] == 100
+    assert result["misread_as_recorded_rows"] == [73]
+    assert result["misread"] == 0
+    differ = result["readings_differ_same_score"]
+    assert [i for i in differ if rows[i]["reader_answer"] is not None] == [70] and len(differ) == 9
+
+
+def test_a_completion_that_calls_the_result_undefined_states_no_number():
+    """Audit row 73 (RL step 20): the reasoning's 0 was read as the answer to '0 + 0' and scored 1."""
+    completion = json.loads(AUDIT.read_text().splitlines()[73])["completion"]
+    assert "is undefined" in completion
+    assert extract_with_rule(completion) == ("undefined", "undefined")
+    assert math_reward([completion], answer=["0"]) == [0.0]
+    # a result stated after the word answers, and a reference that is itself undefined matches it
+    assert extract_answer("Division by zero is undefined, but 6 / 2 = 3 here.") == "3"
+    assert math_reward(["So 1/0 is undefined."], answer=["undefined"]) == [1.0]
+
+
+def test_a_bare_number_on_the_first_line_is_the_answer_over_the_numbers_of_the_talk_after_it():
+    """Audit row 65 (RL step 20): '1.5' then prose about 5 and 5; the last number (5) was read."""
+    completion = json.loads(AUDIT.read_text().splitlines()[65])["completion"]
+    assert completion.startswith("1.5\n")
+    assert extract_with_rule(completion) == ("1.5", "leading")
+    assert extract_with_rule("42\n\nThe answer is 41.") == ("41", "statement")  # a statement wins
+    assert extract_with_rule("Step 1: add 4 and 5.") == ("5", "last_number")  # not a bare first line

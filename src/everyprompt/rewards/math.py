@@ -6,10 +6,14 @@ a rule the last occurrence wins:
 1. `boxed`: the last ``\\boxed{...}``;
 2. `hashes`: the text after the last ``####`` (GSM8K's layout);
 3. `statement`: an explicit statement, "the answer is X" or an ``Answer:`` / ``A:`` line;
-4. `equation`: the result of the last equation (``= X``, "equals X", "is equal to X") when prose follows
+4. `undefined`: "... is undefined" (or not defined, indeterminate) with no result stated after it: the
+   completion's answer is that there is none, not a number of its reasoning ("0 + 0 is undefined ...
+   any number multiplied by 0 results in 0, which is undefined");
+5. `equation`: the result of the last equation (``= X``, "equals X", "is equal to X") when prose follows
    it: a chat model states its result and keeps talking, and numbers in that talk ("a classic example of
    adding 99 and 31") are not its answer;
-5. `last_number`: the last number in the completion.
+6. `leading`: a first line that is a number alone (``1.5`` then prose about the question's numbers);
+7. `last_number`: the last number in the completion.
 
 A completion cut off in the middle of an expression (`So, 5 + `, at the length cap) is read without its
 unfinished last sentence.
@@ -35,6 +39,9 @@ _EQUATION = re.compile(
     r"(?:=|\bequals\b|\bis equal to\b)\s*\$?\s*(" + _NUMBER.pattern + r")(?![\d/])", re.IGNORECASE
 )
 _PROSE = re.compile(r"[A-Za-z]{3,}")
+_UNDEFINED = re.compile(r"\b(?:is|are|be|remains)\s+(?:undefined|not defined|indeterminate)\b", re.IGNORECASE)
+_LEADING_NUMBER = re.compile(r"\s*(" + _NUMBER.pattern + r")\.?[ \t]*(?:\n|$)")
+UNDEFINED = "undefined"
 
 
 def _last_boxed(text: str) -> str | None:
@@ -77,6 +84,18 @@ def _equation_before_prose(text: str) -> str | None:
     return last.group(1).replace(",", "")
 
 
+def _declared_undefined(text: str) -> str | None:
+    last = next(reversed(list(_UNDEFINED.finditer(text))), None)
+    if last is None or _EQUATION.search(text, last.end()):  # a result stated after it answers
+        return None
+    return UNDEFINED
+
+
+def _leading_number(text: str) -> str | None:
+    first = _LEADING_NUMBER.match(text)
+    return first.group(1).replace(",", "") if first else None
+
+
 def _last_number(text: str) -> str | None:
     numbers = _NUMBER.findall(text)
     return numbers[-1].replace(",", "") if numbers else None
@@ -87,7 +106,9 @@ EXTRACTION_RULES: tuple[tuple[str, Callable[[str], str | None]], ...] = (
     ("boxed", _last_boxed),
     ("hashes", _after_hashes),
     ("statement", _statement),
+    ("undefined", _declared_undefined),
     ("equation", _equation_before_prose),
+    ("leading", _leading_number),
     ("last_number", _last_number),
 )
 
@@ -154,6 +175,8 @@ def answers_match(gold: str, predicted: str | None) -> bool:
     if predicted is None:
         return False
     gold, predicted = plain_number(gold.strip()), plain_number(predicted.strip())
+    if UNDEFINED in (gold.lower(), predicted.lower()):  # no number: equal only to itself
+        return gold.lower() == predicted.lower()
     if _INTEGER.fullmatch(gold) and _INTEGER.fullmatch(predicted):
         return int(gold) == int(predicted)
     return _math_verify_equal(gold, predicted)
