@@ -94,12 +94,13 @@ def test_the_evidence_bench_hands_c7_to_its_own_runner(tmp_path):
         main(["--comparison", "c7", "--setup", "smollm2", "--out", str(tmp_path)])
 
 
+@pytest.mark.long
 @pytest.mark.skipif(sys.platform != "linux", reason="the card's lock and the probes are Linux's")
 def test_the_smoke_form_runs_every_arm_for_its_budget_and_records_them(tmp_path, capsys):
     """`--smoke --seeds 0`: a 2-layer chat model on the CPU, 2 s of each arm's clock: every arm recorded
     with a snapshot at each mark, the clock past the budget, each snapshot's evaluation written and its
     weights gone, TRL on TRL's trainer (its own output directory), and the contrasts computed."""
-    pytest.importorskip("trl")
+    pytest.importorskip("trl", reason="TRL comes with the dev and bench extras")
     from bench.common import ROOT
     from bench.time_to_accuracy.__main__ import main
     from bench.time_to_accuracy.cell import git_blob
