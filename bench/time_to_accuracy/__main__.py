@@ -2,8 +2,9 @@
 one at a time, every arm of a seed before the next seed, in an order that turns with the seed.
 
     python -m bench.time_to_accuracy                 # every pre-registered seed's missing cells (a GPU)
-    python -m bench.time_to_accuracy --seeds 0       # one seed: its three arms, about 12 minutes on an H200
-    python -m bench.time_to_accuracy --smoke         # a tiny model on the CPU in about a minute (its own file)
+    python -m bench.time_to_accuracy --seeds 0       # one seed: its three arms (3 x 180 s of training, plus
+                                                     # loading and evaluating: about 12 min by estimate)
+    python -m bench.time_to_accuracy --smoke         # seed 0 on a tiny model on the CPU, about a minute
     python -m bench.evidence --summary               # the contrasts and verdicts so far
 
 Each finished cell is recorded at once in bench/results/evidence.json (`--merge` adds another copy's). A
@@ -13,8 +14,6 @@ here, the earlier records kept under `superseded`."""
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import sys
 import tempfile
 import time
@@ -22,11 +21,13 @@ from pathlib import Path
 
 from bench.common import RESULTS, repo_override, repo_path, run_probe
 from bench.evidence.plan import COMPARISONS
-from bench.evidence.store import load, save
+from bench.evidence.store import load, locked, save
 from bench.time_to_accuracy import MARKS_S
 from bench.time_to_accuracy.arms import ARMS
 
 NAME, SETUP = "c7", "smollm2"
+CELL = Path(__file__).with_name("cell.py")  # each cell's process (bench/common.py's run_probe)
+CARD = Path(tempfile.gettempdir()) / "everyprompt-c7-card"  # held while a cell runs (store.locked)
 MODEL = Path("models") / "smollm2-135m-instruct"
 # --smoke: a 2-layer chat model made on the spot, on the CPU, for 2 seconds of each clock
 SMOKE_MARKS = (1.0, 2.0)
@@ -51,17 +52,6 @@ def order_of(seed: int) -> list[str]:
     arms = list(ARMS)
     turn = seed % len(arms)
     return arms[turn:] + arms[:turn]
-
-
-@contextlib.contextmanager
-def the_card():
-    """Held while a cell runs: a second call on this machine waits rather than share the card's time."""
-    with open(Path(tempfile.gettempdir()) / "everyprompt-c7-card.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def cell_environment(arm: str, overrides: list[str]) -> dict | None:
@@ -133,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     began = time.monotonic()
     comparison = COMPARISONS[NAME]
-    seeds = args.seeds or list(comparison.seeds_on(SETUP))
+    seeds = args.seeds or ([0] if args.smoke else list(comparison.seeds_on(SETUP)))
     work = args.out / "evidence_runs" / ("c7-smoke" if args.smoke else "c7")
     if args.smoke:
         overrides, marks = [f"model.path={smoke_model(work)}", *SMOKE], list(SMOKE_MARKS)
@@ -152,10 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     for arm, spec in ARMS.items():
         body["arms"].setdefault(arm, {"overrides": [], "runs": []})["config"] = repo_path(spec.config)
-    here = run_probe(Path(__file__).with_name("cell.py"), "--probe", ["machine"])["machine"]
+    here = run_probe(CELL, "--probe", ["machine"])["machine"]
     if "start" not in body:
-        body["start"] = run_probe(Path(__file__).with_name("cell.py"), "--probe",
-                                  ["start", overrides, str(work / "start-eval")])  # fmt: skip
+        body["start"] = run_probe(CELL, "--probe", ["start", overrides, str(work / "start-eval")])
     cell_s = expected_cell_s(marks)
     for seed, arm in pending(body, seeds, args.arms or list(ARMS), here):
         left = None if args.time_left is None else args.time_left - (time.monotonic() - began)
@@ -164,9 +153,9 @@ def main(argv: list[str] | None = None) -> int:
                   "goes on from the records)")  # fmt: skip
             break
         print(f"c7: {arm}, seed {seed}: {marks[-1]:g} s of training ...", flush=True)
-        with the_card():
+        with locked(CARD):  # a second call on this machine waits rather than share the card's time
             record = run_probe(
-                Path(__file__).with_name("cell.py"),
+                CELL,
                 "--probe",
                 ["cell", arm, seed, overrides, marks, str(work / f"{arm}-seed{seed}")],
                 env=cell_environment(arm, overrides),

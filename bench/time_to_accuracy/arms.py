@@ -47,9 +47,6 @@ class BudgetHook:
         self.snapshots = snapshots
 
     def on_train_begin(self, trainer) -> None:
-        from everyprompt.models.io import save_pretrained
-
-        self.snapshots.save = lambda directory: save_pretrained(trainer.model, trainer.tokenizer, directory)
         self.snapshots.clock.start()
 
     def after_step(self, trainer, metrics: dict) -> bool:
@@ -58,14 +55,18 @@ class BudgetHook:
 
 def train_everyprompt(config, out: Path, marks: list[float]) -> dict:
     """One everyprompt run of `config` until its clock reaches the last of `marks`."""
+    from everyprompt.models.io import save_pretrained
     from everyprompt.pipeline import Run
 
-    snapshots = Snapshots(TrainingClock(), marks, out / "snapshots", save=None)  # the hook's, once it starts
-    run = Run(config, out / "run")
-    trainer = run.trainer()
+    trainer = Run(config, out / "run").trainer()
+    snapshots = Snapshots(
+        TrainingClock(),
+        marks,
+        out / "snapshots",
+        lambda d: save_pretrained(trainer.model, trainer.tokenizer, d),
+    )
     try:
-        hook = BudgetHook(snapshots)
-        history = trainer.train(hooks=[hook])
+        history = trainer.train(hooks=[BudgetHook(snapshots)])
         device = str(next(trainer.learner.model.parameters()).device)
     finally:
         trainer.close()
@@ -99,37 +100,34 @@ def train_trl(config, out: Path, marks: list[float]) -> dict:
     args = grpo_config(config, out / "run", MAX_STEPS * rl.mini_batches, matched=True, shuffle=False)
     optimizer = build_optimizer(model, rl.lr, rl.weight_decay)
     scheduler = build_scheduler(optimizer, rl.warmup_steps, rl.steps, rl.lr_schedule)
-    clock = TrainingClock()
+    # TRL trains the model object it is given (one device: accelerate does not wrap it): snapshot that
+    snapshots = Snapshots(
+        TrainingClock(), marks, out / "snapshots", lambda d: save_pretrained(model, tokenizer, d)
+    )
     per = rl.mini_batches  # TRL's optimizer steps in one everyprompt step (one generation)
     steps_ended: list[float] = []
 
     class Budget(TrainerCallback):
-        def __init__(self):
-            self.snapshots = Snapshots(clock, marks, out / "snapshots", save=self.save)
-            self.trainer = None
-
-        def save(self, directory: Path) -> None:
-            save_pretrained(self.trainer.accelerator.unwrap_model(self.trainer.model), tokenizer, directory)
-
         def on_train_begin(self, args, state, control, **kwargs):
-            clock.start()
+            snapshots.clock.start()
 
         def on_step_end(self, args, state, control, **kwargs):
             if state.global_step % per == 0:  # a whole generation's updates done
-                steps_ended.append(clock.elapsed())
-                if self.snapshots.after_step(state.global_step // per):
+                steps_ended.append(snapshots.clock.elapsed())
+                if snapshots.after_step(state.global_step // per):
                     control.should_training_stop = True
 
-    budget = Budget()
-    trainer = grpo_trainer(model, tokenizer, args, dataset, [budget], (optimizer, scheduler))
-    budget.trainer = trainer
+    trainer = grpo_trainer(model, tokenizer, args, dataset, [Budget()], (optimizer, scheduler))
     torch.manual_seed(config.seed)
     trainer.train()
+    # a copy trained would have left the snapshots holding the untrained weights: the cell fails then
+    if trainer.accelerator.unwrap_model(trainer.model) is not model:
+        raise RuntimeError("TRL trained a copy of the model; the snapshots hold the untrained one")
     step_s = [b - a for a, b in zip([0.0, *steps_ended], steps_ended, strict=False)]
     return {
-        "snapshots": budget.snapshots.taken,
+        "snapshots": snapshots.taken,
         "rl_steps": trainer.state.global_step // per,
-        "train_seconds": clock.elapsed(),
+        "train_seconds": snapshots.clock.elapsed(),
         "step_s_median": statistics.median(step_s),
         "device": str(trainer.model.device),
     }

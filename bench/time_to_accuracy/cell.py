@@ -16,9 +16,8 @@ import time
 from pathlib import Path
 
 from bench.common import repo_path
+from bench.evidence.run import QUIET
 from bench.time_to_accuracy.arms import ARMS, MAX_STEPS, RECIPE, TRAINERS
-
-QUIET = ["logging.progress=false", "logging.tensorboard=false"]
 
 
 def machine_id() -> str:

@@ -43,7 +43,7 @@ class Snapshots:
     clock: TrainingClock
     marks: Sequence[float]
     root: Path
-    save: Callable[[Path], None] | None  # set before the first step ends
+    save: Callable[[Path], None]
     taken: list[dict] = field(default_factory=list)  # {mark_s, step, clock_s, dir} per mark
 
     def __post_init__(self):

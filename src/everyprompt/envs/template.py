@@ -7,14 +7,14 @@ from __future__ import annotations
 from everyprompt.envs.base import Environment, EnvironmentSetupError, Message, StepResult
 from everyprompt.rollout.base import end_episode
 
-# env.turn_rewards: how a turn's reward joins the episode's so far (None: no turn rewarded yet)
-TURN_REWARDS = {
-    "last": lambda episode, turn: turn,
-    "sum": lambda episode, turn: (episode or 0.0) + turn,
-}
-TURN_REWARDS["turn"] = TURN_REWARDS[
-    "sum"
-]  # step-wise, each row its own turn's reward; the episode's: their sum
+
+def _summed(episode: float | None, turn: float) -> float:
+    return (episode or 0.0) + turn
+
+
+# env.turn_rewards: how a turn's reward joins the episode's so far (None: no turn rewarded yet); `turn`
+# (step-wise: each row its own turn's reward) keeps the episode's as their sum
+TURN_REWARDS = {"last": lambda episode, turn: turn, "sum": _summed, "turn": _summed}
 
 
 def require_chat_template(tokenizer) -> None:
