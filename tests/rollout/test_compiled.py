@@ -259,3 +259,51 @@ def test_the_static_steps_compiled_bodies_give_the_eager_static_steps_samples(ti
                 torch.testing.assert_close(
                     completion.router_logits, reference.router_logits, atol=1e-5, rtol=0
                 )
+
+
+def test_a_resumed_run_keeps_the_compile_switch_of_the_run_it_continues(tmp_path, monkeypatch):
+    """`auto` switches on time spent, and compiled log-probs differ from eager ones in the last bits: a run
+    resumed after the switch must decode compiled from its first step, as the run it continues did, or its
+    updates drift from the uninterrupted run's. Each eager decode step counts 1 s here, so the switch falls
+    on the same step in every run (step 3 of 4)."""
+    import json
+
+    from everyprompt.pipeline import train
+    from everyprompt.rollout.native import compiled
+    from tests.conftest import tiny_config
+
+    monkeypatch.setattr(
+        compiled.DecodeCompiler, "add_eager", lambda self, s: setattr(self, "eager_s", self.eager_s + 1)
+    )
+    monkeypatch.setattr(compiled, "AUTO_AFTER_S", 20.0)
+
+    def steps(run_dir):
+        lines = (json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines())
+        return {r["step"]: r for r in lines if "step" in r and "actor/grad_norm" in r}
+
+    config = ["rollout.compile=auto"]
+    train(tiny_config("rl.steps=4", *config), run_dir=tmp_path / "straight")
+    train(tiny_config("rl.steps=2", *config), run_dir=tmp_path / "split")
+    train(tiny_config("rl.steps=4", *config), run_dir=tmp_path / "split", resume=True)
+    straight, split = steps(tmp_path / "straight"), steps(tmp_path / "split")
+    assert [straight[s]["rollout/compiled"] for s in (1, 2, 3, 4)] == [0.0, 0.0, 1.0, 1.0]
+    assert [split[s]["rollout/compiled"] for s in (1, 2, 3, 4)] == [0.0, 0.0, 1.0, 1.0]
+    for key in ("mismatch/logp_abs_diff", "actor/grad_norm", "loss/policy"):
+        assert [split[s][key] for s in (3, 4)] == [straight[s][key] for s in (3, 4)], key
+
+
+def test_the_compile_state_is_restored_only_under_the_same_mode():
+    compiler = DecodeCompiler("auto", auto_after_s=1.0)
+    compiler.add_eager(0.4)
+    assert compiler.state_dict() == {"mode": "auto", "eager_s": 0.4, "compiled": False, "failure": None}
+    later = DecodeCompiler("auto", auto_after_s=1.0)
+    later.load_state_dict(compiler.state_dict())
+    assert later.eager_s == 0.4 and not later.active
+    later.load_state_dict({"mode": "auto", "eager_s": 130.0, "compiled": True, "failure": None})
+    assert later.active and later.state_dict()["compiled"]  # compiles at its next call
+    given_up = DecodeCompiler("auto")
+    given_up.load_state_dict({"mode": "auto", "eager_s": 130.0, "compiled": True, "failure": "TypeError: x"})
+    assert not given_up.active and given_up.failure == "TypeError: x"  # stays eager, as the run did
+    other = DecodeCompiler("off")
+    other.load_state_dict({"mode": "auto", "eager_s": 130.0, "compiled": True, "failure": None})
+    assert not other.active and other.eager_s == 0.0  # the resume's own setting decides

@@ -53,9 +53,17 @@ class RolloutWorker:
             weights = require_ray().get(weights)
         self.engine = build_engine(rollout_config, recipe.build(weights), tokenizer)
 
-    def ready(self) -> tuple[bool, bool]:
-        """Whether the engine records routes, and runs episodes (GenerationRequest.episode)."""
-        return bool(self.engine.can_record_routes), offers(self.engine, "episodes")
+    def ready(self) -> tuple[bool, bool, bool]:
+        """Whether the engine records routes, runs episodes (GenerationRequest.episode) and keeps a decode
+        state for checkpoints."""
+        engine = self.engine
+        return bool(engine.can_record_routes), offers(engine, "episodes"), offers(engine, "decode_state")
+
+    def decode_state(self) -> dict:
+        return self.engine.decode_state()
+
+    def load_decode_state(self, state: dict) -> None:
+        self.engine.load_decode_state(state)
 
     def generate(self, requests: list[GenerationRequest], params: SamplingParams):
         try:
@@ -85,8 +93,10 @@ class RayEngine:
         self.restarts = 0  # workers replaced so far in this run
         self.workers = [self._spawn() for _ in range(config.cluster.rollout_workers)]
         # episodes travel to a worker with their requests and come back stepped, in the completion
-        self.can_record_routes, episodes = self._await_ready(self.workers)
-        self.offers = frozenset({"episodes"}) if episodes else frozenset()
+        self.can_record_routes, episodes, decode_state = self._await_ready(self.workers)
+        self.offers = frozenset(
+            name for name, offered in (("episodes", episodes), ("decode_state", decode_state)) if offered
+        )
 
     def _spawn(self):
         cluster = self.config.cluster
@@ -95,7 +105,7 @@ class RayEngine:
         kept = self.config.kept_block_mib if self.config.keep_freed_memory else 0
         return actor.remote(self.recipe, self.tokenizer, self.config.rollout, threads, kept)
 
-    def _await_ready(self, workers) -> tuple[bool, bool]:
+    def _await_ready(self, workers) -> tuple[bool, bool, bool]:
         refs = [worker.ready.remote() for worker in workers]
         ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=self.config.cluster.start_timeout_s)
         if len(ready) < len(refs):
@@ -105,7 +115,7 @@ class RayEngine:
                 "resources for cluster.num_cpus / cluster.num_gpus per actor?)"
             )
         answers = self.ray.get(refs)
-        return all(a[0] for a in answers), all(a[1] for a in answers)
+        return tuple(all(a[i] for a in answers) for i in range(3))
 
     def load_weights(self, weights) -> None:
         """Every worker takes the learner's weights: a state dict, or a reference to one in Ray's object
@@ -118,6 +128,23 @@ class RayEngine:
         """Every worker frees its engine's weights and cache until the next `load_weights` (a worker that
         replaces a lost one starts awake, from the recipe's weights)."""
         self.ray.get([worker.sleep.remote() for worker in self.workers])
+
+    def decode_state(self) -> dict:
+        """Each worker's decode state (a worker's compile switch is its own: its eager time)."""
+        return {"workers": self.ray.get([worker.decode_state.remote() for worker in self.workers])}
+
+    def load_decode_state(self, state: dict) -> None:
+        """Each worker continues its predecessor's decode state, where the checkpoint's run had as many."""
+        states = state["workers"]
+        if len(states) != len(self.workers):
+            log.info(
+                "resuming with %d rollout workers where the checkpoint's run had %d: their compile "
+                "states start afresh",
+                len(self.workers),
+                len(states),
+            )
+            return
+        self.ray.get([w.load_decode_state.remote(s) for w, s in zip(self.workers, states, strict=True)])
 
     def close(self) -> None:
         for worker in self.workers:

@@ -175,7 +175,9 @@ class RolloutEngine(Protocol):
     can_record_routes: bool
     # what it offers beyond these, of `ENGINE_OFFERS` (read through `offers`; an engine that declares none
     # offers none): `device` (it places itself), `compile` (its decode step through torch.compile),
-    # `cuda_graphs` (with `graph_buckets`: its decode step captured), `episodes` (multi-turn requests)
+    # `cuda_graphs` (with `graph_buckets`: its decode step captured), `episodes` (multi-turn requests),
+    # `decode_state` (`decode_state()` and `load_decode_state(state)`: how it has been decoding, such as
+    # a compile switch made mid-run, kept in a checkpoint so that a resumed run decodes the same way)
     offers: frozenset[str]
 
     @classmethod
@@ -198,9 +200,18 @@ class RolloutEngine(Protocol):
         mode; `rollout.sleep_while_training`). An engine with nothing worth freeing does nothing."""
         ...
 
+    # only where `offers(engine, "decode_state")`:
+    def decode_state(self) -> dict:
+        """How the engine has been decoding (a compile switch made mid-run), for a checkpoint."""
+        ...
+
+    def load_decode_state(self, state: dict) -> None:
+        """Decode from now on as the engine that wrote `state` (`decode_state()`) would have."""
+        ...
+
 
 # what an engine may offer beyond the protocol's required members, each named by the setting or feature
-ENGINE_OFFERS = ("device", "compile", "cuda_graphs", "episodes")
+ENGINE_OFFERS = ("device", "compile", "cuda_graphs", "episodes", "decode_state")
 
 
 def offers(engine, what: str) -> bool:

@@ -58,14 +58,15 @@ class DecodeCompiler:
     """Chooses, per generate call, the eager or the compiled forward and sampler of one engine; records
     the eager time spent (for `auto`) and the compile's cost (`stats`)."""
 
-    def __init__(self, mode: str = "off", auto_after_s: float = AUTO_AFTER_S, give_up: bool | None = None):
+    def __init__(self, mode: str = "off", auto_after_s: float | None = None, give_up: bool | None = None):
         """`give_up`: a graph that fails to compile is given up with a warning and its eager function runs
         from then on (by default under `auto` only: under `on` the error stops the run); the static step
         gives up under `on` too, as a capture that fails does (its compiled bodies are an optimisation of
         the same numbers)."""
         if mode not in COMPILE_MODES:
             raise ValueError(f"rollout.compile must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
-        self.mode, self.auto_after_s = mode, auto_after_s
+        self.mode = mode
+        self.auto_after_s = AUTO_AFTER_S if auto_after_s is None else auto_after_s
         self.give_up = mode == "auto" if give_up is None else give_up
         self.eager_s = 0.0  # time spent in eager decode steps so far
         self.compile_s = 0.0  # time the compiled graphs' first calls took (tracing, code generation, gcc)
@@ -75,6 +76,7 @@ class DecodeCompiler:
         self._eager: dict[str, Callable] = {}  # what each compiled graph stands for
         self._marked: weakref.ref | None = None  # the first cache tensor of the caches last marked dynamic
         self.failure: str | None = None  # auto: why compiling failed (the engine then stays eager)
+        self._resumed = False  # a resumed run whose engine had compiled: compile at the next call
 
     @property
     def bound(self) -> bool:
@@ -85,7 +87,7 @@ class DecodeCompiler:
         """Whether the next generate call runs compiled."""
         if self.failure is not None:
             return False
-        if self._forward is not None:
+        if self._forward is not None or self._resumed:
             return True
         if self.mode == "on" or (self.mode == "auto" and self.eager_s >= self.auto_after_s):
             return True
@@ -149,6 +151,33 @@ class DecodeCompiler:
             self.compile_s += time.perf_counter() - began
             self._pending.discard(name)
         return out
+
+    def state_dict(self) -> dict:
+        """What a resumed run needs to decode as this run would have gone on: the eager time counted and
+        whether the decode step was compiled or given up. `auto`'s switch depends on the machine's speed,
+        and the compiled step's log-probs differ from the eager step's in the last bits, which an RL run
+        carries into its updates: a resumed run that started eager again would drift from the one it
+        continues."""
+        return {
+            "mode": self.mode,
+            "eager_s": self.eager_s,
+            "compiled": self._forward is not None or self._resumed,
+            "failure": self.failure,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from `state_dict()`'s record; a record of another `rollout.compile` mode (the setting
+        changed for the resume) is left alone: the new setting decides."""
+        if state.get("mode") != self.mode:
+            log.info(
+                "rollout.compile=%s on resume (the checkpoint's run had %s): its compile state not restored",
+                self.mode,
+                state.get("mode"),
+            )
+            return
+        self.eager_s = float(state["eager_s"])
+        self.failure = state["failure"]
+        self._resumed = bool(state["compiled"]) and self.failure is None
 
     def add_eager(self, seconds: float) -> None:
         self.eager_s += seconds

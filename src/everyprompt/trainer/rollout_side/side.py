@@ -25,7 +25,14 @@ from everyprompt.generation import ScoredSamples, sample_and_score
 from everyprompt.rewards import build_reward
 from everyprompt.rewards.health import RewardHealth
 from everyprompt.rewards.pool import RewardPool
-from everyprompt.rollout import GenerationRequest, RolloutEngine, SamplingParams, build_engine, derive_seed
+from everyprompt.rollout import (
+    GenerationRequest,
+    RolloutEngine,
+    SamplingParams,
+    build_engine,
+    derive_seed,
+    offers,
+)
 from everyprompt.rollout.scheduler import LengthPredictor, admission_order
 from everyprompt.trainer.rollout_side.assemble import assemble_batch
 from everyprompt.trainer.rollout_side.partial import PartialRollouts, tag
@@ -115,6 +122,7 @@ class RolloutSide:
             "retired_total": self.retired_total,
             "reward_health": list(self.health.recent),
             "partial": self.partial.state_dict() if self.partial is not None else None,
+            "decode": self.engine.decode_state() if offers(self.engine, "decode_state") else None,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -125,6 +133,8 @@ class RolloutSide:
         self.health.recent.extend(tuple(pair) for pair in state["reward_health"])
         if self.partial is not None and state.get("partial"):
             self.partial.load_state_dict(state["partial"])
+        if state.get("decode") is not None and offers(self.engine, "decode_state"):
+            self.engine.load_decode_state(state["decode"])
 
     # ------------------------------------------------------------ one batch
     def settings(self) -> dict:
