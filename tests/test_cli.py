@@ -154,3 +154,20 @@ def test_every_command_given_a_missing_or_unreadable_file_exits_2_naming_it(tmp_
     err = capsys.readouterr().err.strip()
     named = names["binary"] + ":2" if "{binary}" in argv else names["missing"]
     assert err.startswith("everyprompt: ") and named in err and "Traceback" not in err
+
+
+def test_a_config_path_holding_an_equals_sign_is_a_file_not_an_override(tmp_path):
+    """A sweep names its run directories `arm,seed=1`: their config.yaml is a file to read, and a missing
+    one is named as a file."""
+    from everyprompt.cli.args import is_override, split_config_args
+
+    cell = tmp_path / "levels,seed=4"
+    cell.mkdir()
+    (cell / "config.yaml").write_text("seed: 4\nrl:\n  steps: 3\n")
+    path = str(cell / "config.yaml")
+    assert split_config_args([path, "rl.steps=5"]) == (path, ["rl.steps=5"])
+    assert is_override("data.reasoning_gym.tasks.leg_counting.weight=2") and is_override("seed=1")
+    assert not is_override(str(cell / "other.yaml"))  # not a key before the `=`: a (missing) file
+    run = tmp_path / "run"
+    assert main(["train", path, *TINY_OVERRIDES, "rl.steps=1", "--run-dir", str(run)]) == 0
+    assert "seed: 4" in (run / "config.yaml").read_text()

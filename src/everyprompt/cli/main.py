@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from everyprompt.cli import data, models, report, runs, serve, start, sweep
-from everyprompt.cli.args import EXIT_FAILURE, EXIT_USAGE
+from everyprompt.cli.args import EXIT_FAILURE, EXIT_USAGE, is_override
 from everyprompt.config import ConfigError
 from everyprompt.errors import InputError, RunError
 from everyprompt.processes import StopRequested
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     # KEY=VALUE overrides may also follow the options (`filter data.jsonl --model M rl.seed=1`)
     args, unknown = parser.parse_known_args(argv)
-    stray = [u for u in unknown if "=" not in u or u.startswith("-") or not hasattr(args, "config")]
+    stray = [u for u in unknown if not is_override(u) or u.startswith("-") or not hasattr(args, "config")]
     if stray:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
     if unknown:
