@@ -59,10 +59,9 @@ class NativeEngine:
     """RolloutEngine over a state dict of one of `FAMILIES`. Build it with :meth:`from_model`."""
 
     PRECISIONS = tuple(PRECISIONS)
-    # `device`: weights, cache and decoding state on that device; `compile`: the decode step through
-    # torch.compile (compiled.py); `cuda_graphs`, `graph_buckets`: the static decode step as CUDA graphs
-    # (graphs.py); `episodes`: multi-turn requests, observations fed into the sequence (sequences.py);
-    # `decode_state`: the compile switch carried through a checkpoint (compiled.py)
+    # `device`: weights, cache and state there; `compile`: the decode step through torch.compile; `cuda_graphs`:
+    # the static step captured (graphs.py); `episodes`: multi-turn requests (sequences.py); `decode_state`:
+    # the compile switch through a checkpoint (compiled.py)
     offers = frozenset({"device", "compile", "cuda_graphs", "episodes", "decode_state"})
 
     def __init__(
@@ -193,13 +192,10 @@ class NativeEngine:
         elif self._decode_layers is not None:
             copy_into(self._decode_layers, self._dequantized(self.layers))
 
-    # ---------------------------------------------------------------- resume
-    def decode_state(self) -> dict:
-        """How this engine has been decoding (the compile switch), for a checkpoint."""
+    def decode_state(self) -> dict:  # the compile switch, for a checkpoint (base.py, compiled.py)
         return {"compile": self.compiler.state_dict()}
 
     def load_decode_state(self, state: dict) -> None:
-        """Decode as the checkpoint's engine did: compiled from the next call if it had compiled."""
         self.compiler.load_state_dict(state["compile"])
 
     def sleep(self) -> None:
