@@ -307,3 +307,15 @@ def test_the_compile_state_is_restored_only_under_the_same_mode():
     other = DecodeCompiler("off")
     other.load_state_dict({"mode": "auto", "eager_s": 130.0, "compiled": True, "failure": None})
     assert not other.active and other.eager_s == 0.0  # the resume's own setting decides
+
+
+def test_an_engine_ignores_a_decode_state_of_another_kind(tiny_model):
+    """A run on Ray rollout workers resumed on one local engine (and back): the compile switch starts afresh."""
+    model, tokenizer = tiny_model
+    engine = NativeEngine.from_model(model, tokenizer, batch_size=2, compile="auto")
+    engine.load_decode_state({"workers": [{"compile": {"mode": "auto", "eager_s": 500.0, "compiled": True}}]})
+    assert engine.compiler.eager_s == 0.0 and not engine.compiler.active
+    engine.load_decode_state(
+        {"compile": {"mode": "auto", "eager_s": 5.0, "compiled": False, "failure": None}}
+    )
+    assert engine.compiler.eager_s == 5.0

@@ -1,11 +1,10 @@
 """The native rollout engine: continuous batching over a preallocated KV cache, on the policy's weights.
 
-It is a second implementation of the model's forward pass, written for decoding rather than gradients
-(as vLLM is beside Megatron in production): no autograd, no module tree, one preallocated cache.
-Families: `families.FAMILIES` (Llama, Qwen2, Qwen3, Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE, DeepSeek-V3;
-attention variants in attention.py, the MoE layer in moe.py); a config
-setting it does not compute is refused when the model loads (`check_config`). The trainer's HF forward is
-the reference it is tested against (log-probs equal within 1e-4 in fp32).
+A second implementation of the model's forward pass, written for decoding rather than gradients (as vLLM
+is beside Megatron in production): no autograd, no module tree, one preallocated cache. Families:
+`families.FAMILIES` (Llama, Qwen2, Qwen3, Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE, DeepSeek-V3; attention
+variants in attention.py, the MoE layer in moe.py); a config setting it does not compute is refused when
+the model loads (`check_config`). Tested against the trainer's HF forward (log-probs within 1e-4 in fp32).
 
 Layout: the cache has `batch_size` rows (slots). A request is admitted into a free row, its prompt
 prefilled at cache positions [0, len) (prompts admitted together are right-padded; causal attention keeps
@@ -195,8 +194,9 @@ class NativeEngine:
     def decode_state(self) -> dict:  # the compile switch, for a checkpoint (base.py, compiled.py)
         return {"compile": self.compiler.state_dict()}
 
-    def load_decode_state(self, state: dict) -> None:
-        self.compiler.load_state_dict(state["compile"])
+    def load_decode_state(self, state: dict) -> None:  # not a Ray workers' state: it starts afresh
+        if "compile" in state:
+            self.compiler.load_state_dict(state["compile"])
 
     def sleep(self) -> None:
         """Drop the weights, the KV cache's storage and the static step's buffers until the next
