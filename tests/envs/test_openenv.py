@@ -75,6 +75,19 @@ def test_an_error_a_slow_answer_and_a_killed_server_end_the_episode_with_their_r
     assert server.starts == starts + 1 and again.step("2").reward == 1.0
 
 
+def test_each_run_has_its_own_restarts(server):
+    """The restarts a run may spend (`env.options.restarts`) are counted per run: one that ended gives the
+    next run in the same process (a sweep's, a notebook's) a full budget, and leaves no server behind."""
+    from everyprompt.envs.base import end_of_run
+
+    server.run_starts = 4  # a run that spent its restarts
+    end_of_run()
+    assert server.run_starts == 0 and not server.alive()
+    env = episode(restarts=0)  # the next run: its first start is not a restart
+    assert env.init({"answer": "3", "question": ""})[0]["content"].startswith("Answer")
+    assert server.run_starts == 1 and server.alive()
+
+
 def test_a_server_given_by_url_that_is_gone_stops_the_run(server):
     env = make_environment("openenv", url=server.url, row_fields=["answer"])
     server.stop()
@@ -137,7 +150,7 @@ def test_rl_on_an_openenv_server_that_is_killed_mid_episode_goes_on_and_leaves_n
 
     from everyprompt.pipeline import train
 
-    LocalServer.stop_all()
+    LocalServer.end_run()  # a run of its own: none of the restarts the tests above spent
     config = _rl_config(
         _rows(tmp_path, die=True), "rl.steps=4", "rl.prompts_per_step=2", "checkpoint.every=0"
     )
