@@ -141,11 +141,8 @@ class LocalServer:
             command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
             preexec_fn=lambda: die_with_parent(parent),  # noqa: PLW1509 (nothing else runs in the child)
         )  # fmt: skip
-        self.url, self.starts, self.run_starts = (
-            f"http://127.0.0.1:{port}",
-            self.starts + 1,
-            self.run_starts + 1,
-        )
+        self.url = f"http://127.0.0.1:{port}"
+        self.starts, self.run_starts = self.starts + 1, self.run_starts + 1
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
