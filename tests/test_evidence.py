@@ -334,3 +334,29 @@ def test_the_cells_left_to_run_go_arm_by_arm_or_seed_by_seed():
     done = {"arms": {arm: {"runs": [{"seed": s} for s in seeds]} for arm in arms}}
     assert bench.pending_sweeps(done, arms, seeds) == []
     assert bench.pending_sweeps(done, arms, seeds, seed_by_seed=True) == []
+
+
+def test_a_cell_a_stopped_call_cut_short_resumes_in_the_next_calls_sweep(tmp_path):
+    """A call stopped during b seed 4 (a seed 4 done, recorded) runs b alone next, in a sweep named for
+    it: the cut-short cell moves there and resumes from its checkpoint (it started over before)."""
+    from everyprompt.config import demo_config_path, read_yaml
+    from everyprompt.sweep import SweepPlan
+
+    bench = _load("evidence")
+    root, base = tmp_path / "c8-long-tiny", read_yaml(demo_config_path())
+    first = SweepPlan(base, ["rl.steps=2"], {}, [4], "demo", {"a": [], "b": []})
+    first.save(root / "seeds4-a-b")
+    for name in ("a,seed=4", "b,seed=4"):
+        (root / "seeds4-a-b" / name / "checkpoints" / "step_1").mkdir(parents=True)
+        (root / "seeds4-a-b" / name / "config.yaml").write_text("seed: 4\n")
+    (root / "seeds4-a-b" / "a,seed=4" / "eval.json").write_text(json.dumps({"greedy_accuracy": 0.5}))
+    other = SweepPlan(base, ["rl.steps=3"], {}, [4], "demo", {"b": []})  # other settings: not adopted
+    other.save(root / "other")
+    (root / "other" / "b,seed=4" / "checkpoints" / "step_2").mkdir(parents=True)
+    second = SweepPlan(base, ["rl.steps=2"], {}, [4], "demo", {"b": []})
+    second.save(root / "seeds4-b")
+    moved = bench.adopt_cut_short(root, root / "seeds4-b", second)
+    assert moved == [("b,seed=4", root / "seeds4-a-b" / "b,seed=4")]
+    assert (root / "seeds4-b" / "b,seed=4" / "checkpoints" / "step_1").is_dir()
+    assert (root / "other" / "b,seed=4").is_dir() and (root / "seeds4-a-b" / "a,seed=4").is_dir()
+    assert bench.adopt_cut_short(root, root / "seeds4-b", second) == []  # started here now: left alone

@@ -4,7 +4,7 @@ verdicts and the README's claims table (verdicts.py), the evidence file's readin
 merging (store.py, merge.py: the file's layout is read through report/evidence.py's `arm_runs`)."""
 
 from bench.evidence.plan import COMPARISONS, SETUPS, TEACHER_SEED, Comparison, Setup
-from bench.evidence.run import RESULTS, fixed_overrides, harvest, main, pending_sweeps
+from bench.evidence.run import RESULTS, adopt_cut_short, fixed_overrides, harvest, main, pending_sweeps
 from bench.evidence.store import load, locked, merge_file, save, write
 from bench.evidence.verdicts import README, claims_table, contrasts, readme_section, write_readme
 
@@ -16,6 +16,7 @@ __all__ = [
     "TEACHER_SEED",
     "Comparison",
     "Setup",
+    "adopt_cut_short",
     "claims_table",
     "contrasts",
     "fixed_overrides",

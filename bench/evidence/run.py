@@ -131,6 +131,33 @@ def record_of(arm: str, seed: int, run_dir: Path, seconds: float, levels: list[i
 
 
 # ---------------------------------------------------------------- running what is missing
+def adopt_cut_short(root: Path, sweep_dir: Path, plan) -> list[tuple[str, Path]]:
+    """The cells of `plan` that a stopped call left cut short (checkpointed, not finished) in another sweep
+    of the same settings under `root`, moved into `sweep_dir` so that they resume from their checkpoints
+    instead of starting over: a call names its sweeps by the cells it runs, which change once some are
+    recorded. Returns (cell, where it was) for each."""
+    from everyprompt.run.layout import RunLayout
+    from everyprompt.sweep import SweepPlan
+    from everyprompt.sweep.runner import cell_is_done
+
+    moved = []
+    for cell in plan.cells():
+        target = sweep_dir / cell.name
+        if RunLayout(target).started():
+            continue
+        for plan_file in sorted(root.glob("*/sweep.json")):
+            source = plan_file.parent / cell.name
+            if plan_file.parent == sweep_dir or SweepPlan.load(plan_file.parent).fixed != plan.fixed:
+                continue
+            if cell_is_done(source) or not RunLayout(source).step_checkpoints():
+                continue
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.move(source, target)
+            moved.append((cell.name, source))
+            break
+    return moved
+
+
 def harvest(
     root: Path, body: dict, fixed: list[str], levels: list[int] | None, keep_checkpoints: bool = False
 ) -> None:
@@ -238,6 +265,8 @@ def run(
         plan.validate()
         sweep_dir = root / f"seeds{'-'.join(map(str, pending))}-{'-'.join(arms)}"
         plan.save(sweep_dir)
+        for cell, source in adopt_cut_short(root, sweep_dir, plan):
+            console.print(f"{cell}: resumes where a stopped call left it ({repo_path(source)})")
         try:
             SweepRunner(plan, sweep_dir, workers, console).run()
         except StopRequested as stop:  # Ctrl-C / SIGTERM: the cells checkpointed; keep what finished
