@@ -70,7 +70,9 @@ def test_two_rollout_workers_make_the_local_batch(ray_instance, precision):
         remote.load_weights(model.state_dict(), 1)
         _assert_same_batch(local.next_batch(2), remote.next_batch(2))
         # each worker's compile switch travels through a checkpoint (its own eager time: its own decoding)
-        state = remote.state_dict()["decode"]
+        saved = remote.state_dict()["decode"]
+        state = saved["state"]
+        assert saved["engine"] == "RayEngine"
         assert [w["compile"]["mode"] for w in state["workers"]] == ["auto", "auto"]
         assert all(w["compile"]["eager_s"] > 0 for w in state["workers"])
         state["workers"][1]["compile"]["eager_s"] = 1e6  # as if its worker had decoded for days

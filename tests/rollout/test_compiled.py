@@ -309,13 +309,20 @@ def test_the_compile_state_is_restored_only_under_the_same_mode():
     assert not other.active and other.eager_s == 0.0  # the resume's own setting decides
 
 
-def test_an_engine_ignores_a_decode_state_of_another_kind(tiny_model):
-    """A run on Ray rollout workers resumed on one local engine (and back): the compile switch starts afresh."""
+def test_a_decode_state_is_restored_only_into_an_engine_of_its_class(tiny_model):
+    """A run on Ray rollout workers resumed on one local engine (and back): the compile switch starts
+    afresh; an engine of the writer's class continues it."""
+    from everyprompt.rollout import restore_decode_state, saved_decode_state
+
     model, tokenizer = tiny_model
+    writer = NativeEngine.from_model(model, tokenizer, batch_size=2, compile="auto")
+    writer.compiler.add_eager(5.0)
+    saved = saved_decode_state(writer)
+    assert saved["engine"] == "NativeEngine" and saved["state"]["compile"]["eager_s"] == 5.0
     engine = NativeEngine.from_model(model, tokenizer, batch_size=2, compile="auto")
-    engine.load_decode_state({"workers": [{"compile": {"mode": "auto", "eager_s": 500.0, "compiled": True}}]})
-    assert engine.compiler.eager_s == 0.0 and not engine.compiler.active
-    engine.load_decode_state(
-        {"compile": {"mode": "auto", "eager_s": 5.0, "compiled": False, "failure": None}}
-    )
+    restore_decode_state(engine, {**saved, "engine": "RayEngine"})
+    assert engine.compiler.eager_s == 0.0
+    restore_decode_state(engine, saved)
+    assert engine.compiler.eager_s == 5.0
+    restore_decode_state(engine, None)  # a checkpoint of an engine that offers none
     assert engine.compiler.eager_s == 5.0

@@ -135,11 +135,11 @@ class RayEngine:
 
     def load_decode_state(self, state: dict) -> None:
         """Each worker continues its predecessor's decode state, where the checkpoint's run had as many."""
-        states = state.get("workers", [])  # none: the checkpoint's run had one local engine
+        states = state["workers"]
         if len(states) != len(self.workers):
             log.info(
-                "resuming with %d rollout workers where the checkpoint's run had %d (0: a local engine): "
-                "their compile states start afresh",
+                "resuming with %d rollout workers where the checkpoint's run had %d: their compile states "
+                "start afresh",
                 len(self.workers),
                 len(states),
             )

@@ -17,6 +17,8 @@ from everyprompt.rollout.base import (
     register_engine,
     registered_engines,
     resolve_engine,
+    restore_decode_state,
+    saved_decode_state,
     summed_stats,
 )
 from everyprompt.rollout.sampling import derive_seed
@@ -37,5 +39,7 @@ __all__ = [
     "register_engine",
     "registered_engines",
     "resolve_engine",
+    "restore_decode_state",
+    "saved_decode_state",
     "summed_stats",
 ]

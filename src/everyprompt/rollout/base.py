@@ -221,6 +221,30 @@ def offers(engine, what: str) -> bool:
     return what in getattr(engine, "offers", frozenset())
 
 
+def saved_decode_state(engine) -> dict | None:
+    """What a checkpoint keeps of how `engine` has been decoding (its `decode_state`, named by its class);
+    None where it offers none."""
+    if not offers(engine, "decode_state"):
+        return None
+    return {"engine": type(engine).__name__, "state": engine.decode_state()}
+
+
+def restore_decode_state(engine, saved: dict | None) -> None:
+    """`engine` decodes on as the engine that wrote `saved` (`saved_decode_state`) did, where both are of
+    one class; a run resumed on another (Ray workers' checkpoint, one local engine) starts afresh."""
+    if saved is None or not offers(engine, "decode_state"):
+        return
+    if saved.get("engine") != type(engine).__name__:
+        log.info(
+            "resuming on a %s engine from a %s engine's checkpoint: its decode state (the compile switch) "
+            "starts afresh",
+            type(engine).__name__,
+            saved.get("engine"),
+        )
+        return
+    engine.load_decode_state(saved["state"])
+
+
 @dataclass(frozen=True)
 class EngineSpec:
     cls: type

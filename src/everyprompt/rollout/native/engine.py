@@ -194,9 +194,8 @@ class NativeEngine:
     def decode_state(self) -> dict:  # the compile switch, for a checkpoint (base.py, compiled.py)
         return {"compile": self.compiler.state_dict()}
 
-    def load_decode_state(self, state: dict) -> None:  # not a Ray workers' state: it starts afresh
-        if "compile" in state:
-            self.compiler.load_state_dict(state["compile"])
+    def load_decode_state(self, state: dict) -> None:
+        self.compiler.load_state_dict(state["compile"])
 
     def sleep(self) -> None:
         """Drop the weights, the KV cache's storage and the static step's buffers until the next

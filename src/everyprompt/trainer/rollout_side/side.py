@@ -31,7 +31,8 @@ from everyprompt.rollout import (
     SamplingParams,
     build_engine,
     derive_seed,
-    offers,
+    restore_decode_state,
+    saved_decode_state,
 )
 from everyprompt.rollout.scheduler import LengthPredictor, admission_order
 from everyprompt.trainer.rollout_side.assemble import assemble_batch
@@ -122,7 +123,7 @@ class RolloutSide:
             "retired_total": self.retired_total,
             "reward_health": list(self.health.recent),
             "partial": self.partial.state_dict() if self.partial is not None else None,
-            "decode": self.engine.decode_state() if offers(self.engine, "decode_state") else None,
+            "decode": saved_decode_state(self.engine),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -133,8 +134,7 @@ class RolloutSide:
         self.health.recent.extend(tuple(pair) for pair in state["reward_health"])
         if self.partial is not None and state.get("partial"):
             self.partial.load_state_dict(state["partial"])
-        if state.get("decode") is not None and offers(self.engine, "decode_state"):
-            self.engine.load_decode_state(state["decode"])
+        restore_decode_state(self.engine, state.get("decode"))
 
     # ------------------------------------------------------------ one batch
     def settings(self) -> dict:
