@@ -114,8 +114,7 @@ class LocalServer:
         self.app, self.start_timeout_s = app, start_timeout_s
         self.process: subprocess.Popen | None = None
         self.url = ""
-        self.starts = 0  # in this process
-        self.run_starts = 0  # in the current run: what `restarts` bounds (a second run has its own)
+        self.starts = 0  # in the current run: what `restarts` bounds (counted afresh once a run ends)
 
     @classmethod
     def of(cls, app: str, start_timeout_s: float) -> LocalServer:
@@ -142,7 +141,7 @@ class LocalServer:
             preexec_fn=lambda: die_with_parent(parent),  # noqa: PLW1509 (nothing else runs in the child)
         )  # fmt: skip
         self.url = f"http://127.0.0.1:{port}"
-        self.starts, self.run_starts = self.starts + 1, self.run_starts + 1
+        self.starts += 1
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -182,7 +181,7 @@ class LocalServer:
         """Stop every server; the next run in this process starts them afresh, with its own restarts."""
         cls.stop_all()
         for server in cls.servers.values():
-            server.run_starts = 0
+            server.starts = 0
 
 
 atexit.register(LocalServer.stop_all)  # (and the kernel ends them if this process is killed)
@@ -306,9 +305,9 @@ class OpenEnvEnvironment:
         ServerUnreachable when a server given by URL cannot be reached."""
         for attempt in range(2):
             if self.server is not None and not self.server.alive():
-                if self.server.run_starts > self.restarts:
+                if self.server.starts > self.restarts:
                     raise ServerUnreachable(
-                        f"the OpenEnv server of {self.server.app} died {self.server.run_starts} times; "
+                        f"the OpenEnv server of {self.server.app} died {self.server.starts} times; "
                         f"env.options.restarts={self.restarts} are spent"
                     )
                 self.server.start()
