@@ -341,6 +341,7 @@ def test_a_cell_a_stopped_call_cut_short_resumes_in_the_next_calls_sweep(tmp_pat
     it: the cut-short cell moves there and resumes from its checkpoint (it started over before)."""
     from everyprompt.config import demo_config_path, read_yaml
     from everyprompt.sweep import SweepPlan
+    from everyprompt.sweep.runner import cell_command
 
     bench = _load("evidence")
     root, base = tmp_path / "c8-long-tiny", read_yaml(demo_config_path())
@@ -358,5 +359,10 @@ def test_a_cell_a_stopped_call_cut_short_resumes_in_the_next_calls_sweep(tmp_pat
     moved = bench.adopt_cut_short(root, root / "seeds4-b", second)
     assert moved == [("b,seed=4", root / "seeds4-a-b" / "b,seed=4")]
     assert (root / "seeds4-b" / "b,seed=4" / "checkpoints" / "step_1").is_dir()
+    (cell,) = second.cells()  # the sweep's runner continues it (`train --resume`), not a fresh run
+    assert cell_command(root / "seeds4-b", cell, second.fixed)[-2:] == [
+        "--resume",
+        str(root / "seeds4-b" / "b,seed=4"),
+    ]
     assert (root / "other" / "b,seed=4").is_dir() and (root / "seeds4-a-b" / "a,seed=4").is_dir()
     assert bench.adopt_cut_short(root, root / "seeds4-b", second) == []  # started here now: left alone

@@ -140,21 +140,22 @@ def adopt_cut_short(root: Path, sweep_dir: Path, plan) -> list[tuple[str, Path]]
     from everyprompt.sweep import SweepPlan
     from everyprompt.sweep.runner import cell_is_done
 
+    others = [  # the other sweeps of the same settings
+        plan_file.parent
+        for plan_file in sorted(root.glob("*/sweep.json"))
+        if plan_file.parent != sweep_dir and SweepPlan.load(plan_file.parent).fixed == plan.fixed
+    ]
     moved = []
     for cell in plan.cells():
         target = sweep_dir / cell.name
         if RunLayout(target).started():
             continue
-        for plan_file in sorted(root.glob("*/sweep.json")):
-            source = plan_file.parent / cell.name
-            if plan_file.parent == sweep_dir or SweepPlan.load(plan_file.parent).fixed != plan.fixed:
-                continue
-            if cell_is_done(source) or not RunLayout(source).step_checkpoints():
-                continue
-            shutil.rmtree(target, ignore_errors=True)
-            shutil.move(source, target)
-            moved.append((cell.name, source))
-            break
+        for source in (other / cell.name for other in others):
+            if not cell_is_done(source) and RunLayout(source).step_checkpoints():
+                shutil.rmtree(target, ignore_errors=True)
+                shutil.move(source, target)
+                moved.append((cell.name, source))
+                break
     return moved
 
 
