@@ -243,7 +243,7 @@ step rl_step 240 "$PY" -m bench.rl_step --model "$DENSE_MODEL" --config "$CONFIG
 # shellcheck disable=SC2086
 step dense 220 "${BENCH[@]}" $FUSED --model "$DENSE_MODEL"
 step learner 150 "$PY" -m bench.learner_profile --model "$DENSE_MODEL" --config "$CONFIG" --updates "$UPDATES" \
-  --attention default,no-cudnn "${LEARNER[@]}" --out "$RESULTS"
+  --attention default,with-cudnn "${LEARNER[@]}" --out "$RESULTS"
 step test-gpu 120 "${TEST_GPU[@]}"
 step moe 180 "${BENCH[@]}" --model "$MOE_MODEL"
 

@@ -6,11 +6,11 @@ the last is profiled: its operators by their own device time (self CUDA time on 
 and the host syncs it made (CUDA's stream, event and device synchronisations and device-to-host copies,
 counted from the profiler's runtime events). The GPU suite runs it (bench/gpu_suite.sh).
 
-`--attention default,no-cudnn` profiles the update again with torch's attention backends restricted
-(`ATTENTION`; the same trainer and batches, one set-up after the other; the first is the result, the
-others go under `variants`): on an H200, cuDNN's attention took
-1.7-2.0 ms of host time a call in a 0.75 s update whose GPU work was 86 ms (docs/gpu.md), and whether
-another backend does better is for a GPU to say.
+`--attention default,with-cudnn` profiles the update again with another attention (`ATTENTION`; the same
+trainer and batches, one set-up after the other; the first is the result, the others go under
+`variants`): the learner's own (on CUDA every SDPA backend of torch's but cuDNN's, models/attention.py),
+then transformers' SDPA attention with torch choosing among all its backends (cuDNN's on a Hopper GPU,
+whose plan for each new width cost an H200 0.59 s forward and 1.20 s backward of host time: docs/gpu.md).
 
     python -m bench.learner_profile --model models/smollm2-135m-instruct
     python -m bench.learner_profile --model DIR --config configs/demo.yaml --updates 2   # smoke
@@ -30,21 +30,24 @@ from pathlib import Path
 from bench.common import recipe_parser, repo_path, write_results
 
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
-# the learner's attention backends: torch's own choice, or every backend but cuDNN's (its graph is built for
-# each new shape, and a packed micro-batch's width changes from one to the next)
-ATTENTION = {"default": None, "no-cudnn": ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")}
+# the attention an update is profiled with, by name: the learner's own, or transformers' SDPA attention
+# with torch choosing its backend (the attention implementation the model is switched to; None: as it is)
+ATTENTION = {"default": None, "with-cudnn": "sdpa"}
 
 
-def attention_backends(name: str):
-    """The context an update of `name` (an `ATTENTION` key) runs in."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    backends = ATTENTION[name]
-    return (
-        contextlib.nullcontext()
-        if backends is None
-        else sdpa_kernel([getattr(SDPBackend, b) for b in backends])
-    )
+@contextlib.contextmanager
+def attention_of(model, name: str):
+    """`model` attending as `name` (an `ATTENTION` key) says, for the updates inside."""
+    implementation = ATTENTION[name]
+    before = model.config._attn_implementation
+    if implementation is None or implementation == before:
+        yield
+        return
+    model.set_attn_implementation(implementation)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(before)
 
 
 def profile_updates(
@@ -78,7 +81,7 @@ def _profile(learner, batches: list, attention: str) -> tuple[dict, str]:
 
     device = next(learner.model.parameters()).device
     times = []
-    with attention_backends(attention):
+    with attention_of(learner.model, attention):
         for batch in batches[:-1]:
             synchronize(device)
             began = time.perf_counter()

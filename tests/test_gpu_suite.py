@@ -59,7 +59,7 @@ def test_the_gpu_suite_runs_every_step_on_tiny_models(tmp_path):
     assert rl["everyprompt"]["step_s"] > 0
     learner = json.loads((out / "learner_profile_tiny-dense.json").read_text())
     assert learner["update_s"] > 0 and learner["top_ops"] and learner["device"] == "cpu"
-    assert learner["attention"] == "default" and learner["variants"]["no-cudnn"]["update_s"] > 0
+    assert learner["attention"] == "default" and learner["variants"]["with-cudnn"]["update_s"] > 0
     assert (out / "learner_profile_tiny-dense.txt").stat().st_size > 0
     assert "gpu_suite: 0 step(s) failed" in done.stdout
     # what a device call brings back: at most 8 files, the logs packed as one
@@ -159,27 +159,20 @@ def test_the_gpu_suite_runs_only_the_steps_named(tmp_path):
     assert "--dense-only" not in _dry_run("--out", str(tmp_path))["models"]
 
 
-def test_the_learner_profile_restricts_the_attention_backends_it_is_asked_to():
-    import torch
+def test_the_learner_profile_switches_the_attention_it_is_asked_to():
+    from everyprompt.models.attention import CUDA_SDPA, register
+    from tests.conftest import tiny_config
+    from tests.trainer.test_sides import _model
 
     profile_bench = _load("learner_profile")
-    cuda = torch.backends.cuda
-
-    def enabled():
-        return {
-            "cudnn": cuda.cudnn_sdp_enabled(),
-            "flash": cuda.flash_sdp_enabled(),
-            "efficient": cuda.mem_efficient_sdp_enabled(),
-            "math": cuda.math_sdp_enabled(),
-        }
-
-    everything = {"cudnn": True, "flash": True, "efficient": True, "math": True}
-    assert enabled() == everything  # torch's default: its own choice among all of them
-    with profile_bench.attention_backends("no-cudnn"):
-        assert enabled() == {**everything, "cudnn": False}
-    with profile_bench.attention_backends("default"):
-        assert enabled() == everything
-    assert enabled() == everything  # restored on the way out
+    model, _ = _model(tiny_config())
+    register()
+    model.set_attn_implementation(CUDA_SDPA)  # as the learner's policy has it on CUDA
+    with profile_bench.attention_of(model, "with-cudnn"):
+        assert model.config._attn_implementation == "sdpa"  # torch then chooses among all its backends
+    assert model.config._attn_implementation == CUDA_SDPA  # restored on the way out
+    with profile_bench.attention_of(model, "default"):
+        assert model.config._attn_implementation == CUDA_SDPA
     with pytest.raises(SystemExit):
         profile_bench.main(["--model", str(ROOT), "--attention", "default,no-flash"])
 

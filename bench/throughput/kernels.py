@@ -66,10 +66,12 @@ def step_kernels(
 
 
 def is_matmul(name: str, device: torch.device) -> bool:
-    """Whether a kernel (by the names cuBLAS and CUTLASS give them) or an operator is a matrix product of
-    the step's weights (on the CPU: not attention's batched products over the cache)."""
+    """Whether a kernel (by the names cuBLAS and CUTLASS give them: cuBLAS's Hopper kernels are `nvjet_*`,
+    which the H200's suite of 2026-11-28 counted as 0 matmuls before; on a GPU attention's batched
+    products over the cache count too, their names being alike) or an operator is a matrix product of the
+    step's weights (on the CPU: not attention's batched products over the cache)."""
     if device.type == "cuda":
-        return any(word in name.lower() for word in ("gemm", "gemv"))
+        return any(word in name.lower() for word in ("gemm", "gemv", "nvjet"))
     return name in ("aten::mm", "aten::addmm")
 
 

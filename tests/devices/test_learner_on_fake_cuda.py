@@ -9,6 +9,7 @@ import torch
 
 from everyprompt.algorithms import registered_policy_losses
 from everyprompt.devices.fake_cuda import DeviceMismatch, FakeCudaTensor, fake_cuda, real
+from everyprompt.models.attention import CUDA_SDPA, cuda_attention_without_cudnn
 from everyprompt.models.experts import use_sorted_experts
 from everyprompt.models.lora import apply_lora
 from everyprompt.trainer import Learner
@@ -52,8 +53,12 @@ def _step(config, device: str):
         return gradients, learner.update(batch), None
     with fake_cuda() as check:
         model.to(device)
+        # on CUDA the learner attends without cuDNN's backend (models/attention.py: the pipeline's
+        # `training_kernels` gives it): the update below goes through it and must equal the CPU's
+        assert cuda_attention_without_cudnn(model)
         learner = Learner(config, model, tokenizer.pad_token_id)
         assert all(isinstance(p, FakeCudaTensor) for p in learner.model.parameters())
+        assert learner.model.config._attn_implementation == CUDA_SDPA
         gradients = _record_gradients(learner)
         check.syncs.clear()
         metrics = learner.update(batch)

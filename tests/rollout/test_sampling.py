@@ -1,7 +1,9 @@
+from functools import partial
+
 import pytest
 import torch
 
-from everyprompt.rollout.sampling import nucleus_filter, sample_tokens, uniform_noise
+from everyprompt.rollout.sampling import nucleus_filter, sample_tokens, uniform_noise, vocab_hashes
 
 
 def test_noise_is_uniform_and_deterministic():
@@ -79,3 +81,37 @@ def test_the_noise_stream_is_pinned():
     noise = uniform_noise(torch.tensor([1, 2**40 + 7]), torch.tensor([0, 5]), 3)
     integers = (noise * 2**24 - 0.5).round().long().tolist()
     assert integers == [[3877810, 5025935, 13442832], [4515954, 8640188, 16430149]]
+
+
+def test_the_vocabularys_hashes_made_once_sample_what_the_sampler_makes_itself():
+    vocab = 3000  # more than one of the CPU's noise blocks
+    logits = torch.randn(6, vocab, generator=torch.Generator().manual_seed(0))
+    seeds, positions = torch.tensor([1, 2, 3, 2**40, 5, 6]), torch.tensor([0, 4, 9, 1, 0, 2])
+    per_row = (torch.full((6, 1), 0.8), torch.full((6, 1), 0.9), torch.tensor([0, 1, 0, 0, 1, 0]).bool())
+    for settings in ((0.7, 1.0, False), (1.0, 0.9, False), per_row):
+        made_here = sample_tokens(logits, seeds, positions, *settings)
+        kept = sample_tokens(logits, seeds, positions, *settings, vocab=vocab_hashes(vocab))
+        for a, b in zip(made_here, kept):
+            assert torch.equal(a, b)
+
+
+def test_the_compiled_sampler_holds_no_index_sequence_when_given_the_vocabularys_hashes():
+    """On CUDA, Inductor turned `arange(V) + <64-bit constant>` (the vocabulary's hash) into index
+    arithmetic Triton cannot compile (H200, torch 2.11: the compiled decode step was given up). With the
+    hashes made once outside, the graph torch.compile hands its backend has no `arange` left."""
+
+    def graph_ops(**kwargs) -> set[str]:
+        seen: set[str] = set()
+
+        def backend(gm, example_inputs):
+            seen.update(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
+            return gm.forward
+
+        torch._dynamo.reset()
+        compiled = torch.compile(partial(sample_tokens, **kwargs), backend=backend, fullgraph=True)
+        logits = torch.randn(4, 100)
+        compiled(logits, torch.arange(4), torch.arange(4), 0.7, 1.0, False)
+        return seen
+
+    assert any("arange" in op for op in graph_ops())  # the check sees the sequence where it is made
+    assert not any("arange" in op for op in graph_ops(vocab=vocab_hashes(100)))

@@ -32,6 +32,7 @@ from torch import nn
 from everyprompt.devices import default_dtype
 from everyprompt.devices.bf16 import SLOW, cpu_bf16_slowdown
 from everyprompt.errors import InputError
+from everyprompt.models.attention import cuda_attention_without_cudnn
 from everyprompt.models.emulated_bf16 import emulated_if, recompute_context
 from everyprompt.models.experts import select_moe_kernel
 
@@ -127,10 +128,12 @@ def enable_gradient_checkpointing(model: nn.Module) -> nn.Module:
 
 def forward_kernels(model: nn.Module, model_config) -> nn.Module:
     """`model` (already on the learner's device) with the kernels of the learner's forwards: the MoE
-    experts' (`model.moe_kernel`) and float32 attention on the CPU under bf16. A frozen model the learner
+    experts' (`model.moe_kernel`), float32 attention on the CPU under bf16, and on CUDA attention without
+    cuDNN's backend (models/attention.py). A frozen model the learner
     scores with (a distillation teacher) gets these, so that it computes as the policy does."""
     select_moe_kernel(model, model_config.moe_kernel)
     cpu_attention_in_fp32(model, model_config.dtype)
+    cuda_attention_without_cudnn(model)
     return model
 
 

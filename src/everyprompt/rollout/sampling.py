@@ -7,6 +7,9 @@ whether a request is decoded alone or in any batch, which continuous batching an
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import torch
 
 _MASK64 = (1 << 64) - 1
@@ -49,13 +52,24 @@ def _uniform(bits: torch.Tensor) -> torch.Tensor:
     return _shift_right(bits, 40).to(torch.float64).add_(0.5).div_(float(1 << 24))
 
 
+def vocab_hashes(vocab_size: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Each vocabulary index's hash [1, V] (int64), the half of the noise that no row changes. A caller
+    that samples every step makes it once and passes it to `sample_tokens` (the native engine does): then
+    the sampler neither recomputes it nor, compiled, holds an index sequence plus 64-bit constants, which
+    Inductor's Triton code cannot express (measured on an H200 with torch 2.11: "Scalar
+    -7046029254386353131 is out of range for type int32", the compiled step given up)."""
+    vocab = torch.arange(vocab_size, dtype=torch.int64, device=device)
+    return _splitmix64_(vocab[None, :])
+
+
 def _hashes(
-    seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int
+    seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int, vocab: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's key [B, 1] and each vocabulary index's hash [1, V]: a (row, token) noise is the hash of
-    their xor."""
-    vocab = torch.arange(vocab_size, dtype=torch.int64, device=seeds.device)
-    return _splitmix64_(seeds[:, None] * _STEP + positions[:, None]), _splitmix64_(vocab[None, :])
+    """Each row's key [B, 1] and each vocabulary index's hash [1, V] (`vocab`, else made here): a (row,
+    token) noise is the hash of their xor."""
+    if vocab is None:
+        vocab = vocab_hashes(vocab_size, seeds.device)
+    return _splitmix64_(seeds[:, None] * _STEP + positions[:, None]), vocab
 
 
 def uniform_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -69,13 +83,15 @@ def uniform_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int)
 _CPU_BLOCK = 2048
 
 
-def gumbel_argmax(logprobs: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+def gumbel_argmax(
+    logprobs: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, vocab: torch.Tensor | None = None
+) -> torch.Tensor:
     """argmax(logprobs + Gumbel noise) [B] with the noise of `uniform_noise` (bit for bit the same
     tokens), made block by block of the vocabulary on the CPU, keeping only each row's best so far; in
-    one block on other devices."""
+    one block on other devices. `vocab`: `vocab_hashes` of the vocabulary, if the caller keeps them."""
     vocab_size = logprobs.shape[-1]
     block = _CPU_BLOCK if logprobs.device.type == "cpu" else vocab_size
-    key, vocab = _hashes(seeds, positions, vocab_size)
+    key, vocab = _hashes(seeds, positions, vocab_size, vocab)
     best_value = best_index = None
     for start in range(0, vocab_size, block):
         noise = _uniform(_splitmix64_(key ^ vocab[:, start : start + block]))
@@ -109,6 +125,7 @@ def sample_tokens(
     temperature: float | torch.Tensor,
     top_p: float | torch.Tensor,
     greedy: bool | torch.Tensor,
+    vocab: torch.Tensor | None = None,  # [1, V] vocab_hashes(V), made once by a caller that keeps them
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sampled token ids [B], their log-probs [B] and the entropy [B] of softmax(logits / temperature).
 
@@ -118,11 +135,17 @@ def sample_tokens(
     """
     logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
     if isinstance(greedy, torch.Tensor):
-        sampled = gumbel_argmax(nucleus_filter(logprobs, top_p), seeds, positions)
+        sampled = gumbel_argmax(nucleus_filter(logprobs, top_p), seeds, positions, vocab)
         tokens = torch.where(greedy, logprobs.argmax(dim=-1), sampled)
     elif greedy:
         tokens = logprobs.argmax(dim=-1)
     else:
-        tokens = gumbel_argmax(nucleus_filter(logprobs, top_p), seeds, positions)
+        tokens = gumbel_argmax(nucleus_filter(logprobs, top_p), seeds, positions, vocab)
     entropy = -(logprobs.exp() * logprobs).sum(-1)
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1), entropy
+
+
+def sampler(vocab_size: int, device: torch.device | str) -> Callable:
+    """`sample_tokens` with the vocabulary's hashes (`vocab_hashes`) made once, for a caller that samples
+    every step (the native engine)."""
+    return partial(sample_tokens, vocab=vocab_hashes(vocab_size, device))

@@ -47,7 +47,7 @@ from everyprompt.rollout.native.slots import Record, on_device
 from everyprompt.rollout.native.static_step import StaticStep, StepBuffers
 from everyprompt.rollout.native.step import DecodeStep, StepModel
 from everyprompt.rollout.native.weights import Layer, StateDict, copy_into, fp8_matmuls, read_layer
-from everyprompt.rollout.sampling import sample_tokens
+from everyprompt.rollout.sampling import sampler
 from everyprompt.rollout.stops import StopStrings, stop_token_ids
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8": torch.float32}
@@ -118,6 +118,7 @@ class NativeEngine:
         self.static = self.decoding.static
         # the static step's compile: from the first call or never, and given up (with a warning) if it fails
         self.compiler = DecodeCompiler(self.decoding.compile, give_up=True if self.static else None)
+        self.sampler = sampler(config.vocab_size, self.device)  # eager and compiled alike
         try:
             buckets = tuple(b for b in check_buckets(graph_buckets) if b < batch_size) + (batch_size,)
         except ValueError as err:
@@ -368,10 +369,10 @@ class NativeEngine:
         cost enough). The static step keeps the model it was made with: its graphs captured those bodies."""
         compiled = self.compiler.active
         if compiled and not self.compiler.bound:
-            self.compiler.bind(self.decode, sample_tokens)
+            self.compiler.bind(self.decode, self.sampler)
         model = StepModel(
             self.compiler.forward if compiled else self.decode,
-            self.compiler.sample if compiled else sample_tokens,
+            self.compiler.sample if compiled else self.sampler,
             self.cache,
             self.config.vocab_size,
             self.pad_token_id,

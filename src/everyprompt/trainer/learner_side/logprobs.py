@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from everyprompt.models.attention import uses_sdpa
 from everyprompt.trainer.learner_side.head import hidden_states_of, selected_logprobs
 
 
@@ -98,7 +99,7 @@ def packed_mask(model, positions: torch.Tensor, device) -> torch.Tensor | None:
         return None
     sliding = getattr(config, "use_sliding_window", bool(getattr(config, "sliding_window", None)))
     layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
-    if config._attn_implementation != "sdpa" or layer_types != {"full_attention"} or sliding:
+    if not uses_sdpa(config) or layer_types != {"full_attention"} or sliding:
         return None
     start = torch.ones_like(positions, dtype=torch.bool)
     start[:, 1:] = positions[:, 1:] - positions[:, :-1] != 1
