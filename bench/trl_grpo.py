@@ -44,15 +44,17 @@ def math_reward_for_trl(prompts, completions, answer, **_):
 def grpo_config(config, run_dir: Path, max_steps: int, matched: bool, shuffle: bool = True):
     """GRPOConfig for the recipe: one generation of the whole step, `rl.mini_batches` optimizer steps over
     it (as everyprompt's learner), token-mean loss (`dapo`), no KL term, one pass. `matched`: its
-    micro-batch is the recipe's `rl.micro_batch_size` (gradient accumulation up to the mini-batch, as
-    everyprompt's learner does); else one micro-batch holds a whole mini-batch. `shuffle=False`: the
-    prompts in the dataset's order."""
+    micro-batch is the recipe's `rl.micro_batch_size` on TRL's device (gradient accumulation up to the
+    mini-batch, as everyprompt's learner does; `auto` with a token budget, which TRL has not: the whole
+    mini-batch, as everyprompt's pass of SmolLM2's 64 sequences is); else one micro-batch holds a whole
+    mini-batch. `shuffle=False`: the prompts in the dataset's order."""
     from trl import GRPOConfig
 
     rl = config.rl
     completions_per_step = rl.prompts_per_step * rl.group_size
     mini_batch = completions_per_step // rl.mini_batches
-    micro = min(rl.micro_batch_size, mini_batch) if matched else mini_batch
+    size, _ = rl.micro_batching("cpu" if trl_on_cpu(config) else "cuda")
+    micro = min(size or mini_batch, mini_batch) if matched else mini_batch
     return GRPOConfig(
         output_dir=str(run_dir),
         per_device_train_batch_size=micro,

@@ -179,3 +179,23 @@ def test_sleep_while_training_auto_keeps_an_engine_with_cuda_graphs_awake():
     assert not load_config(None, ["rollout.sleep_while_training=false"]).rollout.sleeps(cpu)
     with pytest.raises(ConfigError, match="rollout.sleep_while_training"):
         load_config(None, ["rollout.sleep_while_training=sometimes"])
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "big", "true", "1.5"])
+def test_a_micro_batch_size_is_a_positive_integer_or_auto(value):
+    with pytest.raises(
+        ConfigError, match=re.escape("config key 'rl.micro_batch_size': expected a positive integer or auto")
+    ):
+        load_config(None, [f"rl.micro_batch_size={value}"])
+
+
+def test_auto_micro_batches_are_16_sequences_on_the_cpu_and_a_token_budget_on_a_gpu():
+    from everyprompt.config.rl import AUTO_CPU_SEQUENCES, AUTO_GPU_TOKENS
+
+    auto = load_config(None, ["rl.micro_batch_size=auto"]).rl
+    assert auto.micro_batching("cpu") == (AUTO_CPU_SEQUENCES, None) == (16, None)
+    assert auto.micro_batching("cuda") == (None, AUTO_GPU_TOKENS) == (None, 8192)
+    capped = load_config(None, ["rl.micro_batch_size=auto", "rl.micro_batch_tokens=4096"]).rl
+    assert capped.micro_batching("cuda") == (None, 4096) and capped.micro_batching("cpu") == (16, 4096)
+    fixed = load_config(None, ["rl.micro_batch_size=8"]).rl
+    assert fixed.micro_batching("cpu") == fixed.micro_batching("cuda") == (8, None)

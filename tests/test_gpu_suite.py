@@ -266,3 +266,27 @@ def test_the_c7_mode_tells_its_runner_the_calls_time(tmp_path):
     assert 200 < int(words[words.index("--time-left") + 1]) < 300  # the smoke's 300 s, less what went
     assert "--smoke --seeds 0" in line
     assert work.exists() == existed
+
+
+def test_the_docs_decode_table_is_made_from_a_result_and_says_a_failed_compile():
+    tables = _load("gpu_tables")
+    row = {
+        "batch": 1,
+        "graphs_step_ms": 1.678,
+        "fused_graphs_step_ms": 1.671,
+        "fused_compile_failed": 1.0,
+        "step_ms": 19.42,
+        "floor_ms": 2.55,
+        "captured_floor_ms": 0.46,
+        "graphs_speedup": 13.6,
+    }
+    result = {"decode": [row, {**row, "batch": 64, "fused_compile_failed": 0.0}], "step_kernels": [
+        {"batch": 1, "per_step": 668.0, "per_layer": 22.27}]}  # fmt: skip
+    text = tables.table(result, "SmolLM2")
+    lines = text.splitlines()
+    assert lines[0] == "| SmolLM2 | batch 1 | batch 64 |"
+    assert "| decode step with graphs, ms | 1.68 | 1.68 |" in lines
+    assert "| decode step with graphs and compiled bodies, ms | compile failed | 1.67 |" in lines
+    assert "| its matmuls, eager / captured, ms | 2.5 / 0.46 | 2.5 / 0.46 |" in lines
+    assert "| kernels a layer (the step's over its layers) | 22.3 | - |" in lines
+    assert not [line for line in lines if "tokens/s" in line]  # rows the result lacks are left out

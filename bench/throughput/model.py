@@ -96,7 +96,8 @@ def decode(
         if graphs and fused:
             row.update(graphs_at(model, tokenizer, work, new_tokens, repeats, dtype, device, row, "on"))
             print(
-                f"    static step, compiled bodies ({row['fused_graphs_mode']}): "
+                f"    static step, compiled bodies ({row['fused_graphs_mode']}"
+                f"{'; the compile FAILED: eager bodies' if row['fused_compile_failed'] else ''}): "
                 f"{row['fused_graphs_tokens_per_s']:.1f} tokens/s; step {row['fused_graphs_step_ms']:.2f} ms, "
                 f"{row['fused_graphs_step_vs_captured_floor']:.2f}x its matmuls captured; first call "
                 f"{row['fused_graph_first_call_s']:.1f} s (compiling included)"

@@ -52,6 +52,9 @@ def graphs_at(
         "graph_eager_steps": stats["graph_eager_steps"],
         "graph_replay_eps": stats["graph_replay_eps"],
         "graph_failed": stats["graph_failed"],
+        # compiled bodies that failed to compile run eagerly (with a warning): their figures are the eager
+        # bodies' then (the H200's of 2026-11-28 were)
+        "compile_failed": first.get("compile_failed", 0.0) or stats.get("compile_failed", 0.0),
     }
     return row if compile == "off" else {f"fused_{key}": value for key, value in row.items()}
 

@@ -56,6 +56,10 @@ class RolloutBatch:
             return sum(len(self.completion_ids[r]) for r in rows)
         return int(sum(int(self.completion_mask[r].sum()) for r in rows))
 
+    def token_counts(self, rows: list[int]) -> list[int]:
+        """Each of `rows`' tokens, prompt and completion (what a forward pass of it holds)."""
+        return [len(self.prompt_ids[r]) + len(self.completion_ids[r]) for r in rows]
+
     def episode_rows(self) -> list[int]:
         """One row per episode, its first: every row unless step-wise episodes span several (an episode's
         rows are consecutive, its number one above the last's)."""
@@ -98,7 +102,7 @@ class RolloutBatch:
             start = len(self.prompt_ids[r]) - 1  # target index of the first completion token
             row_index += [out] * len(self.completion_ids[r])
             column_index += range(start, start + len(self.completion_ids[r]))
-        where = torch.tensor([row_index, column_index], dtype=torch.long).to(device)
+        where = torch.tensor([row_index, column_index], dtype=torch.long).to(device, non_blocking=True)
         shape = (len(rows), width - 1)
 
         def scatter(values: list | None) -> torch.Tensor | None:
@@ -108,7 +112,7 @@ class RolloutBatch:
             out = torch.zeros(shape, device=device)
             present = [values[r] is not None for r in rows]
             if all(present):
-                out[where[0], where[1]] = torch.cat([values[r].to(device) for r in rows]).to(out.dtype)
+                out[where[0], where[1]] = upload([values[r] for r in rows], device).to(out.dtype)
             elif any(present):
                 for position, r in enumerate(rows):
                     if values[r] is not None:
@@ -120,10 +124,10 @@ class RolloutBatch:
         if self.completion_mask is None:
             mask[where[0], where[1]] = 1.0
         else:  # an episode's environment tokens are inputs, never targets of the loss
-            trained = torch.cat([self.completion_mask[r] for r in rows]).to(device, torch.float32)
+            trained = upload([self.completion_mask[r] for r in rows], device).to(torch.float32)
             mask[where[0], where[1]] = trained
         tensors = {
-            "input_ids": input_ids.to(device),
+            "input_ids": input_ids.to(device, non_blocking=True),
             "lengths": torch.tensor(lengths),  # on the host: it steers packing, not arithmetic
             # on the host too: the first target the loss reads is row i's prompt_lengths[i] - 1
             "prompt_lengths": torch.tensor([len(self.prompt_ids[r]) for r in rows]),
@@ -166,3 +170,14 @@ class RolloutBatch:
             elif isinstance(value, list) and value:  # per-row lists (an empty one stays empty)
                 per_row[item.name] = [value[r] for r in rows]
         return replace(self, **per_row)
+
+
+def upload(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """`parts` concatenated on `device`: those on the host in one copy that does not wait for the device
+    (torch waits for the stream after a blocking upload: a learner's per-row copies of the engine's
+    log-probs were 64 of its 74 stream syncs an update on an H200), those already there as they are."""
+    if all(part.device == device for part in parts):
+        return torch.cat(parts)
+    if all(part.device.type == "cpu" for part in parts):
+        return torch.cat(parts).to(device, non_blocking=True)
+    return torch.cat([part.to(device, non_blocking=True) for part in parts])

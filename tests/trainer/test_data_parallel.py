@@ -82,3 +82,36 @@ def test_two_ranks_update_as_one_process(tmp_path, sharding):
         torch.testing.assert_close(
             ranks["state"]["optimizer"]["state"][name]["exp_avg"], moments["exp_avg"], rtol=0, atol=1e-5
         )
+
+
+def _group(world: int, rank: int, sharding: str = "ddp") -> DataParallel:
+    """A `DataParallel` that believes it is `rank` of `world` (micro-batching reads no collective)."""
+    group = DataParallel(sharding)
+    group.distributed, group.world, group.rank = world > 1, world, rank
+    return group
+
+
+def test_micro_batches_are_cut_by_count_and_by_tokens():
+    one = _group(1, 0)
+    rows = [10, 11, 12, 13, 14]
+    assert [chunk for _, chunk in one.micro_batches(rows, 2)] == [[10, 11], [12, 13], [14]]
+    lengths = [5, 5, 5, 12, 3]
+    # 5 + 5 fit 10 tokens; 5 + 12 do not; the 12-token row goes alone; 12 + 3 do not fit either
+    by_tokens = one.micro_batches(rows, None, 10, lengths)
+    assert [chunk for _, chunk in by_tokens] == [[10, 11], [12], [13], [14]]
+    assert [key for key, _ in by_tokens] == [(0, 0), (0, 1), (0, 2), (0, 3)]
+    # both caps: whichever is reached first
+    assert [chunk for _, chunk in one.micro_batches(rows, 2, 100, lengths)] == [[10, 11], [12, 13], [14]]
+    assert [chunk for _, chunk in one.micro_batches(rows, None, 100, lengths)] == [rows]
+    with pytest.raises(ValueError, match="length"):
+        one.micro_batches(rows, None, 10)
+
+
+def test_sharded_ranks_run_as_many_passes_as_the_busiest_when_cut_by_tokens():
+    rows, lengths = [0, 1, 2, 3, 4], [1, 1, 1, 9, 9]  # rank 0: rows 0-2 (3 tokens), rank 1: rows 3-4
+    first = _group(2, 0, "fsdp2").micro_batches(rows, None, 10, lengths)
+    second = _group(2, 1, "fsdp2").micro_batches(rows, None, 10, lengths)
+    assert first == [((0, 0), [0, 1, 2]), ((0, 1), None)]  # a zero-weighted pass keeps it in step
+    assert second == [((1, 0), [3]), ((1, 1), [4])]
+    # ddp runs no padding passes
+    assert _group(2, 0).micro_batches(rows, None, 10, lengths) == [((0, 0), [0, 1, 2])]

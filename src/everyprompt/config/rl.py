@@ -12,6 +12,13 @@ from everyprompt.algorithms.losses import CISPOOptions, ESPOOptions, GSPOOptions
 from everyprompt.config.base import YAML_WORDS, Section
 from everyprompt.config.teacher import TeacherConfig
 
+# micro_batch_size=auto: sequences a micro-batch on the CPU (the recipes' setting before auto; the
+# smollm2 recipe's RL step peaked at 7.9 GiB of host memory with 16, 15.5 GiB with 64 on 2 cores), tokens
+# a micro-batch on a GPU (SmolLM2's 64 sequences of ~100 tokens in one pass: on an H200 four passes of 16
+# took 0.95 s of host-bound time, one pass 0.37 s: docs/gpu.md). A larger model on a smaller card lowers it.
+AUTO_CPU_SEQUENCES = 16
+AUTO_GPU_TOKENS = 8192
+
 
 class KLConfig(Section):
     estimator: Literal["k1", "k2", "k3"] | None = Field(
@@ -71,8 +78,16 @@ class RLConfig(Section):
         "the run stops (its last checkpoint is the last good state).",
     )
     mini_batches: int = Field(2, gt=0, description="Optimizer steps per rollout batch (PPO mini-batches).")
-    micro_batch_size: int = Field(
-        64, gt=0, description="Sequences per forward/backward (gradient accumulation)."
+    micro_batch_size: int | Literal["auto"] = Field(
+        64,
+        description="Sequences per forward/backward (gradient accumulation); auto: 16 on the CPU, and on "
+        "a GPU as many as `micro_batch_tokens` tokens hold (docs/training.md).",
+    )
+    micro_batch_tokens: int | None = Field(
+        None,
+        gt=0,
+        description="At most this many tokens (prompt + completion) per forward/backward, on top of "
+        f"micro_batch_size (None: no cap; under micro_batch_size=auto on a GPU {AUTO_GPU_TOKENS}).",
     )
     advantage: str = Field("grpo", description="Advantage estimator (algorithms registry name).")
     dead_zone: float = Field(
@@ -150,6 +165,15 @@ class RLConfig(Section):
             raise ValueError(f"expected one of {', '.join(registered_advantages())}")
         return name
 
+    @field_validator("micro_batch_size", mode="before")
+    @classmethod
+    def _a_size_or_auto(cls, value: Any) -> int | str:
+        if value == "auto":
+            return value
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError("expected a positive integer or auto")
+        return value
+
     @field_validator("loss")
     @classmethod
     def _known_loss(cls, name: str) -> str:
@@ -225,3 +249,12 @@ class RLConfig(Section):
         if section is not None:
             return getattr(self, section).model_dump()
         return policy_loss_spec(self.loss).resolve_options(self.loss_options)
+
+    def micro_batching(self, device_type: str) -> tuple[int | None, int | None]:
+        """(sequences, tokens): the caps of one forward/backward on a device of `device_type` (None: no
+        cap of that kind); `micro_batch_size=auto` decides by the device (see AUTO_*)."""
+        if self.micro_batch_size != "auto":
+            return self.micro_batch_size, self.micro_batch_tokens
+        if device_type == "cpu":
+            return AUTO_CPU_SEQUENCES, self.micro_batch_tokens
+        return None, self.micro_batch_tokens or AUTO_GPU_TOKENS

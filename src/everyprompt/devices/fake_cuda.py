@@ -11,7 +11,10 @@ a GPU. What a GPU would refuse or pay for is caught on the way:
   each step, and the code should have made the index on the device;
 - a host sync (`.item()`, `.tolist()`, `bool()` / `int()` / `float()` of a tensor, `.cpu()`, and the
   operations whose output size depends on values: `nonzero`, boolean-mask indexing, `masked_select`,
-  `unique`) is counted per line of code in `FakeCuda.syncs`.
+  `unique`) is counted per line of code in `FakeCuda.syncs`;
+- a blocking upload (`cpu_tensor.to(cuda)` or `copy_` without `non_blocking=True`, and `torch.tensor(data,
+  device="cuda")`) is counted per line of code in `FakeCuda.uploads`: on a GPU torch waits for the
+  stream after each (`cudaStreamSynchronize`), a sync as costly as a read back.
 
 Explicit transfers stay legal: `cpu_tensor.to(cuda)` and `cuda_tensor.copy_(cpu_tensor)` are how data is
 meant to reach the device. Autocast on `cuda` is off on a CPU-only build (torch warns and disables it),
@@ -147,6 +150,9 @@ class FakeCudaTensor(torch.Tensor):
             return func(_unwrap(args[0]).clone(), *args[1:], **kwargs)
         if func is torch.Tensor.copy_ and not isinstance(args[1], FakeCudaTensor):
             # host to device, what copy_ is for
+            check = _ACTIVE[-1] if _ACTIVE else None
+            if check is not None and not (args[2] if len(args) > 2 else kwargs.get("non_blocking", False)):
+                check.count_upload("copy_")
             _unwrap(args[0]).copy_(args[1], *args[2:], **kwargs)
             return args[0]
         with torch._C.DisableTorchFunctionSubclass():
@@ -203,9 +209,13 @@ class FakeCuda(TorchDispatchMode):
         # given device="cuda:0" (they would fail on a CPU-only build); this mode answers those factories
         self._mode_key = torch._C._TorchDispatchModeKey.FAKE
         self.syncs: Counter[str] = Counter()
+        self.uploads: Counter[str] = Counter()
 
     def count_sync(self, what: str) -> None:
         self.syncs[f"{what} at {caller()}"] += 1
+
+    def count_upload(self, what: str) -> None:
+        self.uploads[f"{what} at {caller()}"] += 1
 
     @property
     def total_syncs(self) -> int:
@@ -218,6 +228,8 @@ class FakeCuda(TorchDispatchMode):
         # a CUDA device argument, by keyword (factories) or by position (`aten.to.device`, which reaches
         # the mode undecomposed in inference mode), is answered on the CPU
         to_cuda = any(_is_cuda(x) for x in tree_leaves((args, kwargs)))
+        if to_cuda and func is _aten._to_copy.default and not fake and not kwargs.get("non_blocking"):
+            self.count_upload("to")
         if to_cuda:
             args, kwargs = tree_map(_on_host, (args, kwargs))
         if not fake and not to_cuda:

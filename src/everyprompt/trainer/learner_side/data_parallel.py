@@ -62,20 +62,32 @@ class DataParallel:
         return model
 
     # ------------------------------------------------------------ the work
-    def micro_batches(self, rows: Sequence[int], size: int) -> list[tuple[tuple[int, int], list[int] | None]]:
+    def micro_batches(
+        self,
+        rows: Sequence[int],
+        size: int | None,
+        tokens: int | None = None,
+        lengths: Sequence[int] | None = None,
+    ) -> list[tuple[tuple[int, int], list[int] | None]]:
         """This rank's micro-batches of `rows`: its contiguous share of them (ranks' shares differ by at most
-        one row) cut into micro-batches of `size`, each with its place `(rank, number)` in the whole
-        (`in_order` puts the ranks' pieces back in `rows` order). Under `fsdp2`, padded with `(key, None)`
-        to the same count on every rank: run those on any rows with zero weight."""
+        one row) cut into consecutive micro-batches of at most `size` rows (None: no cap) and, with `tokens`,
+        at most that many tokens by `lengths` (each row's, parallel to `rows`; a longer row goes alone),
+        each with its place `(rank, number)` in the whole (`in_order` puts the ranks' pieces back in `rows`
+        order). Under `fsdp2`, padded with `(key, None)` to the same count on every rank: run those on any
+        row with zero weight."""
+        if tokens is not None and lengths is None:
+            raise ValueError("a token cap needs each row's length")
         share, extra = divmod(len(rows), self.world)
-        begin = self.rank * share + min(self.rank, extra)
-        mine = list(rows[begin : begin + share + (self.rank < extra)])
+        cuts = {}  # by rank: this one's, and under fsdp2 every rank's (each rank holds the same rows)
+        for rank in range(self.world) if self.sharded else (self.rank,):
+            begin = rank * share + min(rank, extra)
+            cuts[rank] = _cut(range(begin, begin + share + (rank < extra)), size, tokens, lengths)
+        mine = cuts[self.rank]
         chunks: list[tuple[tuple[int, int], list[int] | None]] = [
-            ((self.rank, number), mine[start : start + size])
-            for number, start in enumerate(range(0, len(mine), size))
+            ((self.rank, number), [rows[i] for i in piece]) for number, piece in enumerate(mine)
         ]
         if self.sharded:
-            rounds = -(-(share + (extra > 0)) // size)  # the largest share's micro-batches
+            rounds = max(len(cut) for cut in cuts.values())  # as many passes as the busiest rank
             chunks += [((self.rank, len(chunks) + n), None) for n in range(rounds - len(chunks))]
         return chunks
 
@@ -133,6 +145,25 @@ class DataParallel:
             pieces = [(key, [_host(value) for value in values]) for key, values in pieces]
         every = sorted((piece for part in self.gather(pieces) for piece in part), key=lambda p: p[0])
         return [value for _, values in every for value in values]
+
+
+def _cut(
+    indices: range, size: int | None, tokens: int | None, lengths: Sequence[int] | None
+) -> list[list[int]]:
+    """`indices` in consecutive pieces of at most `size` indices and `tokens` tokens (`lengths[i]` each)."""
+    pieces: list[list[int]] = []
+    held = 0
+    for i in indices:
+        length = lengths[i] if tokens is not None else 0
+        full = pieces and (
+            (size is not None and len(pieces[-1]) >= size) or (tokens is not None and held + length > tokens)
+        )
+        if not pieces or full:
+            pieces.append([])
+            held = 0
+        pieces[-1].append(i)
+        held += length
+    return pieces
 
 
 def _group_device() -> torch.device:

@@ -7,14 +7,15 @@
   2. the old policy's log-probs: the engine's (`rl.old_logprobs=rollout`), or the trainer's
      (`recompute`): the first mini-batch's own forward for its rows, and for the other mini-batches' rows
      a no-grad pass before the first update;
-  3. `rl.mini_batches` AdamW steps, each accumulated over micro-batches with the whole mini-batch's loss
-     denominators, so the gradient does not depend on the micro-batch size;
+  3. `rl.mini_batches` AdamW steps, each accumulated over micro-batches (`rl.micro_batching`: sequences
+     and tokens a pass) with the whole mini-batch's loss denominators, so the gradient does not depend on
+     how they are cut;
   4. the train-inference mismatch of the old policy against the engine (`mismatch/*`): from the first
      mini-batch's forward, at no extra cost.
 `state_dict()` is the weights hand-off to the rollout side. Nothing here reads the rollout side.
 
-In a data-parallel group (`trainer/learner_side/data_parallel.py`) every rank runs `update` on the same batch, each
-its share of every pass's micro-batches; the update equals the single process's.
+In a data-parallel group (`trainer/learner_side/data_parallel.py`) every rank runs `update` on the same
+batch, each its share of every pass's micro-batches; the update equals the single process's.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ class Learner(LearnerSide):
             self._merge_copy = copy.deepcopy(model).requires_grad_(False)
         self.model = self.parallel.shard(model)  # fsdp2: sharded in place, before the optimizer sees it
         self.device = next(self.model.parameters()).device  # batches come to the model's device
+        self.caps = self.rl.micro_batching(self.device.type)  # a micro-batch's sequences and tokens
         self.optimizer = build_optimizer(self.model, self.rl.lr, self.rl.weight_decay)
         self.scheduler = build_scheduler(
             self.optimizer, self.rl.warmup_steps, self.rl.steps, self.rl.lr_schedule
@@ -217,9 +219,9 @@ class Learner(LearnerSide):
         entropies: list[tuple[int, list[torch.Tensor]]] = []
         routes: list[tuple[int, list[torch.Tensor]]] = []
         routes_key = "routes" if self.rl.router_replay == "r3" else None
-        for key, chunk in self.parallel.micro_batches(rows, self.rl.micro_batch_size):
+        for key, chunk in self.parallel.micro_batches(rows, *self.caps, batch.token_counts(rows)):
             padding = chunk is None  # fsdp2: a pass that keeps the ranks' collectives in step
-            chunk = rows[: self.rl.micro_batch_size] if padding else chunk
+            chunk = rows[:1] if padding else chunk
             data = batch.padded(chunk, self.pad_id, self.device)
             needs_entropy = self.loss_spec.needs_entropy
             recorded = [] if self.router is not None else None
@@ -274,7 +276,7 @@ class Learner(LearnerSide):
             for key in ("old_logp", "old_entropy", "old_routes"):
                 if self.rl.old_logprobs == "recompute":
                     data.pop(key, None)
-        advantages = batch.advantages[rows].to(self.device)
+        advantages = batch.advantages[rows].to(self.device, non_blocking=True)
         num_tokens = float(max(batch.trained_tokens(rows), 1))  # the mask's sum
         routes_key = REPLAYED_ROUTES[self.rl.router_replay]
         self.optimizer.zero_grad(set_to_none=True)
@@ -296,10 +298,9 @@ class Learner(LearnerSide):
         measured: list[tuple[int, list]] = []
         used: list[tuple[int, list]] = []
         finite = torch.ones((), dtype=torch.bool, device=self.device)
-        size = self.rl.micro_batch_size
-        for key, chunk in self.parallel.micro_batches(range(len(rows)), size):
+        for key, chunk in self.parallel.micro_batches(range(len(rows)), *self.caps, batch.token_counts(rows)):
             padding = chunk is None  # fsdp2: a zero-weighted pass that keeps the collectives in step
-            part = slice(0, size) if padding else slice(chunk[0], chunk[-1] + 1)
+            part = slice(0, 1) if padding else slice(chunk[0], chunk[-1] + 1)
             used_routes = [] if measure else None
             loss, logp, entropy, metrics = self._micro_batch(
                 batch, rows, data, part, advantages, num_tokens, routes_key, used_routes, held

@@ -148,7 +148,7 @@ def token_logprobs(
         rows, offsets = torch.arange(input_ids.shape[0]), torch.zeros(input_ids.shape[0], dtype=torch.long)
     else:
         forward_ids, host_positions, layout = pack(input_ids, lengths, pad_id)
-        positions = host_positions.to(forward_ids.device)
+        positions = host_positions.to(forward_ids.device, non_blocking=True)
         rows, offsets = layout.row, layout.offset
     mask = None if positions is None else packed_mask(model, host_positions, forward_ids.device)
     inputs = {"input_ids": forward_ids, "position_ids": positions, "use_cache": False}

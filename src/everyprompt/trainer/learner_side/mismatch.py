@@ -47,8 +47,8 @@ def mismatch_values(
     if not old.numel():
         return {}
     device = old.device
-    log_ratio = (old - torch.cat(list(engine_logprobs)).to(device)).double()
-    kept = None if masks is None else torch.cat(list(masks)).to(device)
+    log_ratio = (old - torch.cat(list(engine_logprobs)).to(device, non_blocking=True)).double()
+    kept = None if masks is None else torch.cat(list(masks)).to(device, non_blocking=True)
     if kept is not None:
         log_ratio = log_ratio[kept]
         if not log_ratio.numel():
