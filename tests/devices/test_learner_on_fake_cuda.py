@@ -304,3 +304,18 @@ def test_auto_micro_batches_on_a_gpu_take_the_mini_batch_in_one_pass_and_the_sam
         for name, value in reference.items():
             torch.testing.assert_close(mine[name], value, atol=1e-6, rtol=1e-4, msg=name)
     assert metrics["loss/policy"] == pytest.approx(expected_metrics["loss/policy"], rel=1e-5, abs=1e-7)
+
+
+def test_an_upload_of_host_parts_is_one_copy_that_does_not_wait():
+    from everyprompt.batch import upload
+
+    parts = [torch.arange(3.0), torch.arange(2.0)]
+    with fake_cuda() as check:
+        on_device = torch.ones(2, device=CUDA)
+        joined = upload(parts, CUDA)
+        mixed = upload([parts[0], on_device], CUDA)
+        kept = upload([on_device, on_device], CUDA)
+    assert isinstance(joined, FakeCudaTensor) and real(joined).tolist() == [0.0, 1.0, 2.0, 0.0, 1.0]
+    assert real(mixed).tolist() == [0.0, 1.0, 2.0, 1.0, 1.0] and real(kept).tolist() == [1.0] * 4
+    assert not check.uploads, dict(check.uploads)
+    assert upload(parts, torch.device("cpu")).tolist() == [0.0, 1.0, 2.0, 0.0, 1.0]

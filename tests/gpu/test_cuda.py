@@ -94,7 +94,9 @@ def test_a_bf16_train_step_on_cuda():
 def test_every_rl_step_after_the_first_replays_its_graphs(tmp_path, compile):
     """A real run on CUDA (the tiny model, bf16 engine): the engine stays awake with its graphs, captures in
     the first step and replays in every later one; no decode phase runs without its graph, and no capture
-    is refused (the H200's RL step refused every graph under the first trust rule, 1e-3 on bf16 logits)."""
+    is refused (the H200's RL step refused every graph under the first trust rule, 1e-3 on bf16 logits).
+    With compiled bodies, the compile succeeds (on the H200 it failed in Triton, and the graphs then
+    captured the eager bodies: this test passed without noticing)."""
     from everyprompt.pipeline import Run
 
     config = tiny_config(
@@ -107,6 +109,10 @@ def test_every_rl_step_after_the_first_replays_its_graphs(tmp_path, compile):
     finally:
         trainer.close()
     assert [m["rollout/graph_failed"] for m in history] == [0.0, 0.0, 0.0], trainer.engine.graphs.failure
+    assert [m.get("rollout/compile_failed", 0.0) for m in history] == [0.0] * 3, (
+        trainer.engine.compiler.failure
+    )
+    assert trainer.engine.compiler.bound == (compile == "on")
     assert history[0]["rollout/graph_captures"] > 0
     for later in history[1:]:
         assert later["rollout/graph_eager_steps"] == 0.0 and later["rollout/graph_replays"] > 0
