@@ -31,7 +31,8 @@
 #            generating with transformers: vLLM cannot be installed on these machines)
 #   moe      the decode bench on the 8-expert upcycle
 #   learner  one learner update of the recipe profiled (bench/learner_profile.py: its top operators by
-#            device time, its host syncs), with torch's attention backends and again without cuDNN's
+#            device time, its host syncs), the learner's attention, then transformers' own (cuDNN's
+#            included), then with Liger's kernels
 #   test-gpu make test-gpu (pytest -m gpu)
 # Results: OUT (default $OUT where the device tool sets it, else bench/results/gpu), one JSON per bench; the
 # logs end up in one archive, logs.tar.gz (the device tool brings back at most 8 files a call).
@@ -65,7 +66,7 @@ PY="${PYTHON:-.venv/bin/python}"
 # dependency resolution: the image's own packages stand in for the rest
 WHEELS="pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
   math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2 gguf==0.19.0
-  trl==1.16.0 datasets==4.7.0 dill==0.4.0 multiprocess==0.70.18"
+  trl==1.16.0 datasets==4.7.0 dill==0.4.0 multiprocess==0.70.18 liger-kernel==0.8.5"
 
 if [ "$MODE" = stage ]; then
   rm -rf .gpu-wheels .gpu-model && mkdir -p .gpu-wheels .gpu-model || exit 1
@@ -167,7 +168,7 @@ export WHEELS
 if [ $SMOKE = 1 ]; then
   DEVICE=cpu DTYPE=fp32 QUICK=--quick CONFIG=configs/demo.yaml STEPS=2 UPDATES=1 FUSED=
   RECIPE=(--set sft.steps=0 --set rollout.precision=fp32)  # the demo recipe without its SFT warm start
-  LEARNER=("${RECIPE[@]}")
+  LEARNER=("${RECIPE[@]}" --liger)  # on the CPU the liger profile is skipped, saying why
   MODELS_ARGS="--smoke $RESULTS/models"
   TEST_GPU=("$PY" -m pytest -q -m gpu -rs -p no:cacheprovider tests/gpu)
   if "$PY" -c "import trl" 2>/dev/null; then TRAINERS=everyprompt,trl; else TRAINERS=everyprompt; fi
@@ -189,7 +190,7 @@ else
   # the recipe as it is: rl_step matches TRL's arithmetic itself (a bf16 engine, the old policy's log-probs
   # recomputed), and the profiled update is that step's update
   RECIPE=()
-  LEARNER=(--set rollout.precision=bf16 --set rl.old_logprobs=recompute)
+  LEARNER=(--set rollout.precision=bf16 --set rl.old_logprobs=recompute --liger)
   MODELS_ARGS=
   TEST_GPU=(make test-gpu)
   TRAINERS=everyprompt,trl

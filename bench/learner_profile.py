@@ -51,11 +51,17 @@ def attention_of(model, name: str):
 
 
 def profile_updates(
-    config_path: Path, overrides: list[str], updates: int, run_dir: Path, attention: list[str]
+    config_path: Path,
+    overrides: list[str],
+    updates: int,
+    run_dir: Path,
+    attention: list[str],
+    liger: bool = False,
 ) -> dict[str, tuple[dict, str]]:
     """Each attention set-up's figures and profiler table, by name: one trainer and one set of batches
     (made once by its rollout side) serve them all, each timed over `updates` updates and profiled on one
-    more, in the order given."""
+    more, in the order given; with `liger`, then once more with Liger's kernels (`model.kernels=liger`,
+    models/liger.py: applied last, since its patching stays)."""
     from everyprompt.config import load_config
     from everyprompt.pipeline import Run
 
@@ -70,7 +76,19 @@ def profile_updates(
     trainer = Run(config, run_dir).trainer()
     try:
         batches = [trainer.rollout.next_batch(step) for step in range(updates + 1)]
-        return {name: _profile(trainer.learner, batches, name) for name in attention}
+        profiles = {name: _profile(trainer.learner, batches, name) for name in attention}
+        if liger:
+            from everyprompt.models.liger import KernelsError, apply_liger, check_kernels
+
+            try:
+                check_kernels("liger", trainer.learner.device)
+                apply_liger(trainer.learner.model)
+            except KernelsError as err:  # the other profiles stand; the result says why this one is absent
+                print(f"liger: not profiled: {err}")
+                profiles["liger"] = ({"skipped": str(err)}, "")
+            else:
+                profiles["liger"] = _profile(trainer.learner, batches, "default")
+        return profiles
     finally:
         trainer.close()
 
@@ -145,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
         default="default",
         help=f"attention backends, comma-separated, each profiled in turn: {', '.join(ATTENTION)}",
     )
+    parser.add_argument(
+        "--liger", action="store_true", help="then once more with Liger's kernels (CUDA, the kernels extra)"
+    )
     args = parser.parse_args(argv)
     if args.model is None or not args.model.exists():
         parser.error(f"--model {args.model}: no such checkpoint directory")
@@ -154,16 +175,21 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--attention {', '.join(unknown)}: expected some of {', '.join(ATTENTION)}")
     with tempfile.TemporaryDirectory() as run_dir:
         profiles = profile_updates(
-            args.config, [f"model.path={args.model}", *args.set], args.updates, Path(run_dir), names
+            args.config,
+            [f"model.path={args.model}", *args.set],
+            args.updates,
+            Path(run_dir),
+            names,
+            args.liger,
         )
     result, table = profiles[names[0]]
-    result["variants"] = {name: summary(profiles[name][0]) for name in names[1:]}
+    result["variants"] = {name: summary(profiles[name][0]) for name in profiles if name != names[0]}
     result.update(model=repo_path(args.model), config=repo_path(args.config), overrides=args.set)
     name = args.model.name.removesuffix(".gguf")
     out = write_results(args.out / f"learner_profile_{name}.json", result)
     out.with_suffix(".txt").write_text(table)
     print(table)
-    for name in names:
+    for name in profiles:
         print(f"{name}: {summary(profiles[name][0])}")
     print(
         f"update {result['update_s']:.3f} s on {result['device']} ({result['sequences']} sequences, "
@@ -173,7 +199,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def summary(result: dict) -> dict:
-    """A profile's headline figures: the update's seconds, its host syncs, its top operators by name."""
+    """A profile's headline figures: the update's seconds, its host syncs, its top operators by name (or
+    why it was skipped)."""
+    if "skipped" in result:
+        return result
     top = {op["op"][:60]: round(op["self_ms"], 3) for op in result["top_ops"][:8]}
     return {"update_s": result["update_s"], "host_syncs": result["host_syncs"], "top_self_ms": top}
 

@@ -254,3 +254,40 @@ def test_a_bf16_norm_on_cuda_is_one_kernel_and_equals_the_upcast_one():
 
     upcast = kernels(lambda: F.rms_norm(x.float(), x.shape[-1:], eps=1e-5).bfloat16())
     assert kernels(lambda: rms_norm(x, None, 1e-5)) < upcast
+
+
+def test_liger_kernels_give_torchs_log_probs_and_gradients(monkeypatch):
+    """`model.kernels=liger` on a tiny Llama (SmolLM2's family): the packed forward's log-probs and the
+    gradients of their sum equal torch's kernels' (fp32, within Liger's own test tolerances)."""
+    pytest.importorskip("liger_kernel", reason="liger-kernel is the optional extra everyprompt[kernels]")
+    import copy
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.models.llama import modeling_llama
+
+    from everyprompt.models.liger import apply_liger
+
+    for name in ("apply_rotary_pos_emb", "LlamaRMSNorm", "LlamaMLP"):  # Liger patches the module: restore
+        monkeypatch.setattr(modeling_llama, name, getattr(modeling_llama, name))
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, attn_implementation="sdpa",
+    )  # fmt: skip
+    plain = LlamaForCausalLM(config).to(CUDA)
+    fused = copy.deepcopy(plain)
+    tokens = torch.randint(1, 64, (3, 12), device=CUDA)
+    lengths = [12, 7, 9]
+
+    def logprobs_and_grads(model):
+        logp, _ = token_logprobs(model, tokens, lengths=lengths)
+        logp.sum().backward()
+        return logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    expected, expected_grads = logprobs_and_grads(plain)
+    apply_liger(fused)
+    assert fused.model.norm._get_name() == "LigerRMSNorm"  # Liger binds its forward into the module
+    got, grads = logprobs_and_grads(fused)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    for name, value in expected_grads.items():
+        torch.testing.assert_close(grads[name], value, atol=1e-4, rtol=1e-3, msg=name)

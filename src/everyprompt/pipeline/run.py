@@ -30,6 +30,7 @@ from everyprompt.hub import check_model_name, pinned
 from everyprompt.logs import quiet_libraries, record_warnings
 from everyprompt.models.catalog import fetch_hint
 from everyprompt.models.io import config_tokenizer, load_model_and_tokenizer, load_pretrained
+from everyprompt.models.liger import check_kernels
 from everyprompt.models.lora import load_adapter
 from everyprompt.models.precision import emulates_bf16, training_dtype, training_kernels
 from everyprompt.pipeline.backends import build_trainer
@@ -170,6 +171,9 @@ class Run:
         if config.keep_freed_memory:
             keep_freed_memory(config.kept_block_mib)
         self.device = learner_device(config)  # CUDA asked for and absent: exit 2 now, before any work
+        check_kernels(
+            config.model.kernels, self.device
+        )  # likewise Liger's kernels off CUDA, or not installed
         if note := slow_bf16_note(bf16_on_cpu(config, self.device)):
             log.warning(note)
             self.console.print(f"warning: {note}", markup=False, highlight=False)
