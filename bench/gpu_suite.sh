@@ -171,6 +171,7 @@ if [ $SMOKE = 1 ]; then
   LEARNER=("${RECIPE[@]}" --liger)  # on the CPU the liger profile is skipped, saying why
   MODELS_ARGS="--smoke $RESULTS/models"
   TEST_GPU=("$PY" -m pytest -q -m gpu -rs -p no:cacheprovider tests/gpu)
+  MOE_BATCHES=
   if "$PY" -c "import trl" 2>/dev/null; then TRAINERS=everyprompt,trl; else TRAINERS=everyprompt; fi
 else
   # the image's Python is the one this mode installs into (and make's targets then use): on any other
@@ -194,6 +195,7 @@ else
   MODELS_ARGS=
   TEST_GPU=(make test-gpu)
   TRAINERS=everyprompt,trl
+  MOE_BATCHES="--batches 1,64"  # the upcycle's target is at batch 64: the suite's 560 s hold every step then
 fi
 [ "$TRAINERS" = everyprompt ] && echo "rl_step: TRL is not installed here; everyprompt's steps alone" \
   | tee -a "$RESULTS/steps.txt"
@@ -246,6 +248,7 @@ step dense 220 "${BENCH[@]}" $FUSED --model "$DENSE_MODEL"
 step learner 150 "$PY" -m bench.learner_profile --model "$DENSE_MODEL" --config "$CONFIG" --updates "$UPDATES" \
   --attention default,with-cudnn "${LEARNER[@]}" --out "$RESULTS"
 step test-gpu 120 "${TEST_GPU[@]}"
-step moe 180 "${BENCH[@]}" --model "$MOE_MODEL"
+# shellcheck disable=SC2086
+step moe 180 "${BENCH[@]}" $MOE_BATCHES --model "$MOE_MODEL"
 
 finish "$FAILED step(s) failed; results in $RESULTS ($SECONDS s)"

@@ -64,6 +64,23 @@ def test_throughput_bench_takes_a_model(tmp_path, capsys):
     assert "wrote" in capsys.readouterr().out
 
 
+def test_throughput_bench_takes_the_decode_batches_asked_for(tmp_path, capsys):
+    bench = _load("throughput")
+    model = _saved_tiny_model(tmp_path / "tiny")
+    out = tmp_path / "out"
+    argv = ["--model", str(model), "--quick", "--decode-only", "--batches", "3,2", "--out", str(out)]
+    assert bench.main(argv) == 0
+    payload = json.loads((out / "throughput_tiny.json").read_text())
+    assert [row["batch"] for row in payload["decode"]] == [2, 3]
+    for bad in ("0,4", "a,b", ""):
+        with pytest.raises(SystemExit) as stop:
+            bench.main(["--model", str(model), "--batches", bad])
+        assert stop.value.code == 2
+    with pytest.raises(SystemExit):  # a model's option: without --model it is refused
+        bench.main(["--batches", "1,2"])
+    assert "--batches" in capsys.readouterr().err
+
+
 @pytest.mark.slow  # a compile of the decode step (~1 min)
 def test_throughput_bench_measures_the_compiled_step(tmp_path):
     bench = _load("throughput")

@@ -56,6 +56,17 @@ SCALES = {
 }
 
 
+def _batches(text: str) -> tuple[int, ...]:
+    """`--batches 1,64`: positive batch sizes, ascending."""
+    try:
+        sizes = tuple(sorted({int(part) for part in text.split(",")}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated batch sizes, got {text!r}") from None
+    if not sizes or sizes[0] < 1:
+        raise argparse.ArgumentTypeError(f"expected positive batch sizes, got {text!r}")
+    return sizes
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -90,6 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--decode-only", action="store_true", help="with --model: decode only (no long-tail or prefill runs)"
     )
+    parser.add_argument(
+        "--batches",
+        type=_batches,
+        help="with --model: the decode batches, comma-separated (default 1,8,32,64; --quick 1,4)",
+    )
     args = parser.parse_args(argv)
     if args.compile_probe:
         print(json.dumps(compile_probe(*json.loads(args.compile_probe))))
@@ -100,10 +116,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.model is not None:
         return measure_model(args)
-    if args.device != "cpu" or args.quick or args.compile or args.graphs or args.fused or args.decode_only:
+    model_only = (args.quick, args.compile, args.graphs, args.fused, args.decode_only, args.batches)
+    if args.device != "cpu" or any(model_only):
         parser.error(
-            "--device, --quick, --compile, --graphs, --fused and --decode-only go with --model (the demo suite "
-            "runs on the CPU)"
+            "--device, --quick, --compile, --graphs, --fused, --decode-only and --batches go with --model (the "
+            "demo suite runs on the CPU)"
         )
 
     from rich.console import Console
@@ -326,6 +343,7 @@ def measure_model(args) -> int:
             args.graphs,
             args.decode_only,
             args.fused,
+            args.batches,
         ),
     }
     results["model"] = repo_path(args.model)
