@@ -165,6 +165,7 @@ def test_rl_step_bench_smoke(tmp_path, capsys):
     assert ours["malloc"] == "glibc"  # the config's default, in the probe's own process
     assert payload["everyprompt_overrides"] == ["rollout.precision=bf16", "rl.old_logprobs=recompute"]
     assert ours["step_s"] > 0 and ours["peak_rss_bytes"] > 0 and ours["group_size"] == 2
+    assert len(ours["train_s_all"]) == len(ours["rollout_s_all"]) == len(ours["step_s_all"]) == 2
     if "trl" in payload:
         assert payload["trl"]["generate_under_autocast"] is True
         assert payload["step_ratio"] == pytest.approx(ours["step_s"] / payload["trl"]["step_s"])
