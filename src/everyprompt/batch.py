@@ -174,9 +174,9 @@ class RolloutBatch:
 
 def upload(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     """`parts` concatenated on `device`: those on the host in one copy that does not wait for the device
-    (torch waits for the stream after a blocking upload: a learner's per-row copies of the engine's
-    log-probs were 64 of its 74 stream syncs an update on an H200), those already there as they are. (A
-    copy to the host waits: its values are read right after.)"""
+    (torch waits for the stream after a blocking upload: copied row by row, a learner update's 64 rows of
+    engine log-probs made most of the 74 stream syncs an H200 counted), those already there as they
+    are. (A copy to the host waits: its values are read right after.)"""
     if all(part.device == device for part in parts):
         return torch.cat(parts)
     upward = device.type != "cpu"

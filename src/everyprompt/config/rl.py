@@ -15,7 +15,8 @@ from everyprompt.config.teacher import TeacherConfig
 # micro_batch_size=auto: sequences a micro-batch on the CPU (the recipes' setting before auto; the
 # smollm2 recipe's RL step peaked at 7.9 GiB of host memory with 16, 15.5 GiB with 64 on 2 cores), tokens
 # a micro-batch on a GPU (SmolLM2's 64 sequences of ~100 tokens in one pass: on an H200 four passes of 16
-# took 0.95 s of host-bound time, one pass 0.37 s: docs/gpu.md). A larger model on a smaller card lowers it.
+# took 0.95 s of host-bound time, one pass 0.37 s where cuDNN had planned its width: docs/gpu.md). A larger
+# model on a smaller card lowers it.
 AUTO_CPU_SEQUENCES = 16
 AUTO_GPU_TOKENS = 8192
 
