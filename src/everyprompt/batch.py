@@ -177,8 +177,6 @@ def upload(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     (torch waits for the stream after a blocking upload: copied row by row, a learner update's 64 rows of
     engine log-probs made most of the 74 stream syncs an H200 counted), those already there as they
     are. (A copy to the host waits: its values are read right after.)"""
-    if all(part.device == device for part in parts):
-        return torch.cat(parts)
     upward = device.type != "cpu"
     if all(part.device.type == "cpu" for part in parts):
         return torch.cat(parts).to(device, non_blocking=upward)

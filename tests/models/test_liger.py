@@ -26,7 +26,6 @@ def test_liger_without_the_package_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "liger_kernel.transformers", None)
     with pytest.raises(KernelsError, match=r"pip install 'everyprompt\[kernels\]'"):
         check_kernels("liger", torch.device("cuda", 0))
-    check_kernels("torch", torch.device("cpu"))  # torch's own kernels: nothing to check
 
 
 def test_an_unknown_kernel_choice_names_the_key():

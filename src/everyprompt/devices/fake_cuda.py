@@ -134,7 +134,7 @@ class FakeCudaTensor(torch.Tensor):
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in _HOST_READS:
-            check = _ACTIVE[-1] if _ACTIVE else None
+            check = _active()
             if check is not None and func not in (torch.Tensor.__repr__, torch.Tensor.__format__):
                 check.count_sync(func.__name__)
             return func(_unwrap(args[0]), *args[1:], **kwargs)
@@ -144,13 +144,13 @@ class FakeCudaTensor(torch.Tensor):
                 # CPU values here (clip_grad_norm_ groups gradients so): on a GPU that device is the
                 # GPU and the call a no-op, so it is one here too
                 return args[0]
-            check = _ACTIVE[-1] if _ACTIVE else None
+            check = _active()
             if check is not None:
                 check.count_sync("cpu" if func is torch.Tensor.cpu else "to(cpu)")
             return func(_unwrap(args[0]).clone(), *args[1:], **kwargs)
         if func is torch.Tensor.copy_ and not isinstance(args[1], FakeCudaTensor):
             # host to device, what copy_ is for
-            check = _ACTIVE[-1] if _ACTIVE else None
+            check = _active()
             if check is not None and not (args[2] if len(args) > 2 else kwargs.get("non_blocking", False)):
                 check.count_upload("copy_")
             _unwrap(args[0]).copy_(args[1], *args[2:], **kwargs)
@@ -197,6 +197,11 @@ def _on_host(value):
 
 
 _ACTIVE: list[FakeCuda] = []
+
+
+def _active() -> FakeCuda | None:
+    """The innermost `fake_cuda()` context's check, if one is open."""
+    return _ACTIVE[-1] if _ACTIVE else None
 
 
 class FakeCuda(TorchDispatchMode):

@@ -8,8 +8,9 @@ Whether it pays is for a lent GPU to say (the learner profile's `liger` variant)
 
 Applied to the policy instance (its norms and MLPs) with Liger's own patching, which also replaces the
 family's rotary function and its norm and MLP classes in transformers' module: every model of that family
-in the process uses them from then on (a KL reference, a teacher: on the same device, alike). The LM head stays everyprompt's chunked log-prob head: Liger's fused linear cross
-entropy computes a loss the RL objective does not use. Liger's kernels are exact in the sense its
+in the process uses them from then on (a KL reference, a teacher: on the same device, alike). The LM head
+stays everyprompt's chunked log-prob head: Liger's fused linear cross entropy computes a loss the RL
+objective does not use. Liger's kernels are exact in the sense its
 authors test (against transformers' modules within the dtype's tolerance); the `gpu` test compares an
 update with and without them.
 """
@@ -22,8 +23,6 @@ import torch
 from torch import nn
 
 from everyprompt.errors import InputError
-
-KERNELS = ("torch", "liger")  # `model.kernels`
 
 
 class KernelsError(InputError):
@@ -60,7 +59,8 @@ def apply_liger(model: nn.Module) -> None:
             f"config key 'model.kernels': Liger has no kernels for model type {model_type!r} "
             f"(it has: {', '.join(sorted(MODEL_TYPE_TO_APPLY_LIGER_FN))})"
         )
-    wanted = {"rope": True, "rms_norm": True, "swiglu": True, "cross_entropy": False}
-    wanted["fused_linear_cross_entropy"] = False
+    wanted = dict(
+        rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False
+    )
     accepted = inspect.signature(apply).parameters  # each family's function takes its own kernels
     apply(model=base, **{name: value for name, value in wanted.items() if name in accepted})

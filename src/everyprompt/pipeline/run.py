@@ -171,9 +171,8 @@ class Run:
         if config.keep_freed_memory:
             keep_freed_memory(config.kept_block_mib)
         self.device = learner_device(config)  # CUDA asked for and absent: exit 2 now, before any work
-        check_kernels(
-            config.model.kernels, self.device
-        )  # likewise Liger's kernels off CUDA, or not installed
+        # likewise Liger's kernels asked for off CUDA, or not installed
+        check_kernels(config.model.kernels, self.device)
         if note := slow_bf16_note(bf16_on_cpu(config, self.device)):
             log.warning(note)
             self.console.print(f"warning: {note}", markup=False, highlight=False)

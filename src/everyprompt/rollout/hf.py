@@ -41,7 +41,7 @@ from everyprompt.rollout.base import (
     call_stats,
     register_engine,
 )
-from everyprompt.rollout.sampling import sample_tokens
+from everyprompt.rollout.sampling import sampler
 from everyprompt.rollout.stops import StopStrings, stop_token_ids
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -119,6 +119,7 @@ class HFEngine:
         self.pad_token_id, self.batch_size = pad_token_id, batch_size
         self.tokenizer = tokenizer
         self.routers = find_routers(self.model)
+        self.sampler = sampler(self.model.config.vocab_size, self.device)  # the vocabulary's hashes made once
         # transformers 5.24 renamed the forward's `past_key_values` to `cache` (the old name warns)
         forward = inspect.signature(self.model.forward).parameters
         self.cache_key = "cache" if "cache" in forward else "past_key_values"
@@ -202,7 +203,7 @@ class HFEngine:
             seeds = [requests[row.index].seed for row in batch.rows]
             steps = [len(row.tokens) for row in batch.rows]
             seeds, steps = torch.tensor([seeds, steps], dtype=torch.long).to(self.device, non_blocking=True)
-            sampled, logprobs, entropies = sample_tokens(
+            sampled, logprobs, entropies = self.sampler(
                 batch.logits, seeds, steps, params.temperature, params.top_p, params.greedy
             )
             clock["tokens"] += len(batch.rows)
