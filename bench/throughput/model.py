@@ -279,7 +279,7 @@ def model_suite(
     """The model benchmark; `batches`: the decode batches (default: the size's, 1/8/32/64 in full)."""
     size = sizes(quick)
     if batches:
-        size["batches"] = tuple(batches)
+        size["batches"] = batches
     model, tokenizer, prompts = load(path, device, dtype)
     params = sum(p.numel() for p in model.parameters())
     print(f"{path}: {model.config.model_type}, {params / 1e6:.1f}M parameters, {dtype} on {device}")

@@ -53,8 +53,8 @@ def graphs_at(
         "graph_replay_eps": stats["graph_replay_eps"],
         "graph_failed": stats["graph_failed"],
         # compiled bodies that failed to compile run eagerly (with a warning): their figures are the eager
-        # bodies' then (the H200's of 2026-11-28 were)
-        "compile_failed": first.get("compile_failed", 0.0) or stats.get("compile_failed", 0.0),
+        # bodies' then (the H200's of 2026-11-28 were); a failure stays for the engine's later calls
+        "compile_failed": stats.get("compile_failed", 0.0),
     }
     return row if compile == "off" else {f"fused_{key}": value for key, value in row.items()}
 
