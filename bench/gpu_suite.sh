@@ -28,11 +28,14 @@
 #            graphs' greedy completions against the eager step's on 64 prompts, the kernels a step launches
 #            (and a layer), and (--fused) the same for the static step with compiled bodies
 #   rl_step  one RL step of configs/smollm2.yaml against TRL's GRPOTrainer on the same card (TRL
-#            generating with transformers: vLLM cannot be installed on these machines)
+#            generating with transformers: vLLM cannot be installed on these machines), and one more
+#            rollout under the profiler: the device's busy time and the gaps between its kernels
+#   rl_fused everyprompt's RL step again with the fused paths on (compiled bodies captured in the graphs,
+#            compiled learner layers); TRL's figure is rl_step's
 #   moe      the decode bench on the 8-expert upcycle
 #   learner  one learner update of the recipe profiled (bench/learner_profile.py: its top operators by
-#            device time, its host syncs), the learner's attention, then transformers' own (cuDNN's
-#            included), then with Liger's kernels
+#            device time, its host syncs) with torch's layer kernels, then with compiled layers (the
+#            first update compiles), then with Liger's kernels
 #   test-gpu make test-gpu (pytest -m gpu)
 # Results: OUT (default $OUT where the device tool sets it, else bench/results/gpu), one JSON per bench; the
 # logs end up in one archive, logs.tar.gz (the device tool brings back at most 8 files a call).
@@ -89,7 +92,7 @@ mkdir -p "$RESULTS/models"
 BUDGET_S=$([ $SMOKE = 1 ] && echo 300 || echo 560)  # a call's 600 s, less its end
 [ "$MODE" = evidence ] && BUDGET_S=$([ $SMOKE = 1 ] && echo 300 || echo 570)  # a call's 600 s, less its end
 FAILED=0
-BLOCKED_STEPS=" dense rl_step learner moe evidence "  # the steps that run on the models step's output
+BLOCKED_STEPS=" dense rl_step learner rl_fused moe evidence "  # the steps that run on the models' output
 BLOCKED_WHY=  # why they cannot run, once the models (or the setup) step failed
 
 step() {  # step NAME LIMIT_S COMMAND...: run it within its limit and what is left of the budget
@@ -168,7 +171,9 @@ export WHEELS
 if [ $SMOKE = 1 ]; then
   DEVICE=cpu DTYPE=fp32 QUICK=--quick CONFIG=configs/demo.yaml STEPS=2 UPDATES=1 FUSED=
   RECIPE=(--set sft.steps=0 --set rollout.precision=fp32)  # the demo recipe without its SFT warm start
-  LEARNER=("${RECIPE[@]}" --liger)  # on the CPU the liger profile is skipped, saying why
+  LEARNER=("${RECIPE[@]}" --kernels compiled,liger)  # on the CPU the liger profile is skipped, saying why
+  # the fused RL step's settings where there are no graphs to capture: the static step, compiled
+  FUSED_RL=(--set rollout.compile=on --set rollout.cuda_graphs=static --set model.kernels=compiled)
   MODELS_ARGS="--smoke $RESULTS/models"
   TEST_GPU=("$PY" -m pytest -q -m gpu -rs -p no:cacheprovider tests/gpu)
   MOE_BATCHES=
@@ -183,7 +188,8 @@ else
   fi
   step setup 90 setup
   if ! passed setup; then
-    BLOCKED_WHY="the setup step failed" BLOCKED_STEPS=" models dense rl_step learner moe evidence test-gpu "
+    BLOCKED_WHY="the setup step failed"
+    BLOCKED_STEPS=" models dense rl_step learner rl_fused moe evidence test-gpu "
   fi
   # FUSED: the dense step also times and counts the static step with compiled bodies (Inductor's kernels
   # captured), to decide by measurement whether compile=on should go with graphs by default
@@ -191,7 +197,9 @@ else
   # the recipe as it is: rl_step matches TRL's arithmetic itself (a bf16 engine, the old policy's log-probs
   # recomputed), and the profiled update is that step's update
   RECIPE=()
-  LEARNER=(--set rollout.precision=bf16 --set rl.old_logprobs=recompute --liger)
+  LEARNER=(--set rollout.precision=bf16 --set rl.old_logprobs=recompute --kernels compiled,liger)
+  # the RL step with every fused path on: compiled bodies in the graphs, compiled learner layers
+  FUSED_RL=(--set rollout.compile=on --set rollout.cuda_graphs=on --set model.kernels=compiled)
   MODELS_ARGS=
   TEST_GPU=(make test-gpu)
   TRAINERS=everyprompt,trl
@@ -245,8 +253,13 @@ step rl_step 240 "$PY" -m bench.rl_step --model "$DENSE_MODEL" --config "$CONFIG
   --trainers "$TRAINERS" "${RECIPE[@]}" --out "$RESULTS"
 # shellcheck disable=SC2086
 step dense 220 "${BENCH[@]}" $FUSED --model "$DENSE_MODEL"
-step learner 150 "$PY" -m bench.learner_profile --model "$DENSE_MODEL" --config "$CONFIG" --updates "$UPDATES" \
-  --attention default,with-cudnn "${LEARNER[@]}" --out "$RESULTS"
+# (transformers' own attention, cuDNN's included, no longer: its plan per new width was measured on the
+# third H200, docs/gpu.md; `--attention default,with-cudnn` profiles it again)
+step learner 200 "$PY" -m bench.learner_profile --model "$DENSE_MODEL" --config "$CONFIG" --updates "$UPDATES" \
+  "${LEARNER[@]}" --out "$RESULTS"
+# everyprompt's RL step again with the fused paths (TRL's figure is the rl_step step's, same card)
+step rl_fused 200 "$PY" -m bench.rl_step --model "$DENSE_MODEL" --config "$CONFIG" --steps "$STEPS" \
+  --trainers everyprompt "${RECIPE[@]}" "${FUSED_RL[@]}" --tag fused --out "$RESULTS"
 step test-gpu 120 "${TEST_GPU[@]}"
 # shellcheck disable=SC2086
 step moe 180 "${BENCH[@]}" $MOE_BATCHES --model "$MOE_MODEL"

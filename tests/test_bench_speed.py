@@ -170,3 +170,25 @@ def test_rl_step_bench_smoke(tmp_path, capsys):
         assert payload["trl"]["generate_under_autocast"] is True
         assert payload["step_ratio"] == pytest.approx(ours["step_s"] / payload["trl"]["step_s"])
     assert "wrote" in capsys.readouterr().out
+
+
+def test_a_device_timeline_merges_overlapping_kernels_and_counts_the_gaps_by_size():
+    from bench.throughput.timeline import busy_and_gaps
+
+    # 0-20 (two overlapping kernels), 30-40 (a 10 us gap), 1040-1050 (a 1000 us gap), one inside the last
+    busy, gaps, idle = busy_and_gaps([(0, 10), (5, 20), (30, 40), (1040, 1050), (1041, 1045)])
+    assert busy == 20 + 10 + 10 and idle == 10 + 1000
+    assert gaps == {"<100us": 1, "longer": 1}
+    assert busy_and_gaps([]) == (0.0, {}, 0.0)
+
+
+def test_a_timeline_without_cuda_says_why_it_has_no_device_figures():
+    import torch
+    from bench.throughput.timeline import describe_timeline, timeline
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        torch.ones(8) @ torch.ones(8)
+    row = timeline(prof, 0.5, torch.device("cpu"))
+    assert row["device_busy_s"] is None and "no CUDA device" in row["why"] and row["host_syncs"] == 0
+    assert "no CUDA device" in describe_timeline(row)

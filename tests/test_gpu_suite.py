@@ -35,7 +35,7 @@ def test_the_gpu_suite_runs_every_step_on_tiny_models(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     steps = (out / "steps.txt").read_text().splitlines()
     ran = [line.split()[0] for line in steps if " exit " in line]
-    assert ran == ["models", "rl_step", "dense", "learner", "test-gpu", "moe"], steps
+    assert ran == ["models", "rl_step", "dense", "learner", "rl_fused", "test-gpu", "moe"], steps
     assert all(" exit 0 " in line for line in steps if " exit " in line), steps
     for name in ("tiny-dense", "tiny-moe8"):
         payload = json.loads((out / f"throughput_{name}.json").read_text())
@@ -57,9 +57,16 @@ def test_the_gpu_suite_runs_every_step_on_tiny_models(tmp_path):
         assert agree["agrees"] and agree["tokens_equal_eager"] == agree["prompts"] == 6
     rl = json.loads((out / "rl_step_tiny-dense.json").read_text())
     assert rl["everyprompt"]["step_s"] > 0
+    profiled = rl["everyprompt"]["rollout_profile"]  # one more rollout under the profiler: no kernels here
+    assert profiled["completions"] > 0 and profiled["wall_s"] > 0 and "no CUDA device" in profiled["why"]
+    fused = json.loads((out / "rl_step_tiny-dense_fused.json").read_text())["everyprompt"]
+    assert fused["step_s"] > 0 and "trl" not in json.loads(
+        (out / "rl_step_tiny-dense_fused.json").read_text()
+    )
+    assert fused["medians"]["time/step_s"] > 0
     learner = json.loads((out / "learner_profile_tiny-dense.json").read_text())
     assert learner["update_s"] > 0 and learner["top_ops"] and learner["device"] == "cpu"
-    assert learner["attention"] == "default" and learner["variants"]["with-cudnn"]["update_s"] > 0
+    assert learner["attention"] == "default" and learner["variants"]["compiled"]["update_s"] > 0
     assert "CUDA" in learner["variants"]["liger"]["skipped"]  # Liger's kernels are CUDA's: said, not run
     assert (out / "learner_profile_tiny-dense.txt").stat().st_size > 0
     assert "gpu_suite: 0 step(s) failed" in done.stdout
@@ -138,7 +145,7 @@ def test_the_gpu_suites_recipes_load_as_the_gpu_runs_them(tmp_path):
     from everyprompt.config import load_config
 
     steps = _dry_run("--out", str(tmp_path))
-    assert list(steps) == ["setup", "models", "rl_step", "dense", "learner", "test-gpu", "moe"]
+    assert list(steps) == ["setup", "models", "rl_step", "dense", "learner", "rl_fused", "test-gpu", "moe"]
     rl_step = _load("rl_step")
     command = steps["rl_step"]
     config = ROOT / _option(command, "--config")
@@ -150,6 +157,11 @@ def test_the_gpu_suites_recipes_load_as_the_gpu_runs_them(tmp_path):
     command = steps["learner"]
     loaded = load_config(ROOT / _option(command, "--config"), _sets(command))
     assert loaded.rollout.precision == "bf16" and loaded.model.dtype == "bf16"
+    command = steps["rl_fused"]  # the same step with every fused path on
+    overrides = rl_step.bench_overrides(Path(_option(command, "--model")), _sets(command))
+    loaded = load_config(config, [*overrides, *rl_step.matched_precision(config, overrides)])
+    assert (loaded.rollout.compile, loaded.rollout.cuda_graphs, loaded.model.kernels) == ("on", "on", "compiled")
+    assert "--trainers" in command and _option(command, "--trainers") == "everyprompt"
 
 
 def test_the_gpu_suite_runs_only_the_steps_named(tmp_path):

@@ -31,7 +31,8 @@ def everyprompt_steps(base: list[str], steps: int, run_dir: Path, config_path: P
     run = Run(config, run_dir)
     trainer = run.trainer()
     history = trainer.train()
-    device = str(next(trainer.learner.model.parameters()).device)
+    device = next(trainer.learner.model.parameters()).device
+    profiled = rollout_profile(trainer, steps)
     trainer.close()
     times = [m["time/step_s"] for m in history[1:]]  # the first step warms up
     return {
@@ -50,12 +51,16 @@ def everyprompt_steps(base: list[str], steps: int, run_dir: Path, config_path: P
         "group_size": config.rl.group_size,
         "max_new_tokens": config.rollout.max_new_tokens,
         "mini_batches": config.rl.mini_batches,
-        "device": device,
+        "device": str(device),
+        "rollout_profile": profiled,
         # CUDA graphs in every step after the first: each step's decode phases run without their graph
         # (0 when the graphs hold), whether a capture was refused, the largest trusted replay's difference
         "graph_eager_steps_by_step": [m.get("rollout/graph_eager_steps") for m in history],
         "graph_failed": max((m.get("rollout/graph_failed", 0.0) for m in history), default=0.0),
         "graph_replay_eps": max((m.get("rollout/graph_replay_eps", 0.0) for m in history), default=0.0),
+        # the fused paths, where asked: compiled decode bodies given up (1), learner layers running compiled
+        "compile_failed": max((m.get("rollout/compile_failed", 0.0) for m in history), default=0.0),
+        "compiled_layers": history[-1].get("actor/compiled_layers"),
         # where the step's time went, each the median over the steps after the first: every phase the
         # trainer times and the engine's own figures (its decode step, CUDA graph captures and replays)
         "medians": {
@@ -64,6 +69,28 @@ def everyprompt_steps(base: list[str], steps: int, run_dir: Path, config_path: P
             if key.startswith("time/") or key in ENGINE_FIGURES
         },
     }
+
+
+def rollout_profile(trainer, step: int) -> dict:
+    """One more rollout of the trained run (step `step`'s groups), under torch's profiler: its device
+    timeline (timeline.py) and the engine's figures for it."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from bench.throughput.timeline import describe_timeline, timeline
+
+    device = torch.device(getattr(trainer.rollout.engine, "device", "cpu"))  # an engine in this process
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        began = time.perf_counter()
+        batch = trainer.rollout.next_batch(step)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        wall = time.perf_counter() - began
+    row = timeline(prof, wall, device)
+    row["completions"] = len(batch)
+    print(f"  a profiled rollout: {describe_timeline(row)}", flush=True)
+    return row
 
 
 def trl_steps(

@@ -262,19 +262,13 @@ def test_liger_kernels_give_torchs_log_probs_and_gradients(monkeypatch):
     pytest.importorskip("liger_kernel", reason="liger-kernel is the optional extra everyprompt[kernels]")
     import copy
 
-    from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.models.llama import modeling_llama
 
     from everyprompt.models.liger import apply_liger
 
     for name in ("apply_rotary_pos_emb", "LlamaRMSNorm", "LlamaMLP"):  # Liger patches the module: restore
         monkeypatch.setattr(modeling_llama, name, getattr(modeling_llama, name))
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, attn_implementation="sdpa",
-    )  # fmt: skip
-    plain = LlamaForCausalLM(config).to(CUDA)
+    plain = _tiny_llama()
     fused = copy.deepcopy(plain)
     tokens = torch.randint(1, 64, (3, 12), device=CUDA)
     lengths = [12, 7, 9]
@@ -291,3 +285,42 @@ def test_liger_kernels_give_torchs_log_probs_and_gradients(monkeypatch):
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     for name, value in expected_grads.items():
         torch.testing.assert_close(grads[name], value, atol=1e-4, rtol=1e-3, msg=name)
+
+
+def test_compiled_layers_give_the_eager_layers_log_probs_and_gradients_on_cuda():
+    """`model.kernels=compiled` on a tiny Llama under bf16 autocast on the card (Triton's kernels): a packed
+    forward's log-probs and the gradients of their sum equal the eager layers' within bf16's rounding, at
+    two widths, one of them with rows that hold two sequences (a mask)."""
+    import copy
+
+    from everyprompt.models.compiled_layers import compile_layers, compiled_layer_count
+
+    eager = _tiny_llama()
+    compiled = copy.deepcopy(eager)
+    compile_layers(compiled)
+    for width, lengths in ((12, [12, 7, 9]), (17, [17, 3, 11, 6])):
+        tokens = torch.randint(1, 64, (len(lengths), width), device=CUDA)
+        results = []
+        for model in (eager, compiled):
+            model.zero_grad()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                logp, _ = token_logprobs(model, tokens, lengths=lengths)
+            logp.float().sum().backward()
+            results.append((logp.detach().float(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+        (expected, expected_grads), (got, grads) = results
+        torch.testing.assert_close(got, expected, atol=0.05, rtol=0.02)
+        for name, value in expected_grads.items():  # relative to the gradient's size: bf16's rounding
+            assert (grads[name] - value).norm() <= 0.02 * value.norm() + 1e-6, name
+    assert compiled_layer_count(compiled) == 2  # nothing fell back to eager
+
+
+def _tiny_llama():
+    """A random-init 2-layer Llama (SmolLM2's family) on the card, the same each call."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, attn_implementation="sdpa",
+    )  # fmt: skip
+    return LlamaForCausalLM(config).to(CUDA)

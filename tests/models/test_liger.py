@@ -9,7 +9,7 @@ import torch
 
 from everyprompt.cli import main
 from everyprompt.config import ConfigError, load_config
-from everyprompt.models.liger import KernelsError, check_kernels
+from everyprompt.models.kernels import KernelsError, check_kernels
 from tests.conftest import TINY_OVERRIDES
 
 

@@ -87,10 +87,11 @@ class ModelConfig(Section):
         description="Where the learner's policy (and SFT) runs: auto (the first CUDA device when torch sees "
         "one, else the CPU), cpu, cuda, or cuda:N; under Ray, the GPU the actor was given (docs/gpu.md).",
     )
-    kernels: Literal["torch", "liger"] = Field(
+    kernels: Literal["torch", "liger", "compiled"] = Field(
         "torch",
-        description="The learner's layer kernels: torch's own, or liger (Liger's Triton RMSNorm, SwiGLU and "
-        "rotary kernels; CUDA only, the `kernels` extra; docs/training.md).",
+        description="The learner's layer kernels: torch's own, liger (Liger's Triton RMSNorm, SwiGLU and "
+        "rotary kernels; CUDA only, the `kernels` extra), or compiled (each decoder layer through "
+        "torch.compile; the first update compiles); docs/training.md.",
     )
     gradient_checkpointing: bool = Field(
         False, description="Recompute decoder layers' activations in the backward pass (less memory, slower)."

@@ -192,6 +192,16 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
+    def _compiled_layers_are_not_sharded(self) -> Config:
+        if self.model.kernels == "compiled" and self.cluster.trainer_sharding == "fsdp2":
+            raise ValueError(
+                "model.kernels=compiled compiles each decoder layer, and fsdp2 gathers a layer's shards in "
+                "hooks around it that the compiled layer would have to trace: use cluster.trainer_sharding=ddp "
+                "or model.kernels=torch"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _rollout_logprobs_need_fp32(self) -> Config:
         if self.rl.old_logprobs == "rollout" and self.rollout.precision != "fp32":
             raise ValueError(

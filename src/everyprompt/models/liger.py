@@ -22,17 +22,11 @@ import inspect
 import torch
 from torch import nn
 
-from everyprompt.errors import InputError
+from everyprompt.models.kernels import KernelsError, register_kernels
 
 
-class KernelsError(InputError):
-    """`model.kernels` asks for kernels this device, install or model cannot give."""
-
-
-def check_kernels(kernels: str, device: torch.device) -> None:
-    """A KernelsError, before any work, where `model.kernels` cannot run on `device` or is not installed."""
-    if kernels != "liger":
-        return
+def check_liger(device: torch.device) -> None:
+    """A KernelsError, before any work, where Liger's kernels cannot run on `device` or are not installed."""
     if device.type != "cuda":
         raise KernelsError(
             f"config key 'model.kernels': liger's kernels are Triton kernels for CUDA devices; the learner "
@@ -47,7 +41,7 @@ def check_kernels(kernels: str, device: torch.device) -> None:
 
 
 def apply_liger(model: nn.Module) -> None:
-    """Liger's RMSNorm, SwiGLU and rotary kernels in `model` (on CUDA; `check_kernels` first). A model type
+    """Liger's RMSNorm, SwiGLU and rotary kernels in `model` (on CUDA; `check_liger` first). A model type
     Liger has no kernels for is a KernelsError naming it."""
     from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
 
@@ -64,3 +58,6 @@ def apply_liger(model: nn.Module) -> None:
     )
     accepted = inspect.signature(apply).parameters  # each family's function takes its own kernels
     apply(model=base, **{name: value for name, value in wanted.items() if name in accepted})
+
+
+register_kernels("liger", check_liger, apply_liger)

@@ -35,7 +35,7 @@ from everyprompt.errors import InputError
 from everyprompt.models.attention import cuda_attention_without_cudnn
 from everyprompt.models.emulated_bf16 import emulated_if, recompute_context
 from everyprompt.models.experts import select_moe_kernel
-from everyprompt.models.liger import apply_liger, check_kernels
+from everyprompt.models.kernels import apply_kernels
 
 TRAINING_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}
 
@@ -140,11 +140,10 @@ def forward_kernels(model: nn.Module, model_config) -> nn.Module:
 
 def training_kernels(model: nn.Module, model_config) -> nn.Module:
     """`model` (already on its training device) with the kernels `model_config` trains it with: the
-    forward kernels (`forward_kernels`), Liger's (`model.kernels=liger`) and gradient checkpointing."""
+    forward kernels (`forward_kernels`), its layers' (`model.kernels`, models/kernels.py) and gradient
+    checkpointing."""
     forward_kernels(model, model_config)
-    if model_config.kernels == "liger":
-        check_kernels(model_config.kernels, next(model.parameters()).device)
-        apply_liger(model)
+    apply_kernels(model, model_config.kernels)
     if model_config.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     return model

@@ -30,7 +30,7 @@ from everyprompt.hub import check_model_name, pinned
 from everyprompt.logs import quiet_libraries, record_warnings
 from everyprompt.models.catalog import fetch_hint
 from everyprompt.models.io import config_tokenizer, load_model_and_tokenizer, load_pretrained
-from everyprompt.models.liger import check_kernels
+from everyprompt.models.kernels import check_kernels
 from everyprompt.models.lora import load_adapter
 from everyprompt.models.precision import emulates_bf16, training_dtype, training_kernels
 from everyprompt.pipeline.backends import build_trainer
@@ -171,7 +171,7 @@ class Run:
         if config.keep_freed_memory:
             keep_freed_memory(config.kept_block_mib)
         self.device = learner_device(config)  # CUDA asked for and absent: exit 2 now, before any work
-        # likewise Liger's kernels asked for off CUDA, or not installed
+        # likewise layer kernels this device cannot run (Liger's off CUDA or not installed, no compiler)
         check_kernels(config.model.kernels, self.device)
         if note := slow_bf16_note(bf16_on_cpu(config, self.device)):
             log.warning(note)

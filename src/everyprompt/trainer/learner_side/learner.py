@@ -32,6 +32,7 @@ from everyprompt.algorithms import host_floats, policy_loss, policy_loss_spec, z
 from everyprompt.batch import RolloutBatch
 from everyprompt.config import Config
 from everyprompt.devices.memory import memory_metrics
+from everyprompt.models.compiled_layers import compiled_metrics
 from everyprompt.models.lora import is_lora, merged_state_dict
 from everyprompt.rollout import derive_seed
 from everyprompt.trainer.checkpoint import full_weights, load_optimizer_state, portable_optimizer_state
@@ -154,7 +155,7 @@ class Learner(LearnerSide):
             metrics["actor/no_signal_update"] = 1.0
         self.version += 1
         metrics["time/train_s"] = time.perf_counter() - started
-        metrics.update(memory_metrics(self.device))
+        metrics.update(memory_metrics(self.device) | compiled_metrics(self.model))
         return metrics
 
     def _optimize(self, batch: RolloutBatch) -> dict[str, float]:
