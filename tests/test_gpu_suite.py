@@ -160,7 +160,11 @@ def test_the_gpu_suites_recipes_load_as_the_gpu_runs_them(tmp_path):
     command = steps["rl_fused"]  # the same step with every fused path on
     overrides = rl_step.bench_overrides(Path(_option(command, "--model")), _sets(command))
     loaded = load_config(config, [*overrides, *rl_step.matched_precision(config, overrides)])
-    assert (loaded.rollout.compile, loaded.rollout.cuda_graphs, loaded.model.kernels) == ("on", "on", "compiled")
+    assert (loaded.rollout.compile, loaded.rollout.cuda_graphs, loaded.model.kernels) == (
+        "on",
+        "on",
+        "compiled",
+    )
     assert "--trainers" in command and _option(command, "--trainers") == "everyprompt"
 
 

@@ -185,3 +185,20 @@ def test_an_update_with_compiled_layers_equals_the_eager_one_under_replay_and_ch
     layers = model.config.num_hidden_layers
     assert metrics[0]["actor/compiled_layers"] == 3 * layers  # attention and two norms a layer
     assert "actor/compiled_layers" not in metrics[1]
+
+
+def test_a_copy_of_a_compiled_model_computes_with_its_own_weights(monkeypatch):
+    """The KL reference is a deep copy of the policy: it must run on its own (frozen) weights, not call the
+    policy's compiled layers (whose weights move with every update)."""
+    monkeypatch.setattr(torch, "compile", lambda function, **kwargs: function)  # a pass-through "graph"
+    policy = _llama()
+    compile_layers(policy)
+    reference = copy.deepcopy(policy)
+    tokens = torch.randint(1, 64, (2, 7))
+    before = token_logprobs(reference, tokens)[0]
+    with torch.no_grad():
+        for param in policy.parameters():
+            param.mul_(1.5)  # an update of the policy alone
+    torch.testing.assert_close(token_logprobs(reference, tokens)[0], before)
+    assert compiled_layer_count(reference) is None and compiled_layer_count(policy) == 2
+    assert all(layer._compiled_call_impl is None for layer in reference.model.layers)

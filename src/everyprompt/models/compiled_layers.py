@@ -45,30 +45,11 @@ class CompiledLayers:
         self.failed: str | None = None
         self.proven = False  # a compiled call has returned
         for part in parts:
-            part._compiled_call_impl = self._call(part, torch.compile(part._call_impl, dynamic=True))
+            part._compiled_call_impl = CompiledCall(self, part, torch.compile(part._call_impl, dynamic=True))
 
     @property
     def count(self) -> int:
         return 0 if self.failed else len(self.parts)
-
-    def _call(self, part: nn.Module, compiled):
-        def call(*args, **kwargs):
-            if self.failed is not None:
-                return part._call_impl(*args, **kwargs)
-            try:
-                out = compiled(*args, **kwargs)
-            except Exception as err:
-                # the compiler's own failures (a later recompilation's too), or anything before a compiled
-                # call has ever returned (a kernel that fails at its first launch): a layer is a function
-                # of its inputs, so running it again eagerly changes nothing else
-                if self.proven and not isinstance(err, torch._dynamo.exc.TorchDynamoException):
-                    raise
-                self._give_up(err)
-                return part._call_impl(*args, **kwargs)
-            self.proven = True
-            return out
-
-        return call
 
     def eager(self, why: str) -> None:
         """Every part back to eager, for good (`count` 0)."""
@@ -76,13 +57,47 @@ class CompiledLayers:
         for part in self.parts:
             part._compiled_call_impl = None
 
-    def _give_up(self, err: Exception) -> None:
+    def give_up(self, err: Exception) -> None:
         self.eager(f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
         log.warning(
             "model.kernels=compiled: compiling the learner's layers failed (%s); they run eagerly from now on "
             "(actor/compiled_layers 0)",
             self.failed,
         )
+
+
+class CompiledCall:
+    """One part's call through its compiled graph (what `nn.Module` calls as `_compiled_call_impl`). It
+    belongs to this part: a copy of the model (the KL reference, the LoRA merge copy: `copy.deepcopy`), or a
+    pickled one, gets None in its place and runs eagerly on its own weights."""
+
+    def __init__(self, layers: CompiledLayers, part: nn.Module, compiled):
+        self.layers, self.part, self.compiled = layers, part, compiled
+
+    def __reduce__(self):
+        return _eager, ()
+
+    def __call__(self, *args, **kwargs):
+        layers = self.layers
+        if layers.failed is not None:
+            return self.part._call_impl(*args, **kwargs)
+        try:
+            out = self.compiled(*args, **kwargs)
+        except Exception as err:
+            # the compiler's own failures (a later recompilation's too), or anything before a compiled call
+            # has ever returned (a kernel that fails at its first launch): a layer is a function of its
+            # inputs, so running it again eagerly changes nothing else
+            if layers.proven and not isinstance(err, torch._dynamo.exc.TorchDynamoException):
+                raise
+            layers.give_up(err)
+            return self.part._call_impl(*args, **kwargs)
+        layers.proven = True
+        return out
+
+
+def _eager() -> None:
+    """What a copied `CompiledCall` becomes: no compiled call (the copy's part runs eagerly)."""
+    return None
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
