@@ -36,6 +36,9 @@ def test_pack_restarts_positions_per_sequence():
     packed, positions, _ = pack(torch.tensor([[1, 2, 0, 0], [3, 4, 0, 0]]), [2, 2], pad_id=0)
     assert packed.tolist() == [[1, 2, 3, 4]]
     assert positions.tolist() == [[0, 1, 0, 1]]
+    # the packed rows' free columns hold the pad id asked for, not the input's own padding
+    packed, _, _ = pack(torch.tensor([[1, 2, 3, 0], [4, 0, 0, 0], [5, 6, 0, 0]]), [3, 1, 2], pad_id=99)
+    assert packed.tolist() == [[1, 2, 3, 4], [5, 6, 99, 99]]
 
 
 def _ragged_batch(tokenizer, texts):
