@@ -182,6 +182,16 @@ def test_a_device_timeline_merges_overlapping_kernels_and_counts_the_gaps_by_siz
     assert busy_and_gaps([]) == (0.0, {}, 0.0)
 
 
+def test_the_devices_idle_time_goes_to_the_hosts_phase_at_the_time():
+    from bench.throughput.timeline import idle_by_phase, idle_intervals
+
+    gaps = idle_intervals([(0, 10), (5, 20), (30, 40), (100, 110)])
+    assert gaps == [(20, 30), (40, 100)]
+    # the host sampled 15-35 (reading the tokens back), then fed the next step 50-60; 40-50 and 60-100 unmarked
+    phases = [("sample", 15, 35), ("forward", 50, 60)]
+    assert idle_by_phase(gaps, phases) == {"sample": 10, "forward": 10, "unmarked": 50}
+
+
 def test_a_timeline_without_cuda_says_why_it_has_no_device_figures():
     import torch
     from bench.throughput.timeline import describe_timeline, timeline
@@ -191,4 +201,28 @@ def test_a_timeline_without_cuda_says_why_it_has_no_device_figures():
         torch.ones(8) @ torch.ones(8)
     row = timeline(prof, 0.5, torch.device("cpu"))
     assert row["device_busy_s"] is None and "no CUDA device" in row["why"] and row["host_syncs"] == 0
-    assert "no CUDA device" in describe_timeline(row)
+    assert "no CUDA device" in describe_timeline(row) and row["host_by_phase"] == {}
+
+
+def test_a_profiled_rollout_names_the_engines_phases_and_an_unprofiled_one_marks_nothing(tiny_model):
+    """The native engine marks its prefill, sample and forward for the profiler (devices/phases.py), and
+    outside a profile its phases are no-ops (no range recorded, no operator)."""
+    import contextlib
+
+    import torch
+    from bench.throughput.timeline import timeline
+    from torch.profiler import ProfilerActivity, profile
+
+    from everyprompt.devices.phases import phase
+    from everyprompt.rollout import GenerationRequest, SamplingParams
+    from everyprompt.rollout.native import NativeEngine
+
+    assert isinstance(phase("sample"), contextlib.nullcontext)
+    model, tokenizer = tiny_model
+    engine = NativeEngine.from_model(model, tokenizer, batch_size=4)
+    work = [GenerationRequest(i, tokenizer("1+2=").input_ids, seed=i) for i in range(3)]
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        list(engine.generate(work, SamplingParams(6)))
+    row = timeline(prof, 1.0, torch.device("cpu"))
+    assert set(row["host_by_phase"]) == {"prefill", "sample", "forward"}, row
+    assert all(seconds > 0 for seconds in row["host_by_phase"].values())

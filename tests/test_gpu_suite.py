@@ -59,6 +59,7 @@ def test_the_gpu_suite_runs_every_step_on_tiny_models(tmp_path):
     assert rl["everyprompt"]["step_s"] > 0
     profiled = rl["everyprompt"]["rollout_profile"]  # one more rollout under the profiler: no kernels here
     assert profiled["completions"] > 0 and profiled["wall_s"] > 0 and "no CUDA device" in profiled["why"]
+    assert {"prefill", "sample", "forward"} <= set(profiled["host_by_phase"])  # the engine's marked phases
     fused = json.loads((out / "rl_step_tiny-dense_fused.json").read_text())["everyprompt"]
     assert fused["step_s"] > 0 and "trl" not in json.loads(
         (out / "rl_step_tiny-dense_fused.json").read_text()

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator
 import torch
 
 from everyprompt.choices import GRAPH_BUCKETS, NATIVE_ENGINE, check_buckets, decoding
+from everyprompt.devices.phases import phase
 from everyprompt.models.lora import merged_state_dict
 from everyprompt.rollout.base import (
     Completion,
@@ -96,15 +97,13 @@ class NativeEngine:
         self.precision = precision or ("bf16" if dtype == torch.bfloat16 else "fp32")
         self.check_config(config)
         self.config, self.family = config, FAMILIES[config.model_type]
-        stops = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
         self.device = torch.device(device)
-        if self.precision != "fp8":
-            fp8_matmul = False
+        fp8_matmul = fp8_matmul if self.precision == "fp8" else False
         self.fp8_matmul = fp8_matmuls(self.device) if fp8_matmul is None else fp8_matmul
         # the precision a decode step computes in (a graph's replay is judged at it: trust.py): bf16, or
         # fp8's products (their outputs are bf16), else float32
         self.step_precision = torch.bfloat16 if dtype == torch.bfloat16 or self.fp8_matmul else torch.float32
-        self.stop_ids = frozenset(stops)
+        self.stop_ids = frozenset([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id)
         self.pad_token_id, self.tokenizer = pad_token_id, tokenizer
         self.batch_size, self.dtype = batch_size, dtype
         self.eps = config.rms_norm_eps
@@ -283,10 +282,8 @@ class NativeEngine:
         layers = self._call_layers(stepper.static)
         stepper.start(caches, layers, pool)
         record = Record.start(self, params, pool, width)
-        clock = dict.fromkeys(("prefill_s", "decode_s", "sample_s"), 0.0)
-        clock.update(
-            dict.fromkeys(("decode_steps", "sample_steps", "busy", "tokens", "shrinks", "admissions"), 0)
-        )
+        counts = ("decode_steps", "sample_steps", "busy", "tokens", "shrinks", "admissions")
+        clock = dict.fromkeys(("prefill_s", "decode_s", "sample_s"), 0.0) | dict.fromkeys(counts, 0)
         rows: tuple[list[int], torch.Tensor] = ([], torch.zeros(0, dtype=torch.long, device=self.device))
         turns = Turns()  # episodes waiting for their environment's answer
         while True:
@@ -296,9 +293,9 @@ class NativeEngine:
             admitted = source.take(len(free)) if free else []
             if admitted:
                 tick = time.perf_counter()
-                prefill(
-                    self, layers, requests, admitted, free[: len(admitted)], state, caches, params, record
-                )
+                taken = free[: len(admitted)]
+                with phase("prefill"):  # the profiler's ranges (devices/phases.py): nothing otherwise
+                    prefill(self, layers, requests, admitted, taken, state, caches, params, record)
                 clock["prefill_s"] += time.perf_counter() - tick
                 clock["admissions"] += 1
             active = state.active
@@ -314,13 +311,14 @@ class NativeEngine:
             index = rows[1]
             tick = time.perf_counter()
             step = state.step[index]
-            sampled, logprobs, entropies = stepper.sample(
-                state, active, index, step, source.sampling(active, state, params)
-            )
-            state.logprobs[index, step] = logprobs
-            state.entropies[index, step] = entropies
-            state.step[index] += 1
-            tokens = sampled.tolist()  # the decode step's one read back from the device
+            with phase("sample"):
+                sampled, logprobs, entropies = stepper.sample(
+                    state, active, index, step, source.sampling(active, state, params)
+                )
+                state.logprobs[index, step] = logprobs
+                state.entropies[index, step] = entropies
+                state.step[index] += 1
+                tokens = sampled.tolist()  # the decode step's one read back from the device
             sampling = time.perf_counter() - tick
             clock["sample_s"] += sampling
             clock["sample_steps"] += 1
@@ -348,7 +346,8 @@ class NativeEngine:
                 clock["shrinks"] += 1
             tick = time.perf_counter()
             running_index = rows[1] if running == rows[0] else on_device(running, self.device)
-            stepper.forward(layers, state, running, running_index, fed, caches, record)
+            with phase("forward"):
+                stepper.forward(layers, state, running, running_index, fed, caches, record)
             state.length[running_index] += 1
             for slot in running:
                 state.host_length[slot] += 1
