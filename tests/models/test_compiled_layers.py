@@ -18,6 +18,7 @@ from everyprompt.config.model import ModelConfig
 from everyprompt.models import compiled_layers
 from everyprompt.models.compiled_layers import compile_layers, compiled_layer_count, compiled_parts
 from everyprompt.models.kernels import KERNELS, KernelsError
+from everyprompt.models.lora import apply_lora
 from everyprompt.models.precision import training_kernels
 from everyprompt.trainer import Learner
 from everyprompt.trainer.learner_side.logprobs import token_logprobs
@@ -154,28 +155,39 @@ def test_compiled_layers_take_every_packed_width_with_one_graph_and_equal_the_ea
     assert compiled_layer_count(model) == 2
 
 
-def test_an_update_with_compiled_layers_equals_the_eager_one_under_replay_and_checkpointing():
-    """The tiny MoE policy (its layers' attention and norms compiled, the routed block eager) with router
-    replay and gradient checkpointing, through `training_kernels` as a run gets it: every optimizer step's
-    gradients equal the eager policy's, and the metrics say how many parts ran compiled."""
-    base = (
-        "rl.old_logprobs=recompute",
-        "rl.lr=1e-2",
-        "rl.router_replay=r3",
-        "model.gradient_checkpointing=true",
-    )
+@pytest.mark.parametrize(
+    "settings",
+    [
+        ("rl.router_replay=r3", "model.gradient_checkpointing=true"),
+        # LoRA's adapters put in after the layers are compiled (as a run does), and the KL reference the
+        # policy's own base with its adapters off: a second graph of the same layers
+        ("model.lora.enabled=true", "model.lora.r=4", "rl.kl.estimator=k3", "rl.kl.coef=0.01"),
+    ],
+    ids=["replay-checkpointing", "lora-kl"],
+)
+def test_an_update_with_compiled_layers_equals_the_eager_one(settings):
+    """The tiny MoE policy (its layers' attention and norms compiled, the routed block eager) through
+    `training_kernels` as a run gets it: every optimizer step's gradients equal the eager policy's, and
+    the metrics say how many parts ran compiled."""
+    base = ("rl.old_logprobs=recompute", "rl.lr=1e-2", *settings)
     compiled_config = tiny_config(*base, "model.kernels=compiled")
     eager_config = tiny_config(*base)
     model, tokenizer = _model(eager_config)
     reference = copy.deepcopy(model)
     training_kernels(model, compiled_config.model)
     training_kernels(reference, eager_config.model)
+    if eager_config.model.lora.enabled:  # the same random adapters on both
+        torch.manual_seed(0)
+        model = apply_lora(model, compiled_config.model.lora)
+        torch.manual_seed(0)
+        reference = apply_lora(reference, eager_config.model.lora)
     learners = [Learner(compiled_config, model, tokenizer.pad_token_id)]
     learners.append(Learner(eager_config, reference, tokenizer.pad_token_id))
     seen = [_record_gradients(learner) for learner in learners]
     for _ in range(2):
         batch = hand_batch(reference, tokenizer, [1.0, 0.0, 1.0, 1.0, 0.0, 1.0])
-        batch.routed_experts = _forced_routes(batch, model.config.num_hidden_layers)
+        if eager_config.rl.router_replay == "r3":
+            batch.routed_experts = _forced_routes(batch, model.config.num_hidden_layers)
         metrics = [learner.update(copy.deepcopy(batch)) for learner in learners]
         assert metrics[0]["loss/policy"] == pytest.approx(metrics[1]["loss/policy"], rel=1e-5, abs=1e-7)
     assert len(seen[0]) == len(seen[1]) >= 2  # each update one optimizer step a mini-batch
