@@ -22,6 +22,7 @@ metric (the layers running compiled) says 0 from then on: the run goes on, its n
 
 from __future__ import annotations
 
+import inspect
 import logging
 import weakref
 
@@ -45,7 +46,7 @@ class CompiledLayers:
         self.failed: str | None = None
         self.proven = False  # a compiled call has returned
         for part in parts:
-            part._compiled_call_impl = CompiledCall(self, part, torch.compile(part._call_impl, dynamic=True))
+            part._compiled_call_impl = CompiledCall(self, part, _compiled(part._call_impl))
 
     @property
     def count(self) -> int:
@@ -64,6 +65,22 @@ class CompiledLayers:
             "(actor/compiled_layers 0)",
             self.failed,
         )
+
+
+# the graphs one compiled part may hold (torch's default, 8, is too few: a run's passes differ in gradients on
+# or off, rows with or without a mask, training or eval mode, LoRA's adapters on or off, one-row micro-batches;
+# past the limit torch runs the part eagerly, saying so only in its log)
+RECOMPILE_LIMIT = 64
+
+
+def _compiled(function):
+    """`function` through torch.compile with dynamic shapes and `RECOMPILE_LIMIT` graphs (a limit of its own
+    where torch.compile takes one, else the process's raised to it)."""
+    if "recompile_limit" in inspect.signature(torch.compile).parameters:
+        return torch.compile(function, dynamic=True, recompile_limit=RECOMPILE_LIMIT)
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
+    return torch.compile(function, dynamic=True)
 
 
 class CompiledCall:
