@@ -65,6 +65,7 @@ def test_the_gpu_suite_runs_every_step_on_tiny_models(tmp_path):
         (out / "rl_step_tiny-dense_fused.json").read_text()
     )
     assert fused["medians"]["time/step_s"] > 0
+    assert fused["compile_failed"] == 0 and fused["compiled_layers"] == 2  # both fused paths ran (2 layers)
     learner = json.loads((out / "learner_profile_tiny-dense.json").read_text())
     assert learner["update_s"] > 0 and learner["top_ops"] and learner["device"] == "cpu"
     assert learner["attention"] == "default" and learner["variants"]["compiled"]["update_s"] > 0
