@@ -94,6 +94,9 @@ def timeline(prof, wall_s: float, device) -> dict:
     for name, start, end in phases:
         host[name] += (end - start) / 1e6
     result = {"wall_s": wall_s, "host_syncs": sum(syncs.values()), "host_by_phase": dict(host)}
+    # CUDA graph replays (their kernels come as the graph's nodes, where CUPTI records them: a timeline whose
+    # kernels are few beside its launches did not see inside the graphs)
+    result["graph_launches"] = sum(1 for event in events if event.name == "cudaGraphLaunch")
     if device.type != "cuda":
         return {**result, "device_busy_s": None, "why": f"no CUDA device ({device}): no kernels to lay out"}
     intervals = kernel_intervals(events)
