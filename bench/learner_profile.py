@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from bench.common import recipe_parser, repo_path, write_results
+from bench.throughput.timeline import timeline
 
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 # the attention an update is profiled with, by name: the learner's own, or transformers' SDPA attention
@@ -117,8 +118,10 @@ def _profile(learner, batches: list, attention: str) -> tuple[dict, str]:
             times.append(time.perf_counter() - began)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         with profile(activities=activities) as prof:
+            began = time.perf_counter()
             learner.update(batches[-1])
             synchronize(device)
+            profiled_s = time.perf_counter() - began
     events = prof.key_averages()
     by = time_key(device)
     top = sorted(events, key=lambda e: getattr(e, by), reverse=True)[:25]
@@ -147,6 +150,8 @@ def _profile(learner, batches: list, attention: str) -> tuple[dict, str]:
             for e in top
         ],
         "optimizer_fused": bool(learner.optimizer.defaults.get("fused")),
+        # the profiled update's device timeline: how much of it the card was busy (bench/throughput/timeline.py)
+        "timeline": timeline(prof, profiled_s, device),
     }
     return result, events.table(sort_by=by, row_limit=40)
 
@@ -222,7 +227,7 @@ def summary(result: dict) -> dict:
     if "skipped" in result:
         return result
     top = {op["op"][:60]: round(op["self_ms"], 3) for op in result["top_ops"][:8]}
-    figures = ("update_s", "update_s_all", "host_syncs")  # all the updates: the first compiles, where asked
+    figures = ("update_s", "update_s_all", "host_syncs", "timeline")  # the first update compiles, where asked
     return {**{key: result[key] for key in figures}, "top_self_ms": top}
 
 

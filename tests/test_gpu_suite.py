@@ -69,6 +69,7 @@ def test_the_gpu_suite_runs_every_step_on_tiny_models(tmp_path):
     learner = json.loads((out / "learner_profile_tiny-dense.json").read_text())
     assert learner["update_s"] > 0 and learner["top_ops"] and learner["device"] == "cpu"
     assert learner["attention"] == "default" and learner["variants"]["compiled"]["update_s"] > 0
+    assert learner["timeline"]["wall_s"] > 0 and "no CUDA device" in learner["timeline"]["why"]
     assert "CUDA" in learner["variants"]["liger"]["skipped"]  # Liger's kernels are CUDA's: said, not run
     assert (out / "learner_profile_tiny-dense.txt").stat().st_size > 0
     assert "gpu_suite: 0 step(s) failed" in done.stdout
