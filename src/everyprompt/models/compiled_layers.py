@@ -79,7 +79,8 @@ def _compiled(function):
     if "recompile_limit" in inspect.signature(torch.compile).parameters:
         return torch.compile(function, dynamic=True, recompile_limit=RECOMPILE_LIMIT)
     config = torch._dynamo.config
-    config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # its older name
+    setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
     return torch.compile(function, dynamic=True)
 
 
