@@ -171,3 +171,61 @@ def test_experts_too_large_for_the_cpu_caches_run_grouped(tiny_model, monkeypatc
     monkeypatch.setattr(moe, "GROUPED_MM", False)
     moe.experts_routed(*large, flat, None, None)
     assert calls == ["experts_grouped_mm", "experts_grouped", "experts_grouped", "experts_grouped"]
+
+
+def _grouped_mm_by_counting(gate_up, down, flat, weights, experts):
+    """The grouped-matmul experts as first written (counts scattered and summed, the permutation inverted
+    by a sort): the reference the shorter form must equal bit for bit."""
+    import torch.nn.functional as F
+
+    from everyprompt.rollout.native.moe import _by_expert
+
+    tokens, top_k = experts.shape
+    order, counts = _by_expert(experts, down.shape[0])
+    ends = torch.cumsum(counts, 0, dtype=torch.int32)
+    hidden = F.grouped_mm(flat[order // top_k], gate_up, offs=ends)
+    inner = down.shape[1]
+    out = F.grouped_mm(F.silu(hidden[:, :inner]) * hidden[:, inner:], down, offs=ends)
+    out = out[torch.argsort(order)].view(tokens, top_k, -1)
+    return (out.float() * weights.float()[..., None]).sum(1).to(out.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_expert_matmuls_equal_their_first_form_in_fewer_kernels(dtype):
+    """What a CUDA device runs for bf16 experts (`experts_grouped_mm`, here on the CPU's grouped_mm):
+    bit for bit the first form's outputs, an expert without tokens included, with 3 fewer kernels (each
+    operator that is not a view or an allocation launches one on a GPU)."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from everyprompt.rollout.native.moe import experts_grouped_mm
+
+    class Kernels(TorchDispatchMode):
+        NO_KERNEL = {"view", "slice", "unsqueeze", "new_empty", "empty", "reshape", "_unsafe_view"}
+
+        def __init__(self):
+            super().__init__()
+            self.count = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.__name__.split(".")[0] not in self.NO_KERNEL:
+                self.count[func.__name__.split(".")[0]] += 1
+            return func(*args, **(kwargs or {}))
+
+    generator = torch.Generator().manual_seed(0)
+    gate_up = torch.randn(8, 64, 64, generator=generator).to(dtype)
+    down = torch.randn(8, 32, 64, generator=generator).to(dtype)
+    flat = torch.randn(16, 64, generator=generator).to(dtype)
+    logits = torch.randn(16, 8, generator=generator)
+    logits[:, 5] = -1e9  # expert 5 gets no token
+    weights, experts = torch.topk(torch.softmax(logits, -1), 2)
+    weights = weights.to(dtype)
+    counted = []
+    for function in (_grouped_mm_by_counting, experts_grouped_mm):
+        with Kernels() as kernels:
+            out = function(gate_up, down, flat, weights, experts)
+        counted.append((out, sum(kernels.count.values())))
+    (expected, before), (got, after) = counted
+    assert torch.equal(got, expected)
+    assert after == before - 3, (before, after)
