@@ -192,8 +192,9 @@ def _grouped_mm_by_counting(gate_up, down, flat, weights, experts):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_grouped_expert_matmuls_equal_their_first_form_in_fewer_kernels(dtype):
-    """What a CUDA device runs for bf16 experts (`experts_grouped_mm`, here on the CPU's grouped_mm):
-    bit for bit the first form's outputs, an expert without tokens included, with 3 fewer kernels (each
+    """What a CUDA device runs for bf16 experts (`experts_grouped_mm`, here on the CPU's grouped_mm): the
+    first form's outputs, an expert without tokens included (bf16 bit for bit; float32 within a rounding:
+    the weighted sum is one batched product's fused multiply-adds), with 7 fewer kernels in bf16 (each
     operator that is not a view or an allocation launches one on a GPU)."""
     from collections import Counter
 
@@ -202,7 +203,7 @@ def test_grouped_expert_matmuls_equal_their_first_form_in_fewer_kernels(dtype):
     from everyprompt.rollout.native.moe import experts_grouped_mm
 
     class Kernels(TorchDispatchMode):
-        NO_KERNEL = {"view", "slice", "unsqueeze", "new_empty", "empty", "reshape", "_unsafe_view"}
+        NO_KERNEL = {"view", "slice", "unsqueeze", "squeeze", "new_empty", "empty", "reshape", "_unsafe_view"}
 
         def __init__(self):
             super().__init__()
@@ -227,5 +228,10 @@ def test_grouped_expert_matmuls_equal_their_first_form_in_fewer_kernels(dtype):
             out = function(gate_up, down, flat, weights, experts)
         counted.append((out, sum(kernels.count.values())))
     (expected, before), (got, after) = counted
-    assert torch.equal(got, expected)
-    assert after == before - 3, (before, after)
+    if dtype == torch.bfloat16:
+        assert torch.equal(got, expected)
+    else:
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-6)
+    # 11: sort, arange, searchsorted, the rows' index and gather, two grouped matmuls, SiLU and its product,
+    # the scatter back and the weighted sum (bf16's casts to and from float32 gone: 7 fewer, float32's 4)
+    assert (before - after, after) == ({torch.bfloat16: 7, torch.float32: 4}[dtype], 11), (before, after)

@@ -260,7 +260,8 @@ def experts_grouped_mm(gate_up, down, flat, weights, experts) -> torch.Tensor:
     """The (token, k) pairs sorted by expert, each projection one grouped matmul over the experts' row
     ranges (`grouped_mm`: an expert with no tokens is never read, and there is no per-expert Python
     loop of ~8 operators; SmolLM2's 8-expert upcycle decodes ~5% faster at batch 8 and 32,
-    docs/performance.md); each token's k outputs gathered back and summed with their weights."""
+    docs/performance.md); each token's k outputs put back in order and summed with their weights. What a
+    CUDA device runs for bf16 experts: 11 kernels (18 before 2026-11-28: tests/rollout/test_native_moe.py)."""
     tokens, top_k = experts.shape
     # the pairs by expert (a stable sort: `_by_expert`'s order) and each expert's end among them, found in
     # the sorted experts: three kernels where counting and summing took five
@@ -272,7 +273,10 @@ def experts_grouped_mm(gate_up, down, flat, weights, experts) -> torch.Tensor:
     out = F.grouped_mm(F.silu(hidden[:, :inner]) * hidden[:, inner:], down, offs=ends)  # [N * k, H]
     # back in (token, k) order: one scatter where inverting the permutation took a sort and a gather
     out = out.new_empty(out.shape).index_copy_(0, order, out).view(tokens, top_k, -1)
-    return (out.float() * weights.float()[..., None]).sum(1).to(out.dtype)  # bf16: summed in float32
+    # each token's k outputs weighed and summed as one batched product [1, k] x [k, H]: one kernel for the
+    # five of casting, multiplying, summing and casting back; bf16 accumulates in float32 as before (equal
+    # bit for bit at k = 2), float32 within a rounding (fused multiply-adds)
+    return torch.bmm(weights.to(out.dtype).unsqueeze(1), out).squeeze(1)
 
 
 def experts_grouped(gate_up, down, flat, weights, experts) -> torch.Tensor:
