@@ -9,10 +9,10 @@ bench/results/learner_compiled_cpu/): the same four batches took 12.8-19.4 s com
 eager, 8-27% less each; the first two updates compile (a graph without a mask, then one with). On a GPU not
 measured yet: the learner profile's `compiled` variant (bench/learner_profile.py) is for a lent one to say.
 
-Each decoder layer (transformers' `GradientCheckpointingLayer`) is compiled in place (`nn.Module.compile`:
-its parameters and state-dict keys unchanged, so checkpoints and weight syncs see the same names) with
-dynamic shapes, so that a packed micro-batch's new width does not compile again; all layers share one
-graph. A layer holding an MoE router compiles its other parts only (attention, norms): its router is
+Each decoder layer (transformers' `GradientCheckpointingLayer`) is compiled in place, as `nn.Module.compile`
+does it (its parameters and state-dict keys unchanged, so checkpoints and weight syncs see the same names),
+with dynamic shapes, so that a packed micro-batch's new width does not compile again; the layers share their
+graphs (two for a dense model's training passes: rows of one sequence, rows of several). A layer holding an MoE router compiles its other parts only (attention, norms): its router is
 replayed by hooks (models/replay.py) and its experts have data-dependent shapes, both eager.
 
 Where the compiler fails at a layer's first call (a missing C++ compiler or Triton, an operator it cannot
@@ -59,7 +59,7 @@ class CompiledLayers:
             part._compiled_call_impl = None
 
     def give_up(self, err: Exception) -> None:
-        self.eager(f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+        self.eager(_named(err))
         log.warning(
             "model.kernels=compiled: compiling the learner's layers failed (%s); they run eagerly from now on "
             "(actor/compiled_layers 0)",
@@ -113,6 +113,12 @@ class CompiledCall:
         return out
 
 
+def _named(err: Exception) -> str:
+    """An error's type and the first line of its message."""
+    lines = str(err).splitlines()
+    return f"{type(err).__name__}: {lines[0] if lines else ''}"
+
+
 def _eager() -> None:
     """What a copied `CompiledCall` becomes: no compiled call (the copy's part runs eagerly)."""
     return None
@@ -144,8 +150,7 @@ def check_compiler(device: torch.device) -> None:
     except Exception as err:  # noqa: BLE001 (any failure: the key named, the reason given)
         raise KernelsError(
             f"config key 'model.kernels': compiled needs torch.compile to build kernels for {device}, and it "
-            f"could not ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
-            "model.kernels=torch runs without it"
+            f"could not ({_named(err)}); model.kernels=torch runs without it"
         ) from None
 
 
