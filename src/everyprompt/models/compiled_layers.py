@@ -25,6 +25,7 @@ from __future__ import annotations
 import inspect
 import logging
 import weakref
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -178,10 +179,13 @@ def compiled_layer_count(model: nn.Module) -> int | None:
     return sum(state.count for state in states) if states else None
 
 
-def compiled_metrics(model: nn.Module) -> dict[str, float]:
-    """An update's `actor/compiled_layers` under `model.kernels=compiled` (none otherwise)."""
-    count = compiled_layer_count(model)
-    return {} if count is None else {"actor/compiled_layers": float(count)}
+def compiled_metrics(model: nn.Module) -> Callable[[], dict[str, float]]:
+    """What an update of `model` reports: `actor/compiled_layers` under `model.kernels=compiled`, nothing
+    otherwise (the model's layers looked up once, here, not at every update)."""
+    states = _states(model)
+    if not states:
+        return dict
+    return lambda: {"actor/compiled_layers": float(sum(state.count for state in states))}
 
 
 def eager_layers(model: nn.Module) -> None:

@@ -7,9 +7,9 @@ learner's forwards and backwards.
   compiler serves).
 
 Each entry checks, before any work, that it can run on the learner's device (a `KernelsError` naming the
-key otherwise: exit 2 at the CLI) and applies itself to a model already on that device. The names are
-`choices.LAYER_KERNELS` (the config validates against them; a test checks the two agree); an entry
-registers itself here when its module is imported (models/__init__.py imports them).
+key otherwise: exit 2 at the CLI) and applies itself to a model already on that device. The config's
+`model.kernels` choices are these names (a test checks the two agree); an entry registers itself here
+when its module is imported (models/__init__.py imports them).
 """
 
 from __future__ import annotations

@@ -81,6 +81,7 @@ class Learner(LearnerSide):
         self.model = self.parallel.shard(model)  # fsdp2: sharded in place, before the optimizer sees it
         self.device = next(self.model.parameters()).device  # batches come to the model's device
         self.caps = self.rl.micro_batching(self.device.type)  # a micro-batch's sequences and tokens
+        self.compiled_metrics = compiled_metrics(self.model)  # model.kernels=compiled: its layers' count
         self.optimizer = build_optimizer(self.model, self.rl.lr, self.rl.weight_decay)
         self.scheduler = build_scheduler(
             self.optimizer, self.rl.warmup_steps, self.rl.steps, self.rl.lr_schedule
@@ -155,7 +156,7 @@ class Learner(LearnerSide):
             metrics["actor/no_signal_update"] = 1.0
         self.version += 1
         metrics["time/train_s"] = time.perf_counter() - started
-        metrics.update(memory_metrics(self.device) | compiled_metrics(self.model))
+        metrics.update(memory_metrics(self.device) | self.compiled_metrics())
         return metrics
 
     def _optimize(self, batch: RolloutBatch) -> dict[str, float]:
