@@ -80,6 +80,22 @@ def test_transfers_are_legal_zero_dim_cpu_tensors_too_and_reads_are_counted():
     assert torch.equal(real(y), torch.tensor([8, 10, 12, 14]))
 
 
+def test_an_upload_does_not_wait_for_the_device_and_is_free_on_the_cpu():
+    from everyprompt.devices.placement import upload
+
+    host = torch.arange(5)
+    assert upload(host, torch.device("cpu")) is host
+    with (
+        fake_cuda() as check,
+        torch.inference_mode(),
+    ):  # the decode loop's mode, where `to` reaches the check whole
+        blocking = host.to(CUDA)
+        moved = upload(host, CUDA)
+    assert isinstance(moved, FakeCudaTensor) and torch.equal(real(moved), host)
+    assert sum(check.uploads.values()) == 1 and "blocking = host.to(CUDA)" in next(iter(check.uploads))
+    assert torch.equal(real(blocking), host)
+
+
 def test_a_module_moved_to_fake_cuda_trains_there():
     torch.manual_seed(0)
     reference = torch.nn.Linear(3, 2)
@@ -116,6 +132,7 @@ def test_a_rollout_on_fake_cuda_equals_the_cpu_one(tiny_model, precision, params
         engine, got = _generate(model, tokenizer, "cuda:0", precision, **params)
         assert engine.lm_head.device == CUDA and engine.cache.views(1, 1)[0][0].device == CUDA
         check.syncs.clear()
+        check.uploads.clear()
         got = {c.request_id: c for c in engine.generate(_requests(tokenizer), SamplingParams(16, **params))}
     for request_id, reference in expected.items():
         completion = got[request_id]
@@ -132,6 +149,8 @@ def test_a_rollout_on_fake_cuda_equals_the_cpu_one(tiny_model, precision, params
         f"{precision} {params}: {check.total_syncs} host syncs over {steps:.0f} decode steps ({per_step:.2f})"
     )
     assert per_step < 2.0, check.syncs
+    # and no upload waits for the device (the prompts, the rows' indices as they finish and the pool shrinks)
+    assert not check.uploads, dict(check.uploads)
 
 
 # ------------------------------------------------------------------ planted CPU tensors are named

@@ -10,6 +10,8 @@ What a graph needs of the step, and what is checked here without a GPU:
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -18,6 +20,8 @@ from everyprompt.rollout import GenerationRequest, SamplingParams
 from everyprompt.rollout.native import NativeEngine
 from everyprompt.rollout.native.graphs import StepGraphs
 from everyprompt.rollout.native.queue import LiveRequest, LiveRequests
+from everyprompt.rollout.native.static_step import StaticStep
+from everyprompt.rollout.native.step import DecodeStep
 from tests.conftest import make_tiny_model
 from tests.families import family_model
 from tests.rollout.test_episodes import Scripted, _observation, _stop_string
@@ -172,6 +176,43 @@ def test_a_step_padded_to_its_bucket_gives_its_real_rows_what_an_unpadded_one_do
     padded = _engine(model, tokenizer, "static", 8, graph_buckets=[1, 2, 4, 8])
     got = _by_id(padded.generate(_requests(tokenizer, PROMPTS[:5]), params))
     assert set(seen) <= {1, 2, 4, 8} and 8 in seen
+    _assert_same(got, expected)
+
+
+def test_the_static_step_moves_rows_only_where_its_bucket_falls(tiny, monkeypatch):
+    """With nothing left to admit, a plain step moves the running rows to the front whenever a row finishes
+    (its cost follows its rows); the static step runs its bucket's rows whichever are idle, so it moves them
+    only where that takes it to a smaller bucket: the same bucket at every step as moving at every finished
+    row gives, far fewer copies of the cache, and the same completions."""
+    model, tokenizer = tiny
+    prompts = [f"{a}+{b}=" for a, b in zip(range(3, 99, 6), range(90, 10, -5))]
+    params = SamplingParams(40, temperature=1.2, record_routes=True)
+    buckets: list[int] = []
+    run = StepGraphs.run
+
+    def watched(self, phase, key, rows, body, outputs):
+        if phase == "forward":
+            buckets.append(self.padded(rows))
+        run(self, phase, key, rows, body, outputs)
+
+    monkeypatch.setattr(StepGraphs, "run", watched)
+
+    def rollout():
+        buckets.clear()
+        engine = _engine(model, tokenizer, "static", 16, graph_buckets=[1, 2, 4, 8, 12, 16])
+        # each its own limit: rows finish one by one
+        requests = [replace(r, max_new_tokens=3 + 2 * r.request_id) for r in _requests(tokenizer, prompts)]
+        got = _by_id(engine.generate(requests, params))
+        return got, engine.stats["pool_shrinks"], list(buckets)
+
+    got, shrinks, steps = rollout()
+    monkeypatch.setattr(StaticStep, "compacts", DecodeStep.compacts)  # at every finished row, as before
+    expected, every, expected_steps = rollout()
+    lengths = sorted(len(c.token_ids) for c in got.values())
+    assert len(set(lengths)) > 10, lengths
+    assert steps == expected_steps and set(steps) == {16, 12, 8, 4, 2, 1}, steps
+    print(f"{shrinks:.0f} moves of the cache where moving at every finished row made {every:.0f}")
+    assert 0 < shrinks < every / 2, (shrinks, every)
     _assert_same(got, expected)
 
 

@@ -75,6 +75,10 @@ _INDEXING = {
 }
 # explicit host-to-device transfers: a CPU source is what they are for
 _TRANSFERS = {_aten.copy_.default, _aten._to_copy.default, _aten.copy.default}
+# the forms in which `host_tensor.to(cuda)` reaches the mode: `_to_copy` outside inference mode, `to` itself
+# (undecomposed) inside it, the decode loop's case; `non_blocking` by keyword, or `to.device`'s fourth
+# argument
+_UPLOADS = {_aten._to_copy.default, _aten.to.dtype_layout, _aten.to.device, _aten.to.dtype}
 
 
 class DeviceMismatch(RuntimeError):
@@ -233,7 +237,7 @@ class FakeCuda(TorchDispatchMode):
         # a CUDA device argument, by keyword (factories) or by position (`aten.to.device`, which reaches
         # the mode undecomposed in inference mode), is answered on the CPU
         to_cuda = any(_is_cuda(x) for x in tree_leaves((args, kwargs)))
-        if to_cuda and func is _aten._to_copy.default and not fake and not kwargs.get("non_blocking"):
+        if to_cuda and func in _UPLOADS and not fake and not _non_blocking(func, args, kwargs):
             self.count_upload("to")
         if to_cuda:
             args, kwargs = tree_map(_on_host, (args, kwargs))
@@ -280,6 +284,12 @@ class FakeCuda(TorchDispatchMode):
     def __exit__(self, *exc):
         _ACTIVE.remove(self)
         return super().__exit__(*exc)
+
+
+def _non_blocking(func, args, kwargs) -> bool:
+    if "non_blocking" in kwargs:
+        return bool(kwargs["non_blocking"])
+    return func is _aten.to.device and len(args) > 3 and bool(args[3])
 
 
 def _bool_index(args) -> bool:

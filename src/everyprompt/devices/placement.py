@@ -57,6 +57,18 @@ def default_dtype(device: torch.device) -> str:
     return "bf16" if device.type == "cuda" else "fp32"
 
 
+def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`host` (a tensor the caller made and does not write again) on `device` without waiting for the
+    device: on a GPU through pinned memory (torch's caching host allocator keeps the block until the copy
+    has run), so the host neither stalls the stream nor waits for it, as a blocking upload does (torch
+    synchronises the stream after one). On the CPU, `host` itself."""
+    if device.type == "cpu":
+        return host
+    if device.type == "cuda" and torch.cuda.is_available():
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
+
+
 def to_device(tensors: dict, device: torch.device) -> dict:
     """A copy of a dict of tensors (lists of tensors too) with each on `device` (non-blocking from pinned
     memory; a no-op on the CPU)."""

@@ -8,6 +8,7 @@ import time
 
 import torch
 
+from everyprompt.devices.placement import upload
 from everyprompt.rollout.base import Completion
 from everyprompt.rollout.native.cache import copy_rows
 from everyprompt.rollout.native.sequences import ending
@@ -26,7 +27,7 @@ def prefill(engine, layers, requests, admitted, slots: list[int], state, caches,
     tokens = torch.full((len(unique), max(lengths)), engine.pad_token_id, dtype=torch.long)
     for k, row in enumerate(unique):
         tokens[k, : lengths[row]] = torch.tensor(prompts[row])
-    tokens = tokens.to(engine.device)
+    tokens = upload(tokens, engine.device)
     # the rows' slots, lengths, seeds and forward rows, the forward's slots and lengths: one copy
     seeds = [requests[i].seed for i in admitted]
     n = len(prompts)

@@ -335,13 +335,14 @@ class NativeEngine:
                 continue
             fed = sampled if len(running) == len(active) else sampled[on_device(running, self.device)]
             running = [active[position] for position in running]
-            if source.drained and not turns.pending and len(running) < len(state.request):
-                # nothing left to admit: move the running rows to the front and drop the idle ones (on
-                # CPU a decode step's cost follows its rows; copying the cache is cheaper than idle rows)
-                caches = compact(caches, on_device(running, self.device))
-                state.select(running, self.device)
+            if source.drained and not turns.pending and stepper.compacts(running, len(state.request)):
+                # nothing left to admit: the running rows move to the front, the idle ones are dropped
+                # where that makes the steps cheaper (step.py: `compacts`)
+                kept = on_device(running, self.device)
+                caches = compact(caches, kept)
+                state.select(running, kept)
                 if record is not None:
-                    record.select(on_device(running, self.device))
+                    record.select(kept)
                 running = list(range(len(running)))
                 clock["shrinks"] += 1
             tick = time.perf_counter()

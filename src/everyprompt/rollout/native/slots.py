@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import torch
 
+from everyprompt.devices.placement import upload
 from everyprompt.rollout.base import SamplingParams, UnsupportedModelError
 
 
 def on_device(values: list, device: torch.device, dtype=torch.long) -> torch.Tensor:
-    """A host list as a tensor on `device` (one host-to-device copy)."""
-    return torch.tensor(values, dtype=dtype).to(device)
+    """A host list as a tensor on `device`: one host-to-device copy that does not wait (devices/placement.py:
+    `upload`), so the loop's index uploads add no sync to the decode step's one read back."""
+    return upload(torch.tensor(values, dtype=dtype), device)
 
 
 class Record:
@@ -123,9 +125,8 @@ class Slots:
     def active(self) -> list[int]:
         return [slot for slot, request in enumerate(self.request) if request >= 0 and slot not in self.paused]
 
-    def select(self, rows: list[int], device: torch.device) -> None:
-        """Keep `rows` (host indices), in that order, as rows [0, len(rows))."""
-        index = on_device(rows, device)
+    def select(self, rows: list[int], index: torch.Tensor) -> None:
+        """Keep `rows` (host indices; `index`: the same on the device), in that order, as rows [0, len(rows))."""
         for name in (*self.STEP, "logprobs", "entropies"):  # moved within their storage: addresses kept
             values = getattr(self, name)
             values[: len(rows)] = values[index]

@@ -121,6 +121,14 @@ class StaticStep(DecodeStep):
         self.buffers.length.zero_()
         self.graphs.start_call()
 
+    def compacts(self, running: list[int], pool: int) -> bool:
+        """Only where it takes the step to a smaller bucket: a step runs its bucket's rows whichever of them
+        are idle, so moving rows within a bucket buys nothing and costs a copy of every layer's cache (two
+        kernels a tensor, after the step's read back, with the device idle). The buckets the steps run are
+        those that compacting at every finished row would give."""
+        padded = self.graphs.padded
+        return padded(len(running)) < padded(running[-1] + 1)
+
     def sample(self, state: Slots, active: list[int], index: torch.Tensor, step: torch.Tensor, settings):
         """The sample phase for rows `active` (host) / `index` (device): their tokens, log-probs and
         entropies. `settings`: the call's (temperature, top_p, greedy), or each active row's tensors; `step`

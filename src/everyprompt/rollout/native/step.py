@@ -65,6 +65,12 @@ class DecodeStep(ABC):
     def start(self, caches, layers, pool: int) -> None:  # noqa: B027 (the plain step has nothing to set up)
         """The call begins: its cache views `caches` and decode layers `layers`."""
 
+    def compacts(self, running: list[int], pool: int) -> bool:
+        """Whether, with nothing left to admit, the rows `running` (host, ascending) of a pool of `pool`
+        move to rows [0, n) and the others are dropped: whenever any row is idle, as a plain step's cost
+        follows its rows (on a CPU, most of all), and copying the cache is cheaper than idle rows."""
+        return len(running) < pool
+
     @abstractmethod
     def sample(
         self, state: Slots, active: list[int], index: torch.Tensor, step: torch.Tensor, settings
