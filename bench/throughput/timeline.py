@@ -5,7 +5,7 @@ and counts the gaps between them by size, and the host's waits on the device (st
 synchronisations). A phase whose device is busy for most of its wall time is bound by its kernels (fewer,
 fused ones are the way down); one with long gaps waits on the host (launches, Python between steps, reads
 back). Where the code marks its phases for the profiler (devices/phases.py: the native engine's prefill,
-sample and forward), each gap's time is put to the phase the host was in meanwhile (`idle_by_phase`; the
+sample, forward and read), each gap's time is put to the phase the host was in meanwhile (`idle_by_phase`; the
 rest of the loop, between the marked phases, is `unmarked`), beside each phase's host time
 (`host_by_phase`). bench/rl_step.py profiles one more rollout of the recipe after its steps
 (`rollout_profile`), so a lent GPU says why its decode steps take longer in an RL step than in the decode

@@ -48,11 +48,14 @@ class Decoding:
     static step (buffers allocated once), else the plain one; `graphs`: the static step captured as CUDA
     graphs and replayed; `compile`: the step's forward and sampler through torch.compile: `on` from the
     first call (the static step's compiled bodies are what its graphs capture), `auto` (the plain step only)
-    once eager decoding has cost about a compile, `off` never."""
+    once eager decoding has cost about a compile, `off` never; `overlap`: each step's forward is sent to the
+    device before the host reads the step's tokens (the static step on a CUDA device, which runs apart from
+    the host: rollout/native/decode_loop.py)."""
 
     static: bool
     graphs: bool
     compile: str
+    overlap: bool = False
 
     @property
     def name(self) -> str:
@@ -83,7 +86,12 @@ def decoding(compile: str, cuda_graphs: str, device_type: str) -> Decoding:
     static = cuda_graphs in ("on", "static") or (cuda_graphs == "auto" and device_type == "cuda")
     if not static:
         return Decoding(static=False, graphs=False, compile=compile)
-    return Decoding(static=True, graphs=cuda_graphs != "static", compile="on" if compile == "on" else "off")
+    return Decoding(
+        static=True,
+        graphs=cuda_graphs != "static",
+        compile="on" if compile == "on" else "off",
+        overlap=device_type == "cuda",
+    )
 
 
 # nano-vllm's buckets: 1, 2, 4, 8, then every 16 up to 512 (a 64-row pool shrinking to nothing meets 8)

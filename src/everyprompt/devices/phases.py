@@ -1,7 +1,7 @@
 """Named phases of a loop for torch's profiler: `phase("prefill")` marks the code inside it as the range
 `everyprompt/prefill` while a profiler records, and costs nothing otherwise (a check of the profiler's
 state, no operator dispatched). The native engine's decode loop marks its phases (prefill, sample,
-forward), so a profile of a rollout can say during which phase the device was idle
+forward, and read: waiting for a step's tokens), so a profile of a rollout can say during which phase the device was idle
 (bench/throughput/timeline.py)."""
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ to the model's own, and code that asks `tensor.device == device` means what it s
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import torch
 
@@ -67,6 +68,25 @@ def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type == "cuda" and torch.cuda.is_available():
         host = host.pin_memory()
     return host.to(device, non_blocking=True)
+
+
+def read_later(tensor: torch.Tensor) -> Callable[[], list]:
+    """A function giving `tensor`'s values as a host list. On a GPU the copy is queued now, into pinned
+    memory, and the function waits for that copy alone (an event), not for work queued after it: a loop
+    can send the device its next work first and read meanwhile. Elsewhere it reads when called (the caller
+    leaves `tensor` unwritten in between)."""
+    if tensor.device.type != "cuda" or not torch.cuda.is_available():
+        return tensor.tolist
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    host.copy_(tensor, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+
+    def read() -> list:
+        copied.synchronize()
+        return host.tolist()
+
+    return read
 
 
 def to_device(tensors: dict, device: torch.device) -> dict:

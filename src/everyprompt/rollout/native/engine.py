@@ -14,42 +14,38 @@ sequence finishes, its row is refilled from the queue before the next step; once
 the running rows move to the front and the pool shrinks to them. A multi-turn request (its `episode`)
 stays in its row across turns: at a turn's end its environment answers in a thread of its own while the
 other rows decode, and the observation is fed into the same sequence, one token a decode step in place of
-the sample (sequences.py).
+the sample (sequences.py). The loop itself, and how it sends a step's forward ahead of reading the step's
+tokens on a GPU: decode_loop.py.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Iterator
 
 import torch
 
 from everyprompt.choices import GRAPH_BUCKETS, NATIVE_ENGINE, check_buckets, decoding
-from everyprompt.devices.phases import phase
 from everyprompt.models.lora import merged_state_dict
 from everyprompt.rollout.base import (
     Completion,
     GenerationRequest,
     SamplingParams,
-    call_stats,
     register_engine,
 )
-from everyprompt.rollout.native.admit_finish import finish, prefill
 from everyprompt.rollout.native.attention import ATTENTIONS, decode_bias, rms_norm
-from everyprompt.rollout.native.cache import KVCache, compact
+from everyprompt.rollout.native.cache import KVCache
 from everyprompt.rollout.native.compiled import DecodeCompiler
+from everyprompt.rollout.native.decode_loop import DecodeCall
 from everyprompt.rollout.native.families import FAMILIES, check_family
 from everyprompt.rollout.native.graphs import StepGraphs
 from everyprompt.rollout.native.moe import MixtureOfExperts, swiglu
 from everyprompt.rollout.native.plain_step import PlainStep
 from everyprompt.rollout.native.queue import LiveRequests, Queue
-from everyprompt.rollout.native.sequences import Turns, force, take_tokens
-from everyprompt.rollout.native.slots import Record, on_device
 from everyprompt.rollout.native.static_step import StaticStep, StepBuffers
 from everyprompt.rollout.native.step import DecodeStep, StepModel
 from everyprompt.rollout.native.weights import Layer, StateDict, copy_into, fp8_matmuls, read_layer
 from everyprompt.rollout.sampling import sampler
-from everyprompt.rollout.stops import StopStrings, stop_token_ids
+from everyprompt.rollout.stops import stop_token_ids
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8": torch.float32}
 
@@ -273,95 +269,9 @@ class NativeEngine:
 
     @torch.inference_mode()
     def _generate(self, source: Queue | LiveRequests, params: SamplingParams, shared: bool):
-        began, requests = time.perf_counter(), source.requests
-        pool, width = source.pool(self.batch_size), source.width(params)
-        stops = StopStrings(self.tokenizer, params.stop)
-        stepper = self._stepper(shared)
-        state = stepper.slots(pool, params.max_new_tokens)
-        caches = stepper.views(pool, width, shared)
-        layers = self._call_layers(stepper.static)
-        stepper.start(caches, layers, pool)
-        record = Record.start(self, params, pool, width)
-        counts = ("decode_steps", "sample_steps", "busy", "tokens", "shrinks", "admissions")
-        clock = dict.fromkeys(("prefill_s", "decode_s", "sample_s"), 0.0) | dict.fromkeys(counts, 0)
-        rows: tuple[list[int], torch.Tensor] = ([], torch.zeros(0, dtype=torch.long, device=self.device))
-        turns = Turns()  # episodes waiting for their environment's answer
-        while True:
-            if turns.pending and (ended := turns.resolve(state, requests)):
-                yield from finish(self, requests, state, ended, record, began, stops)
-            free = state.free
-            admitted = source.take(len(free)) if free else []
-            if admitted:
-                tick = time.perf_counter()
-                taken = free[: len(admitted)]
-                with phase("prefill"):  # the profiler's ranges (devices/phases.py): nothing otherwise
-                    prefill(self, layers, requests, admitted, taken, state, caches, params, record)
-                clock["prefill_s"] += time.perf_counter() - tick
-                clock["admissions"] += 1
-            active = state.active
-            if not active:  # nothing running and (after the admission above) nothing queued
-                if turns.pending:  # every running episode waits for its environment
-                    turns.wait()
-                    continue
-                if source.wait():  # a live source: the next arrival
-                    continue
-                break
-            if rows[0] != active:  # the device index of the active rows, rebuilt only when they change
-                rows = (active, on_device(active, self.device))
-            index = rows[1]
-            tick = time.perf_counter()
-            step = state.step[index]
-            with phase("sample"):
-                sampled, logprobs, entropies = stepper.sample(
-                    state, active, index, step, source.sampling(active, state, params)
-                )
-                state.logprobs[index, step] = logprobs
-                state.entropies[index, step] = entropies
-                state.step[index] += 1
-                tokens = sampled.tolist()  # the decode step's one read back from the device
-            sampling = time.perf_counter() - tick
-            clock["sample_s"] += sampling
-            clock["sample_steps"] += 1
-            clock["tokens"] += len(active)
-            cancelled = source.sampled(active, tokens, logprobs, state)  # live: streamed, given up
-            finished, forced = take_tokens(tokens, active, state, requests, self.stop_ids, stops, turns)
-            finished += [slot for slot in cancelled if slot not in finished]
-            if forced:
-                sampled = force(sampled, forced, index, step, state)
-            if finished:
-                yield from finish(self, requests, state, finished, record, began, stops)
-            running = [position for position, slot in enumerate(active) if state.request[slot] >= 0]
-            if not running:
-                continue
-            fed = sampled if len(running) == len(active) else sampled[on_device(running, self.device)]
-            running = [active[position] for position in running]
-            if source.drained and not turns.pending and stepper.compacts(running, len(state.request)):
-                # nothing left to admit: the running rows move to the front, the idle ones are dropped
-                # where that makes the steps cheaper (step.py: `compacts`)
-                kept = on_device(running, self.device)
-                caches = compact(caches, kept)
-                state.select(running, kept)
-                if record is not None:
-                    record.select(kept)
-                running = list(range(len(running)))
-                clock["shrinks"] += 1
-            tick = time.perf_counter()
-            running_index = rows[1] if running == rows[0] else on_device(running, self.device)
-            with phase("forward"):
-                stepper.forward(layers, state, running, running_index, fed, caches, record)
-            state.length[running_index] += 1
-            for slot in running:
-                state.host_length[slot] += 1
-            stepped = time.perf_counter() - tick
-            clock["decode_s"] += stepped
-            clock["decode_steps"] += 1
-            clock["busy"] += len(running) / pool
-            if not (stepper.compiled or stepper.static):
-                self.compiler.add_eager(sampling + stepped)
-        self.stats = call_stats(clock, time.perf_counter() - began, pool)
-        self.stats["sample_ms"] = 1000 * clock["sample_s"] / max(clock["sample_steps"], 1)
-        self.stats.update(self.compiler.stats())
-        self.stats.update(stepper.stats())
+        call = DecodeCall(self, source, params, self._stepper(shared), shared)  # the loop: decode_loop.py
+        yield from call
+        self.stats = call.stats()
 
     def _stepper(self, shared: bool) -> DecodeStep:
         """How this call decodes (`self.decoding`): the static step (on the engine's shared cache), else the

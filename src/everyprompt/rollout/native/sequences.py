@@ -17,16 +17,27 @@ from everyprompt.rollout.base import TIME_LIMIT, end_episode
 from everyprompt.rollout.native.slots import Slots, on_device
 
 
-def take_tokens(tokens: list[int], active: list[int], state: Slots, requests, stop_ids, stops, turns):
-    """Append the step's tokens `tokens` (of the `active` slots, in order) to their sequences; returns the
-    slots that finished and the (position among the active rows, token) pairs fed in place of a sample.
-    A slot whose episode's turn ended is handed to `turns` (it decodes this step's token, then waits)."""
-    finished, forced = [], []
-    for position, (slot, token) in enumerate(zip(active, tokens)):
+def observation_tokens(active: list[int], state: Slots) -> list[tuple[int, int]]:
+    """The (position among the `active` slots, token) pairs this step feeds in place of a sample: each
+    observing slot's next observation token (taken from it by `take_tokens`)."""
+    return [
+        (position, state.observation[slot][0])
+        for position, slot in enumerate(active)
+        if state.observation[slot]
+    ]
+
+
+def take_tokens(
+    tokens: list[int], active: list[int], state: Slots, requests, stop_ids, stops, turns
+) -> list[int]:
+    """Append the step's tokens `tokens` (of the `active` slots, in order; an observing slot's next
+    observation token in place of its sample) to their sequences; returns the slots that finished. A slot
+    whose episode's turn ended is handed to `turns` (it decodes this step's token, then waits)."""
+    finished = []
+    for slot, token in zip(active, tokens):
         observing = bool(state.observation[slot])
         if observing:  # an environment's observation: its next token replaces the sample
             token = state.observation[slot].pop(0)
-            forced.append((position, token))
             state.observed[slot].append(len(state.tokens[slot]))
         state.tokens[slot].append(token)
         if len(state.tokens[slot]) >= state.limit[slot]:
@@ -37,7 +48,7 @@ def take_tokens(tokens: list[int], active: list[int], state: Slots, requests, st
                 finished.append(slot)
             else:
                 turns.start(slot, episode, state)
-    return finished, forced
+    return finished
 
 
 class Turns:
@@ -101,10 +112,11 @@ class Turns:
 
 
 def force(sampled: torch.Tensor, forced: list[tuple[int, int]], index, step, state: Slots) -> torch.Tensor:
-    """The step's tokens with the fed observation tokens in place of the samples at their positions (of
-    the active rows `index`); their log-prob and entropy entries zeroed (they are not the model's)."""
+    """The step's tokens to feed: a copy of `sampled` with the observation tokens in place of the samples
+    at their positions (of the active rows `index`; `sampled` itself is left as sampled, for the read back);
+    their log-prob and entropy entries zeroed (they are not the model's)."""
     where, tokens = on_device(forced, sampled.device).T  # one host-to-device copy
-    sampled[where] = tokens
+    sampled = sampled.index_put((where,), tokens)
     state.logprobs[index[where], step[where]] = 0.0
     state.entropies[index[where], step[where]] = 0.0
     return sampled

@@ -1,0 +1,185 @@
+"""One native `generate` call's loop (engine.py's `generate`): admit queued requests into free cache rows,
+then decode every active row a step at a time, each step's tokens read back once and judged on the host
+(appended, stopped, a turn ended: sequences.py), finished rows yielded and refilled.
+
+A step is a sample (the active rows' next tokens from their pending logits) and a forward (the tokens fed,
+the next pending logits written): step.py's `DecodeStep`. Where the device runs apart from the host (the
+static step on a GPU: `Decoding.overlap`), the forward is sent before the host reads the step's tokens,
+fed to every active row, so that the device computes it while the host judges the tokens, finishes rows
+and admits others. A row that finished at that step has decoded one token for nothing: its row is freed
+all the same, and its next occupant's prefill overwrites what that token wrote. Elsewhere (the CPU, where a
+step's cost follows its rows, and the plain step) the host reads first and feeds only the rows that go on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import torch
+
+from everyprompt.devices.phases import phase
+from everyprompt.devices.placement import read_later
+from everyprompt.rollout.base import Completion, SamplingParams, call_stats
+from everyprompt.rollout.native.admit_finish import finish, prefill
+from everyprompt.rollout.native.cache import compact
+from everyprompt.rollout.native.queue import LiveRequests, Queue
+from everyprompt.rollout.native.sequences import Turns, force, observation_tokens, take_tokens
+from everyprompt.rollout.native.slots import Record, on_device
+from everyprompt.rollout.native.step import DecodeStep
+from everyprompt.rollout.stops import StopStrings
+
+COUNTS = ("decode_steps", "sample_steps", "busy", "tokens", "shrinks", "admissions")
+
+
+class DecodeCall:
+    """The loop of one generate call of `engine` over `source` with `stepper` (the call's decode step);
+    iterate it for the completions, then read `stats`. `shared`: the engine's own cache storage."""
+
+    def __init__(
+        self, engine, source: Queue | LiveRequests, params: SamplingParams, stepper: DecodeStep, shared
+    ):
+        self.engine, self.source, self.params, self.stepper = engine, source, params, stepper
+        self.began, self.requests = time.perf_counter(), source.requests
+        self.pool, width = source.pool(engine.batch_size), source.width(params)
+        self.overlap = engine.decoding.overlap and stepper.static
+        self.stops = StopStrings(engine.tokenizer, params.stop)
+        self.state = stepper.slots(self.pool, params.max_new_tokens)
+        # overlapping, a row that finishes at its limit has its last token fed too: one position more
+        self.caches = stepper.views(self.pool, width + self.overlap, shared)
+        self.layers = engine._call_layers(stepper.static)
+        stepper.start(self.caches, self.layers, self.pool)
+        self.record = Record.start(engine, params, self.pool, width)
+        self.clock = dict.fromkeys(("prefill_s", "decode_s", "sample_s"), 0.0) | dict.fromkeys(COUNTS, 0)
+        self.rows: tuple[list[int], torch.Tensor] = (
+            [],
+            torch.zeros(0, dtype=torch.long, device=engine.device),
+        )
+        self.turns = Turns()  # episodes waiting for their environment's answer
+
+    def __iter__(self) -> Iterator[Completion]:
+        state, source, turns = self.state, self.source, self.turns
+        while True:
+            if turns.pending and (ended := turns.resolve(state, self.requests)):
+                yield from self._finish(ended)
+            self._admit()
+            active = state.active
+            if not active:  # nothing running and (after the admission above) nothing queued
+                if turns.pending:  # every running episode waits for its environment
+                    turns.wait()
+                    continue
+                if source.wait():  # a live source: the next arrival
+                    continue
+                break
+            index = self._index(active)
+            tick = time.perf_counter()
+            with phase("sample"):  # the profiler's ranges (devices/phases.py): nothing otherwise
+                sampled, logprobs, step = self._sample(active, index)
+                # an episode's observation tokens are fed in place of samples (known before the sample)
+                forced = observation_tokens(active, state)
+                fed = force(sampled, forced, index, step, state) if forced else sampled
+                read = read_later(sampled)  # the decode step's one read back from the device
+            sampling = time.perf_counter() - tick
+            if (
+                self.overlap
+            ):  # every active row fed before the host reads: it judges while the device computes
+                self._feed(active, index, fed)
+            tick = time.perf_counter()
+            with phase("read"):
+                tokens = read()
+            sampling += time.perf_counter() - tick
+            self.clock["sample_s"] += sampling
+            self.clock["sample_steps"] += 1
+            self.clock["tokens"] += len(active)
+            cancelled = source.sampled(active, tokens, logprobs, state)  # live: streamed, given up
+            engine = self.engine
+            finished = take_tokens(tokens, active, state, self.requests, engine.stop_ids, self.stops, turns)
+            finished += [slot for slot in cancelled if slot not in finished]
+            if finished:
+                yield from self._finish(finished)
+            going_on = [position for position, slot in enumerate(active) if state.request[slot] >= 0]
+            self.clock["busy"] += len(going_on) / self.pool
+            if not going_on:
+                continue
+            if not self.overlap and len(going_on) < len(active):
+                fed = fed[on_device(going_on, engine.device)]
+            running = self._compacted([active[position] for position in going_on])
+            if not self.overlap:
+                stepped = self._feed(running, None, fed)
+                if not (self.stepper.compiled or self.stepper.static):
+                    engine.compiler.add_eager(sampling + stepped)
+
+    def _admit(self) -> None:
+        """Free rows filled from the source: the admitted prompts prefilled."""
+        free = self.state.free
+        admitted = self.source.take(len(free)) if free else []
+        if not admitted:
+            return
+        tick = time.perf_counter()
+        with phase("prefill"):
+            prefill(self.engine, self.layers, self.requests, admitted, free[: len(admitted)], self.state,
+                    self.caches, self.params, self.record)  # fmt: skip
+        self.clock["prefill_s"] += time.perf_counter() - tick
+        self.clock["admissions"] += 1
+
+    def _index(self, rows: list[int]) -> torch.Tensor:
+        """`rows` on the device (the active rows' index, uploaded again only when they change)."""
+        if self.rows[0] != rows:
+            self.rows = (rows, on_device(rows, self.engine.device))
+        return self.rows[1]
+
+    def _sample(self, active: list[int], index: torch.Tensor):
+        """The active rows' tokens, log-probs and sample counts [n] (on the device); their log-probs and
+        entropies recorded, their counts advanced."""
+        state = self.state
+        step = state.step[index]
+        settings = self.source.sampling(active, state, self.params)
+        sampled, logprobs, entropies = self.stepper.sample(state, active, index, step, settings)
+        state.logprobs[index, step] = logprobs
+        state.entropies[index, step] = entropies
+        state.step[index] += 1
+        return sampled, logprobs, step
+
+    def _feed(self, running: list[int], index: torch.Tensor | None, fed: torch.Tensor) -> float:
+        """The forward of `fed` [n] into rows `running` (host, ascending; `index`: on the device, made here
+        when None); its host seconds."""
+        tick, state = time.perf_counter(), self.state
+        index = self._index(running) if index is None else index
+        with phase("forward"):
+            self.stepper.forward(self.layers, state, running, index, fed, self.caches, self.record)
+        state.length[index] += 1
+        for slot in running:
+            state.host_length[slot] += 1
+        stepped = time.perf_counter() - tick
+        self.clock["decode_s"] += stepped
+        self.clock["decode_steps"] += 1
+        return stepped
+
+    def _compacted(self, running: list[int]) -> list[int]:
+        """With nothing left to admit, the running rows moved to the front and the idle ones dropped where
+        that makes the steps cheaper (step.py: `compacts`); the running rows then."""
+        state, source = self.state, self.source
+        if not (
+            source.drained and not self.turns.pending and self.stepper.compacts(running, len(state.request))
+        ):
+            return running
+        kept = on_device(running, self.engine.device)
+        self.caches = compact(self.caches, kept)
+        state.select(running, kept)
+        if self.record is not None:
+            self.record.select(kept)
+        self.clock["shrinks"] += 1
+        return list(range(len(running)))
+
+    def _finish(self, slots: list[int]) -> Iterator[Completion]:
+        yield from finish(self.engine, self.requests, self.state, slots, self.record, self.began, self.stops)
+
+    def stats(self) -> dict[str, float]:
+        """The call's figures (once it has ended): throughput, the decode step's own, the compiler's."""
+        clock = self.clock
+        stats = call_stats(clock, time.perf_counter() - self.began, self.pool)
+        stats["sample_ms"] = 1000 * clock["sample_s"] / max(clock["sample_steps"], 1)
+        stats["overlapped"] = float(self.overlap)
+        stats.update(self.engine.compiler.stats())
+        stats.update(self.stepper.stats())
+        return stats
