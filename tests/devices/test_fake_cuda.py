@@ -149,6 +149,10 @@ def test_a_rollout_on_fake_cuda_equals_the_cpu_one(tiny_model, precision, params
         f"{precision} {params}: {check.total_syncs} host syncs over {steps:.0f} decode steps ({per_step:.2f})"
     )
     assert per_step < 2.0, check.syncs
+    if not (params.get("record_routes") or params.get("record_router_logits")):
+        # one read a step: its tokens with their log-probs and entropies; a finished row needs no read of
+        # its own (only recorded routes are read when a row finishes)
+        assert check.total_syncs == steps, check.syncs
     # and no upload waits for the device (the prompts, the rows' indices as they finish and the pool shrinks)
     assert not check.uploads, dict(check.uploads)
 

@@ -5,6 +5,7 @@ finished rows (their log-probs, entropies and routes brought to the host in one 
 from __future__ import annotations
 
 import time
+from array import array
 
 import torch
 
@@ -54,22 +55,21 @@ def prefill(engine, layers, requests, admitted, slots: list[int], state, caches,
     state.seed[rows] = seeds
     for slot, request, length in zip(slots, admitted, lengths):
         state.request[slot], state.host_length[slot], state.tokens[slot] = request, length, []
+        state.token_logprobs[slot], state.token_entropies[slot] = array("f"), array("f")
         state.limit[slot] = min(
             params.max_new_tokens, requests[request].max_new_tokens or params.max_new_tokens
         )
 
 
 def finish(engine, requests, state, finished: list[int], record, began, stops):
-    """Yield the completions of the `finished` slots and free them: their log-probs, entropies and
-    recorded routes come to the host in one copy per kind."""
-    index = on_device(finished, engine.device)
-    counts = [len(state.tokens[slot]) for slot in finished]
-    values = torch.stack([state.logprobs[index], state.entropies[index]]).cpu()
+    """Yield the completions of the `finished` slots and free them: their log-probs and entropies are on the
+    host already (each step's read brought them); recorded routes come over in one copy per kind."""
     recorded = [{}] * len(finished)
-    if record is not None:  # the last sampled token was never fed, so it has no route
+    if record is not None:  # the last sampled token is not the model's input, so it has no route
+        counts = [len(state.tokens[slot]) for slot in finished]
         fed = [len(requests[state.request[slot]].prompt_ids) + n - 1 for slot, n in zip(finished, counts)]
-        recorded = record.take(index, fed)
-    for row, (slot, count, extra) in enumerate(zip(finished, counts, recorded)):
+        recorded = record.take(on_device(finished, engine.device), fed)
+    for slot, extra in zip(finished, recorded):
         request, token_ids = requests[state.request[slot]], state.tokens[slot]
         reason, mask = ending(token_ids, state.observed[slot], engine.stop_ids, stops)
         state.request[slot], state.observation[slot], state.observed[slot] = -1, [], []
@@ -77,8 +77,8 @@ def finish(engine, requests, state, finished: list[int], record, began, stops):
             request_id=request.request_id,
             prompt_ids=list(request.prompt_ids),
             token_ids=list(token_ids),
-            logprobs=values[0, row, :count].clone(),
-            entropies=values[1, row, :count].clone(),
+            logprobs=torch.tensor(state.token_logprobs[slot].tolist(), dtype=torch.float32),
+            entropies=torch.tensor(state.token_entropies[slot].tolist(), dtype=torch.float32),
             **extra,
             completion_mask=mask,
             episode=request.episode,

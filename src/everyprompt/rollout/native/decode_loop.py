@@ -44,7 +44,7 @@ class DecodeCall:
         self.pool, width = source.pool(engine.batch_size), source.width(params)
         self.overlap = engine.decoding.overlap and stepper.static
         self.stops = StopStrings(engine.tokenizer, params.stop)
-        self.state = stepper.slots(self.pool, params.max_new_tokens)
+        self.state = stepper.slots(self.pool)
         # overlapping, a row that finishes at its limit has its last token fed too: one position more
         self.caches = stepper.views(self.pool, width + self.overlap, shared)
         self.layers = engine._call_layers(stepper.static)
@@ -74,11 +74,13 @@ class DecodeCall:
             index = self._index(active)
             tick = time.perf_counter()
             with phase("sample"):  # the profiler's ranges (devices/phases.py): nothing otherwise
-                sampled, logprobs, step = self._sample(active, index)
+                sampled, logprobs, entropies = self._sample(active, index)
                 # an episode's observation tokens are fed in place of samples (known before the sample)
                 forced = observation_tokens(active, state)
-                fed = force(sampled, forced, index, step, state) if forced else sampled
-                read = read_later(sampled)  # the decode step's one read back from the device
+                fed = force(sampled, forced) if forced else sampled
+                # the decode step's one read back: its tokens with their log-probs and entropies (float64
+                # holds each exactly), so that a finished row's completion needs no read of its own
+                read = read_later(torch.stack([sampled.double(), logprobs, entropies]))
             sampling = time.perf_counter() - tick
             if (
                 self.overlap
@@ -86,14 +88,18 @@ class DecodeCall:
                 self._feed(active, index, fed)
             tick = time.perf_counter()
             with phase("read"):
-                tokens = read()
+                tokens, logprobs, entropies = read()
+                tokens = [int(token) for token in tokens]
             sampling += time.perf_counter() - tick
             self.clock["sample_s"] += sampling
             self.clock["sample_steps"] += 1
             self.clock["tokens"] += len(active)
             cancelled = source.sampled(active, tokens, logprobs, state)  # live: streamed, given up
             engine = self.engine
-            finished = take_tokens(tokens, active, state, self.requests, engine.stop_ids, self.stops, turns)
+            sampled_now = (tokens, logprobs, entropies)
+            finished = take_tokens(
+                sampled_now, active, state, self.requests, engine.stop_ids, self.stops, turns
+            )
             finished += [slot for slot in cancelled if slot not in finished]
             if finished:
                 yield from self._finish(finished)
@@ -129,16 +135,14 @@ class DecodeCall:
         return self.rows[1]
 
     def _sample(self, active: list[int], index: torch.Tensor):
-        """The active rows' tokens, log-probs and sample counts [n] (on the device); their log-probs and
-        entropies recorded, their counts advanced."""
+        """The active rows' tokens, log-probs and entropies [n] (on the device); their counts of sampled
+        tokens advanced."""
         state = self.state
         step = state.step[index]
         settings = self.source.sampling(active, state, self.params)
         sampled, logprobs, entropies = self.stepper.sample(state, active, index, step, settings)
-        state.logprobs[index, step] = logprobs
-        state.entropies[index, step] = entropies
         state.step[index] += 1
-        return sampled, logprobs, step
+        return sampled, logprobs, entropies
 
     def _feed(self, running: list[int], index: torch.Tensor | None, fed: torch.Tensor) -> float:
         """The forward of `fed` [n] into rows `running` (host, ascending; `index`: on the device, made here

@@ -57,8 +57,9 @@ class Queue:
         """The sampling settings of the `active` rows: the call's."""
         return params.temperature, params.top_p, params.greedy
 
-    def sampled(self, active: list[int], tokens: list[int], logprobs: torch.Tensor, state) -> list[int]:
-        """The step's tokens were sampled: the slots to finish now besides those that stopped."""
+    def sampled(self, active: list[int], tokens: list[int], logprobs: list[float], state) -> list[int]:
+        """The step's tokens were sampled (with their log-probs, on the host): the slots to finish now
+        besides those that stopped."""
         return []
 
 
@@ -190,8 +191,8 @@ class LiveRequests:
             self._settings = (key, settings)
         return self._settings[1]
 
-    def sampled(self, active: list[int], tokens: list[int], logprobs: torch.Tensor, state) -> list[int]:
-        values = logprobs.tolist()
+    def sampled(self, active: list[int], tokens: list[int], logprobs: list[float], state) -> list[int]:
+        values = logprobs
         self.sampled_tokens += len(tokens)
         stop = []
         for slot, token, value in zip(active, tokens, values):

@@ -27,19 +27,20 @@ def observation_tokens(active: list[int], state: Slots) -> list[tuple[int, int]]
     ]
 
 
-def take_tokens(
-    tokens: list[int], active: list[int], state: Slots, requests, stop_ids, stops, turns
-) -> list[int]:
-    """Append the step's tokens `tokens` (of the `active` slots, in order; an observing slot's next
-    observation token in place of its sample) to their sequences; returns the slots that finished. A slot
-    whose episode's turn ended is handed to `turns` (it decodes this step's token, then waits)."""
+def take_tokens(sampled, active: list[int], state: Slots, requests, stop_ids, stops, turns) -> list[int]:
+    """Append the step's `sampled` (tokens, log-probs, entropies: lists over the `active` slots, in order)
+    to their sequences, an observing slot's next observation token in place of its sample (log-prob and
+    entropy 0: not the model's); returns the slots that finished. A slot whose episode's turn ended is
+    handed to `turns` (it decodes this step's token, then waits)."""
     finished = []
-    for slot, token in zip(active, tokens):
+    for slot, token, logprob, entropy in zip(active, *sampled):
         observing = bool(state.observation[slot])
         if observing:  # an environment's observation: its next token replaces the sample
-            token = state.observation[slot].pop(0)
+            token, logprob, entropy = state.observation[slot].pop(0), 0.0, 0.0
             state.observed[slot].append(len(state.tokens[slot]))
         state.tokens[slot].append(token)
+        state.token_logprobs[slot].append(logprob)
+        state.token_entropies[slot].append(entropy)
         if len(state.tokens[slot]) >= state.limit[slot]:
             finished.append(slot)
         elif not observing and (token in stop_ids or stops.hit(state.tokens[slot])):
@@ -111,15 +112,11 @@ class Turns:
         wait([future for future, _, _ in self.pending.values()], timeout, FIRST_COMPLETED)
 
 
-def force(sampled: torch.Tensor, forced: list[tuple[int, int]], index, step, state: Slots) -> torch.Tensor:
+def force(sampled: torch.Tensor, forced: list[tuple[int, int]]) -> torch.Tensor:
     """The step's tokens to feed: a copy of `sampled` with the observation tokens in place of the samples
-    at their positions (of the active rows `index`; `sampled` itself is left as sampled, for the read back);
-    their log-prob and entropy entries zeroed (they are not the model's)."""
+    at their positions among the active rows (`sampled` itself is left as sampled, for the read back)."""
     where, tokens = on_device(forced, sampled.device).T  # one host-to-device copy
-    sampled = sampled.index_put((where,), tokens)
-    state.logprobs[index[where], step[where]] = 0.0
-    state.entropies[index[where], step[where]] = 0.0
-    return sampled
+    return sampled.index_put((where,), tokens)
 
 
 def ending(token_ids: list[int], observed: list[int], stop_ids, stops) -> tuple[str, torch.Tensor | None]:

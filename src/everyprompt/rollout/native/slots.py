@@ -9,6 +9,8 @@ step reads back from the device only its sampled tokens (one sync), never the st
 
 from __future__ import annotations
 
+from array import array
+
 import torch
 
 from everyprompt.devices.placement import upload
@@ -93,7 +95,7 @@ class Slots:
 
     STEP = ("length", "step", "seed", "logits")  # what a decode step reads (static.StepBuffers has them)
 
-    def __init__(self, slots: int, max_new_tokens: int, vocab_size: int, device: torch.device, buffers=None):
+    def __init__(self, slots: int, vocab_size: int, device: torch.device, buffers=None):
         """`buffers` (static.StepBuffers): the step tensors are views of the engine's static buffers (whose
         addresses `select` keeps, as it keeps every tensor's)."""
         if buffers is None:
@@ -104,15 +106,17 @@ class Slots:
         else:
             for name in self.STEP:
                 setattr(self, name, getattr(buffers, name)[:slots])
-        self.logprobs = torch.zeros(slots, max_new_tokens, device=device)
-        self.entropies = torch.zeros(slots, max_new_tokens, device=device)
         # the host mirror: index into the call's requests (-1: free), cache length, token limit, the
-        # completion's tokens so far, and, for episodes (GenerationRequest.episode), the observation tokens
-        # still to feed and the indices of the completion's tokens that are observation tokens
+        # completion's tokens so far with each one's log-prob and entropy (0 for an observation token: not
+        # the model's), as the steps' reads brought them, and, for episodes (GenerationRequest.episode), the
+        # observation tokens still to feed and the indices of the completion's tokens that are observation
+        # tokens
         self.request = [-1] * slots
         self.host_length = [0] * slots
         self.limit = [0] * slots
         self.tokens: list[list[int]] = [[] for _ in range(slots)]
+        self.token_logprobs: list[array] = [array("f") for _ in range(slots)]  # float32, as sampled
+        self.token_entropies: list[array] = [array("f") for _ in range(slots)]
         self.observation: list[list[int]] = [[] for _ in range(slots)]
         self.observed: list[list[int]] = [[] for _ in range(slots)]
         self.paused: set[int] = set()  # slots whose episode's environment is answering (turns.Turns)
@@ -127,10 +131,19 @@ class Slots:
 
     def select(self, rows: list[int], index: torch.Tensor) -> None:
         """Keep `rows` (host indices; `index`: the same on the device), in that order, as rows [0, len(rows))."""
-        for name in (*self.STEP, "logprobs", "entropies"):  # moved within their storage: addresses kept
+        for name in self.STEP:  # moved within their storage: addresses kept
             values = getattr(self, name)
             values[: len(rows)] = values[index]
             setattr(self, name, values[: len(rows)])
-        for name in ("request", "host_length", "limit", "tokens", "observation", "observed"):
+        host = (
+            "request",
+            "host_length",
+            "limit",
+            "tokens",
+            "token_logprobs",
+            "token_entropies",
+            "observation",
+        )
+        for name in (*host, "observed"):
             values = getattr(self, name)
             setattr(self, name, [values[row] for row in rows])

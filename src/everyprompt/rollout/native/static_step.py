@@ -108,9 +108,9 @@ class StaticStep(DecodeStep):
         self.caches = whole
         return [tuple(t[:pool] for t in entry) for entry in whole]
 
-    def slots(self, pool: int, max_new_tokens: int) -> Slots:
+    def slots(self, pool: int) -> Slots:
         model = self.model
-        return Slots(pool, max_new_tokens, model.vocab_size, model.device, self.buffers)
+        return Slots(pool, model.vocab_size, model.device, self.buffers)
 
     def start(self, caches, layers, pool: int) -> None:
         """A call's decode layers (graphs are dropped if they moved); every row's length starts at 0 (a

@@ -52,10 +52,10 @@ class DecodeStep(ABC):
     def compiled(self) -> bool:
         return self.model.compiled
 
-    def slots(self, pool: int, max_new_tokens: int) -> Slots:
-        """The call's decoding state: `pool` rows of at most `max_new_tokens` samples."""
+    def slots(self, pool: int) -> Slots:
+        """The call's decoding state: `pool` rows."""
         model = self.model
-        return Slots(pool, max_new_tokens, model.vocab_size, model.device)
+        return Slots(pool, model.vocab_size, model.device)
 
     @abstractmethod
     def views(self, pool: int, width: int, shared: bool) -> list[tuple[torch.Tensor, ...]]:
