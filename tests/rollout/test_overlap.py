@@ -139,3 +139,39 @@ def test_a_row_that_ends_at_the_caches_last_position_stays_inside_it_as_an_idle_
     assert engine._static.caches[0][0].shape[2] > WIDTH_STEP
     _assert_same(got, expected)
     torch.testing.assert_close(got[0].logprobs, expected[0].logprobs, atol=1e-5, rtol=0)
+
+
+def test_a_finished_rows_routes_are_read_after_the_next_step_is_sent(tiny, monkeypatch):
+    """Recording routes (router replay), a finished row's routes are taken from the device when it finishes
+    (their copy queued behind the forward just sent) and read a step later, once the next forward is sent
+    too: reading them at once would keep the host waiting for that first forward with nothing queued
+    after it. The completions, routes included, are the CPU's."""
+    from everyprompt.rollout.native import slots as slots_module
+
+    model, tokenizer = tiny
+    seen = _order(monkeypatch)
+    copy_later = slots_module.copy_later
+
+    def logged_copy(tensor):
+        seen.append("take")
+        copied = copy_later(tensor)
+
+        def read():
+            seen.append("routes")
+            return copied()
+
+        return read
+
+    monkeypatch.setattr(slots_module, "copy_later", logged_copy)
+    params = SamplingParams(12, record_routes=True, record_router_logits=True)
+    expected = _by_id(NativeEngine.from_model(model, tokenizer, 4).generate(_requests(tokenizer), params))
+    seen.clear()
+    with fake_cuda():
+        engine = NativeEngine.from_model(model, tokenizer, 4, device="cuda:0")
+        got = _by_id(engine.generate(_requests(tokenizer), params))
+    assert engine.stats["overlapped"] == 1.0 and seen.count("take") == seen.count("routes") > 2
+    takes = [at for at, what in enumerate(seen) if what == "take"]
+    reads = [at for at, what in enumerate(seen) if what == "routes"]
+    for took, read in zip(takes, reads):  # a forward sent in between, or none left to send
+        assert "forward" in seen[took:read] or "forward" not in seen[read:], seen
+    _assert_same(got, expected)

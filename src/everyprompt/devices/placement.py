@@ -70,23 +70,31 @@ def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     return host.to(device, non_blocking=True)
 
 
-def read_later(tensor: torch.Tensor) -> Callable[[], list]:
-    """A function giving `tensor`'s values as a host list. On a GPU the copy is queued now, into pinned
-    memory, and the function waits for that copy alone (an event), not for work queued after it: a loop
-    can send the device its next work first and read meanwhile. Elsewhere it reads when called (the caller
-    leaves `tensor` unwritten in between)."""
+def copy_later(tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """A function giving `tensor` on the host. On a GPU the copy is queued now, into pinned memory, and the
+    function waits for that copy alone (an event), not for work queued after it: a loop can send the device
+    its next work first and read meanwhile. Elsewhere it copies when called (the caller leaves `tensor`
+    unwritten in between)."""
     if tensor.device.type != "cuda" or not torch.cuda.is_available():
-        return tensor.tolist
+        return tensor.cpu
     host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
     host.copy_(tensor, non_blocking=True)
     copied = torch.cuda.Event()
     copied.record()
 
-    def read() -> list:
+    def read() -> torch.Tensor:
         copied.synchronize()
-        return host.tolist()
+        return host
 
     return read
+
+
+def read_later(tensor: torch.Tensor) -> Callable[[], list]:
+    """`copy_later`, its values as a host list."""
+    if tensor.device.type != "cuda" or not torch.cuda.is_available():
+        return tensor.tolist  # one read, where `.cpu().tolist()` would count two on the fake device
+    copied = copy_later(tensor)
+    return lambda: copied().tolist()
 
 
 def to_device(tensors: dict, device: torch.device) -> dict:

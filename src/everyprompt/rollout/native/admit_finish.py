@@ -1,11 +1,12 @@
 """How requests enter and leave the native engine's cache rows: the prefill of admitted prompts (a prompt
 admitted more than once, a group's samples, computed once and its rows copied), and the completions of
-finished rows (their log-probs, entropies and routes brought to the host in one copy per kind)."""
+finished rows (their recorded routes brought to the host in one copy per kind)."""
 
 from __future__ import annotations
 
 import time
 from array import array
+from collections.abc import Callable
 
 import torch
 
@@ -61,27 +62,39 @@ def prefill(engine, layers, requests, admitted, slots: list[int], state, caches,
         )
 
 
-def finish(engine, requests, state, finished: list[int], record, began, stops):
-    """Yield the completions of the `finished` slots and free them: their log-probs and entropies are on the
-    host already (each step's read brought them); recorded routes come over in one copy per kind."""
-    recorded = [{}] * len(finished)
+def finish(
+    engine, requests, state, finished: list[int], record, began, stops
+) -> Callable[[], list[Completion]]:
+    """Free the `finished` slots; returns the function that makes their completions. Their tokens, log-probs
+    and entropies are on the host already (each step's read brought them); recorded routes are taken from
+    the device now and copied over in one copy per kind, which the function waits for (on a GPU, not for
+    work sent after: the loop may call it a step later, devices/placement.py: `copy_later`)."""
+    routes = None
     if record is not None:  # the last sampled token is not the model's input, so it has no route
         counts = [len(state.tokens[slot]) for slot in finished]
         fed = [len(requests[state.request[slot]].prompt_ids) + n - 1 for slot, n in zip(finished, counts)]
-        recorded = record.take(on_device(finished, engine.device), fed)
-    for slot, extra in zip(finished, recorded):
+        routes = record.take(on_device(finished, engine.device), fed)
+    made = []
+    for slot in finished:
         request, token_ids = requests[state.request[slot]], state.tokens[slot]
         reason, mask = ending(token_ids, state.observed[slot], engine.stop_ids, stops)
-        state.request[slot], state.observation[slot], state.observed[slot] = -1, [], []
-        yield Completion(
-            request_id=request.request_id,
-            prompt_ids=list(request.prompt_ids),
-            token_ids=list(token_ids),
-            logprobs=torch.tensor(state.token_logprobs[slot].tolist(), dtype=torch.float32),
-            entropies=torch.tensor(state.token_entropies[slot].tolist(), dtype=torch.float32),
-            **extra,
-            completion_mask=mask,
-            episode=request.episode,
-            finish_reason=reason,
-            timing={"finished_s": time.perf_counter() - began},
+        made.append(
+            dict(
+                request_id=request.request_id,
+                prompt_ids=list(request.prompt_ids),
+                token_ids=list(token_ids),
+                logprobs=torch.tensor(state.token_logprobs[slot].tolist(), dtype=torch.float32),
+                entropies=torch.tensor(state.token_entropies[slot].tolist(), dtype=torch.float32),
+                completion_mask=mask,
+                episode=request.episode,
+                finish_reason=reason,
+                timing={"finished_s": time.perf_counter() - began},
+            )
         )
+        state.request[slot], state.observation[slot], state.observed[slot] = -1, [], []
+
+    def completions() -> list[Completion]:
+        recorded = routes() if routes is not None else [{}] * len(made)
+        return [Completion(**fields, **extra) for fields, extra in zip(made, recorded)]
+
+    return completions

@@ -56,6 +56,7 @@ class DecodeCall:
             torch.zeros(0, dtype=torch.long, device=engine.device),
         )
         self.turns = Turns()  # episodes waiting for their environment's answer
+        self.pending: list = []  # finished rows' completions waiting for their routes' copy (`_finish`)
 
     def __iter__(self) -> Iterator[Completion]:
         state, source, turns = self.state, self.source, self.turns
@@ -65,6 +66,7 @@ class DecodeCall:
             self._admit()
             active = state.active
             if not active:  # nothing running and (after the admission above) nothing queued
+                yield from self._ready()
                 if turns.pending:  # every running episode waits for its environment
                     turns.wait()
                     continue
@@ -82,15 +84,15 @@ class DecodeCall:
                 # holds each exactly), so that a finished row's completion needs no read of its own
                 read = read_later(torch.stack([sampled.double(), logprobs, entropies]))
             sampling = time.perf_counter() - tick
-            if (
-                self.overlap
-            ):  # every active row fed before the host reads: it judges while the device computes
+            # overlapping, every active row is fed before the host reads: it judges while the device computes
+            if self.overlap:
                 self._feed(active, index, fed)
             tick = time.perf_counter()
             with phase("read"):
                 tokens, logprobs, entropies = read()
                 tokens = [int(token) for token in tokens]
             sampling += time.perf_counter() - tick
+            yield from self._ready()  # the last step's finished rows, their routes copied by now
             self.clock["sample_s"] += sampling
             self.clock["sample_steps"] += 1
             self.clock["tokens"] += len(active)
@@ -176,7 +178,20 @@ class DecodeCall:
         return list(range(len(running)))
 
     def _finish(self, slots: list[int]) -> Iterator[Completion]:
-        yield from finish(self.engine, self.requests, self.state, slots, self.record, self.began, self.stops)
+        """Free `slots` and yield their completions; overlapping with routes recorded, a step later (after
+        the next read, by when the routes' copy has arrived without the host waiting for the forward
+        already sent): `_ready`."""
+        made = finish(self.engine, self.requests, self.state, slots, self.record, self.began, self.stops)
+        if self.overlap and self.record is not None:
+            self.pending.append(made)
+            return
+        yield from made()
+
+    def _ready(self) -> Iterator[Completion]:
+        """The completions whose routes were on their way."""
+        pending, self.pending = self.pending, []
+        for made in pending:
+            yield from made()
 
     def stats(self) -> dict[str, float]:
         """The call's figures (once it has ended): throughput, the decode step's own, the compiler's."""

@@ -10,10 +10,11 @@ step reads back from the device only its sampled tokens (one sync), never the st
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
 
 import torch
 
-from everyprompt.devices.placement import upload
+from everyprompt.devices.placement import copy_later, upload
 from everyprompt.rollout.base import SamplingParams, UnsupportedModelError
 
 
@@ -76,17 +77,24 @@ class Record:
         self.routes = None if self.routes is None else self.routes[rows]
         self.logits = None if self.logits is None else self.logits[rows]
 
-    def take(self, rows: torch.Tensor, lengths: list[int]) -> list[dict[str, torch.Tensor]]:
-        """Finished rows' first `lengths` positions, as Completion fields on the host (one copy per
-        recorded kind for all the rows)."""
-        out: list[dict[str, torch.Tensor]] = [{} for _ in lengths]
-        for name, buffer in (("routed_experts", self.routes), ("router_logits", self.logits)):
-            if buffer is None:
-                continue
-            host = buffer[rows, : max(lengths)].cpu()
-            for fields, row, length in zip(out, host, lengths):
-                fields[name] = row[:length].clone()
-        return out
+    def take(self, rows: torch.Tensor, lengths: list[int]) -> Callable[[], list[dict[str, torch.Tensor]]]:
+        """Finished rows' first `lengths` positions, as Completion fields on the host: taken from the buffers
+        now (the rows may be refilled next), copied over in one copy per recorded kind for all the rows,
+        which the returned function waits for (devices/placement.py: `copy_later`)."""
+        copies = [
+            (name, copy_later(buffer[rows, : max(lengths)]))
+            for name, buffer in (("routed_experts", self.routes), ("router_logits", self.logits))
+            if buffer is not None
+        ]
+
+        def fields() -> list[dict[str, torch.Tensor]]:
+            out: list[dict[str, torch.Tensor]] = [{} for _ in lengths]
+            for name, copied in copies:
+                for entry, row, length in zip(out, copied(), lengths):
+                    entry[name] = row[:length].clone()
+            return out
+
+        return fields
 
 
 class Slots:
