@@ -185,6 +185,30 @@ def test_cuda_graphs_replay_the_eager_static_step(precision, params):
                 assert torch.equal(got[request_id].routed_experts, reference.routed_experts)
 
 
+def test_the_overlapped_loop_on_cuda_gives_the_plain_steps_completions():
+    """The static step on CUDA sends each forward before reading the step's tokens (rollout/native/
+    decode_loop.py); the plain step reads first. The same tokens, log-probs within float32 rounding (the
+    static step attends over its whole cache width), the same recorded routes."""
+    from everyprompt.devices.placement import copy_later, read_later
+
+    values = torch.arange(6, device=CUDA) * 3
+    later, listed = copy_later(values), read_later(values)
+    values.add_(1)  # queued after the copies: neither sees it
+    assert torch.equal(later(), torch.arange(6) * 3) and listed() == [0, 3, 6, 9, 12, 15]
+    model, tokenizer = make_tiny_model()
+    params = SamplingParams(16, record_routes=True)
+    plain = NativeEngine.from_model(model, tokenizer, 4, device=CUDA, cuda_graphs="off")
+    expected = _by_id(plain.generate(_requests(tokenizer), params))
+    overlapped = NativeEngine.from_model(model, tokenizer, 4, device=CUDA, cuda_graphs="on")
+    for _ in range(2):  # captured, then replayed
+        got = _by_id(overlapped.generate(_requests(tokenizer), params))
+        assert overlapped.stats["overlapped"] == 1.0 and plain.stats["overlapped"] == 0.0
+        for request_id, reference in expected.items():
+            assert got[request_id].token_ids == reference.token_ids
+            torch.testing.assert_close(got[request_id].logprobs, reference.logprobs, atol=1e-4, rtol=0)
+            assert torch.equal(got[request_id].routed_experts, reference.routed_experts)
+
+
 def test_cuda_graphs_stay_valid_across_a_weight_sync():
     from everyprompt.models.lora import merged_state_dict
 

@@ -78,9 +78,9 @@ def copy_later(tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
     if tensor.device.type != "cuda" or not torch.cuda.is_available():
         return tensor.cpu
     host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-    host.copy_(tensor, non_blocking=True)
+    host.copy_(tensor, non_blocking=True)  # on the stream of the tensor's device (cuda:1 need not be current)
     copied = torch.cuda.Event()
-    copied.record()
+    copied.record(torch.cuda.current_stream(tensor.device))
 
     def read() -> torch.Tensor:
         copied.synchronize()
