@@ -15,6 +15,11 @@ from pathlib import Path
 # (row label, the decode row's key, its format); a missing key (an older result) prints as "-"
 ROWS = (
     ("decode step with graphs, ms", "graphs_step_ms", "{:.2f}"),
+    (
+        "the same, reading each step's tokens before sending its forward, ms",
+        "graphs_step_ms_read_first",
+        "{:.2f}",
+    ),
     ("decode step with graphs and compiled bodies, ms", "fused_graphs_step_ms", "{:.2f}"),
     ("decode step without (plain), ms", "step_ms", "{:.1f}"),
     ("its matmuls, eager / captured, ms", ("floor_ms", "captured_floor_ms"), "{:.1f} / {:.2f}"),

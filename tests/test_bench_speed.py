@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from tests.test_bench import ROOT, _load, _saved_tiny_model
 
@@ -226,3 +227,24 @@ def test_a_profiled_rollout_names_the_engines_phases_and_an_unprofiled_one_marks
     row = timeline(prof, 1.0, torch.device("cpu"))
     assert set(row["host_by_phase"]) == {"prefill", "sample", "forward", "read"}, row
     assert all(seconds > 0 for seconds in row["host_by_phase"].values())
+
+
+def test_the_graphs_row_times_the_static_step_reading_first_where_it_overlaps(monkeypatch):
+    """On a CUDA device (here the fake one) the static step sends each forward before reading the step's
+    tokens; its row also times the same engine reading first, the loop before, and says which was faster."""
+    from bench.throughput import steps, work
+    from bench.throughput.work import requests
+
+    from everyprompt.devices.fake_cuda import fake_cuda
+    from tests.conftest import make_tiny_model
+
+    model, tokenizer = make_tiny_model()
+    monkeypatch.setattr(work, "synchronize", lambda device: None)  # no CUDA to wait for
+    plain = {"generate_s": 1.0, "step_ms": 1.0, "floor_ms": 1.0, "captured_floor_ms": 1.0}
+    work_items = requests([tokenizer("1+2=").input_ids, tokenizer("30+4=").input_ids], 2)
+    with fake_cuda():
+        row = steps.graphs_at(model, tokenizer, work_items, 6, 2, "fp32", torch.device("cuda:0"), plain)
+    assert row["graphs_overlapped"] == 1.0
+    assert row["graphs_step_ms_read_first"] > 0 and row["overlap_speedup"] > 0
+    cpu = steps.graphs_at(model, tokenizer, work_items, 6, 2, "fp32", torch.device("cpu"), plain)
+    assert cpu["graphs_overlapped"] == 0.0 and "overlap_speedup" not in cpu  # nothing to compare with

@@ -92,6 +92,12 @@ def decode(
                 f"({row['graphs_speedup']:.2f}x generate); step {row['graphs_step_ms']:.2f} ms, "
                 f"{row['graphs_step_vs_captured_floor']:.2f}x its matmuls captured; capture "
                 f"{row['graph_capture_s']:.2f} s"
+                + (
+                    f"; reading each step's tokens before sending its forward: step "
+                    f"{row['graphs_step_ms_read_first']:.2f} ms ({row['overlap_speedup']:.2f}x the time)"
+                    if "overlap_speedup" in row
+                    else ""
+                )
             )
         if graphs and fused:
             row.update(graphs_at(model, tokenizer, work, new_tokens, repeats, dtype, device, row, "on"))

@@ -4,6 +4,8 @@ step's greedy completions against the eager ones."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from bench.throughput.work import engine, equal_work, requests, static_mode
 
 
@@ -55,7 +57,15 @@ def graphs_at(
         # compiled bodies that failed to compile run eagerly (with a warning): their figures are the eager
         # bodies' then (the H200's of 2026-11-28 were); a failure stays for the engine's later calls
         "compile_failed": stats.get("compile_failed", 0.0),
+        "graphs_overlapped": stats.get("overlapped", 0.0),
     }
+    if native.decoding.overlap and compile == "off":
+        # the same engine and graphs with the host reading each step's tokens before it sends the forward
+        # (the loop before 2026-11-28): what sending it first is worth (rollout/native/decode_loop.py)
+        native.decoding = replace(native.decoding, overlap=False)
+        seconds, _, stats = equal_work(native, work, new_tokens, repeats, device)
+        row["graphs_step_ms_read_first"] = stats["decode_step_ms"] + stats.get("sample_ms", 0.0)
+        row["overlap_speedup"] = seconds / row["graphs_s"]  # above 1: sending the forward first pays
     return row if compile == "off" else {f"fused_{key}": value for key, value in row.items()}
 
 
