@@ -47,7 +47,7 @@ class DecodeCall:
         self.state = stepper.slots(self.pool)
         # overlapping, a row that finishes at its limit has its last token fed too: one position more
         self.caches = stepper.views(self.pool, width + self.overlap, shared)
-        self.layers = engine._call_layers(stepper.static)
+        self.layers = engine.call_layers(stepper.static)
         stepper.start(self.caches, self.layers, self.pool)
         self.record = Record.start(engine, params, self.pool, width)
         self.clock = dict.fromkeys(("prefill_s", "decode_s", "sample_s"), 0.0) | dict.fromkeys(COUNTS, 0)

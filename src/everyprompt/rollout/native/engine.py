@@ -211,7 +211,7 @@ class NativeEngine:
     def _dequantized(self, layers: list[Layer]) -> list[Layer]:
         return [self._prepared(layer.dequantized(keep_matmuls=self.fp8_matmul)) for layer in layers]
 
-    def _call_layers(self, static: bool) -> list[Layer]:
+    def call_layers(self, static: bool) -> list[Layer]:
         """The layers a generate call decodes with: the weights themselves, or fp8's dequantised copies,
         made per call, or once per weight load for the static step (its graphs read their addresses)."""
         if not any(layer.quantized for layer in self.layers):

@@ -4,7 +4,8 @@ is cache row i; `select(rows)` keeps rows as the pool shrinks.
 
 The tensors live on the engine's device. The loop decides (who is admitted, who finished, how wide a
 step reads the cache) from a host-side mirror in `Slots` that it keeps in step itself, so that a decode
-step reads back from the device only its sampled tokens (one sync), never the state it wrote.
+step reads back from the device only its sampled tokens with their log-probs and entropies (one copy,
+one sync), never the state it wrote; a finished row's completion is made from the mirror.
 """
 
 from __future__ import annotations
