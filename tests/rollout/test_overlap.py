@@ -175,3 +175,38 @@ def test_a_finished_rows_routes_are_read_after_the_next_step_is_sent(tiny, monke
     for took, read in zip(takes, reads):  # a forward sent in between, or none left to send
         assert "forward" in seen[took:read] or "forward" not in seen[read:], seen
     _assert_same(got, expected)
+
+
+def test_a_rollout_sides_batch_from_the_overlapped_engine_is_the_cpu_engines():
+    """One RL step's rollouts end to end (the rollout side: admission order, streaming to the reward pool,
+    groups, the batch) with the engine overlapping on the fake CUDA device: the CPU engine's batch, its
+    completions, the engine's log-probs and the routes router replay trains with."""
+    from everyprompt.data.passrate import PassRateStore
+    from everyprompt.rewards.pool import RewardPool
+    from everyprompt.trainer import RolloutSide
+    from tests.conftest import tiny_config
+    from tests.trainer.test_sides import _model
+
+    config = tiny_config("rl.prompts_per_step=3", "rl.group_size=4", "rollout.max_new_tokens=10")
+    model, tokenizer = _model(config)
+    prompts = [{"prompt": f"{a}+{a}=", "answer": str(2 * a), "level": 1} for a in range(1, 8)]
+
+    def batch(engine):
+        reward = lambda completions, **_: [float(len(t) % 2) for t in completions]  # noqa: E731
+        side = RolloutSide(config, engine, tokenizer, prompts, RewardPool(reward, workers=0), PassRateStore())
+        try:
+            return side.next_batch(0)
+        finally:
+            side.close()
+
+    expected = batch(NativeEngine.from_model(model, tokenizer, 8))
+    with fake_cuda():
+        engine = NativeEngine.from_model(model, tokenizer, 8, device="cuda:0")
+        got = batch(engine)
+    assert engine.stats["overlapped"] == 1.0 and engine.can_record_routes
+    assert got.completion_ids == expected.completion_ids and got.rewards.tolist() == expected.rewards.tolist()
+    assert len({len(c) for c in got.completion_ids}) > 1  # rows finished at different steps
+    for mine, theirs in zip(got.rollout_logprobs, expected.rollout_logprobs):
+        torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=0)
+    for mine, theirs in zip(got.routed_experts, expected.routed_experts):
+        assert torch.equal(mine, theirs)
