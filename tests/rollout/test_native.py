@@ -331,3 +331,19 @@ def test_a_low_precision_norm_in_one_op_equals_upcasting_normalising_and_roundin
     reference = F.rms_norm(x.float(), shape[-1:], eps=1e-5).to(dtype)
     assert torch.equal(rms_norm(x, None, 1e-5), reference)
     assert torch.equal(rms_norm(x, weight, 1e-5), weight * reference)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(12), SamplingParams(12, record_routes=True)])
+def test_a_value_sent_into_a_generate_call_is_ignored(tiny_model, params):
+    """A generator's caller may `send` values (a Ray rollout worker's generator task does): the completions
+    come out as they do for `next`."""
+    model, tokenizer = tiny_model
+    prompts = ["1+2=", "37+48=", "9="]
+    expected = list(
+        NativeEngine.from_model(model, tokenizer, 2).generate(_requests(tokenizer, prompts), params)
+    )
+    stream = NativeEngine.from_model(model, tokenizer, 2).generate(_requests(tokenizer, prompts), params)
+    got = [next(stream)]
+    for _ in range(len(prompts) - 1):
+        got.append(stream.send("a value"))
+    assert [c.token_ids for c in got] == [c.token_ids for c in expected]

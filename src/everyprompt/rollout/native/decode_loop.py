@@ -185,13 +185,17 @@ class DecodeCall:
         if self.overlap and self.record is not None:
             self.pending.append(made)
             return
-        yield from made()
+        # a loop, not `yield from` a list: a value sent into this generator (a Ray rollout worker's generator
+        # task sends some: tests/distributed/) would reach the list's iterator, which has no `send`
+        for completion in made():  # noqa: UP028
+            yield completion
 
     def _ready(self) -> Iterator[Completion]:
         """The completions whose routes were on their way."""
         pending, self.pending = self.pending, []
         for made in pending:
-            yield from made()
+            for completion in made():  # noqa: UP028 (see `_finish`)
+                yield completion
 
     def stats(self) -> dict[str, float]:
         """The call's figures (once it has ended): throughput, the decode step's own, the compiler's."""
