@@ -10,9 +10,10 @@ A step has two phases, each one body over rows [0, b) of the buffers, b the step
   width, masked by each row's length read from the device; the next-token logits [b, V] go into the
   pending logits, and each MoE layer's experts and router logits into the route buffers.
 Nothing in a body reads the device back, branches on a device value, or keeps what it allocates: what
-changes between steps is device data. The loop around it (engine.py) fills the fed tokens and per-row
+changes between steps is device data. The loop around it (decode_loop.py) fills the fed tokens and per-row
 settings before a step, and after it copies out what it keeps (tokens, log-probs, routes) from the rows
-that run, then reads the sampled tokens back: the step's one sync.
+that run, then reads the sampled tokens back with their log-probs and entropies: the step's one sync
+(on a CUDA device, after the next forward is sent).
 
 Padding rows are inert: rows of the bucket that do not run this step (free, finished, waiting for an
 environment, or past the call's pool) are fed the pad token at their own row's length (a row beyond the

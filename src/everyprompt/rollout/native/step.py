@@ -1,4 +1,4 @@
-"""The native engine's decode step as its generate loop calls it (engine.py), and the little of the engine a
+"""The native engine's decode step as its generate loop calls it (decode_loop.py), and the little of the engine a
 step reads (`StepModel`). Two steps implement it: the plain step (plain_step.py; eager, or through
 torch.compile: compiled.py) and the static step (static_step.py; its buffers allocated once, replayed as
 CUDA graphs: graphs.py). Which one a call gets is decided once, by how the engine decodes
@@ -6,7 +6,8 @@ CUDA graphs: graphs.py). Which one a call gets is decided once, by how the engin
 
 A call runs: `slots` (its decoding state), `views` (its cache), `start`; then, each decode step, `sample`
 (the active rows' next tokens from their pending logits) and `forward` (the running rows' fed tokens through
-the model, writing their next pending logits); and `stats` once the call ends.
+the model, writing their next pending logits; on a CUDA device the static step's is sent before the
+step's tokens are read, for every active row); and `stats` once the call ends.
 """
 
 from __future__ import annotations
