@@ -14,6 +14,13 @@ can catch one concern's errors; the CLI catches these two bases.
 from __future__ import annotations
 
 
+def in_one_line(err: BaseException) -> str:
+    """An error's type and the first line of its message, for a warning that says why a fast path was given
+    up (a failed compile or graph capture)."""
+    first = (str(err).strip().splitlines() or [""])[0]
+    return f"{type(err).__name__}: {first}"
+
+
 class InputError(ValueError):
     """Bad input a user can fix; the message says what was wrong and what was expected (exit 2)."""
 

@@ -30,6 +30,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from everyprompt.errors import in_one_line
 from everyprompt.models.kernels import KernelsError, register_kernels
 from everyprompt.models.replay import find_routers
 
@@ -60,7 +61,7 @@ class CompiledLayers:
             part._compiled_call_impl = None
 
     def give_up(self, err: Exception) -> None:
-        self.eager(_named(err))
+        self.eager(in_one_line(err))
         log.warning(
             "model.kernels=compiled: compiling the learner's layers failed (%s); they run eagerly from now on "
             "(actor/compiled_layers 0)",
@@ -114,12 +115,6 @@ class CompiledCall:
         return out
 
 
-def _named(err: Exception) -> str:
-    """An error's type and the first line of its message."""
-    lines = str(err).splitlines()
-    return f"{type(err).__name__}: {lines[0] if lines else ''}"
-
-
 def _eager() -> None:
     """What a copied `CompiledCall` becomes: no compiled call (the copy's part runs eagerly)."""
     return None
@@ -151,7 +146,7 @@ def check_compiler(device: torch.device) -> None:
     except Exception as err:  # noqa: BLE001 (any failure: the key named, the reason given)
         raise KernelsError(
             f"config key 'model.kernels': compiled needs torch.compile to build kernels for {device}, and it "
-            f"could not ({_named(err)}); model.kernels=torch runs without it"
+            f"could not ({in_one_line(err)}); model.kernels=torch runs without it"
         ) from None
 
 

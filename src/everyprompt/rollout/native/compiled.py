@@ -31,6 +31,7 @@ from collections.abc import Callable
 import torch
 
 from everyprompt.choices import COMPILE_MODES
+from everyprompt.errors import in_one_line
 
 log = logging.getLogger(__name__)
 
@@ -138,8 +139,7 @@ class DecodeCompiler:
         except Exception as err:
             if not self.give_up:
                 raise
-            first_line = (str(err).strip().splitlines() or [""])[0]
-            self.failure = f"{type(err).__name__}: {first_line}"
+            self.failure = in_one_line(err)
             log.warning(
                 "rollout.compile=%s: compiling the decode step failed (%s); decoding eager from now on "
                 "(rollout.compile=off skips the attempt)",

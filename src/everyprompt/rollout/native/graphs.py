@@ -32,6 +32,7 @@ from collections.abc import Callable, Hashable
 import torch
 
 from everyprompt.choices import GRAPH_BUCKETS, check_buckets
+from everyprompt.errors import in_one_line
 from everyprompt.rollout.native.trust import Output, judge
 
 log = logging.getLogger(__name__)
@@ -124,8 +125,7 @@ class StepGraphs:
                     + "; ".join(differ)
                 )
         except Exception as err:  # noqa: BLE001 (any capture failure: the step runs eagerly instead)
-            first_line = (str(err).strip().splitlines() or [""])[0]
-            self.failure = f"{type(err).__name__}: {first_line}"
+            self.failure = in_one_line(err)
             log.warning(
                 "rollout.cuda_graphs: capturing the %s step of %d rows failed (%s); decoding without CUDA "
                 "graphs from now on (rollout.cuda_graphs=off skips the attempt)",
