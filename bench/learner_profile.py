@@ -193,9 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     from everyprompt.models.kernels import KERNELS
 
     kernels = [name for name in args.kernels.split(",") if name]
-    unknown = [name for name in kernels if name not in KERNELS or name == "torch"]
+    offered = [name for name in KERNELS if name != "torch"]  # torch's own kernels: the profile before them
+    unknown = [name for name in kernels if name not in offered]
     if unknown:
-        parser.error(f"--kernels {', '.join(unknown)}: expected some of liger, compiled")
+        parser.error(f"--kernels {', '.join(unknown)}: expected some of {', '.join(offered)}")
     with tempfile.TemporaryDirectory() as run_dir:
         profiles = profile_updates(
             args.config,

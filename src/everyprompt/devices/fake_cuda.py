@@ -78,7 +78,7 @@ _TRANSFERS = {_aten.copy_.default, _aten._to_copy.default, _aten.copy.default}
 # the forms in which `host_tensor.to(cuda)` reaches the mode: `_to_copy` outside inference mode, `to` itself
 # (undecomposed) inside it, the decode loop's case; `non_blocking` by keyword, or `to.device`'s fourth
 # argument
-_UPLOADS = {_aten._to_copy.default, _aten.to.dtype_layout, _aten.to.device, _aten.to.dtype}
+_UPLOADS = {_aten._to_copy.default, _aten.to.dtype_layout, _aten.to.device}
 
 
 class DeviceMismatch(RuntimeError):

@@ -140,9 +140,8 @@ class DecodeCall:
         """The active rows' tokens, log-probs and entropies [n] (on the device); their counts of sampled
         tokens advanced."""
         state = self.state
-        step = state.step[index]
         settings = self.source.sampling(active, state, self.params)
-        sampled, logprobs, entropies = self.stepper.sample(state, active, index, step, settings)
+        sampled, logprobs, entropies = self.stepper.sample(state, active, index, settings)
         state.step[index] += 1
         return sampled, logprobs, entropies
 

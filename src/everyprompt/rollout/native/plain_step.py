@@ -20,9 +20,9 @@ class PlainStep(DecodeStep):
         # layout for the whole call
         return self.model.cache.views(pool, width, shared, exact=self.compiled)
 
-    def sample(self, state: Slots, active: list[int], index: torch.Tensor, step: torch.Tensor, settings):
-        """The active rows' samples; `step` [n]: their counts of sampled tokens (the loop's, read once)."""
-        return self.model.sample(state.logits[index], state.seed[index], step, *settings)
+    def sample(self, state: Slots, active: list[int], index: torch.Tensor, settings):
+        """The active rows' samples, from their pending logits, seeds and counts of sampled tokens."""
+        return self.model.sample(state.logits[index], state.seed[index], state.step[index], *settings)
 
     def forward(self, layers, state: Slots, running: list[int], running_index, fed, caches, record) -> None:
         model = self.model

@@ -192,10 +192,9 @@ class LiveRequests:
         return self._settings[1]
 
     def sampled(self, active: list[int], tokens: list[int], logprobs: list[float], state) -> list[int]:
-        values = logprobs
         self.sampled_tokens += len(tokens)
         stop = []
-        for slot, token, value in zip(active, tokens, values):
+        for slot, token, value in zip(active, tokens, logprobs):
             entry = self.entries[state.request[slot]]
             if entry.cancelled:
                 stop.append(slot)

@@ -103,6 +103,17 @@ class Slots:
     `device` for the step, and their host mirror for the loop's decisions."""
 
     STEP = ("length", "step", "seed", "logits")  # what a decode step reads (static.StepBuffers has them)
+    # the host mirror, a list each (`__init__` says what): `select` keeps their rows as it keeps STEP's
+    HOST = (
+        "request",
+        "host_length",
+        "limit",
+        "tokens",
+        "token_logprobs",
+        "token_entropies",
+        "observation",
+        "observed",
+    )
 
     def __init__(self, slots: int, vocab_size: int, device: torch.device, buffers=None):
         """`buffers` (static.StepBuffers): the step tensors are views of the engine's static buffers (whose
@@ -144,15 +155,6 @@ class Slots:
             values = getattr(self, name)
             values[: len(rows)] = values[index]
             setattr(self, name, values[: len(rows)])
-        host = (
-            "request",
-            "host_length",
-            "limit",
-            "tokens",
-            "token_logprobs",
-            "token_entropies",
-            "observation",
-        )
-        for name in (*host, "observed"):
+        for name in self.HOST:
             values = getattr(self, name)
             setattr(self, name, [values[row] for row in rows])

@@ -130,10 +130,10 @@ class StaticStep(DecodeStep):
         padded = self.graphs.padded
         return padded(len(running)) < padded(running[-1] + 1)
 
-    def sample(self, state: Slots, active: list[int], index: torch.Tensor, step: torch.Tensor, settings):
+    def sample(self, state: Slots, active: list[int], index: torch.Tensor, settings):
         """The sample phase for rows `active` (host) / `index` (device): their tokens, log-probs and
-        entropies. `settings`: the call's (temperature, top_p, greedy), or each active row's tensors; `step`
-        is not needed (the phase reads every row's count from the buffers)."""
+        entropies. `settings`: the call's (temperature, top_p, greedy), or each active row's tensors; the
+        phase reads every row's count of sampled tokens from the buffers."""
         buffers = self.buffers
         per_row = isinstance(settings[2], torch.Tensor)
         if per_row:

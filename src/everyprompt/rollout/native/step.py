@@ -74,11 +74,11 @@ class DecodeStep(ABC):
 
     @abstractmethod
     def sample(
-        self, state: Slots, active: list[int], index: torch.Tensor, step: torch.Tensor, settings
+        self, state: Slots, active: list[int], index: torch.Tensor, settings
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The tokens, log-probs and entropies [n] the rows `active` (host) / `index` (device) sample from
-        their pending logits; `step` [n]: their counts of sampled tokens; `settings`: the call's
-        (temperature, top_p, greedy), or each active row's tensors."""
+        their pending logits (`state.step`: their counts of sampled tokens, the noise's counter);
+        `settings`: the call's (temperature, top_p, greedy), or each active row's tensors."""
 
     @abstractmethod
     def forward(
