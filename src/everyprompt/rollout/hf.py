@@ -31,6 +31,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from everyprompt.choices import HF_ENGINE
+from everyprompt.models.attention import cuda_attention_without_cudnn
 from everyprompt.models.lora import plain_copy
 from everyprompt.models.replay import find_routers
 from everyprompt.rollout.base import (
@@ -115,6 +116,7 @@ class HFEngine:
         self.precision, self.dtype = precision, DTYPES[precision]
         self.device = torch.device(device)
         self.model = model.to(self.device, self.dtype).eval().requires_grad_(False)
+        cuda_attention_without_cudnn(self.model)  # on CUDA: each step's new width (devices/sdpa.py)
         self.stop_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.pad_token_id, self.batch_size = pad_token_id, batch_size
         self.tokenizer = tokenizer

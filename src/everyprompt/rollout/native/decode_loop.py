@@ -20,6 +20,7 @@ import torch
 
 from everyprompt.devices.phases import phase
 from everyprompt.devices.placement import read_later
+from everyprompt.devices.sdpa import attention_kernels
 from everyprompt.rollout.base import Completion, SamplingParams, call_stats
 from everyprompt.rollout.native.admit_finish import finish, prefill
 from everyprompt.rollout.native.cache import compact
@@ -124,7 +125,7 @@ class DecodeCall:
         if not admitted:
             return
         tick = time.perf_counter()
-        with phase("prefill"):
+        with phase("prefill"), attention_kernels(self.engine.device):  # not cuDNN's: devices/sdpa.py
             prefill(self.engine, self.layers, self.requests, admitted, free[: len(admitted)], self.state,
                     self.caches, self.params, self.record)  # fmt: skip
         self.clock["prefill_s"] += time.perf_counter() - tick
@@ -150,7 +151,7 @@ class DecodeCall:
         when None); its host seconds."""
         tick, state = time.perf_counter(), self.state
         index = self._index(running) if index is None else index
-        with phase("forward"):
+        with phase("forward"), attention_kernels(self.engine.device):
             self.stepper.forward(self.layers, state, running, index, fed, self.caches, self.record)
         state.length[index] += 1
         for slot in running:

@@ -1,0 +1,80 @@
+"""The native engine's attention kernels (devices/sdpa.py): on a CUDA device its prefill and decode steps
+attend without cuDNN's backend (whose per-shape plans the engine's changing widths would pay for), on the
+CPU torch's choice stands, and either way the completions are the same."""
+
+import contextlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from everyprompt.devices.fake_cuda import fake_cuda
+from everyprompt.models.experts import use_sorted_experts
+from everyprompt.rollout import GenerationRequest, SamplingParams
+from everyprompt.rollout.hf import HFEngine
+from everyprompt.rollout.native import NativeEngine
+from tests.conftest import make_tiny_model
+
+
+def _requests(tokenizer):
+    prompts = ["the cat sat", "a dog ran far away", "one", "two birds sang"]
+    return [GenerationRequest(f"r{i}", tokenizer.encode(p), seed=i) for i, p in enumerate(prompts)]
+
+
+def _rollout(model, tokenizer, device: str, monkeypatch):
+    """The completions of a bf16 rollout on `device`, and each attention call's (prefill?, cuDNN allowed?)."""
+    calls = []
+    attend = F.scaled_dot_product_attention
+
+    def spying(query, key, value, attn_mask=None, **kwargs):
+        calls.append((attn_mask is None, torch.backends.cuda.cudnn_sdp_enabled()))
+        return attend(query, key, value, attn_mask=attn_mask, **kwargs)
+
+    engine = NativeEngine.from_model(model, tokenizer, 2, "bf16", device=device)
+    with monkeypatch.context() as patched:
+        patched.setattr(F, "scaled_dot_product_attention", spying)
+        completions = list(engine.generate(_requests(tokenizer), SamplingParams(6, greedy=True)))
+    return {c.request_id: c.token_ids for c in completions}, calls
+
+
+@pytest.mark.parametrize("device", ["cuda:0", "cpu"])
+def test_the_engine_attends_without_cudnn_on_cuda_only(tiny_model, device, monkeypatch):
+    model, tokenizer = tiny_model
+    expected, _ = _rollout(model, tokenizer, "cpu", monkeypatch)
+    if device == "cpu":
+        got, calls = _rollout(model, tokenizer, device, monkeypatch)
+    else:
+        with fake_cuda():
+            got, calls = _rollout(model, tokenizer, device, monkeypatch)
+    layers = model.config.num_hidden_layers
+    prefills = [allowed for prefill, allowed in calls if prefill]
+    decodes = [allowed for prefill, allowed in calls if not prefill]
+    # 4 prompts in a pool of 2: admissions refill freed rows, and bf16 decode steps attend through SDPA too
+    assert len(prefills) >= 2 * layers and len(decodes) >= 5 * layers
+    assert set(prefills) == set(decodes) == {device == "cpu"}  # cuDNN left out on CUDA alone
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # and the process's own setting restored after
+    assert got == expected
+
+
+@pytest.mark.parametrize("device", ["cuda:0", "cpu"])
+def test_the_hf_engine_attends_without_cudnn_on_cuda_only(device, monkeypatch):
+    model, tokenizer = make_tiny_model()
+    use_sorted_experts(model)  # transformers' own experts kernel takes CUDA-only branches on (fake) cuda
+    seen = []
+    attend = F.scaled_dot_product_attention
+
+    def spying(*args, **kwargs):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return attend(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spying)
+    expected = [c.token_ids for c in HFEngine.from_model(model, tokenizer, 2).generate(
+        _requests(tokenizer), SamplingParams(6, greedy=True))]  # fmt: skip
+    seen.clear()
+    with fake_cuda() if device != "cpu" else contextlib.nullcontext():
+        engine = HFEngine.from_model(model, tokenizer, 2, device=device)
+        got = [c.token_ids for c in engine.generate(_requests(tokenizer), SamplingParams(6, greedy=True))]
+    assert len(seen) >= 5 * model.config.num_hidden_layers
+    assert set(seen) == {device == "cpu"}
+    assert model.config._attn_implementation == "sdpa"  # the trainer's own model keeps its attention
+    assert got == expected
