@@ -9,12 +9,18 @@ device computed 16 and 33 us; and 0.59 s and 1.20 s for an update's 30 calls eac
 planned before. Flash attention (causal rows, no mask) and the memory-efficient kernel (a mask) build
 nothing per shape.
 
-Both sides' shapes change all the time: a learner's packed micro-batch changes width with nearly every
-batch (models/attention.py), and so does the rollout engine's prefill with each admission's longest
-prompt, and its eager decode step with each step's furthest position (rollout/native/decode_loop.py).
+Shapes that change all the time: a learner's packed micro-batch changes width with nearly every batch
+(models/attention.py, and the transformers rollout engine's steps through the same function), and the
+native rollout engine's prefill with each admission's longest prompt (rollout/native/decode_loop.py).
 The RL step's rollout on the same card spent 75 ms a step in its prefill (bench/results/gpu_h200_2026-11-28/:
 one forward of the step's 8 prompts, 30 attention calls, about what 30 of cuDNN's calls cost on the host);
 not measured yet without cuDNN.
+
+Not the native engine's decode step: it attends with a mask over grouped key/value heads, which of
+torch's fused kernels only cuDNN's takes (flash attention takes no mask, the memory-efficient kernel no
+grouped heads); without it the math backend would run, several kernels and the keys and values copied
+per query head. Its static step's widths are fixed per graph bucket, so cuDNN plans each once, at the
+capture.
 
 Decided so rather than by padding widths to a few buckets (cuDNN then plans each bucket once a run, and
 the padding costs compute), or by PyTorch's `TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1` (an opt-in of torch 2.9
@@ -42,7 +48,7 @@ def _backends() -> list:
 
 def without_cudnn():
     """A context in which `scaled_dot_product_attention` chooses among `BACKENDS` only (some microseconds
-    of host time to enter and leave: once a decode step, not once a layer)."""
+    of host time to enter and leave: once around a forward, not once a layer, where that can be)."""
     from torch.nn.attention import sdpa_kernel
 
     return sdpa_kernel(_backends())
