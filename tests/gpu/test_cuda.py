@@ -209,6 +209,40 @@ def test_the_overlapped_loop_on_cuda_gives_the_plain_steps_completions():
             assert torch.equal(got[request_id].routed_experts, reference.routed_experts)
 
 
+def test_the_prefill_attends_without_cudnn_and_agrees_with_the_cpu():
+    """The native engine's prefill leaves cuDNN's attention out on CUDA (devices/sdpa.py): no cuDNN kernel
+    runs in a bf16 rollout of one token a prompt (a prefill and a sample), whose tokens and log-probs
+    agree with the CPU engine's as bf16 kernels do. What torch picks for the same call on its own is
+    printed, for the record."""
+    import torch.nn.functional as F
+    from torch.profiler import ProfilerActivity, profile
+
+    def kernels(fn) -> tuple[list[str], object]:
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            result = fn()
+            torch.cuda.synchronize()
+        names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        return names, result
+
+    model, tokenizer = make_tiny_model()
+    params = SamplingParams(1, greedy=True)
+    on_cpu = _by_id(
+        NativeEngine.from_model(model, tokenizer, 4, "bf16").generate(_requests(tokenizer), params)
+    )
+    engine = NativeEngine.from_model(model, tokenizer, 4, "bf16", device=CUDA)
+    names, got = kernels(lambda: _by_id(engine.generate(_requests(tokenizer), params)))
+    assert not [name for name in names if "cudnn" in name.lower()], sorted(set(names))
+    assert sum(got[i].token_ids == c.token_ids for i, c in on_cpu.items()) >= len(PROMPTS) // 2
+    for request_id, reference in on_cpu.items():
+        if got[request_id].token_ids == reference.token_ids:  # bf16 kernels round differently
+            assert (got[request_id].logprobs - reference.logprobs).abs().max() < 0.1, request_id
+    q = torch.randn(4, 2, 24, 16, device=CUDA, dtype=torch.bfloat16)
+    kv = torch.randn(4, 1, 24, 16, device=CUDA, dtype=torch.bfloat16)
+    own, _ = kernels(lambda: F.scaled_dot_product_attention(q, kv, kv, is_causal=True, enable_gqa=True))
+    print("torch's own choice for the prefill's attention:", sorted(set(own)))
+
+
 def test_cuda_graphs_stay_valid_across_a_weight_sync():
     from everyprompt.models.lora import merged_state_dict
 
