@@ -230,6 +230,38 @@ def test_a_compiled_step_runs_large_experts_over_their_own_tokens(tiny_model, mo
 
 
 @pytest.mark.slow
+def test_a_compiled_step_on_an_accelerator_chooses_its_experts_path_as_it_runs(tiny_model, monkeypatch):
+    """On an accelerator whether the experts run as grouped matmuls hangs on the weights' addresses and on
+    a kernel tried on the device, which torch.compile cannot trace (reading an address there ended the
+    compile of every bf16 MoE model on CUDA). Here the CPU plays the accelerator (`_accelerated`), with
+    the address check on the way: the compile goes through, every layer's experts choose their path as
+    they run (one opaque operator), and the samples are the eager engine's."""
+    import everyprompt.rollout.native.moe as moe
+
+    model, tokenizer = tiny_model
+    monkeypatch.setattr(moe, "_accelerated", lambda flat: True)
+    asked = []
+
+    def grouped_on_device(flat, gate_up, down):
+        asked.append(moe._aligned(gate_up, down))  # the weights' addresses, read as on CUDA
+        return True
+
+    monkeypatch.setattr(moe, "_grouped_on_device", grouped_on_device)
+    params = SamplingParams(12, record_routes=True)
+    eager = _by_id(NativeEngine.from_model(model, tokenizer, 4).generate(_requests(tokenizer), params))
+    compiled = NativeEngine.from_model(model, tokenizer, 4, compile="on")
+    asked.clear()
+    got = _by_id(compiled.generate(_requests(tokenizer), params))
+    assert compiled.stats["compiled"] == 1.0
+    layers = sum(layer.router is not None for layer in compiled.layers)
+    assert len(asked) >= layers * 11 and all(asked)  # every layer of every decode step, as it ran
+    for request_id, reference in eager.items():
+        assert got[request_id].token_ids == reference.token_ids, request_id
+        torch.testing.assert_close(got[request_id].logprobs, reference.logprobs, atol=1e-5, rtol=0)
+        assert torch.equal(got[request_id].routed_experts, reference.routed_experts)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "params",
     [

@@ -109,12 +109,19 @@ class MixtureOfExperts:
         weights do not fit its caches (`GROUPED_EXPERT_BYTES` or more each): a decode step there is bound
         by reading weights, and grouped matmuls read only the chosen experts' (SmolLM2's 8-expert upcycle,
         one expert at a time, batch 64: 357 ms a step against 457 ms batched; batch 1: 47 against 159); a
-        compiled step calls them as one operator (`routed_experts`). Longer inputs: one expert at a time."""
+        compiled step calls them as one operator (`routed_experts`). Longer inputs: one expert at a time.
+
+        A compiled step on an accelerator calls `routed_experts` too, which chooses between grouped and
+        batched matmuls as it runs: whether the grouped GEMM takes the weights (their addresses) and runs
+        on the device (a kernel tried once) cannot be asked while torch.compile traces (it would give the
+        compile up, or end a run that compiles without graphs)."""
+        if _accelerated(flat) and torch.compiler.is_compiling():
+            return routed_experts
         if _grouped_on_device(flat, gate_up, down):  # any length: no host read, so it captures too
             return experts_grouped_mm
         if flat.shape[0] > self.batched_tokens:
             return experts_grouped
-        if flat.device.type != "cpu":  # no host read: it captures into a CUDA graph
+        if _accelerated(flat):  # no host read: it captures into a CUDA graph
             return experts_batched
         if _expert_bytes(gate_up, down, gate_up.element_size()) < GROUPED_EXPERT_BYTES:
             return experts_batched
@@ -139,6 +146,11 @@ class MixtureOfExperts:
                 shared = torch.sigmoid(flat @ layer.shared_gate) * shared
             out = out + shared
         return out.view_as(x)
+
+
+def _accelerated(flat: torch.Tensor) -> bool:
+    """Whether the experts run on an accelerator (no host read of the routing on the way)."""
+    return flat.device.type != "cpu"
 
 
 def _expert_bytes(gate_up, down, itemsize: int) -> int:
@@ -233,8 +245,13 @@ def experts_batched(gate_up, down, flat, weights, experts) -> torch.Tensor:
 
 def experts_routed(gate_up, down, flat, weights, experts) -> torch.Tensor:
     """The routed experts over their own tokens only: grouped matmuls, or one expert at a time where
-    `grouped_mm` cannot take the operands."""
-    path = experts_grouped_mm if GROUPED_MM and _aligned(gate_up, down) else experts_grouped
+    `grouped_mm` cannot take the operands. On an accelerator (a compiled step's `routed_experts`), what
+    `MixtureOfExperts._path` runs there eagerly: grouped matmuls where its grouped GEMM takes them, else
+    the batched path (no host read: the step may be captured into a CUDA graph)."""
+    if _accelerated(flat):
+        path = experts_grouped_mm if _grouped_on_device(flat, gate_up, down) else experts_batched
+    else:
+        path = experts_grouped_mm if GROUPED_MM and _aligned(gate_up, down) else experts_grouped
     return path(gate_up, down, flat, weights, experts)
 
 
@@ -247,7 +264,8 @@ def routed_experts(
     experts: torch.Tensor,
 ) -> torch.Tensor:
     """`experts_routed` as one operator, for a compiled decode step: the graph calls it as it is (its
-    data-dependent shapes stay inside), so a compiled step reads only the routed experts' weights too."""
+    data-dependent shapes stay inside), so a compiled step reads only the routed experts' weights too; on
+    an accelerator, it chooses its path as it runs, where the weights' addresses can be read."""
     return experts_routed(gate_up, down, flat, weights, experts)
 
 
