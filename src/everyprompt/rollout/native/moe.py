@@ -113,8 +113,8 @@ class MixtureOfExperts:
 
         A compiled step on an accelerator calls `routed_experts` too, which chooses between grouped and
         batched matmuls as it runs: whether the grouped GEMM takes the weights (their addresses) and runs
-        on the device (a kernel tried once) cannot be asked while torch.compile traces (it would give the
-        compile up, or end a run that compiles without graphs)."""
+        on the device (a kernel tried once) cannot be asked while torch.compile traces (torch 2.13 refuses
+        to trace an address: the compile was given up, or ended a run that compiles without graphs)."""
         if _accelerated(flat) and torch.compiler.is_compiling():
             return routed_experts
         if _grouped_on_device(flat, gate_up, down):  # any length: no host read, so it captures too
