@@ -74,7 +74,7 @@ def bandit(trials: int = 4000, seed: int = 0) -> list[dict]:
                 return [0] * count
 
             def sample(specs, p=p):
-                return [(None, float(rng.random() < p)) for _ in specs]
+                return [(None, float(rng.random() < p), None) for _ in specs]
 
             result = collect_groups(
                 take,
