@@ -32,7 +32,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 # the multi-process and end-to-end checks of tens of seconds each (kills, resumes, Ray, sweeps, the GPU
-# suite's smoke), apart so that `make test` stays a few minutes; .ci/run runs both
+# suite's smoke), apart so that `make test` stays a few minutes; .ci/run runs all three
 test-long: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "long and not slow"
 
