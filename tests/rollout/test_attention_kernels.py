@@ -53,7 +53,7 @@ def test_the_engine_attends_without_cudnn_on_cuda_only(tiny_model, device, monke
     # 4 prompts in a pool of 2: admissions refill freed rows, and bf16 decode steps attend through SDPA too
     assert len(prefills) >= 2 * layers and len(decodes) >= 5 * layers
     assert set(prefills) == {device == "cpu"}  # cuDNN left out of the prefill on CUDA alone
-    # a decode step attends with a mask over grouped heads: without cuDNN only the math kernel takes it
+    # a decode step keeps torch's choice: a mask over grouped heads, which without cuDNN only math takes
     assert set(decodes) == {True}
     assert torch.backends.cuda.cudnn_sdp_enabled()  # and the process's own setting restored after
     assert got == expected
