@@ -1,8 +1,11 @@
 """The native engine's mixture-of-experts layer: its expert paths against a per-token reference and each
 other, routing by hand, and the routes and router logits it records against the HF routers."""
 
+import math
+
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from everyprompt.rollout import SamplingParams, UnsupportedModelError
 from everyprompt.rollout.native import NativeEngine
@@ -45,6 +48,39 @@ def test_batched_experts_equal_a_per_token_reference():
     unused = torch.cat([gate_up, torch.full_like(gate_up[:1], float("nan"))])
     got = experts_grouped_mm(unused, torch.cat([down, down[:1]]), flat, weights, experts)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_renormalised_softmax_routing_by_hand_and_in_two_kernels():
+    """Renormalised top-k routing (Mixtral, Qwen3-MoE) as the softmax of the chosen logits: by hand, and
+    transformers' form (the full softmax's top k divided by their sum) on random logits, in two operators
+    where that form takes four; without renormalising, the full softmax's top k as it was."""
+    from everyprompt.rollout.native.moe import Routing, softmax_top_k
+
+    e = math.e
+    weights, experts = softmax_top_k(torch.tensor([[1.0, 2.0, 3.0, 0.0]]), None, Routing(2, renormalise=True))
+    assert experts.tolist() == [[2, 1]]
+    torch.testing.assert_close(weights, torch.tensor([[e / (e + 1), 1 / (e + 1)]]))  # softmax of [3, 2]
+    logits = torch.randn(64, 8, generator=torch.Generator().manual_seed(0)) * 3
+    full, chosen = torch.topk(torch.softmax(logits, -1), 2, dim=-1)
+    calls = []
+    with _Operators(calls):
+        weights, experts = softmax_top_k(logits, None, Routing(2, renormalise=True))
+    assert torch.equal(experts, chosen) and calls == ["topk", "_softmax"]
+    torch.testing.assert_close(weights, full / full.sum(-1, keepdim=True), atol=1e-7, rtol=1e-6)
+    weights, experts = softmax_top_k(logits, None, Routing(2, renormalise=False))
+    assert torch.equal(experts, chosen) and torch.equal(weights, full)
+
+
+class _Operators(TorchDispatchMode):
+    """The operators run inside it, by name, into `calls`."""
+
+    def __init__(self, calls: list):
+        super().__init__()
+        self.calls = calls
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls.append(func.__name__.split(".")[0])
+        return func(*args, **(kwargs or {}))
 
 
 def test_grouped_sigmoid_routing_by_hand():

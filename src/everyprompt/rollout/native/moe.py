@@ -68,10 +68,14 @@ def register_router(name: str):
 
 @register_router("softmax")
 def softmax_top_k(logits: torch.Tensor, bias: torch.Tensor | None, routing: Routing):
-    """Weights [N, k] and experts [N, k] of the softmax's top k (Qwen, Mixtral, OLMoE)."""
-    weights, experts = torch.topk(torch.softmax(logits, dim=-1), routing.top_k, dim=-1)
+    """Weights [N, k] and experts [N, k] of the softmax's top k (Qwen, Mixtral, OLMoE). Renormalised, the
+    weights are the softmax of the k chosen logits: the full softmax's top k divided by their sum is
+    exp(l_i - m) / sum over the k of exp(l_j - m), the same numbers up to a rounding, in two kernels where
+    softmax, top-k, sum and division took four (a decode step runs them at every MoE layer)."""
     if routing.renormalise:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
+        chosen, experts = torch.topk(logits, routing.top_k, dim=-1)
+        return torch.softmax(chosen, dim=-1), experts
+    weights, experts = torch.topk(torch.softmax(logits, dim=-1), routing.top_k, dim=-1)
     return weights, experts
 
 
