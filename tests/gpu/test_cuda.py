@@ -209,21 +209,23 @@ def test_the_overlapped_loop_on_cuda_gives_the_plain_steps_completions():
             assert torch.equal(got[request_id].routed_experts, reference.routed_experts)
 
 
+def _cuda_kernels(fn) -> tuple[list[str], object]:
+    """The names of the CUDA kernels `fn()` runs (torch's profiler), and what it returns."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        result = fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA], result
+
+
 def test_the_prefill_attends_without_cudnn_and_agrees_with_the_cpu():
     """The native engine's prefill leaves cuDNN's attention out on CUDA (devices/sdpa.py): no cuDNN kernel
     runs in a bf16 rollout of one token a prompt (a prefill and a sample), whose tokens and log-probs
     agree with the CPU engine's as bf16 kernels do. What torch picks for the same call on its own is
     printed, for the record."""
     import torch.nn.functional as F
-    from torch.profiler import ProfilerActivity, profile
-
-    def kernels(fn) -> tuple[list[str], object]:
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            result = fn()
-            torch.cuda.synchronize()
-        names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-        return names, result
 
     model, tokenizer = make_tiny_model()
     params = SamplingParams(1, greedy=True)
@@ -231,7 +233,7 @@ def test_the_prefill_attends_without_cudnn_and_agrees_with_the_cpu():
         NativeEngine.from_model(model, tokenizer, 4, "bf16").generate(_requests(tokenizer), params)
     )
     engine = NativeEngine.from_model(model, tokenizer, 4, "bf16", device=CUDA)
-    names, got = kernels(lambda: _by_id(engine.generate(_requests(tokenizer), params)))
+    names, got = _cuda_kernels(lambda: _by_id(engine.generate(_requests(tokenizer), params)))
     assert not [name for name in names if "cudnn" in name.lower()], sorted(set(names))
     assert sum(got[i].token_ids == c.token_ids for i, c in on_cpu.items()) >= len(PROMPTS) // 2
     for request_id, reference in on_cpu.items():
@@ -239,7 +241,7 @@ def test_the_prefill_attends_without_cudnn_and_agrees_with_the_cpu():
             assert (got[request_id].logprobs - reference.logprobs).abs().max() < 0.1, request_id
     q = torch.randn(4, 2, 24, 16, device=CUDA, dtype=torch.bfloat16)
     kv = torch.randn(4, 1, 24, 16, device=CUDA, dtype=torch.bfloat16)
-    own, _ = kernels(lambda: F.scaled_dot_product_attention(q, kv, kv, is_causal=True, enable_gqa=True))
+    own, _ = _cuda_kernels(lambda: F.scaled_dot_product_attention(q, kv, kv, is_causal=True, enable_gqa=True))
     print("torch's own choice for the prefill's attention:", sorted(set(own)))
 
 
@@ -294,7 +296,6 @@ def test_a_bf16_norm_on_cuda_is_one_kernel_and_equals_the_upcast_one():
     """The engine's bf16 RMSNorm (attention.rms_norm) on CUDA: the upcast reference's values, in fewer
     kernels than upcast, normalise and cast back."""
     import torch.nn.functional as F
-    from torch.profiler import ProfilerActivity, profile
 
     from everyprompt.rollout.native.attention import rms_norm
 
@@ -302,16 +303,9 @@ def test_a_bf16_norm_on_cuda_is_one_kernel_and_equals_the_upcast_one():
     reference = F.rms_norm(x.float(), x.shape[-1:], eps=1e-5).bfloat16()
     got = rms_norm(x, None, 1e-5)
     assert (got.float() - reference.float()).abs().max().item() <= 2**-7 * reference.abs().max().item()
-
-    def kernels(fn) -> int:
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            fn()
-            torch.cuda.synchronize()
-        return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
-
-    upcast = kernels(lambda: F.rms_norm(x.float(), x.shape[-1:], eps=1e-5).bfloat16())
-    assert kernels(lambda: rms_norm(x, None, 1e-5)) < upcast
+    upcast, _ = _cuda_kernels(lambda: F.rms_norm(x.float(), x.shape[-1:], eps=1e-5).bfloat16())
+    fused, _ = _cuda_kernels(lambda: rms_norm(x, None, 1e-5))
+    assert len(fused) < len(upcast)
 
 
 def test_liger_kernels_give_torchs_log_probs_and_gradients(monkeypatch):

@@ -22,8 +22,8 @@ def _requests(tokenizer):
     return [GenerationRequest(f"r{i}", tokenizer.encode(p), seed=i) for i, p in enumerate(prompts)]
 
 
-def _rollout(model, tokenizer, device: str, monkeypatch):
-    """The completions of a bf16 rollout on `device`, and each attention call's (prefill?, cuDNN allowed?)."""
+def _spied(monkeypatch) -> list[tuple[bool, bool]]:
+    """Each attention call from now on: (without a mask, a prefill's; whether cuDNN's kernel was allowed)."""
     calls = []
     attend = F.scaled_dot_product_attention
 
@@ -31,22 +31,28 @@ def _rollout(model, tokenizer, device: str, monkeypatch):
         calls.append((attn_mask is None, torch.backends.cuda.cudnn_sdp_enabled()))
         return attend(query, key, value, attn_mask=attn_mask, **kwargs)
 
-    engine = NativeEngine.from_model(model, tokenizer, 2, "bf16", device=device)
-    with monkeypatch.context() as patched:
-        patched.setattr(F, "scaled_dot_product_attention", spying)
-        completions = list(engine.generate(_requests(tokenizer), SamplingParams(6, greedy=True)))
-    return {c.request_id: c.token_ids for c in completions}, calls
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spying)
+    return calls
+
+
+def _on(device: str):
+    return fake_cuda() if device != "cpu" else contextlib.nullcontext()
+
+
+def _tokens(engine, tokenizer) -> dict:
+    return {
+        c.request_id: c.token_ids
+        for c in engine.generate(_requests(tokenizer), SamplingParams(6, greedy=True))
+    }
 
 
 @pytest.mark.parametrize("device", ["cuda:0", "cpu"])
 def test_the_engine_attends_without_cudnn_on_cuda_only(tiny_model, device, monkeypatch):
     model, tokenizer = tiny_model
-    expected, _ = _rollout(model, tokenizer, "cpu", monkeypatch)
-    if device == "cpu":
-        got, calls = _rollout(model, tokenizer, device, monkeypatch)
-    else:
-        with fake_cuda():
-            got, calls = _rollout(model, tokenizer, device, monkeypatch)
+    expected = _tokens(NativeEngine.from_model(model, tokenizer, 2, "bf16"), tokenizer)
+    calls = _spied(monkeypatch)
+    with _on(device):
+        got = _tokens(NativeEngine.from_model(model, tokenizer, 2, "bf16", device=device), tokenizer)
     layers = model.config.num_hidden_layers
     prefills = [allowed for prefill, allowed in calls if prefill]
     decodes = [allowed for prefill, allowed in calls if not prefill]
@@ -63,21 +69,11 @@ def test_the_engine_attends_without_cudnn_on_cuda_only(tiny_model, device, monke
 def test_the_hf_engine_attends_without_cudnn_on_cuda_only(device, monkeypatch):
     model, tokenizer = make_tiny_model()
     use_sorted_experts(model)  # transformers' own experts kernel takes CUDA-only branches on (fake) cuda
-    seen = []
-    attend = F.scaled_dot_product_attention
-
-    def spying(*args, **kwargs):
-        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
-        return attend(*args, **kwargs)
-
-    monkeypatch.setattr(F, "scaled_dot_product_attention", spying)
-    expected = [c.token_ids for c in HFEngine.from_model(model, tokenizer, 2).generate(
-        _requests(tokenizer), SamplingParams(6, greedy=True))]  # fmt: skip
-    seen.clear()
-    with fake_cuda() if device != "cpu" else contextlib.nullcontext():
-        engine = HFEngine.from_model(model, tokenizer, 2, device=device)
-        got = [c.token_ids for c in engine.generate(_requests(tokenizer), SamplingParams(6, greedy=True))]
-    assert len(seen) >= 5 * model.config.num_hidden_layers
-    assert set(seen) == {device == "cpu"}
+    expected = _tokens(HFEngine.from_model(model, tokenizer, 2), tokenizer)
+    calls = _spied(monkeypatch)
+    with _on(device):
+        got = _tokens(HFEngine.from_model(model, tokenizer, 2, device=device), tokenizer)
+    assert len(calls) >= 5 * model.config.num_hidden_layers
+    assert {allowed for _, allowed in calls} == {device == "cpu"}  # its every call: widths change each step
     assert model.config._attn_implementation == "sdpa"  # the trainer's own model keeps its attention
     assert got == expected

@@ -2,6 +2,7 @@
 other, routing by hand, and the routes and router logits it records against the HF routers."""
 
 import math
+from collections import Counter
 
 import pytest
 import torch
@@ -62,24 +63,26 @@ def test_renormalised_softmax_routing_by_hand_and_in_two_kernels():
     torch.testing.assert_close(weights, torch.tensor([[e / (e + 1), 1 / (e + 1)]]))  # softmax of [3, 2]
     logits = torch.randn(64, 8, generator=torch.Generator().manual_seed(0)) * 3
     full, chosen = torch.topk(torch.softmax(logits, -1), 2, dim=-1)
-    calls = []
-    with _Operators(calls):
+    with Kernels() as kernels:
         weights, experts = softmax_top_k(logits, None, Routing(2, renormalise=True))
-    assert torch.equal(experts, chosen) and calls == ["topk", "_softmax"]
+    assert torch.equal(experts, chosen) and kernels.count == {"topk": 1, "_softmax": 1}
     torch.testing.assert_close(weights, full / full.sum(-1, keepdim=True), atol=1e-7, rtol=1e-6)
     weights, experts = softmax_top_k(logits, None, Routing(2, renormalise=False))
     assert torch.equal(experts, chosen) and torch.equal(weights, full)
 
 
-class _Operators(TorchDispatchMode):
-    """The operators run inside it, by name, into `calls`."""
+class Kernels(TorchDispatchMode):
+    """The operators run inside it that launch a kernel on a GPU (not views or allocations), counted by name."""
 
-    def __init__(self, calls: list):
+    NO_KERNEL = {"view", "slice", "unsqueeze", "squeeze", "new_empty", "empty", "reshape", "_unsafe_view"}
+
+    def __init__(self):
         super().__init__()
-        self.calls = calls
+        self.count = Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.calls.append(func.__name__.split(".")[0])
+        if func.__name__.split(".")[0] not in self.NO_KERNEL:
+            self.count[func.__name__.split(".")[0]] += 1
         return func(*args, **(kwargs or {}))
 
 
@@ -197,6 +200,12 @@ def test_experts_too_large_for_the_cpu_caches_run_grouped(tiny_model, monkeypatc
     assert layer._path(flat, *small) is moe.experts_batched
     assert layer._path(flat, *large) is moe.experts_routed
     assert layer._path(torch.zeros(layer.batched_tokens + 1, 32), *small) is moe.experts_grouped
+    # an accelerator without grouped matmuls for them (a meta tensor stands in): batched, and a long prefill
+    # one expert at a time
+    assert layer._path(flat.to("meta"), *large) is moe.experts_batched
+    assert (
+        layer._path(torch.zeros(layer.batched_tokens + 1, 32, device="meta"), *small) is moe.experts_grouped
+    )
     calls = []
     for name in ("experts_grouped_mm", "experts_grouped"):
         monkeypatch.setattr(moe, name, lambda *a, name=name: calls.append(name))
@@ -232,23 +241,7 @@ def test_grouped_expert_matmuls_equal_their_first_form_in_fewer_kernels(dtype):
     first form's outputs, an expert without tokens included (bf16 bit for bit; float32 within a rounding:
     the weighted sum is one batched product's fused multiply-adds), with 7 fewer kernels in bf16 (each
     operator that is not a view or an allocation launches one on a GPU)."""
-    from collections import Counter
-
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from everyprompt.rollout.native.moe import experts_grouped_mm
-
-    class Kernels(TorchDispatchMode):
-        NO_KERNEL = {"view", "slice", "unsqueeze", "squeeze", "new_empty", "empty", "reshape", "_unsafe_view"}
-
-        def __init__(self):
-            super().__init__()
-            self.count = Counter()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func.__name__.split(".")[0] not in self.NO_KERNEL:
-                self.count[func.__name__.split(".")[0]] += 1
-            return func(*args, **(kwargs or {}))
 
     generator = torch.Generator().manual_seed(0)
     gate_up = torch.randn(8, 64, 64, generator=generator).to(dtype)

@@ -31,27 +31,18 @@ torch's own choice.
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 # torch's SDPA backends the project's attention may use on CUDA, in torch's own order of preference
-BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
-
-
-@functools.cache
-def _backends() -> list:
-    from torch.nn.attention import SDPBackend
-
-    return [getattr(SDPBackend, name) for name in BACKENDS]
+BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def without_cudnn():
-    """A context in which `scaled_dot_product_attention` chooses among `BACKENDS` only (some microseconds
-    of host time to enter and leave: once around a forward, not once a layer, where that can be)."""
-    from torch.nn.attention import sdpa_kernel
-
-    return sdpa_kernel(_backends())
+    """A context in which `scaled_dot_product_attention` chooses among `BACKENDS` only (some microseconds of
+    host time to enter and leave)."""
+    return sdpa_kernel(BACKENDS)
 
 
 def attention_kernels(device: torch.device):

@@ -151,7 +151,7 @@ class DecodeCall:
         when None); its host seconds."""
         tick, state = time.perf_counter(), self.state
         index = self._index(running) if index is None else index
-        with phase("forward"):  # torch's choice of attention kernel (devices/sdpa.py: why)
+        with phase("forward"):  # attention: torch's choice of kernel (devices/sdpa.py says why)
             self.stepper.forward(self.layers, state, running, index, fed, self.caches, self.record)
         state.length[index] += 1
         for slot in running:

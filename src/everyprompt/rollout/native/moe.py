@@ -119,14 +119,15 @@ class MixtureOfExperts:
         batched matmuls as it runs: whether the grouped GEMM takes the weights (their addresses) and runs
         on the device (a kernel tried once) cannot be asked while torch.compile traces (torch 2.13 refuses
         to trace an address: the compile was given up, or ended a run that compiles without graphs)."""
-        if _accelerated(flat) and torch.compiler.is_compiling():
-            return routed_experts
-        if _grouped_on_device(flat, gate_up, down):  # any length: no host read, so it captures too
-            return experts_grouped_mm
-        if flat.shape[0] > self.batched_tokens:
+        long = flat.shape[0] > self.batched_tokens
+        if _accelerated(flat):
+            if torch.compiler.is_compiling():
+                return routed_experts
+            path = _device_path(flat, gate_up, down)
+            # a long prefill without grouped matmuls: one expert at a time (eager; a prefill is never captured)
+            return experts_grouped if long and path is experts_batched else path
+        if long:
             return experts_grouped
-        if _accelerated(flat):  # no host read: it captures into a CUDA graph
-            return experts_batched
         if _expert_bytes(gate_up, down, gate_up.element_size()) < GROUPED_EXPERT_BYTES:
             return experts_batched
         # compiled: one opaque operator in the graph (its data-dependent shapes stay inside it)
@@ -155,6 +156,12 @@ class MixtureOfExperts:
 def _accelerated(flat: torch.Tensor) -> bool:
     """Whether the experts run on an accelerator (no host read of the routing on the way)."""
     return flat.device.type != "cpu"
+
+
+def _device_path(flat: torch.Tensor, gate_up, down) -> Experts:
+    """The experts' path on an accelerator: grouped matmuls where its grouped GEMM takes the operands, else
+    the batched path; neither reads the device back, so either captures into a CUDA graph."""
+    return experts_grouped_mm if _grouped_on_device(flat, gate_up, down) else experts_batched
 
 
 def _expert_bytes(gate_up, down, itemsize: int) -> int:
@@ -253,7 +260,7 @@ def experts_routed(gate_up, down, flat, weights, experts) -> torch.Tensor:
     `MixtureOfExperts._path` runs there eagerly: grouped matmuls where its grouped GEMM takes them, else
     the batched path (no host read: the step may be captured into a CUDA graph)."""
     if _accelerated(flat):
-        path = experts_grouped_mm if _grouped_on_device(flat, gate_up, down) else experts_batched
+        path = _device_path(flat, gate_up, down)
     else:
         path = experts_grouped_mm if GROUPED_MM and _aligned(gate_up, down) else experts_grouped
     return path(gate_up, down, flat, weights, experts)
