@@ -255,7 +255,7 @@ step rl_step 240 "$PY" -m bench.rl_step --model "$DENSE_MODEL" --config "$CONFIG
 # shellcheck disable=SC2086
 step dense 220 "${BENCH[@]}" $FUSED --model "$DENSE_MODEL"
 # (transformers' own attention, cuDNN's included, no longer: its plan per new width was measured on the
-# third H200, docs/gpu.md; `--attention default,with-cudnn` profiles it again)
+# third H200, docs/gpu-runs.md; `--attention default,with-cudnn` profiles it again)
 step learner 200 "$PY" -m bench.learner_profile --model "$DENSE_MODEL" --config "$CONFIG" --updates "$UPDATES" \
   "${LEARNER[@]}" --out "$RESULTS"
 # everyprompt's RL step again with the fused paths (TRL's figure is the rl_step step's, same card)

@@ -10,7 +10,7 @@ counted from the profiler's runtime events). The GPU suite runs it (bench/gpu_su
 trainer and batches, one set-up after the other; the first is the result, the others go under
 `variants`): the learner's own (on CUDA every SDPA backend of torch's but cuDNN's, models/attention.py),
 then transformers' SDPA attention with torch choosing among all its backends (cuDNN's on a Hopper GPU,
-whose plan for each new width cost an H200 0.59 s forward and 1.20 s backward of host time: docs/gpu.md).
+whose plan for each new width cost an H200 0.59 s forward and 1.20 s backward of host time: docs/gpu-runs.md).
 
     python -m bench.learner_profile --model models/smollm2-135m-instruct
     python -m bench.learner_profile --model DIR --config configs/demo.yaml --updates 2   # smoke

@@ -40,7 +40,7 @@ def everyprompt_steps(base: list[str], steps: int, run_dir: Path, config_path: P
         "step_s_all": [m["time/step_s"] for m in history],
         # each step's phases too: an outlier step says which phase it was (on the H200 two of steps 2-6 took
         # 1.8 and 3.4 s more than the median, not split by phase then: cuDNN's plan for a new width, most
-        # likely, docs/gpu.md)
+        # likely, docs/gpu-runs.md)
         "rollout_s_all": [m["time/rollout_s"] for m in history],
         "train_s_all": [m["time/train_s"] for m in history],
         "rollout_s": statistics.median(m["time/rollout_s"] for m in history[1:]),

@@ -1,5 +1,5 @@
 """Checks that wait for a GPU (`make test-gpu`, `pytest -m gpu`): collected everywhere, skipped where torch
-sees no CUDA device. They passed on an H100 once (docs/gpu.md says what has run where)."""
+sees no CUDA device. They have run on an H100 and H200s (docs/gpu-runs.md says what ran where)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The learner's decoder layers through torch.compile (`model.kernels=compiled`).
 
 A small model's learner on a GPU is bound by the host: an H200 computed 86 ms of a 0.95 s SmolLM2 update
-(docs/gpu.md), the rest was launching several thousand kernels one operator at a time. Compiled, a decoder
+(docs/gpu-runs.md), the rest was launching several thousand kernels one operator at a time. Compiled, a decoder
 layer's elementwise work (RMSNorm with its float32 casts, rotary, SiLU times up, the residual adds) runs as
 a few fused kernels forward and backward, and the matrix products stay the vendor library's. On this
 project's 2-core CPU (SmolLM2, configs/smollm2.yaml's update of 64 sequences, bf16 products emulated;

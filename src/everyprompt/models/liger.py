@@ -3,7 +3,7 @@
 Liger (the `liger-kernel` package, `pip install 'everyprompt[kernels]'`) fuses a decoder layer's RMSNorm,
 SwiGLU (SiLU times up) and rotary embedding into one Triton kernel each, forward and backward, where
 torch runs several elementwise kernels. On a GPU a small model's learner is bound by the host's kernel
-launches (an H200 computed 86 ms of a 0.95 s SmolLM2 update: docs/gpu.md), so fewer kernels is the lever.
+launches (an H200 computed 86 ms of a 0.95 s SmolLM2 update: docs/gpu-runs.md), so fewer kernels is the lever.
 Whether it pays is for a lent GPU to say (the learner profile's `liger` variant); until then it is off.
 
 Applied to the policy instance (its norms and MLPs) with Liger's own patching, which also replaces the
