@@ -87,6 +87,56 @@ def test_a_seed_begun_on_another_machine_is_run_whole_here():
     assert order_of(0) == ["trl", "recipe", "gpu"] and order_of(1) == ["recipe", "gpu", "trl"]
 
 
+def _recorded_body() -> dict:
+    """C7's records for two seeds of two arms and none of the third, marks at 45 and 90 s."""
+
+    def run(seed, at45, at90, steps45, steps90):
+        return {
+            "seed": seed,
+            "machine": "card",
+            "greedy_accuracy_by_seconds": {"45": at45, "90": at90},
+            "steps_by_seconds": {"45": steps45, "90": steps90},
+        }
+
+    return {
+        "marks_s": [45.0, 90.0],
+        "start": {"greedy_accuracy": 0.48},
+        "arms": {
+            "trl": {"runs": [run(0, 0.50, 0.52, 8, 17), run(1, 0.46, 0.50, 9, 18)]},
+            "recipe": {"runs": [run(0, 0.54, 0.60, 20, 41), run(1, 0.56, 0.58, 21, 40)]},
+            "gpu": {"runs": []},
+        },
+    }
+
+
+def test_the_curve_table_by_hand():
+    """Each arm's mean over its seeds at each mark (0 s: the starting model, no steps); an arm with no
+    run recorded says so."""
+    from bench.time_to_accuracy.curve import curve_table, points
+
+    body = _recorded_body()
+    assert points(body, "trl")[1]["marks"] == [(0.0, 0.48, 0), (45.0, 0.46, 9), (90.0, 0.50, 18)]
+    lines = curve_table(body).splitlines()
+    assert lines[0] == "| arm | seeds | 0 s | 45 s | 90 s |"
+    # trl: (0.50 + 0.46) / 2 = 48.0% after (8 + 9) / 2 = 8.5 steps; (0.52 + 0.50) / 2 = 51.0% after 17.5
+    assert lines[2] == "| trl | 2 | 48.0% | 48.0% (8.5 steps) | 51.0% (17.5 steps) |"
+    assert lines[3] == "| recipe | 2 | 48.0% | 55.0% (20.5 steps) | 59.0% (40.5 steps) |"
+    assert lines[4] == "| gpu | 0 | – | – | – |"
+
+
+def test_the_curve_command_reads_the_records_and_draws_them(tmp_path, capsys):
+    from bench.time_to_accuracy.__main__ import main
+
+    assert main(["--curve", "--out", str(tmp_path)]) == 1  # nothing recorded: said, not drawn
+    assert "no run recorded" in capsys.readouterr().out
+    payload = {"comparisons": {"c7": {"setups": {"smollm2": _recorded_body()}}}}
+    (tmp_path / "evidence.json").write_text(json.dumps(payload))
+    assert main(["--curve", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| recipe | 2 | 48.0% | 55.0% (20.5 steps) | 59.0% (40.5 steps) |" in out
+    assert (tmp_path / "c7_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_the_evidence_bench_hands_c7_to_its_own_runner(tmp_path):
     from bench.evidence import main
 
@@ -128,6 +178,8 @@ def test_the_smoke_form_runs_every_arm_for_its_budget_and_records_them(tmp_path,
     contrasts = {(c["arm"], c["reference"]): c for c in body["contrasts"]}
     assert set(contrasts) == {("recipe", "trl"), ("gpu", "trl"), ("gpu", "recipe")}
     assert contrasts[("recipe", "trl")]["seeds"] == [0]
+    assert main(["--curve", "--smoke", "--out", str(tmp_path)]) == 0  # the curve of what was recorded
+    assert "| recipe | 1 |" in capsys.readouterr().out and (tmp_path / "c7_curve_smoke.png").is_file()
 
     # a call with less time than a cell takes starts none, and says so
     assert main(["--smoke", "--seeds", "1", "--time-left", "5", "--out", str(tmp_path)]) == 0

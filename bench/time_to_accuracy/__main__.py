@@ -5,6 +5,7 @@ one at a time, every arm of a seed before the next seed, in an order that turns 
     python -m bench.time_to_accuracy --seeds 0       # one seed: its three arms (3 x 180 s of training, plus
                                                      # loading and evaluating: about 12 min by estimate)
     python -m bench.time_to_accuracy --smoke         # seed 0 on a tiny model on the CPU, about a minute
+    python -m bench.time_to_accuracy --curve         # the curve from the records: a table, c7_curve.png
     python -m bench.evidence --summary               # the contrasts and verdicts so far
 
 Each finished cell is recorded at once in bench/results/evidence.json (`--merge` adds another copy's). A
@@ -120,7 +121,14 @@ def main(argv: list[str] | None = None) -> int:
         metavar="S",
         help="start no cell that would end more than S seconds after the call began (a lent GPU's call)",
     )
+    parser.add_argument(
+        "--curve",
+        action="store_true",
+        help="run nothing: print each arm's accuracy by mark from the records and plot it (curve.py)",
+    )
     args = parser.parse_args(argv)
+    if args.curve:
+        return curve(args.out, args.smoke)
     began = time.monotonic()
     comparison = COMPARISONS[NAME]
     seeds = args.seeds or ([0] if args.smoke else list(comparison.seeds_on(SETUP)))
@@ -170,6 +178,22 @@ def main(argv: list[str] | None = None) -> int:
         )
     payload = save(path, payload, args.smoke, NAME, SETUP)
     print(f"wrote {repo_path(path)}")
+    return 0
+
+
+def curve(out: Path, smoke: bool) -> int:
+    """The recorded curve: its table printed, its figure written beside the records."""
+    from bench.time_to_accuracy.curve import curve_table, plot
+
+    path = out / ("evidence_smoke.json" if smoke else "evidence.json")
+    body = load(path)["comparisons"].get(NAME, {}).get("setups", {}).get(SETUP)
+    if not body or not any(arm["runs"] for arm in body["arms"].values()):
+        print(f"c7: no run recorded in {repo_path(path)} yet")
+        return 1
+    figure = out / ("c7_curve_smoke.png" if smoke else "c7_curve.png")
+    plot(body, figure, f"C7 ({SETUP}): accuracy by seconds of training")
+    print(curve_table(body))
+    print(f"wrote {repo_path(figure)}")
     return 0
 
 
