@@ -191,3 +191,18 @@ def test_a_refused_graph_capture_is_a_summary_row(tmp_path):
     _write(plain / "metrics.jsonl", [{"step": 1, "rollout/decode_step_ms": 3.0}])
     keys = {r["key"] for r in summarize(load_metrics(plain / "metrics.jsonl"))}
     assert "rollout/graph_failed" not in keys  # an engine without graphs logs no such figure: no row
+
+
+def test_a_compiled_path_given_up_is_a_summary_row(tmp_path):
+    """The compiled decode step given up in step 2 (rollout.compile) and the learner's 30 compiled layers
+    back to eager in step 3 (model.kernels=compiled): the flag at its largest, the layers at their fewest."""
+    records = [
+        {"step": 1, "rollout/compile_failed": 0.0, "actor/compiled_layers": 30.0},
+        {"step": 2, "rollout/compile_failed": 1.0, "actor/compiled_layers": 30.0},
+        {"step": 3, "rollout/compile_failed": 1.0, "actor/compiled_layers": 0.0},
+    ]
+    _write(tmp_path / "metrics.jsonl", records)
+    rows = {r["key"]: r for r in summarize(load_metrics(tmp_path / "metrics.jsonl"))}
+    assert format_row(rows["rollout/compile_failed"]) == "1.000 (max)"
+    assert rows["actor/compiled_layers"]["label"] == "learner's layers running compiled (fewest)"
+    assert format_row(rows["actor/compiled_layers"]) == "0.000 (min)"

@@ -34,7 +34,7 @@ PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 # summary rows: (label, key, how): "ends" compares the first and last tenth of the steps, "evals" the first
-# and last logged value; any other `how` is one figure, a REDUCTIONS entry ("mean", "median", "max", "sum")
+# and last logged value; any other `how` is one figure, a REDUCTIONS entry ("mean", "median", "max", "min", "sum")
 ROWS: tuple[tuple[str, str, str], ...] = (
     ("SFT loss", "sft/loss", "ends"),
     ("training accuracy", "reward/accuracy", "ends"),
@@ -52,6 +52,9 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     # the native engine's CUDA graphs, where it decodes with them: a refused capture is a row, not a log line
     ("CUDA graph capture refused", "rollout/graph_failed", "max"),
     ("decode steps without their CUDA graph", "rollout/graph_eager_steps", "sum"),
+    # a compiled path given up (rollout.compile, model.kernels=compiled): it warned once; the row stays
+    ("compiled decode step given up", "rollout/compile_failed", "max"),
+    ("learner's layers running compiled (fewest)", "actor/compiled_layers", "min"),
     ("seconds per step", "time/step_s", "median"),
     ("learner's peak resident memory (GiB)", "memory/peak_rss_gib", "max"),
     ("learner's peak CUDA memory (GiB)", "memory/cuda_peak_gib", "max"),
@@ -115,6 +118,10 @@ def _max(values: list[float]) -> float:
     return max((v for v in values if math.isfinite(v)), default=float("nan"))
 
 
+def _min(values: list[float]) -> float:
+    return min((v for v in values if math.isfinite(v)), default=float("nan"))
+
+
 def _sum(values: list[float]) -> float:
     return sum(v for v in values if math.isfinite(v))
 
@@ -129,6 +136,7 @@ REDUCTIONS: dict[str, Callable[[list[float]], float]] = {
     "mean": finite_mean,
     "median": _median,
     "max": _max,
+    "min": _min,
     "sum": _sum,
     "last tenth": _last_tenth,
 }
