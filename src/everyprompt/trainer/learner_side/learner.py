@@ -346,10 +346,9 @@ class Learner(LearnerSide):
         stats = self.parallel.sum({name: read[name] for name in sums})
         self.term.finish(stats, num_tokens)
         stats.update(finish_mismatch(read))
-        entropy = stats.pop("entropy_sum") / num_tokens  # the sum itself is not a metric
-        return {
+        return {  # the entropy's sum taken out before the rest is copied in: it is not a metric itself
+            "actor/entropy": stats.pop("entropy_sum") / num_tokens,
             **stats,
-            "actor/entropy": entropy,
             "actor/grad_norm": grad_norm,
             "actor/lr": self.scheduler.get_last_lr()[0],
             "actor/skipped_updates": 0.0,
