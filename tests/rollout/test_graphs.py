@@ -107,6 +107,40 @@ def test_load_weights_keeps_every_weights_storage_and_takes_the_new_values(tiny,
     torch.testing.assert_close(engine.embed, expected, atol=0, rtol=0)
 
 
+def test_a_weight_load_reads_and_copies_one_layer_at_a_time(tiny, monkeypatch):
+    """In place, each layer's new tensors are read and copied before the next is read: a sync needs one
+    layer beside the held weights, not a second copy of every layer (a 30B model's engine would need
+    61 GB more in bf16). Where a layer's shapes differ, every weight is replaced and takes the new values."""
+    from everyprompt.rollout.native import engine as engine_module
+
+    model, tokenizer = tiny
+    engine = _engine(model, tokenizer, "static", precision="bf16")
+    events: list[str] = []
+    read, copy = engine_module.read_layer, engine_module.copy_into
+
+    def reading(weights, family, attention, index):
+        events.append(f"read {index}")
+        return read(weights, family, attention, index)
+
+    def copying(held, new):
+        events.append("copy")
+        return copy(held, new)
+
+    monkeypatch.setattr(engine_module, "read_layer", reading)
+    monkeypatch.setattr(engine_module, "copy_into", copying)
+    engine.load_weights(merged_state_dict(model))
+    layers = model.config.num_hidden_layers
+    assert events == ["copy"] + [e for i in range(layers) for e in (f"read {i}", "copy")]  # ends, then layers
+    events.clear()
+    bigger = {k: v for k, v in merged_state_dict(model).items()}
+    name = "model.layers.1.post_attention_layernorm.weight"  # the last layer's shape differs: replaced
+    bigger[name] = torch.cat([bigger[name], bigger[name]])
+    before = engine.embed.data_ptr()
+    engine.load_weights(bigger)
+    assert events[-1] == f"read {layers - 1}" and engine.embed.data_ptr() != before
+    assert engine.layers[1].post_norm.shape[0] == 2 * model.config.hidden_size
+
+
 # ------------------------------------------------------------------ bad settings, failed captures
 def test_buckets_must_be_increasing_positive_integers():
     assert check_buckets([1, 2, 8]) == (1, 2, 8)

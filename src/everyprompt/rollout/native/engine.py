@@ -167,25 +167,39 @@ class NativeEngine:
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Take `state_dict` (the trainer's names and layout) as the engine's weights; wakes a sleeping
         engine. Weights of the shapes already held are copied into their storage (same addresses, so
-        captured graphs stay valid) unless a generate call is still open; otherwise they replace it."""
+        captured graphs stay valid) one layer at a time, so that a sync needs one layer's new tensors
+        beside the held weights, not a second copy of them all; unless a generate call is still open (it
+        keeps decoding with the weights it started with): then, or where the shapes differ, they replace
+        the held weights."""
         weights = StateDict(state_dict, self.dtype, fp8=self.precision == "fp8", device=self.device)
+        if self.layers is None or self._open_calls or not self._copy_in(weights):
+            self.embed, self.final_norm, self.lm_head = self._ends(weights)
+            self.layers = [self._layer(weights, i) for i in range(self.config.num_hidden_layers)]
+            self._decode_layers = None
+
+    def _ends(self, weights: StateDict) -> tuple:
+        """The embedding, the final norm and the head (the embedding again where they are tied)."""
         head = "lm_head.weight" if "lm_head.weight" in weights else "model.embed_tokens.weight"
-        new = (
+        return (
             weights.plain("model.embed_tokens.weight"),
             weights.plain("model.norm.weight"),
             weights.operand(head),
-            [
-                self._prepared(read_layer(weights, self.family, self.attention, i))
-                for i in range(self.config.num_hidden_layers)
-            ],
         )
-        held = None if self.layers is None else (self.embed, self.final_norm, self.lm_head, self.layers)
-        # an open call (an iterator not yet finished) keeps decoding with the weights it started with
-        if held is None or self._open_calls or not copy_into(held, new):
-            self.embed, self.final_norm, self.lm_head, self.layers = new
-            self._decode_layers = None
-        elif self._decode_layers is not None:
-            copy_into(self._decode_layers, self._dequantized(self.layers))
+
+    def _layer(self, weights: StateDict, index: int) -> Layer:
+        return self._prepared(read_layer(weights, self.family, self.attention, index))
+
+    def _copy_in(self, weights: StateDict) -> bool:
+        """`weights` copied into the held storage, layer by layer (fp8's decode copies too); False where a
+        shape differs (a layer before it may have been copied: the caller replaces them all)."""
+        if not copy_into((self.embed, self.final_norm, self.lm_head), self._ends(weights)):
+            return False
+        for index, held in enumerate(self.layers):
+            if not copy_into(held, self._layer(weights, index)):
+                return False
+            if self._decode_layers is not None:
+                copy_into(self._decode_layers[index], self._dequantized([held])[0])
+        return True
 
     def decode_state(self) -> dict:  # the compile switch, for a checkpoint (base.py, compiled.py)
         return {"compile": self.compiler.state_dict()}
