@@ -28,14 +28,21 @@ LORA = [
 ]
 
 
-def test_merged_weights_equal_peft_merge_and_the_adapted_forward():
+def _adapted_policy():
+    """A Qwen3-MoE policy with adapters on attention, experts and router, their B nonzero (zero at init:
+    something to merge); and its tokenizer."""
     model, tokenizer = family_model("qwen3_moe")
     settings = SimpleNamespace(r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "o_proj"])
     policy = apply_lora(model, SimpleNamespace(**vars(settings), target_parameters=MOE_TARGETS))
     with torch.no_grad():
         for name, parameter in policy.named_parameters():
-            if "lora_B" in name:  # zero at init: give the adapters something to merge
+            if "lora_B" in name:
                 parameter.normal_(0, 0.1)
+    return policy, tokenizer
+
+
+def test_merged_weights_equal_peft_merge_and_the_adapted_forward():
+    policy, tokenizer = _adapted_policy()
     merged = merged_state_dict(policy)
     reference = plain_copy(policy).state_dict()
     assert merged.keys() == reference.keys()
@@ -54,6 +61,44 @@ def test_merged_weights_equal_peft_merge_and_the_adapted_forward():
             logp, _ = token_logprobs(policy, full)
         start = len(completion.prompt_ids) - 1
         torch.testing.assert_close(completion.logprobs, logp[0, start:], atol=1e-4, rtol=0, msg=engine)
+
+
+def test_merged_weights_merge_each_weight_when_read(monkeypatch):
+    """Nothing is merged until a weight is read, and reading one merges its own adapters only: a reader
+    that takes the weights one at a time holds one merged copy at a time. Their size needs no merge;
+    read later they are the policy's weights then (as a plain state dict's tensors are), and own_copy
+    takes them now; pickled (Ray's object store) they are a plain dict of the same tensors."""
+    import pickle
+
+    from peft.tuners.lora import LoraLayer
+
+    from everyprompt.models.lora import MergedWeights, weights_nbytes
+    from everyprompt.trainer.asynchrony import own_copy
+
+    policy, _ = _adapted_policy()
+    plain = plain_copy(policy).state_dict()
+    merged = merged_state_dict(policy)
+    assert isinstance(merged, MergedWeights)
+    deltas: list[object] = []  # each adapter delta computed
+    for module in policy.modules():
+        if isinstance(module, LoraLayer):
+            original = module.get_delta_weight
+            monkeypatch.setattr(
+                module, "get_delta_weight", lambda a, f=original, m=module: deltas.append(m) or f(a)
+            )
+    assert weights_nbytes(merged) == sum(t.numel() * t.element_size() for t in plain.values()) and not deltas
+    key = "model.layers.0.self_attn.q_proj.weight"
+    assert torch.equal(merged[key], plain[key]) and len(deltas) == 1
+    assert torch.equal(merged["model.norm.weight"], plain["model.norm.weight"]) and len(deltas) == 1
+    copied = own_copy(merged)
+    assert isinstance(copied, dict) and copied.keys() == plain.keys()
+    with torch.no_grad():  # the policy moves on: the copy does not, the mapping does
+        for name, parameter in policy.named_parameters():
+            if "lora_B" in name:
+                parameter.add_(1.0)
+    assert torch.equal(copied[key], plain[key]) and not torch.equal(merged[key], plain[key])
+    shipped = pickle.loads(pickle.dumps(merged))
+    assert type(shipped) is dict and torch.equal(shipped[key], merged[key])
 
 
 def _adapter(run_dir, step):

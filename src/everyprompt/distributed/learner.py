@@ -25,6 +25,7 @@ from everyprompt.distributed.recipes import ModelRecipe
 from everyprompt.distributed.runtime import actor_options, require_ray
 from everyprompt.errors import ClusterError
 from everyprompt.logs import quiet_libraries
+from everyprompt.models.lora import weights_nbytes
 from everyprompt.models.precision import training_kernels
 from everyprompt.trainer.checkpoint import full_weights
 from everyprompt.trainer.interface import LearnerSide
@@ -100,7 +101,7 @@ class LearnerRank:
         weights = self.learner.state_dict()
         if self.rank != 0:
             return None, 0
-        size = sum(t.numel() * t.element_size() for t in weights.values())
+        size = weights_nbytes(weights)
         # through host memory: the object store holds host tensors (docs/cluster.md, "Weight sync")
         return require_ray().put({name: t.cpu() for name, t in weights.items()}), size
 

@@ -30,7 +30,7 @@ class ModelRecipe:
     def plain(cls, model) -> ModelRecipe:
         """`model` as an engine runs it: a plain transformers model (a LoRA policy's adapters merged)."""
         config = model.get_base_model().config if is_lora(model) else model.config
-        return cls(config, merged_state_dict(model), None, _dtype(model))
+        return cls(config, dict(merged_state_dict(model)), None, _dtype(model))
 
     def build(self, weights: dict[str, torch.Tensor] | None = None):
         """The model, in eval mode (`weights`: the resolved state dict when `self.weights` is a reference)."""

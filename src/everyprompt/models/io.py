@@ -122,5 +122,5 @@ def save_pretrained(
     tokenizer.save_pretrained(directory)
     if merged and is_lora(model):
         whole = Path(directory) / "merged"
-        model.get_base_model().save_pretrained(whole, state_dict=merged_state_dict(model))
+        model.get_base_model().save_pretrained(whole, state_dict=dict(merged_state_dict(model)))
         tokenizer.save_pretrained(whole)

@@ -5,9 +5,9 @@ instead of its weights.
   `target_parameters` (parameters by name, for what is not an nn.Linear: MoE expert stacks such as
   `mlp.experts.gate_up_proj`, routers such as `mlp.gate.weight`).
 - The engine receives merged weights at every sync (`merged_state_dict`): W + scale * B A computed
-  out of place for each adapted weight, named as the base model's, so the engine never knows about the
-  adapters and the base weights are never modified (merging in place and unmerging again would leave
-  rounding drift in the base after every sync).
+  out of place for each adapted weight as it is read, named as the base model's, so the engine never
+  knows about the adapters and the base weights are never modified (merging in place and unmerging
+  again would leave rounding drift in the base after every sync).
 - The KL reference is the base model with the adapters disabled (`reference_forward`): no second copy.
 - Checkpoints hold the adapter (`adapter_model.safetensors`, `adapter_config.json`) and, when
   `model.lora.save_merged`, a full merged model under `merged/`. A run resumes by loading its base (the
@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import json
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -74,28 +75,68 @@ def load_adapter(base: nn.Module, directory: str | Path) -> nn.Module:
     return peft.PeftModel.from_pretrained(base, str(directory), is_trainable=True)
 
 
-def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+def merged_state_dict(model: nn.Module) -> Mapping[str, torch.Tensor]:
     """The weights of `model` with every active adapter folded in, named as the base model's (what an
-    engine loads); a plain model's own state dict."""
+    engine loads); a plain model's own state dict. A LoRA policy's are `MergedWeights`: each adapted
+    weight merged when it is read."""
     if not is_lora(model):
         return model.state_dict()
-    from peft.tuners.tuners_utils import BaseTunerLayer
+    return MergedWeights(model)
 
-    base = model.get_base_model()
-    state = {
-        key.replace(".base_layer", ""): value
-        for key, value in base.state_dict().items()
-        if ".lora_" not in key
-    }
-    with torch.no_grad():
+
+class MergedWeights(Mapping):
+    """A LoRA policy's merged weights, each adapted one computed (W + its adapters' deltas, out of place)
+    when it is read: a reader that takes them one at a time (the native engine's weight load, a copy to
+    the host) holds one merged tensor at a time, not a merged copy of every adapted weight (a 30B MoE
+    with adapted experts: about 116 GB in float32). Read later, they are the policy's weights then, as a
+    plain model's state dict is (own_copy in trainer/asynchrony.py copies them now); pickled (Ray's
+    object store), they are a plain dict."""
+
+    def __init__(self, model: nn.Module):
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        base = model.get_base_model()
+        self._state = {
+            key.replace(".base_layer", ""): value
+            for key, value in base.state_dict().items()
+            if ".lora_" not in key
+        }
+        self._adapters: dict[str, list] = {}  # weight name -> [(its adapter layer, adapter name)]
         for name, module in base.named_modules():
             if not isinstance(module, BaseTunerLayer) or module.merged:
                 continue
             key = f"{name.replace('.base_layer', '')}.{getattr(module, 'parameter_name', None) or 'weight'}"
             for adapter in module.active_adapters:
                 if adapter in getattr(module, "lora_A", {}):
-                    state[key] = state[key] + module.get_delta_weight(adapter).to(state[key].dtype)
-    return state
+                    self._adapters.setdefault(key, []).append((module, adapter))
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        value = self._state[key]
+        with torch.no_grad():
+            for module, adapter in self._adapters.get(key, ()):
+                value = value + module.get_delta_weight(adapter).to(value.dtype)
+        return value
+
+    def __iter__(self):
+        return iter(self._state)
+
+    def __len__(self) -> int:
+        return len(self._state)
+
+    def __reduce__(self):
+        return dict, (dict(self.items()),)
+
+    @property
+    def nbytes(self) -> int:
+        """The merged weights' size, without merging them (a merge keeps its weight's dtype and shape)."""
+        return sum(value.numel() * value.element_size() for value in self._state.values())
+
+
+def weights_nbytes(weights: Mapping[str, torch.Tensor]) -> int:
+    """The size of a state dict or of `MergedWeights` (not merged for it)."""
+    if isinstance(weights, MergedWeights):
+        return weights.nbytes
+    return sum(value.numel() * value.element_size() for value in weights.values())
 
 
 def plain_copy(model: nn.Module) -> nn.Module:

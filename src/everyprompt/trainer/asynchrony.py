@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import fields
 
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 def own_copy(weights):
     """Weights the learner will not change under the producer: a state dict is cloned (the local learner
     trains its tensors in place); anything else (a Ray object reference) is immutable already."""
-    if isinstance(weights, dict):
+    if isinstance(weights, Mapping):  # a LoRA policy's MergedWeights too: merged now, not when read
         return {name: tensor.detach().clone() for name, tensor in weights.items()}
     return weights
 

@@ -33,7 +33,7 @@ from everyprompt.batch import RolloutBatch
 from everyprompt.config import Config
 from everyprompt.devices.memory import memory_metrics
 from everyprompt.models.compiled_layers import compiled_metrics
-from everyprompt.models.lora import is_lora, merged_state_dict
+from everyprompt.models.lora import is_lora, merged_state_dict, weights_nbytes
 from everyprompt.rollout import derive_seed
 from everyprompt.trainer.checkpoint import full_weights, load_optimizer_state, portable_optimizer_state
 from everyprompt.trainer.interface import LearnerSide
@@ -111,7 +111,7 @@ class Learner(LearnerSide):
             if self._merge_copy is not None:
                 self._merge_copy.load_state_dict(weights)
                 weights = merged_state_dict(self._merge_copy)
-        self.last_sync_bytes = sum(t.numel() * t.element_size() for t in weights.values())
+        self.last_sync_bytes = weights_nbytes(weights)
         return weights
 
     def sync_model(self, model) -> None:
