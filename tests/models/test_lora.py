@@ -88,6 +88,7 @@ def test_merged_weights_merge_each_weight_when_read(monkeypatch):
             )
     assert weights_nbytes(merged) == sum(t.numel() * t.element_size() for t in plain.values()) and not deltas
     key = "model.layers.0.self_attn.q_proj.weight"
+    assert key in merged and "lm_head.bias" not in merged and not deltas  # asking merges nothing
     assert torch.equal(merged[key], plain[key]) and len(deltas) == 1
     assert torch.equal(merged["model.norm.weight"], plain["model.norm.weight"]) and len(deltas) == 1
     copied = own_copy(merged)

@@ -117,6 +117,9 @@ class MergedWeights(Mapping):
                 value = value + module.get_delta_weight(adapter).to(value.dtype)
         return value
 
+    def __contains__(self, key: object) -> bool:  # Mapping's own would merge the weight to find it
+        return key in self._state
+
     def __iter__(self):
         return iter(self._state)
 
