@@ -290,6 +290,47 @@ def test_a_precision_no_engine_runs_for_the_model_is_refused_before_training(tmp
     assert not (run / "sft").exists()
 
 
+def test_the_hf_engine_takes_a_weight_sync_one_weight_at_a_time():
+    """Each weight is copied in before the next is read (a LoRA policy's merged weights are made as
+    they are read, so one is in memory at a time); a weight of another shape is refused by name."""
+    from collections.abc import Mapping
+
+    model, tokenizer = family_model("mixtral")
+    other, _ = family_model("mixtral", seed=7)
+    engine = make_engine("hf", model, tokenizer, batch_size=4)
+    held, new = engine.model.state_dict(), other.state_dict()
+
+    class Reading(Mapping):
+        """`new`, checking at each read that the weight read before it is in the engine already."""
+
+        def __init__(self, weights):
+            self.weights, self.read = weights, []
+
+        def __getitem__(self, name):
+            if self.read:
+                previous = self.read[-1]
+                assert torch.equal(held[previous], new[previous]), f"{previous} not copied before {name}"
+            self.read.append(name)
+            return self.weights[name]
+
+        def __iter__(self):
+            return iter(self.weights)
+
+        def __len__(self):
+            return len(self.weights)
+
+        def __contains__(self, name):
+            return name in self.weights
+
+    reading = Reading(new)
+    engine.load_weights(reading)
+    assert len(reading.read) == len(held) and all(torch.equal(held[k], new[k]) for k in held)
+    wrong = dict(new)
+    wrong["lm_head.weight"] = wrong["lm_head.weight"][:1]  # would broadcast into the head, silently
+    with pytest.raises(KeyError, match=r"lm_head.weight is \(1, "):
+        engine.load_weights(wrong)
+
+
 def test_hf_engine_weight_sync_and_bf16():
     model, tokenizer = family_model("mixtral")
     other, _ = family_model("mixtral", seed=7)

@@ -152,12 +152,26 @@ class HFEngine:
         )
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        missing, unexpected = self.model.load_state_dict(state_dict, strict=False)
+        """Copy `state_dict` into the model's tensors one weight at a time (a LoRA policy's merged
+        weights are made as they are read: one at a time in memory, models/lora.py), after checking that
+        its names are the model's."""
+        own = self.model.state_dict()  # the model's own tensors, by name
+        missing = [name for name in own if name not in state_dict]
+        unexpected = [name for name in state_dict if name not in own]
         if missing or unexpected:
             raise KeyError(
                 f"load_weights: the state dict does not fit {type(self.model).__name__} "
                 f"(missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})"
             )
+        with torch.no_grad():
+            for name, target in own.items():
+                value = state_dict[name]
+                if value.shape != target.shape:
+                    raise KeyError(
+                        f"load_weights: {name} is {tuple(value.shape)} in the state dict, "
+                        f"{tuple(target.shape)} in {type(self.model).__name__}"
+                    )
+                target.copy_(value)
 
     def sleep(self) -> None:
         """Nothing: the copy of the module is the engine (remaking it at every weight sync would cost
