@@ -112,6 +112,29 @@ def test_a_pool_nobody_holds_stops_its_workers():
         assert not process.is_alive()
 
 
+def test_closing_after_the_dispatcher_has_ended_still_stops_the_workers():
+    """The race the test above lost once under load: the dispatcher thread saw the stop and ended
+    (closing its end of the wake-up pipe) before close() wrote its wake-up byte. That write then failed
+    on a closed descriptor (or one reused by another file by then) and left the workers running. The
+    dispatcher's end is made to finish first here; close() must still stop every worker."""
+    import os
+
+    pool = RewardPool(f"{HERE}:length", workers=2)
+    processes = [w.process for w in pool._state.workers]
+    pool.submit(0, "abc", {})
+    assert pool.wait([0]) == [3.0]
+    state = pool._state
+    state.tasks.put(None)  # the stop the dispatcher sees first
+    os.write(state.wake_write, b"x")
+    pool._thread.join(timeout=10)
+    assert not pool._thread.is_alive()
+    pool.close()
+    for process in processes:
+        process.join(timeout=5)
+        assert not process.is_alive()
+    assert state.wake_write == -1
+
+
 def test_torch_rewards_run_in_forked_workers():
     """torch's thread pool does not survive fork (a parallel op in the child hangs); workers use one
     thread, so a reward model in torch scores instead of timing out."""

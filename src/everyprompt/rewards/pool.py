@@ -227,7 +227,13 @@ class _Dispatcher:
         if self.stopped:
             return
         self.stopped = True
-        self.put(None)
+        try:
+            self.put(None)
+        except OSError:  # the dispatcher has ended already and closed its end of the wake pipe
+            pass
+        if self.wake_write >= 0:  # closed here, after the last write, and never written again (a closed
+            os.close(self.wake_write)  # fd's number may be another file's by then)
+            self.wake_write = -1
         for worker in self.workers:
             try:
                 worker.conn.send(None)
@@ -316,9 +322,8 @@ class _Dispatcher:
                     os.read(self.wake_read, 4096)
                 if busy:
                     self.collect()
-        finally:
+        finally:  # the read end only: stop() may still write its wake-up byte (it closes the write end)
             os.close(self.wake_read)
-            os.close(self.wake_write)
 
     def collect(self) -> None:
         now = time.perf_counter()
