@@ -182,7 +182,7 @@ def test_a_refused_graph_capture_is_a_summary_row(tmp_path):
     _write(tmp_path / "metrics.jsonl", records)
     rows = {r["key"]: r for r in summarize(load_metrics(tmp_path / "metrics.jsonl"))}
     assert rows["rollout/graph_failed"]["label"] == "CUDA graph capture refused"
-    assert format_row(rows["rollout/graph_failed"]) == "1.000 (max)"
+    assert format_row(rows["rollout/graph_failed"]) == "yes (in some step)"
     assert (
         rows["rollout/graph_eager_steps"]["value"] == 90.0 and rows["rollout/decode_step_ms"]["value"] == 12.0
     )
@@ -203,6 +203,7 @@ def test_a_compiled_path_given_up_is_a_summary_row(tmp_path):
     ]
     _write(tmp_path / "metrics.jsonl", records)
     rows = {r["key"]: r for r in summarize(load_metrics(tmp_path / "metrics.jsonl"))}
-    assert format_row(rows["rollout/compile_failed"]) == "1.000 (max)"
+    assert format_row(rows["rollout/compile_failed"]) == "yes (in some step)"
+    assert format_row({**rows["rollout/compile_failed"], "value": 0.0}) == "no"
     assert rows["actor/compiled_layers"]["label"] == "learner's layers running compiled (fewest)"
     assert format_row(rows["actor/compiled_layers"]) == "0.000 (min)"

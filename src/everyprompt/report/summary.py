@@ -34,7 +34,7 @@ PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 # summary rows: (label, key, how): "ends" compares the first and last tenth of the steps, "evals" the first
-# and last logged value; any other `how` is one figure, a REDUCTIONS entry ("mean", "median", "max", "min", "sum")
+# and last logged value; any other `how` is one figure, a REDUCTIONS entry ("mean", "median", "max", "min", "sum", "any": a flag)
 ROWS: tuple[tuple[str, str, str], ...] = (
     ("SFT loss", "sft/loss", "ends"),
     ("training accuracy", "reward/accuracy", "ends"),
@@ -50,10 +50,10 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("rollout tokens/s", "rollout/tokens_per_s", "median"),
     ("decode step (ms)", "rollout/decode_step_ms", "median"),
     # the native engine's CUDA graphs, where it decodes with them: a refused capture is a row, not a log line
-    ("CUDA graph capture refused", "rollout/graph_failed", "max"),
+    ("CUDA graph capture refused", "rollout/graph_failed", "any"),
     ("decode steps without their CUDA graph", "rollout/graph_eager_steps", "sum"),
     # a compiled path given up (rollout.compile, model.kernels=compiled): it warned once; the row stays
-    ("compiled decode step given up", "rollout/compile_failed", "max"),
+    ("compiled decode step given up", "rollout/compile_failed", "any"),
     ("learner's layers running compiled (fewest)", "actor/compiled_layers", "min"),
     ("seconds per step", "time/step_s", "median"),
     ("learner's peak resident memory (GiB)", "memory/peak_rss_gib", "max"),
@@ -137,6 +137,7 @@ REDUCTIONS: dict[str, Callable[[list[float]], float]] = {
     "median": _median,
     "max": _max,
     "min": _min,
+    "any": _max,  # a 0/1 flag: whether any step raised it (shown yes / no)
     "sum": _sum,
     "last tenth": _last_tenth,
 }
@@ -184,6 +185,8 @@ def format_row(row: dict) -> str:
         return (
             f"{fmt(row['first'])} (step {row['first_step']}) -> {fmt(row['last'])} (step {row['last_step']})"
         )
+    if row["how"] == "any" and math.isfinite(row["value"]):
+        return "yes (in some step)" if row["value"] >= 1 else "no"
     if row["how"] == "sum" and float(row["value"]).is_integer():
         return f"{int(row['value'])} (sum)"
     return f"{fmt(row['value'])} ({row['how']})"
