@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from everyprompt.pipeline import Run
+from everyprompt.pipeline import train
 from tests.conftest import tiny_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,15 +59,12 @@ def test_the_patterns_read_the_table_as_written():
     ids=["zve", "replay-kl", "icepop-gspo", "hf-lora"],
 )
 def test_every_figure_a_run_logs_is_on_the_metrics_page(tmp_path, overrides):
-    trainer = Run(tiny_config("rl.steps=2", *overrides), tmp_path / "run").trainer()
-    try:
-        trainer.train()
-    finally:
-        trainer.close()
+    train(tiny_config("rl.steps=2", *overrides), run_dir=tmp_path / "run")  # `everyprompt train`'s path
     records = [tmp_path / "run" / "metrics.jsonl", tmp_path / "run" / "sft" / "metrics.jsonl"]
     lines = [line for path in records for line in path.read_text().splitlines()]
     keys = set().union(*(json.loads(line) for line in lines)) - {"step"}
     assert "sft/loss" in keys  # the tiny recipe warms up with SFT: its records are checked too
+    assert ("eval/greedy_accuracy" in keys) == ("eval.every=1" in overrides)  # step 1's evaluation
     patterns = documented()
     assert len(keys) > 40
     assert sorted(k for k in keys if not any(p.match(k) for p in patterns)) == []

@@ -132,7 +132,7 @@ def test_a_weight_load_reads_and_copies_one_layer_at_a_time(tiny, monkeypatch):
     layers = model.config.num_hidden_layers
     assert events == ["copy"] + [e for i in range(layers) for e in (f"read {i}", "copy")]  # ends, then layers
     events.clear()
-    bigger = {k: v for k, v in merged_state_dict(model).items()}
+    bigger = dict(merged_state_dict(model))
     name = "model.layers.1.post_attention_layernorm.weight"  # the last layer's shape differs: replaced
     bigger[name] = torch.cat([bigger[name], bigger[name]])
     before = engine.embed.data_ptr()

@@ -129,17 +129,11 @@ class MergedWeights(Mapping):
     def __reduce__(self):
         return dict, (dict(self.items()),)
 
-    @property
-    def nbytes(self) -> int:
-        """The merged weights' size, without merging them (a merge keeps its weight's dtype and shape)."""
-        return sum(value.numel() * value.element_size() for value in self._state.values())
-
 
 def weights_nbytes(weights: Mapping[str, torch.Tensor]) -> int:
-    """The size of a state dict or of `MergedWeights` (not merged for it)."""
-    if isinstance(weights, MergedWeights):
-        return weights.nbytes
-    return sum(value.numel() * value.element_size() for value in weights.values())
+    """The size of a state dict; of `MergedWeights` without merging (a merge keeps dtype and shape)."""
+    values = weights._state.values() if isinstance(weights, MergedWeights) else weights.values()
+    return sum(value.numel() * value.element_size() for value in values)
 
 
 def plain_copy(model: nn.Module) -> nn.Module:

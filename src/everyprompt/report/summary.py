@@ -34,7 +34,7 @@ PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 # summary rows: (label, key, how): "ends" compares the first and last tenth of the steps, "evals" the first
-# and last logged value; any other `how` is one figure, a REDUCTIONS entry ("mean", "median", "max", "min", "sum", "any": a flag)
+# and last logged value; any other `how` is one figure, a REDUCTIONS entry ("any": a 0/1 flag, shown yes/no)
 ROWS: tuple[tuple[str, str, str], ...] = (
     ("SFT loss", "sft/loss", "ends"),
     ("training accuracy", "reward/accuracy", "ends"),

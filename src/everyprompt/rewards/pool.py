@@ -231,8 +231,10 @@ class _Dispatcher:
             self.put(None)
         except OSError:  # the dispatcher has ended already and closed its end of the wake pipe
             pass
-        if self.wake_write >= 0:  # closed here, after the last write, and never written again (a closed
-            os.close(self.wake_write)  # fd's number may be another file's by then)
+        # the write end is closed here, after the last write, and never written again (a closed fd's number
+        # may be another file's by then); the dispatcher closes the read end when it ends
+        if self.wake_write >= 0:
+            os.close(self.wake_write)
             self.wake_write = -1
         for worker in self.workers:
             try:

@@ -167,7 +167,7 @@ class HFEngine:
             for name, target in own.items():
                 value = state_dict[name]
                 if value.shape != target.shape:
-                    raise KeyError(
+                    raise ValueError(
                         f"load_weights: {name} is {tuple(value.shape)} in the state dict, "
                         f"{tuple(target.shape)} in {type(self.model).__name__}"
                     )
