@@ -6,7 +6,8 @@ Each set-up runs in a fresh process: the model and optimizer are built, the proc
 reset (Linux /proc/self/clear_refs), then `--steps` training steps (forward, backward, AdamW step) run on
 the same batches of the twin's chat-formatted worked solutions. Reported per set-up: the memory a step
 adds above the built model (peak RSS minus RSS before the first step), the process's RSS then, the
-trainable parameters, and the median step time (the first step dropped). Ratios are against fp32 in the
+bytes its parameters hold (a LoRA policy's base in `model.frozen_dtype`, as a run holds it), the trainable
+parameters, and the median step time (the first step dropped). Ratios are against fp32 in the
 same run (the first set-up measured when `--setups` leaves fp32 out).
 
     python -m bench.training               # ~1 minute on 2 CPU cores
@@ -36,6 +37,8 @@ SETUPS = {
     "bf16, torch's kernels": [*FULL, "model.dtype=bf16", "model.cpu_bf16=native"],
     "fp32 + checkpointing": [*FULL, "model.gradient_checkpointing=true"],
     "LoRA": ["model.lora.enabled=true"],
+    "LoRA + bf16": ["model.lora.enabled=true", "model.dtype=bf16"],  # frozen_dtype auto: fp32 on a CPU
+    "LoRA + bf16, base in bf16": ["model.lora.enabled=true", "model.dtype=bf16", "model.frozen_dtype=bf16"],
     "LoRA + bf16 + checkpointing": [
         "model.lora.enabled=true",
         "model.dtype=bf16",
@@ -61,7 +64,7 @@ def measure(overrides: list[str], batch_size: int, steps: int) -> dict:
     from everyprompt.models.experts import select_moe_kernel
     from everyprompt.models.io import load_model_and_tokenizer
     from everyprompt.models.lora import apply_lora
-    from everyprompt.models.precision import autocast, enable_gradient_checkpointing
+    from everyprompt.models.precision import autocast, enable_gradient_checkpointing, frozen_dtype
     from everyprompt.trainer.learner_side.optim import build_optimizer
     from everyprompt.trainer.sft import _sft_loss
 
@@ -73,11 +76,16 @@ def measure(overrides: list[str], batch_size: int, steps: int) -> dict:
     if config.model.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     if config.model.lora.enabled:
-        model = apply_lora(model, config.model.lora)
+        model = apply_lora(model, config.model.lora, frozen_dtype(config.model, torch.device("cpu")))
     model.train()
     optimizer = build_optimizer(model, 1e-3, 0.0)
     rows = load_prompt_file(ROOT / config.data.train_file, config.data.columns, require=("solution",))
     prompt_format = prompt_format_of(config, tokenizer)
+    if len(rows) < steps * batch_size:
+        raise SystemExit(
+            f"--steps {steps} x --batch-size {batch_size} needs {steps * batch_size} rows; "
+            f"{config.data.train_file} has {len(rows)}"
+        )
     batches = [rows[i * batch_size : (i + 1) * batch_size] for i in range(steps)]
     Path("/proc/self/clear_refs").write_text("5")  # peak RSS := current RSS
     before = _rss_kib("VmRSS")
@@ -93,6 +101,7 @@ def measure(overrides: list[str], batch_size: int, steps: int) -> dict:
     return {
         "step_memory_mib": (_rss_kib("VmHWM") - before) / 1024,
         "rss_before_mib": before / 1024,
+        "weights_mib": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20,
         "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "step_s": statistics.median(times[1:]),
         "loss": float(loss.detach()),
@@ -128,10 +137,13 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     write_results(args.out / "training.json", payload)
-    print(f"{'set-up':30} {'step memory':>12} {'vs fp32':>8} {'step s':>8} {'vs fp32':>8} {'trainable':>10}")
+    print(
+        f"{'set-up':30} {'weights':>9} {'step memory':>12} {'vs fp32':>8} {'step s':>8} {'vs fp32':>8} "
+        f"{'trainable':>10}"
+    )
     for name, f in results.items():
         print(
-            f"{name:30} {f['step_memory_mib']:10.1f}Mi {f['step_memory_vs_fp32']:8.2f} "
+            f"{name:30} {f['weights_mib']:7.2f}Mi {f['step_memory_mib']:10.1f}Mi {f['step_memory_vs_fp32']:8.2f} "
             f"{f['step_s']:8.3f} {f['step_time_vs_fp32']:8.2f} {f['trainable_parameters']:10d}"
         )
     return 0

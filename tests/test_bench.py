@@ -118,10 +118,15 @@ def test_genrm_bench_smoke(tmp_path, capsys):
 @pytest.mark.slow  # ~30 s: it measures peak memory in a process per set-up
 def test_training_bench_smoke(tmp_path, capsys):
     bench = _load("training")
-    assert bench.main(["--tiny", "--setups", "fp32", "LoRA", "--out", str(tmp_path)]) == 0
+    chosen = ["fp32", "LoRA", "LoRA + bf16, base in bf16"]
+    assert bench.main(["--tiny", "--setups", *chosen, "--out", str(tmp_path)]) == 0
     setups = json.loads((tmp_path / "training.json").read_text())["setups"]
-    assert list(setups) == ["fp32", "LoRA"]
+    assert list(setups) == chosen
     assert setups["LoRA"]["trainable_parameters"] < setups["fp32"]["trainable_parameters"]
+    # the frozen base in bf16: its bytes halve, the fp32 adapters' stay
+    frozen = setups["fp32"]["weights_mib"]
+    adapters = setups["LoRA"]["weights_mib"] - frozen
+    assert setups["LoRA + bf16, base in bf16"]["weights_mib"] == pytest.approx(frozen / 2 + adapters)
     assert all(s["step_memory_mib"] > 0 and s["step_s"] > 0 for s in setups.values())
     assert setups["fp32"]["step_time_vs_fp32"] == 1.0
     assert "LoRA" in capsys.readouterr().out

@@ -180,12 +180,14 @@ COMPARISONS["c6-smollm2"] = Comparison(
     teacher=True,
 )
 # its confirmation (registered 2026-11-28, after the one seed and before these runs): the same arms on six
-# new seeds, distill - GRPO judged
+# new seeds, distill - GRPO judged; amended 2026-11-29 before any of its runs: the teacher held in float32
+# as at registration (model.frozen_dtype's default since holds it in bf16 on a GPU)
 COMPARISONS["c6-smollm2-confirm"] = replace(
     COMPARISONS["c6-smollm2"],
     title="on-policy distillation against GRPO on SmolLM2, confirmation on seeds 1-6",
     judged=("distill",),
     reported=(),
+    fixed=("eval.every=10", "model.frozen_dtype=fp32"),
     seeds=(1, 2, 3, 4, 5, 6),
 )
 TEACHER_SEED = 100

@@ -106,7 +106,8 @@ def test_a_distillation_step_on_fake_cuda_equals_the_cpu_one(tmp_path, several):
     scores its own rows (here: every other row, by a column the batch carries)."""
     from everyprompt.models.io import save_pretrained
 
-    base = ("rl.old_logprobs=recompute", "rl.lr=1e-2")
+    # the teacher float32 on both devices: under `auto` a CUDA learner holds it in bf16 (model.frozen_dtype)
+    base = ("rl.old_logprobs=recompute", "rl.lr=1e-2", "model.frozen_dtype=fp32")
     teacher, tokenizer = _model(tiny_config(*base))
     with torch.no_grad():
         teacher.lm_head.weight.mul_(1.5)

@@ -37,10 +37,10 @@ def _weights(run_dir, part: str = "") -> dict[str, torch.Tensor]:
     return load_pretrained(run_dir / "checkpoints" / "latest" / part)[0].state_dict()
 
 
-def _assert_close(a: dict, b: dict) -> None:
+def _assert_close(a: dict, b: dict, atol: float = 1e-5) -> None:
     assert a.keys() == b.keys()
     for key in a:
-        torch.testing.assert_close(b[key], a[key], rtol=0, atol=1e-5, msg=key)
+        torch.testing.assert_close(b[key], a[key], rtol=0, atol=atol, msg=key)
 
 
 def _losses(run_dir) -> list[float]:
@@ -119,14 +119,19 @@ LORA = (
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sharding", ["ddp", "fsdp2"])
-def test_a_lora_policy_trains_on_two_ranks_as_in_one_process(ray_instance, tmp_path, sharding):
-    """The ranks rebuild the adapters from the recipe, the engines get merged weights from rank 0."""
-    train(tiny_config(*SETTINGS, *LORA, "rl.steps=2"), run_dir=tmp_path / "local")
+@pytest.mark.parametrize(("sharding", "base"), [("ddp", "fp32"), ("fsdp2", "fp32"), ("ddp", "bf16")])
+def test_a_lora_policy_trains_on_two_ranks_as_in_one_process(ray_instance, tmp_path, sharding, base):
+    """The ranks rebuild the adapters from the recipe (each holding the base in `model.frozen_dtype`, by
+    its own device), the engines get merged weights from rank 0. In bf16 (the CPU's float32 attention
+    named in the config the actors rebuild from) the two ranks' halves of a batch round otherwise than
+    the whole batch: after two steps at lr 1e-2 the adapted weights differ by up to 9e-5."""
+    lora = (*LORA, "model.dtype=bf16", "model.frozen_dtype=bf16") if base == "bf16" else LORA
+    train(tiny_config(*SETTINGS, *lora, "rl.steps=2"), run_dir=tmp_path / "local")
     ray = (*RAY, f"cluster.trainer_sharding={sharding}")
-    train(tiny_config(*SETTINGS, *LORA, *ray, "rl.steps=2"), run_dir=tmp_path / "ray")
-    _assert_close(_weights(tmp_path / "local", "merged"), _weights(tmp_path / "ray", "merged"))
-    assert _losses(tmp_path / "ray") == pytest.approx(_losses(tmp_path / "local"), rel=1e-4, abs=1e-6)
+    train(tiny_config(*SETTINGS, *lora, *ray, "rl.steps=2"), run_dir=tmp_path / "ray")
+    atol = 1e-5 if base == "fp32" else 5e-4
+    _assert_close(_weights(tmp_path / "local", "merged"), _weights(tmp_path / "ray", "merged"), atol)
+    assert _losses(tmp_path / "ray") == pytest.approx(_losses(tmp_path / "local"), rel=1e-4, abs=atol / 5)
 
 
 @pytest.mark.slow  # ~40 s; the optimizer-state bug it found has a fast test (tests/trainer/test_sides.py)

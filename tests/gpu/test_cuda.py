@@ -90,6 +90,20 @@ def test_a_bf16_train_step_on_cuda():
     assert any(not torch.equal(before[k], v) for k, v in learner.state_dict().items())
 
 
+def test_a_lora_run_on_cuda_holds_its_base_in_bf16_and_passes_its_checks(tmp_path):
+    """`model.frozen_dtype` auto on CUDA (bf16 training by default): the base in bf16, the adapters in
+    float32; the parity and packing checks pass on the widened base; the adapters train."""
+    from everyprompt.pipeline import train
+    from tests.models.test_lora import LORA
+
+    trainer = train(tiny_config(*LORA, "sft.steps=0", "rl.steps=2"), run_dir=tmp_path)
+    frozen = {(p.dtype, p.device.type) for p in trainer.model.parameters() if not p.requires_grad}
+    assert frozen == {(torch.bfloat16, "cuda")}
+    assert {p.dtype for p in trainer.model.parameters() if p.requires_grad} == {torch.float32}
+    first = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["parity/logp_abs_diff"] < 1e-3
+
+
 @pytest.mark.parametrize("compile", ["off", "on"], ids=["graphs", "compiled-graphs"])
 def test_every_rl_step_after_the_first_replays_its_graphs(tmp_path, compile):
     """A real run on CUDA (the tiny model, bf16 engine): the engine stays awake with its graphs, captures in

@@ -64,6 +64,30 @@ def test_sorted_kernel_with_an_idle_expert_and_a_crowded_one():
     torch.testing.assert_close(grad, expected_grad, atol=1e-6, rtol=1e-5)
 
 
+def test_bf16_experts_on_the_cpu_multiply_on_float32_kernels(monkeypatch):
+    """bf16 weights on the CPU: every grouped product takes float32 operands (torch's CPU bf16 grouped_mm
+    caches a oneDNN primitive per group's row count, growing the process as routing changes), and the
+    result is the bf16 computation's: each product of bf16 operands rounded to bf16, as the per-expert
+    loop of bf16 matmuls computes it (within one bf16 unit: only the order of additions differs)."""
+    import torch.nn.functional as F
+
+    model = _qwen3_moe().to(torch.bfloat16)
+    experts = model.model.layers[0].mlp.experts
+    hidden = torch.randn(6, 16, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    index = torch.tensor([[0, 1], [0, 2], [0, 1], [2, 0], [0, 2], [1, 2]])
+    weights = torch.rand(6, 2, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    operands = []
+    grouped_mm = F.grouped_mm
+    monkeypatch.setattr(
+        F, "grouped_mm", lambda a, b, **kw: operands.append((a.dtype, b.dtype)) or grouped_mm(a, b, **kw)
+    )
+    got = sorted_experts_forward(experts, hidden, index, weights)
+    assert operands == [(torch.float32, torch.float32)] * 2 and got.dtype == torch.bfloat16
+    model.set_experts_implementation("eager")
+    expected = experts(hidden, index, weights)
+    torch.testing.assert_close(got, expected, atol=0, rtol=2**-7)
+
+
 def test_kernel_selection_follows_the_config_and_skips_dense_models():
     from transformers import Qwen3Config, Qwen3ForCausalLM
 

@@ -3,6 +3,7 @@ base with adapters off, checkpoints hold the adapter (and the merged model on re
 
 from __future__ import annotations
 
+import copy
 import json
 from types import SimpleNamespace
 
@@ -44,9 +45,10 @@ def _adapted_policy():
 def test_merged_weights_equal_peft_merge_and_the_adapted_forward():
     policy, tokenizer = _adapted_policy()
     merged = merged_state_dict(policy)
-    reference = plain_copy(policy).state_dict()
+    reference = copy.deepcopy(policy).merge_and_unload().state_dict()  # peft's own merge, in place
     assert merged.keys() == reference.keys()
     assert all(torch.equal(merged[key], reference[key]) for key in reference)
+    assert all(torch.equal(value, reference[key]) for key, value in plain_copy(policy).state_dict().items())
     ids = torch.tensor([tokenizer("12+34=").input_ids])
     with torch.no_grad():
         torch.testing.assert_close(policy(ids).logits, plain_copy(policy)(ids).logits, atol=1e-5, rtol=0)

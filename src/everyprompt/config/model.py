@@ -82,6 +82,13 @@ class ModelConfig(Section):
         "fp32 speed), or auto: emulated where a bf16 product is 4x slower than an fp32 one or more on this "
         "CPU (no AVX-512 BF16 or AMX), else native. GPUs compute bf16 natively.",
     )
+    frozen_dtype: Literal["auto", "fp32", "bf16"] = Field(
+        "auto",
+        description="What the weights no update touches are held in: a LoRA policy's base and a distillation "
+        "teacher. auto: bf16 on CUDA when model.dtype is bf16 (half their memory; their norms and residual "
+        "adds become bf16 too, as in a bf16 model), else fp32 (a CPU's bf16 elementwise work is slow); fp32 "
+        "or bf16: that always (docs/training.md).",
+    )
     device: str = Field(
         "auto",
         description="Where the learner's policy (and SFT) runs: auto (the first CUDA device when torch sees "

@@ -17,36 +17,49 @@ class ModelRecipe:
     config: Any  # the transformers config of the (base) model
     weights: Any  # its state dict, or an ObjectRef to one
     lora: Any = None  # config.LoRAConfig of the adapters the weights carry; None: a plain model
-    dtype: torch.dtype = torch.float32
+    dtype: torch.dtype = torch.float32  # of the (base) model's parameters: a LoRA policy's adapters are fp32
 
     @classmethod
     def of(cls, model, lora=None) -> ModelRecipe:
         """`model` as it trains: a LoRA policy with its adapters (`lora`: the model.lora section)."""
         if is_lora(model):
-            return cls(model.get_base_model().config, model.state_dict(), lora, _dtype(model))
+            frozen = (p.dtype for p in model.parameters() if not p.requires_grad and p.is_floating_point())
+            base_dtype = next(frozen, torch.float32)
+            return cls(model.get_base_model().config, model.state_dict(), lora, base_dtype)
         return cls(model.config, model.state_dict(), None, _dtype(model))
 
     @classmethod
     def plain(cls, model) -> ModelRecipe:
         """`model` as an engine runs it: a plain transformers model (a LoRA policy's adapters merged)."""
         config = model.get_base_model().config if is_lora(model) else model.config
-        return cls(config, dict(merged_state_dict(model)), None, _dtype(model))
+        weights = dict(merged_state_dict(model))  # a bf16 base's adapted weights are merged in fp32
+        return cls(config, weights, None, _widest(w.dtype for w in weights.values() if w.is_floating_point()))
 
     def build(self, weights: dict[str, torch.Tensor] | None = None):
         """The model, in eval mode (`weights`: the resolved state dict when `self.weights` is a reference)."""
         from transformers import AutoModelForCausalLM
 
         from everyprompt.models.experts import register_sorted_experts
+        from everyprompt.models.precision import register_fp32_cpu_attention
 
         register_sorted_experts()  # the config may name it (model.moe_kernel)
+        register_fp32_cpu_attention()  # and the learner's float32 attention on a CPU under bf16
         model = AutoModelForCausalLM.from_config(self.config, dtype=self.dtype)
         if self.lora is not None:
             from everyprompt.models.lora import apply_lora
 
-            model = apply_lora(model, self.lora)
+            model = apply_lora(model, self.lora, self.dtype)  # the base in its dtype, fp32 adapters
         model.load_state_dict(weights if weights is not None else self.weights)
         return model.eval()
 
 
 def _dtype(model) -> torch.dtype:
     return next(model.parameters()).dtype
+
+
+def _widest(dtypes) -> torch.dtype:
+    """The dtype every one of `dtypes` widens to exactly (float32 from bf16 and float32)."""
+    widest = None
+    for dtype in dtypes:
+        widest = dtype if widest is None else torch.promote_types(widest, dtype)
+    return widest or torch.float32

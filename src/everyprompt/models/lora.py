@@ -9,6 +9,12 @@ instead of its weights.
   knows about the adapters and the base weights are never modified (merging in place and unmerging
   again would leave rounding drift in the base after every sync).
 - The KL reference is the base model with the adapters disabled (`reference_forward`): no second copy.
+- The frozen base is held in `base_dtype` (`model.frozen_dtype`: bf16 when training in bf16), the adapters
+  in float32 (peft's own cast), as peers train LoRA on a bf16 base. An adapted weight merges in float32
+  (W widened, exactly, plus the delta), so the engine rounds the sum once to its own precision. peft
+  computes a linear layer's delta in float32 and a `target_parameters` one's in the base's dtype (as its
+  forward adds it); the startup parity check widens the base before merging, so that its float32 engine
+  gets exactly the network the widened policy computes.
 - Checkpoints hold the adapter (`adapter_model.safetensors`, `adapter_config.json`) and, when
   `model.lora.save_merged`, a full merged model under `merged/`. A run resumes by loading its base (the
   SFT checkpoint or `model.path`) and the adapter on top (`load_adapter`).
@@ -26,6 +32,7 @@ import torch
 from torch import nn
 
 from everyprompt.errors import InputError
+from everyprompt.models.precision import frozen_dtype, hold_parameters_in
 
 ADAPTER_CONFIG = "adapter_config.json"
 
@@ -49,10 +56,11 @@ def is_lora(model: nn.Module) -> bool:
     return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
 
 
-def apply_lora(model: nn.Module, lora) -> nn.Module:
+def apply_lora(model: nn.Module, lora, base_dtype: torch.dtype = torch.float32) -> nn.Module:
     """`model` wrapped with fresh adapters of a `model.lora` config section (config.LoRAConfig); the
-    base weights are frozen, only the adapters train."""
+    base weights are frozen, held in `base_dtype`, and only the adapters train (in float32)."""
     peft = _peft()
+    hold_parameters_in(model, base_dtype)
     settings = peft.LoraConfig(
         r=lora.r,
         lora_alpha=lora.alpha,
@@ -69,10 +77,22 @@ def apply_lora(model: nn.Module, lora) -> nn.Module:
         raise LoRAError(f"config key 'model.lora': {err}") from None
 
 
-def load_adapter(base: nn.Module, directory: str | Path) -> nn.Module:
-    """The adapter saved in `directory` on top of `base`, trainable (a resumed run)."""
+def lora_base_dtype(config, device: torch.device) -> torch.dtype:
+    """What a run's LoRA policy holds its frozen base in on `device`: `model.frozen_dtype`
+    (models/precision.py), float32 under `cluster.trainer_sharding=fsdp2`."""
+    return frozen_dtype(config.model, device, config.cluster.trainer_sharding == "fsdp2")
+
+
+def load_adapter(
+    base: nn.Module, directory: str | Path, base_dtype: torch.dtype = torch.float32
+) -> nn.Module:
+    """The adapter saved in `directory` on top of `base` (held in `base_dtype`), trainable (a resumed
+    run)."""
     peft = _peft()
-    return peft.PeftModel.from_pretrained(base, str(directory), is_trainable=True)
+    hold_parameters_in(base, base_dtype)
+    with warnings.catch_warnings():  # as in apply_lora
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        return peft.PeftModel.from_pretrained(base, str(directory), is_trainable=True)
 
 
 def merged_state_dict(model: nn.Module) -> Mapping[str, torch.Tensor]:
@@ -112,10 +132,22 @@ class MergedWeights(Mapping):
 
     def __getitem__(self, key: str) -> torch.Tensor:
         value = self._state[key]
+        adapters = self._adapters.get(key, ())
+        if not adapters:
+            return value
         with torch.no_grad():
-            for module, adapter in self._adapters.get(key, ()):
+            value = value.to(self.dtype_of(key))
+            for module, adapter in adapters:
                 value = value + module.get_delta_weight(adapter).to(value.dtype)
         return value
+
+    def dtype_of(self, key: str) -> torch.dtype:
+        """The dtype `self[key]` has, without merging: an adapted weight's is the wider of its own and its
+        adapters' (a bf16 base's adapted weights merge in float32)."""
+        dtype = self._state[key].dtype
+        for module, adapter in self._adapters.get(key, ()):
+            dtype = torch.promote_types(dtype, module.lora_B[adapter].weight.dtype)
+        return dtype
 
     def __contains__(self, key: object) -> bool:  # Mapping's own would merge the weight to find it
         return key in self._state
@@ -131,15 +163,26 @@ class MergedWeights(Mapping):
 
 
 def weights_nbytes(weights: Mapping[str, torch.Tensor]) -> int:
-    """The size of a state dict; of `MergedWeights` without merging (a merge keeps dtype and shape)."""
-    values = weights._state.values() if isinstance(weights, MergedWeights) else weights.values()
-    return sum(value.numel() * value.element_size() for value in values)
+    """The size of a state dict; of `MergedWeights` without merging (a merge keeps the shape; its dtype is
+    `dtype_of`)."""
+    if not isinstance(weights, MergedWeights):
+        return sum(value.numel() * value.element_size() for value in weights.values())
+    return sum(value.numel() * weights.dtype_of(key).itemsize for key, value in weights._state.items())
 
 
 def plain_copy(model: nn.Module) -> nn.Module:
-    """A copy of `model` as a plain transformers model (a LoRA policy's adapters merged into the copy)."""
-    copied = copy.deepcopy(model)
-    return copied.merge_and_unload() if is_lora(copied) else copied
+    """A copy of `model` as a plain transformers model: a LoRA policy's base with its adapted weights
+    merged as `MergedWeights` merges them (float32 on a bf16 base, not rounded back into it as peft's
+    in-place merge would)."""
+    if not is_lora(model):
+        return copy.deepcopy(model)
+    merged = MergedWeights(model)
+    copied = copy.deepcopy(model).unload()  # the adapters dropped, the base weights as they are
+    with torch.no_grad():
+        for name, parameter in copied.named_parameters():
+            if name in merged._adapters:
+                parameter.data = merged[name]
+    return copied
 
 
 def reference_forward(model: nn.Module):

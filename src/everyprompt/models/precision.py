@@ -55,6 +55,55 @@ def training_dtype(dtype: str, device: torch.device) -> str:
     return dtype
 
 
+def frozen_dtype(model_config, device: torch.device, sharded: bool = False) -> torch.dtype:
+    """The dtype weights no update touches (a LoRA policy's base, a distillation teacher) are held in on
+    `device` (`model.frozen_dtype`). No master copy is needed for weights that never change, so bf16 halves
+    their memory at no cost to the update; their forward becomes a bf16 model's (norms and residual adds in
+    bf16 too, where float32 weights under autocast keep them in float32), as peers' LoRA on a bf16 base
+    computes.
+
+    `auto`: bf16 on CUDA when training in bf16, else float32: a CPU trains models whose weights' bytes
+    matter little (docs/training.md: the CPU twin's LoRA step on a bf16 base, a tenth less step memory,
+    no faster), and the registered CPU evidence ran so. A `sharded` policy's base (fsdp2) stays float32
+    under `auto`: the learner's startup checks compare in float32 (`parameters_in_float32`), and
+    fully_shard's parameters cannot be widened in place."""
+    if model_config.frozen_dtype != "auto":
+        return torch.bfloat16 if model_config.frozen_dtype == "bf16" else torch.float32
+    if sharded or device.type != "cuda":
+        return torch.float32
+    return TRAINING_DTYPES[training_dtype(model_config.dtype, device)] or torch.float32
+
+
+def hold_parameters_in(model: nn.Module, dtype: torch.dtype, frozen_only: bool = False) -> nn.Module:
+    """`model` with every floating-point parameter (`frozen_only`: every one that takes no gradient, a
+    LoRA policy's base) cast to `dtype` in place, the same Parameter objects; buffers keep theirs (rotary
+    frequencies stay float32, as transformers computes them)."""
+    for parameter in model.parameters():
+        if parameter.is_floating_point() and parameter.dtype != dtype:
+            if not (frozen_only and parameter.requires_grad):
+                parameter.data = parameter.data.to(dtype)
+    return model
+
+
+@contextlib.contextmanager
+def parameters_in_float32(model: nn.Module):
+    """Within it, every parameter of `model` is float32; afterwards each has its own dtype again, its
+    values unchanged (bf16 -> fp32 -> bf16 is exact). What an fp32 comparison of a model with a bf16 base
+    runs under (the startup parity check). For its duration the model takes float32 memory."""
+    held = {
+        parameter: parameter.dtype
+        for parameter in model.parameters()
+        if parameter.is_floating_point() and parameter.dtype != torch.float32
+    }
+    for parameter in held:  # a float32 model's are not touched (a sharded one's cannot be)
+        parameter.data = parameter.data.float()
+    try:
+        yield model
+    finally:
+        for parameter, dtype in held.items():
+            parameter.data = parameter.data.to(dtype)
+
+
 def emulates_bf16(device: torch.device, dtype: str, cpu_bf16: str = "auto") -> bool:
     """Whether training at `model.dtype` = `dtype` on `device` computes its bf16 products with float32
     kernels (`model.cpu_bf16`: emulated, native, or auto: emulated where a bf16 product takes SLOW times an
@@ -97,19 +146,25 @@ def _sdpa_fp32_under_cpu_autocast(module, query, key, value, attention_mask, *ar
 def cpu_attention_in_fp32(model: nn.Module, dtype: str) -> bool:
     """Give `model` (on the CPU, trained in bf16, with SDPA attention) float32 attention under autocast
     (see the module docstring); True if it did. Its forwards outside autocast are unchanged."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
     device = next(model.parameters()).device
     config = getattr(model, "config", None)
     if device.type != "cpu" or training_dtype(dtype, device) != "bf16":
         return False
     if getattr(config, "_attn_implementation", None) != "sdpa":
         return False
-    AttentionInterface.register(FP32_CPU_SDPA, _sdpa_fp32_under_cpu_autocast)
-    AttentionMaskInterface.register(FP32_CPU_SDPA, sdpa_mask)
+    register_fp32_cpu_attention()
     model.set_attn_implementation(FP32_CPU_SDPA)
     return True
+
+
+def register_fp32_cpu_attention() -> None:
+    """Make `FP32_CPU_SDPA` known to transformers in this process (a model config that names it, sent to
+    another process, a Ray actor's, needs it there too before a model is built from it)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(FP32_CPU_SDPA, _sdpa_fp32_under_cpu_autocast)
+    AttentionMaskInterface.register(FP32_CPU_SDPA, sdpa_mask)
 
 
 def enable_gradient_checkpointing(model: nn.Module) -> nn.Module:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from everyprompt.config import Config
 from everyprompt.data.passrate import PassRateStore
-from everyprompt.models.lora import apply_lora, is_lora
+from everyprompt.models.lora import apply_lora, is_lora, lora_base_dtype
 from everyprompt.trainer import Learner, RLTrainer, RolloutSide
 
 
@@ -52,10 +52,11 @@ def build_trainer(
 ) -> RLTrainer:
     """The RL loop over `model`, its sides built by `cluster.backend`: the engines get its weights, the
     learner trains it (with `model.lora.enabled`, fresh adapters on it unless it carries them already: a
-    resumed run)."""
+    resumed run; its base then held in `model.frozen_dtype`)."""
     store = store if store is not None else PassRateStore(ema_decay=config.zve.retirement.ema_decay)
     if config.model.lora.enabled and not is_lora(model):
-        model = apply_lora(model, config.model.lora)
+        base_dtype = lora_base_dtype(config, next(model.parameters()).device)
+        model = apply_lora(model, config.model.lora, base_dtype)
     build = BACKENDS[config.cluster.backend]
     rollout, learner, closers = build(config, model, tokenizer, prompts, run_dir, store, reference)
     return RLTrainer(config, rollout, learner, model, tokenizer, run_dir, closers)

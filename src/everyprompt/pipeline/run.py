@@ -31,8 +31,8 @@ from everyprompt.logs import quiet_libraries, record_warnings
 from everyprompt.models.catalog import fetch_hint
 from everyprompt.models.io import config_tokenizer, load_model_and_tokenizer, load_pretrained
 from everyprompt.models.kernels import check_kernels
-from everyprompt.models.lora import load_adapter
-from everyprompt.models.precision import emulates_bf16, training_dtype, training_kernels
+from everyprompt.models.lora import load_adapter, lora_base_dtype
+from everyprompt.models.precision import emulates_bf16, hold_parameters_in, training_dtype, training_kernels
 from everyprompt.pipeline.backends import build_trainer
 from everyprompt.pipeline.resume import rl_start, sft_start
 from everyprompt.rewards import build_reward
@@ -196,9 +196,10 @@ class Run:
         from its newest complete checkpoint (`pipeline/resume.py`).
         """
         start = sft_start(self.layout, self.config.sft.steps)
+        lora = self.config.model.lora.enabled
         if start.finished is not None:
             model, tokenizer = load_pretrained(start.finished)
-            return self.prepare_for_training(model), tokenizer
+            return self.prepare_for_training(model, lora_base=lora), tokenizer
         sft_rows = self.rows.sft() if self.config.sft.steps else []  # bad SFT data fails before any loading
         if start.partial is not None:
             model, tokenizer = load_pretrained(start.partial)
@@ -208,7 +209,7 @@ class Run:
             model, tokenizer = load_model_and_tokenizer(self.config.model, self.config.seed)
             resume = None
         self.announce_engine(model.config)  # before any training: a model no engine runs stops here
-        self.prepare_for_training(model)
+        self.prepare_for_training(model, lora_base=lora and not self.config.sft.steps)
         if self.config.sft.steps:
             prompt_format = prompt_format_of(self.config, tokenizer, stop_token_ids(model, tokenizer))
             run_sft(
@@ -230,8 +231,12 @@ class Run:
                 shutil.rmtree(stale)
         return model, tokenizer
 
-    def prepare_for_training(self, model):
-        """The policy on the learner's device, with the kernels it trains with (`training_kernels`)."""
+    def prepare_for_training(self, model, lora_base: bool = False):
+        """The policy on the learner's device, with the kernels it trains with (`training_kernels`); a
+        `lora_base` (adapters go on it next, nothing trains it) held in `model.frozen_dtype` first, so that
+        it never lies whole in float32 on the device."""
+        if lora_base:
+            hold_parameters_in(model, lora_base_dtype(self.config, self.device))
         return training_kernels(model.to(self.device), self.config.model)
 
     def announce_engine(self, model_config) -> str:
@@ -280,7 +285,7 @@ class Run:
     def _resumed_trainer(self, checkpoint: Path, store: PassRateStore, rows: list[dict]) -> RLTrainer:
         if self.config.model.lora.enabled:  # the adapter on the run's own base (SFT or model.path)
             base, tokenizer = self.warm_started_model()
-            model, reference = load_adapter(base, checkpoint), None
+            model, reference = load_adapter(base, checkpoint, lora_base_dtype(self.config, self.device)), None
         else:
             model, tokenizer = load_pretrained(checkpoint)
             self.prepare_for_training(model)

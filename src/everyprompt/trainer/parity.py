@@ -3,7 +3,8 @@
 A fast path that computes a model differently from transformers (a family nobody tested, a setting
 missed) would otherwise train on log-probs of the wrong distribution without a word. Before the first
 RL step, an fp32 engine of the run's kind samples a few completions of training prompts and the
-trainer's forward re-scores them; a mean |log-prob difference| above `rollout.parity_threshold` stops
+trainer's forward re-scores them (in fp32 too: a base held in bf16, `model.frozen_dtype`, is widened
+for the check, exactly); a mean |log-prob difference| above `rollout.parity_threshold` stops
 the run with the gap and the engine named. The figure is logged either way (`parity/logp_abs_diff`).
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from everyprompt.models.precision import parameters_in_float32
 from everyprompt.rollout import (
     GenerationRequest,
     SamplingParams,
@@ -46,7 +48,6 @@ def parity_gap(
 ) -> dict[str, float]:
     """Mean |engine - trainer| log-prob over the completion tokens of `prompt_ids`, both in fp32."""
     device = next(model.parameters()).device
-    fp32 = make_engine(engine, model, tokenizer, len(prompt_ids), precision="fp32", device=device)
     requests = [
         GenerationRequest(i, ids, seed=derive_seed(seed, 7919, i)) for i, ids in enumerate(prompt_ids)
     ]
@@ -54,10 +55,14 @@ def parity_gap(
     training = model.training
     model.eval()
     try:
-        gaps = [
-            (c.logprobs - _trainer_logprobs(model, c.prompt_ids, c.token_ids, temperature)).abs()
-            for c in fp32.generate(requests, params)
-        ]
+        with parameters_in_float32(model):  # the engine merges from the widened weights too (lora.py)
+            fp32 = make_engine(engine, model, tokenizer, len(prompt_ids), precision="fp32", device=device)
+            completions = fp32.generate(requests, params)
+            del fp32
+            gaps = [
+                (c.logprobs - _trainer_logprobs(model, c.prompt_ids, c.token_ids, temperature)).abs()
+                for c in completions
+            ]
     finally:
         model.train(training)
     gap = torch.cat(gaps)

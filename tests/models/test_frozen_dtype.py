@@ -1,0 +1,228 @@
+"""Weights no update touches held in the training precision (`model.frozen_dtype`): a LoRA policy's base
+and a distillation teacher in bf16 under bf16 training, the adapters float32; adapted weights merged in
+float32 (exact for a float32 engine); the startup checks compare in float32 by widening the base exactly;
+a run trains, checks and resumes exactly on such a base; the Ray recipe rebuilds it as it was."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from everyprompt.config import ModelConfig
+from everyprompt.models.lora import apply_lora, merged_state_dict, plain_copy, weights_nbytes
+from everyprompt.models.precision import frozen_dtype, hold_parameters_in, parameters_in_float32
+from everyprompt.pipeline import train
+from everyprompt.trainer.parity import parity_gap
+from tests.conftest import tiny_config
+from tests.families import family_model
+from tests.models.test_lora import LORA, MOE_TARGETS
+
+BF16, FP32 = torch.bfloat16, torch.float32
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+
+
+@pytest.mark.parametrize(
+    ("dtype", "frozen", "device", "sharded", "held"),
+    [
+        ("auto", "auto", CUDA, False, BF16),  # auto trains bf16 on CUDA
+        ("bf16", "auto", CUDA, False, BF16),
+        ("auto", "auto", CPU, False, FP32),  # and fp32 on the CPU
+        ("bf16", "auto", CPU, False, FP32),  # a CPU's bf16 elementwise work is slow: auto keeps fp32 there
+        ("fp32", "auto", CUDA, False, FP32),
+        ("bf16", "fp32", CUDA, False, FP32),  # asked for
+        ("fp32", "bf16", CPU, False, BF16),  # asked for
+        ("bf16", "auto", CUDA, True, FP32),  # fsdp2's base cannot be widened for the startup checks
+    ],
+)
+def test_frozen_weights_follow_the_training_precision(dtype, frozen, device, sharded, held):
+    assert frozen_dtype(ModelConfig(dtype=dtype, frozen_dtype=frozen), device, sharded) is held
+
+
+def test_a_bf16_base_under_fsdp2_is_refused_naming_both_keys():
+    from everyprompt.config import ConfigError
+
+    with pytest.raises(ConfigError, match="model.frozen_dtype=bf16 with cluster.trainer_sharding=fsdp2"):
+        tiny_config("model.frozen_dtype=bf16", "cluster.trainer_sharding=fsdp2")
+
+
+def test_widening_to_float32_is_exact_and_undone():
+    model, _ = family_model("qwen3_moe")
+    hold_parameters_in(model, BF16)
+    norm = model.model.norm.weight
+    norm.data = norm.data.float()  # one float32 parameter among bf16 ones: not touched
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    identity = {name: id(p) for name, p in model.named_parameters()}
+    norm_storage = norm.data_ptr()
+    with parameters_in_float32(model):
+        assert {p.dtype for p in model.parameters()} == {FP32}
+        assert all(torch.equal(p, before[name].float()) for name, p in model.named_parameters())
+    assert all(p.dtype == before[name].dtype for name, p in model.named_parameters())
+    assert all(torch.equal(p, before[name]) for name, p in model.named_parameters())
+    assert {name: id(p) for name, p in model.named_parameters()} == identity  # what an optimizer holds
+    assert norm.data_ptr() == norm_storage
+    assert {b.dtype for b in model.buffers()} == {FP32}  # rotary frequencies are never cast
+
+
+def _bf16_policy():
+    """A Qwen3-MoE LoRA policy on a bf16 base, adapters on attention, experts and router, B nonzero."""
+    model, tokenizer = family_model("qwen3_moe")
+    settings = SimpleNamespace(
+        r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "o_proj"], target_parameters=MOE_TARGETS
+    )
+    policy = apply_lora(model, settings, BF16)
+    with torch.no_grad():
+        for name, parameter in policy.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.1)
+    return policy, tokenizer
+
+
+def test_a_bf16_base_merges_its_adapted_weights_in_float32():
+    policy, tokenizer = _bf16_policy()
+    assert {p.dtype for p in policy.parameters() if p.requires_grad} == {FP32}  # the adapters
+    assert {p.dtype for p in policy.parameters() if not p.requires_grad} == {BF16}  # the base
+    merged = merged_state_dict(policy)
+    key = "model.layers.0.self_attn.q_proj.weight"
+    q_proj = policy.get_base_model().model.layers[0].self_attn.q_proj
+    a, b = q_proj.lora_A["default"].weight, q_proj.lora_B["default"].weight
+    by_hand = q_proj.base_layer.weight.float() + (b @ a) * (8 / 4)  # W widened + alpha / r * B A
+    assert merged[key].dtype is FP32
+    torch.testing.assert_close(merged[key], by_hand, atol=1e-6, rtol=0)
+    assert merged["model.norm.weight"].dtype is BF16  # not adapted: as held
+    assert merged["model.layers.0.mlp.experts.gate_up_proj"].dtype is FP32
+    whole = dict(merged)
+    assert weights_nbytes(merged) == sum(t.numel() * t.element_size() for t in whole.values())
+    plain = plain_copy(policy).state_dict()
+    assert plain.keys() == whole.keys()
+    assert all(plain[k].dtype == whole[k].dtype and torch.equal(plain[k], whole[k]) for k in whole)
+    shipped = pickle.loads(pickle.dumps(merged))
+    assert all(torch.equal(shipped[k], whole[k]) for k in whole)
+    # the startup parity check on this policy (adapters far from zero, experts' and router's included):
+    # its float32 engine, of either kind, merges from the widened base and decodes exactly the network the
+    # widened policy computes (made before the widening, the experts' deltas rounded to bf16: 1e-3 apart)
+    ids = [tokenizer(text).input_ids for text in ("12+34=", "7+8=")]
+    for engine in ("native", "hf"):
+        gap = parity_gap(policy, tokenizer, engine, ids, temperature=1.0, max_new_tokens=8, seed=3)
+        assert gap["parity/logp_abs_diff_max"] < 1e-5, engine
+    assert {p.dtype for p in policy.parameters() if not p.requires_grad} == {BF16}  # and after, as held
+
+
+def test_the_ray_recipe_rebuilds_a_bf16_base_as_it_was():
+    from everyprompt.distributed.recipes import ModelRecipe
+
+    policy, _ = _bf16_policy()
+    settings = SimpleNamespace(
+        r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "o_proj"], target_parameters=MOE_TARGETS
+    )
+    rebuilt = ModelRecipe.of(policy, settings).build()
+    mine, theirs = policy.state_dict(), rebuilt.state_dict()
+    assert mine.keys() == theirs.keys()
+    assert all(mine[k].dtype == theirs[k].dtype and torch.equal(mine[k], theirs[k]) for k in mine)
+    plain = ModelRecipe.plain(policy)
+    assert plain.dtype is FP32  # the widest of its weights: the float32 merges are not rounded
+    engine_side = plain.build().state_dict()
+    merged = dict(merged_state_dict(policy))
+    assert all(torch.equal(engine_side[k], merged[k].float()) for k in merged)
+
+
+def _lines(run_dir) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_lora_run_on_a_bf16_base_trains_checks_in_float32_and_resumes_exactly(tmp_path):
+    """bf16 training on the CPU with the base held in bf16 (asked for: auto keeps fp32 on a CPU), the adapters train in float32; the
+    startup parity check and the learner's packing check compare in float32 (without the widening the
+    packing check fails this model at 5.6e-4 and parity reads 4.7e-4); a resumed run reloads the base in
+    bf16 and ends where the uncut one does."""
+    bf16 = [*LORA, "sft.steps=0", "model.dtype=bf16", "model.frozen_dtype=bf16", "rl.kl.estimator=k3"]
+    straight = train(tiny_config(*bf16, "rl.steps=3"), run_dir=tmp_path / "straight")
+    assert {p.dtype for p in straight.model.parameters() if not p.requires_grad} == {BF16}
+    assert {p.dtype for p in straight.model.parameters() if p.requires_grad} == {FP32}
+    assert _lines(tmp_path / "straight")[0]["parity/logp_abs_diff"] < 1e-6
+    train(tiny_config(*bf16, "rl.steps=1"), run_dir=tmp_path / "cut")
+    resumed = train(tiny_config(*bf16, "rl.steps=3"), run_dir=tmp_path / "cut", resume=True)
+    assert {p.dtype for p in resumed.model.parameters() if not p.requires_grad} == {BF16}
+    mine = {n: p for n, p in straight.model.named_parameters() if p.requires_grad}
+    theirs = dict(resumed.model.named_parameters())
+    assert any(float(p.detach().abs().max()) > 0 for n, p in mine.items() if "lora_B" in n)  # they moved
+    # the resumed run's parity check ran on moved adapters (experts' and router's included): still exact
+    assert [x["parity/logp_abs_diff"] < 1e-6 for x in _lines(tmp_path / "cut") if "parity/tokens" in x] == [
+        True,
+        True,
+    ]
+    assert all(torch.equal(p, theirs[n]) for n, p in mine.items())
+    assert [x["loss/policy"] for x in _lines(tmp_path / "straight")] == [
+        x["loss/policy"] for x in _lines(tmp_path / "cut")
+    ]
+    # under auto a CPU keeps the base in float32
+    kept = train(tiny_config(*bf16, "rl.steps=1", "model.frozen_dtype=auto"), run_dir=tmp_path / "auto")
+    assert {p.dtype for p in kept.model.parameters()} == {FP32}
+
+
+def test_a_teacher_is_held_in_the_training_precision(tmp_path):
+    from everyprompt.models.io import save_pretrained
+    from everyprompt.trainer.learner_side.distill import Distillation
+    from tests.conftest import make_tiny_model
+
+    model, tokenizer = make_tiny_model()
+    save_pretrained(model, tokenizer, tmp_path / "teacher")
+    teacher = f"rl.teacher.model={tmp_path / 'teacher'}"
+    for dtype, frozen, held in (("bf16", "bf16", BF16), ("fp32", "auto", FP32), ("bf16", "auto", FP32)):
+        term = Distillation(tiny_config(teacher, f"model.dtype={dtype}", f"model.frozen_dtype={frozen}"), CPU)
+        assert {p.dtype for p in term.teachers[""].parameters()} == {held}
+
+
+def test_a_learner_rank_holds_the_base_as_its_own_device_decides():
+    """Under Ray the driver's copy lives on its CPU (a float32 base under `auto`); the learner rank casts
+    the base it rebuilds by its own settings and device (here asked for bf16), the adapters float32."""
+    pytest.importorskip("ray", reason="the ray extra is not installed (it is part of dev)")
+    import socket
+
+    import torch.distributed as dist
+
+    from everyprompt.distributed.learner import LearnerRank
+    from everyprompt.distributed.recipes import ModelRecipe
+    from everyprompt.models.io import load_model_and_tokenizer
+
+    config = tiny_config(*LORA, "model.dtype=bf16", "model.frozen_dtype=bf16")
+    model, tokenizer = load_model_and_tokenizer(config.model, config.seed)
+    policy = apply_lora(model, config.model.lora)  # as the driver holds it
+    assert {p.dtype for p in policy.parameters()} == {FP32}
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    rank = LearnerRank(0, 1, 1)
+    try:
+        rank.start(
+            "127.0.0.1", port, config, ModelRecipe.of(policy, config.model.lora), tokenizer.pad_token_id, None
+        )
+        held = rank.learner.model
+        assert {p.dtype for p in held.parameters() if not p.requires_grad} == {BF16}
+        assert {p.dtype for p in held.parameters() if p.requires_grad} == {FP32}
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def test_an_actor_rebuilds_a_model_whose_config_names_the_cpus_float32_attention(monkeypatch):
+    """Trained in bf16 on a CPU, the policy's config names everyprompt's float32 attention; a Ray actor
+    (a process where nothing registered it) rebuilds the model from that config (it failed so: "Specified
+    attn_implementation=everyprompt_sdpa_fp32_cpu is not supported")."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    from everyprompt.distributed.recipes import ModelRecipe
+    from everyprompt.models.precision import FP32_CPU_SDPA, cpu_attention_in_fp32
+
+    model, _ = family_model("qwen3_moe")
+    assert cpu_attention_in_fp32(model, "bf16")
+    recipe = ModelRecipe.plain(model)
+    for interface in (AttentionInterface, AttentionMaskInterface):  # as in a fresh process
+        monkeypatch.delitem(interface._global_mapping, FP32_CPU_SDPA)
+    rebuilt = recipe.build()
+    assert rebuilt.config._attn_implementation == FP32_CPU_SDPA
+    assert all(torch.equal(rebuilt.state_dict()[k], v) for k, v in model.state_dict().items())
