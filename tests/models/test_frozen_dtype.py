@@ -208,15 +208,16 @@ def test_a_learner_rank_holds_the_base_as_its_own_device_decides():
             dist.destroy_process_group()
 
 
-def test_an_actor_rebuilds_a_model_whose_config_names_the_cpus_float32_attention(monkeypatch):
-    """Trained in bf16 on a CPU, the policy's config names everyprompt's float32 attention; a Ray actor
-    (a process where nothing registered it) rebuilds the model from that config (it failed so: "Specified
-    attn_implementation=everyprompt_sdpa_fp32_cpu is not supported")."""
+def test_an_actor_rebuilds_a_model_whose_config_names_a_devices_attention(monkeypatch):
+    """Trained in bf16 on a CPU, the policy's config names everyprompt's float32 attention; a Ray actor (a
+    process where nothing registered it, on any device) rebuilt the model from that config and failed
+    ("Specified attn_implementation=everyprompt_sdpa_fp32_cpu is not supported"). It is built with SDPA's
+    attention, and a learner rank's kernels choose for its own device again."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
     from everyprompt.distributed.recipes import ModelRecipe
-    from everyprompt.models.precision import FP32_CPU_SDPA, cpu_attention_in_fp32
+    from everyprompt.models.precision import FP32_CPU_SDPA, cpu_attention_in_fp32, training_kernels
 
     model, _ = family_model("qwen3_moe")
     assert cpu_attention_in_fp32(model, "bf16")
@@ -224,5 +225,8 @@ def test_an_actor_rebuilds_a_model_whose_config_names_the_cpus_float32_attention
     for interface in (AttentionInterface, AttentionMaskInterface):  # as in a fresh process
         monkeypatch.delitem(interface._global_mapping, FP32_CPU_SDPA)
     rebuilt = recipe.build()
-    assert rebuilt.config._attn_implementation == FP32_CPU_SDPA
+    assert rebuilt.config._attn_implementation == "sdpa"
+    assert model.config._attn_implementation == FP32_CPU_SDPA  # the sender's own config untouched
     assert all(torch.equal(rebuilt.state_dict()[k], v) for k, v in model.state_dict().items())
+    training_kernels(rebuilt, ModelConfig(dtype="bf16"))  # a CPU learner rank under bf16
+    assert rebuilt.config._attn_implementation == FP32_CPU_SDPA

@@ -4,12 +4,20 @@ parametrised layers are classes made at run time, and a config plus weights is w
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from everyprompt.models.attention import CUDA_SDPA
 from everyprompt.models.lora import is_lora, merged_state_dict
+from everyprompt.models.precision import FP32_CPU_SDPA
+
+# the learner's attention implementations chosen by its device and precision (models/attention.py and
+# precision.py): an actor's model is built with SDPA's, and a learner rank's kernels choose again for its
+# device (float32 attention on a CPU under bf16, no cuDNN on CUDA)
+DEVICE_ATTENTION = (CUDA_SDPA, FP32_CPU_SDPA)
 
 
 @dataclass
@@ -40,11 +48,13 @@ class ModelRecipe:
         from transformers import AutoModelForCausalLM
 
         from everyprompt.models.experts import register_sorted_experts
-        from everyprompt.models.precision import register_fp32_cpu_attention
 
         register_sorted_experts()  # the config may name it (model.moe_kernel)
-        register_fp32_cpu_attention()  # and the learner's float32 attention on a CPU under bf16
-        model = AutoModelForCausalLM.from_config(self.config, dtype=self.dtype)
+        options = {"dtype": self.dtype}
+        if getattr(self.config, "_attn_implementation", None) in DEVICE_ATTENTION:
+            options["attn_implementation"] = "sdpa"  # the device's choice, made again where the model runs
+        # from_config writes its options into the config it is given: a copy, not the sender's
+        model = AutoModelForCausalLM.from_config(copy.deepcopy(self.config), **options)
         if self.lora is not None:
             from everyprompt.models.lora import apply_lora
 

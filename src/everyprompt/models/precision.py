@@ -146,25 +146,19 @@ def _sdpa_fp32_under_cpu_autocast(module, query, key, value, attention_mask, *ar
 def cpu_attention_in_fp32(model: nn.Module, dtype: str) -> bool:
     """Give `model` (on the CPU, trained in bf16, with SDPA attention) float32 attention under autocast
     (see the module docstring); True if it did. Its forwards outside autocast are unchanged."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
     device = next(model.parameters()).device
     config = getattr(model, "config", None)
     if device.type != "cpu" or training_dtype(dtype, device) != "bf16":
         return False
     if getattr(config, "_attn_implementation", None) != "sdpa":
         return False
-    register_fp32_cpu_attention()
-    model.set_attn_implementation(FP32_CPU_SDPA)
-    return True
-
-
-def register_fp32_cpu_attention() -> None:
-    """Make `FP32_CPU_SDPA` known to transformers in this process (a model config that names it, sent to
-    another process, a Ray actor's, needs it there too before a model is built from it)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
     AttentionInterface.register(FP32_CPU_SDPA, _sdpa_fp32_under_cpu_autocast)
     AttentionMaskInterface.register(FP32_CPU_SDPA, sdpa_mask)
+    model.set_attn_implementation(FP32_CPU_SDPA)
+    return True
 
 
 def enable_gradient_checkpointing(model: nn.Module) -> nn.Module:
