@@ -230,3 +230,24 @@ def test_an_actor_rebuilds_a_model_whose_config_names_a_devices_attention(monkey
     assert all(torch.equal(rebuilt.state_dict()[k], v) for k, v in model.state_dict().items())
     training_kernels(rebuilt, ModelConfig(dtype="bf16"))  # a CPU learner rank under bf16
     assert rebuilt.config._attn_implementation == FP32_CPU_SDPA
+
+
+def test_weights_held_in_bf16_are_read_as_bf16(tmp_path):
+    """A checkpoint directory and a GGUF file read straight into bf16 parameters (no whole float32 copy):
+    each the float32 reading rounded, the buffers float32 as transformers makes them."""
+    from everyprompt.models.io import load_pretrained
+    from tests.families import save_family_checkpoint
+    from tests.models.gguf_files import bpe_tokenizer, llama_model, write_llama_gguf
+
+    tokenizer = bpe_tokenizer()
+    paths = [
+        save_family_checkpoint("qwen3_moe", tmp_path / "checkpoint"),
+        write_llama_gguf(tmp_path / "model.gguf", llama_model(tokenizer.get_vocab_size()), tokenizer),
+    ]
+    for path in paths:
+        wide, _ = load_pretrained(path)
+        narrow, _ = load_pretrained(path, dtype=BF16)
+        assert {p.dtype for p in narrow.parameters()} == {BF16}, path
+        assert all(b.dtype == FP32 for b in narrow.buffers()), path
+        mine, theirs = narrow.state_dict(), wide.state_dict()
+        assert all(torch.equal(mine[k], theirs[k].to(mine[k].dtype)) for k in theirs), path

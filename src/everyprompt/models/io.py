@@ -13,6 +13,7 @@ from everyprompt.hub import check_model_name, resolve_model
 from everyprompt.models.catalog import fetch_hint
 from everyprompt.models.gguf import is_gguf, load_gguf
 from everyprompt.models.lora import adapter_base_path, is_lora, load_adapter, merged_state_dict
+from everyprompt.models.precision import hold_parameters_in
 from everyprompt.models.presets import tiny_moe_config
 from everyprompt.models.tokenizer import build_char_tokenizer, build_chat_tokenizer
 
@@ -22,14 +23,17 @@ class ModelError(InputError):
 
 
 def load_pretrained(
-    path: str | Path, model_class=AutoModelForCausalLM
+    path: str | Path, model_class=AutoModelForCausalLM, dtype: torch.dtype = torch.float32
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """A checkpoint directory or GGUF file (fp32) and its tokenizer (pad = eos when it has no pad token),
-    local or named by its Hugging Face Hub id (hub.py); `model_class` picks the head
-    (AutoModelForSequenceClassification for scalar reward models)."""
+    """A checkpoint directory or GGUF file and its tokenizer (pad = eos when it has no pad token), local
+    or named by its Hugging Face Hub id (hub.py); `model_class` picks the head
+    (AutoModelForSequenceClassification for scalar reward models). The parameters are read as `dtype`
+    (float32; bf16 for weights that will be held so: never a whole float32 copy of them), the buffers as
+    transformers makes them."""
     path = resolve_model(path, hint=fetch_hint(Path(path)))
     if is_gguf(path):  # a llama.cpp file: dequantised, with its tokenizer and chat template
-        return load_gguf(path, model_class)
+        model, tokenizer = load_gguf(path, model_class)
+        return hold_parameters_in(model, dtype), tokenizer
     base = adapter_base_path(path)
     if base is not None:  # a LoRA checkpoint: its base with the adapter merged in
         if not base or not (Path(base) / "config.json").is_file():
@@ -37,8 +41,8 @@ def load_pretrained(
                 f"{path}: a LoRA adapter whose base model {base!r} is not a checkpoint on this machine "
                 "(the preset has none: train with model.lora.save_merged=true and use merged/)"
             )
-        model, _ = load_pretrained(base, model_class)
-        return load_adapter(model, path).merge_and_unload(), _load_tokenizer(path)
+        model, _ = load_pretrained(base, model_class, dtype)
+        return load_adapter(model, path, dtype).merge_and_unload(), _load_tokenizer(path)
     if not (path / "config.json").is_file():
         hint = (
             ""
@@ -47,7 +51,7 @@ def load_pretrained(
         )
         raise ModelError(f"{path}: not a Hugging Face checkpoint directory (no config.json){hint}")
     try:
-        model = model_class.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+        model = model_class.from_pretrained(path, local_files_only=True, dtype=dtype)
     except (OSError, ValueError) as err:
         raise ModelError(f"{path}: cannot load the checkpoint ({err})") from None
     return model, _load_tokenizer(path)
@@ -75,13 +79,13 @@ def _load_tokenizer(path: Path, **options) -> PreTrainedTokenizerBase:
 
 
 def load_model_and_tokenizer(
-    model: ModelConfig, seed: int
+    model: ModelConfig, seed: int, dtype: torch.dtype = torch.float32
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The checkpoint at `model.path` if set, else a random-init preset (seeded) with its tokenizer
-    (`PRESET_TOKENIZERS`)."""
+    (`PRESET_TOKENIZERS`); its parameters in `dtype` (load_pretrained)."""
     if model.path:
         check_model_name(model.path, "model.path", fetch_hint(Path(model.path)))
-        return load_pretrained(model.path)
+        return load_pretrained(model.path, dtype=dtype)
     tokenizer = PRESET_TOKENIZERS[model.preset]()
     config = tiny_moe_config(
         model, len(tokenizer), tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id
@@ -91,7 +95,7 @@ def load_model_and_tokenizer(
         network = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     network.generation_config.pad_token_id = tokenizer.pad_token_id
     network.generation_config.eos_token_id = tokenizer.eos_token_id
-    return network, tokenizer
+    return hold_parameters_in(network, dtype), tokenizer
 
 
 def config_tokenizer(model: ModelConfig) -> PreTrainedTokenizerBase:

@@ -32,7 +32,7 @@ from everyprompt.models.catalog import fetch_hint
 from everyprompt.models.io import config_tokenizer, load_model_and_tokenizer, load_pretrained
 from everyprompt.models.kernels import check_kernels
 from everyprompt.models.lora import load_adapter, lora_base_dtype
-from everyprompt.models.precision import emulates_bf16, hold_parameters_in, training_dtype, training_kernels
+from everyprompt.models.precision import emulates_bf16, training_dtype, training_kernels
 from everyprompt.pipeline.backends import build_trainer
 from everyprompt.pipeline.resume import rl_start, sft_start
 from everyprompt.rewards import build_reward
@@ -196,20 +196,22 @@ class Run:
         from its newest complete checkpoint (`pipeline/resume.py`).
         """
         start = sft_start(self.layout, self.config.sft.steps)
-        lora = self.config.model.lora.enabled
+        # a LoRA base nothing trains first is read as it will be held (`model.frozen_dtype`)
+        base = lora_base_dtype(self.config, self.device) if self.config.model.lora.enabled else torch.float32
         if start.finished is not None:
-            model, tokenizer = load_pretrained(start.finished)
-            return self.prepare_for_training(model, lora_base=lora), tokenizer
+            model, tokenizer = load_pretrained(start.finished, dtype=base)
+            return self.prepare_for_training(model), tokenizer
         sft_rows = self.rows.sft() if self.config.sft.steps else []  # bad SFT data fails before any loading
         if start.partial is not None:
             model, tokenizer = load_pretrained(start.partial)
             resume = load_trainer_state(start.partial)
             self.console.print(f"SFT resumes from {start.partial} at step {resume['step']}")
         else:
-            model, tokenizer = load_model_and_tokenizer(self.config.model, self.config.seed)
+            dtype = base if not self.config.sft.steps else torch.float32
+            model, tokenizer = load_model_and_tokenizer(self.config.model, self.config.seed, dtype)
             resume = None
         self.announce_engine(model.config)  # before any training: a model no engine runs stops here
-        self.prepare_for_training(model, lora_base=lora and not self.config.sft.steps)
+        self.prepare_for_training(model)
         if self.config.sft.steps:
             prompt_format = prompt_format_of(self.config, tokenizer, stop_token_ids(model, tokenizer))
             run_sft(
@@ -231,12 +233,8 @@ class Run:
                 shutil.rmtree(stale)
         return model, tokenizer
 
-    def prepare_for_training(self, model, lora_base: bool = False):
-        """The policy on the learner's device, with the kernels it trains with (`training_kernels`); a
-        `lora_base` (adapters go on it next, nothing trains it) held in `model.frozen_dtype` first, so that
-        it never lies whole in float32 on the device."""
-        if lora_base:
-            hold_parameters_in(model, lora_base_dtype(self.config, self.device))
+    def prepare_for_training(self, model):
+        """The policy on the learner's device, with the kernels it trains with (`training_kernels`)."""
         return training_kernels(model.to(self.device), self.config.model)
 
     def announce_engine(self, model_config) -> str:

@@ -14,7 +14,7 @@ from everyprompt.config import Config, ConfigError
 from everyprompt.config.teacher import TeacherConfig
 from everyprompt.errors import InputError, RunError
 from everyprompt.models.io import load_pretrained, load_tokenizer
-from everyprompt.models.precision import forward_kernels, frozen_dtype, hold_parameters_in
+from everyprompt.models.precision import forward_kernels, frozen_dtype
 
 
 def teacher_key(key: str) -> str:
@@ -66,13 +66,10 @@ def student_name(config: Config) -> str:
 
 
 def _load(key: str, path: str, config: Config, device: torch.device):
-    try:
-        model, _ = load_pretrained(path)
+    try:  # read as it is held (model.frozen_dtype): never a whole float32 copy of it
+        model, _ = load_pretrained(path, dtype=frozen_dtype(config.model, device))
     except InputError as err:
         raise ConfigError(f"config key '{teacher_key(key)}': {err}") from None
-    hold_parameters_in(
-        model, frozen_dtype(config.model, device)
-    )  # before the move: never whole in fp32 there
     return forward_kernels(model.to(device), config.model).eval().requires_grad_(False)
 
 
