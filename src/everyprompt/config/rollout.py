@@ -64,6 +64,12 @@ class RolloutConfig(Section):
         "engine and the trainer on a few completions before the first RL step; 0 turns the check off.",
     )
     parity_prompts: int = Field(4, gt=0, description="Training prompts the startup parity check samples.")
+    parity_layers: Literal["auto"] | int = Field(
+        "auto",
+        description="Decoder layers the startup parity check runs: the model's first N (with its embeddings, "
+        "final norm and head) in a float32 copy of their own; auto: the whole model when its float32 copy "
+        "takes 4 GiB or less, else the first 4 (or as many as hold every kind of layer the model has).",
+    )
     stop: list[str] = Field(
         default_factory=list,
         description="Strings that end a completion (finish reason `stop`), besides every end-of-sequence id "
@@ -100,6 +106,13 @@ class RolloutConfig(Section):
     @classmethod
     def _known_engine(cls, name: str) -> str:
         return _known_engine(name)
+
+    @field_validator("parity_layers")
+    @classmethod
+    def _some_layers(cls, value: str | int) -> str | int:
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"must be auto or a number of layers, 1 or more; got {value}")
+        return value
 
     @field_validator("graph_buckets")
     @classmethod

@@ -6,13 +6,21 @@ RL step, an fp32 engine of the run's kind samples a few completions of training 
 trainer's forward re-scores them (in fp32 too: a base held in bf16, `model.frozen_dtype`, is widened
 for the check, exactly); a mean |log-prob difference| above `rollout.parity_threshold` stops
 the run with the gap and the engine named. The figure is logged either way (`parity/logp_abs_diff`).
+
+A large model is checked on a slice of itself (`rollout.parity_layers`): a float32 copy of its first few
+decoder layers, with its embeddings, final norm and head, which the engine and the trainer then both
+run. A float32 engine of the whole model, and the trainer's model widened to float32 beside it, would
+take twice the model's float32 size (about 244 GB for a 30B model); what the check is for, a layer
+computed differently by the engine, shows in any layer, so a slice holding every kind of layer the model
+has finds it at a small fraction of that.
 """
 
 from __future__ import annotations
 
 import torch
 
-from everyprompt.models.precision import parameters_in_float32
+from everyprompt.models.precision import forward_kernels, parameters_in_float32
+from everyprompt.models.slices import checked_layers, model_slice
 from everyprompt.rollout import (
     GenerationRequest,
     SamplingParams,
@@ -74,11 +82,14 @@ def parity_gap(
 
 
 def check_parity(model, tokenizer, config, prompt_ids: list[list[int]]) -> dict[str, float]:
-    """`parity_gap` on the first `rollout.parity_prompts` prompts; ParityError above the threshold."""
+    """`parity_gap` on the first `rollout.parity_prompts` prompts, on the whole model or a slice of it
+    (`checked_layers`); ParityError above the threshold."""
     rollout = config.rollout
     engine = resolve_engine(rollout.engine, model.config, rollout.precision)
+    layers = checked_layers(rollout.parity_layers, model)
+    checked = model if layers is None else forward_kernels(model_slice(model, layers), config.model)
     figures = parity_gap(
-        model,
+        checked,
         tokenizer,
         engine,
         prompt_ids[: rollout.parity_prompts],
@@ -86,11 +97,13 @@ def check_parity(model, tokenizer, config, prompt_ids: list[list[int]]) -> dict[
         max_new_tokens=min(rollout.max_new_tokens, 32),
         seed=config.seed,
     )
+    figures["parity/layers"] = float(layers or model.config.num_hidden_layers)
     gap = figures["parity/logp_abs_diff"]
     if gap > rollout.parity_threshold:
+        where = "" if layers is None else f" (its first {layers} layers, rollout.parity_layers)"
         raise ParityError(
-            f"the {engine} engine's log-probs of this {model.config.model_type} model differ from the trainer's by "
-            f"{gap:.2e} on average in fp32 (rollout.parity_threshold={rollout.parity_threshold:g}): the engine "
+            f"the {engine} engine's log-probs of this {model.config.model_type} model{where} differ from the "
+            f"trainer's by {gap:.2e} on average in fp32 (rollout.parity_threshold={rollout.parity_threshold:g}): the engine "
             f"computes the model differently; run it with rollout.engine=hf"
             + (" or report the model" if engine == "hf" else "")
         )

@@ -8,8 +8,9 @@ import torch
 
 from everyprompt.config import Config, ConfigError
 from everyprompt.models.lora import reference_forward
-from everyprompt.models.precision import autocast, parameters_in_float32
+from everyprompt.models.precision import autocast, forward_kernels, parameters_in_float32
 from everyprompt.models.replay import ReplayError, RouterReplay
+from everyprompt.models.slices import checked_layers, model_slice
 from everyprompt.trainer.learner_side.head import check_head
 from everyprompt.trainer.learner_side.logprobs import check_packing, token_logprobs
 
@@ -44,14 +45,21 @@ class PolicyForward:
 
     def check(self, batch) -> bool:
         """Before the first training forward: packed and one-by-one log-probs agree for this model, and so
-        do the chunked head's and its own logits' (else an error); True. Both compare in float32, a base
-        held in bf16 widened while they run (`model.frozen_dtype`)."""
+        do the chunked head's and its own logits' (else an error); True. Both compare in float32: a base
+        held in bf16 is widened while they run (`model.frozen_dtype`), a large model is checked on a
+        float32 slice of its first layers (`rollout.parity_layers`, models/slices.py)."""
         sequences = [batch.prompt_ids[i] + batch.completion_ids[i] for i in range(min(2, len(batch)))]
-        with parameters_in_float32(self.model):
+        layers = checked_layers(self.config.rollout.parity_layers, self.model)
+        model = (
+            self.model
+            if layers is None
+            else forward_kernels(model_slice(self.model, layers), self.config.model)
+        )
+        with parameters_in_float32(model):
             if self.config.model.pack_sequences:
-                check_packing(self.model, (sequences * 2)[:2], self.pad_id)
+                check_packing(model, (sequences * 2)[:2], self.pad_id)
             if self.config.model.logprob_chunk:
-                check_head(self.model, sequences[0], self.config.model.logprob_chunk)
+                check_head(model, sequences[0], self.config.model.logprob_chunk)
         return True
 
     @torch.no_grad()

@@ -1,0 +1,62 @@
+"""A slice of a large model for the startup checks (`rollout.parity_layers`): a float32 copy of its first
+decoder layers, with its embeddings, final norm and head.
+
+The checks compare two computations of the model in float32 (the engine's and the trainer's, packed and
+unpacked rows, the chunked head and the model's own): for a 30B model that is a float32 copy of 122 GB,
+twice. What they are for, a layer computed otherwise than transformers computes it, shows in any layer,
+so a large model is checked on a slice that holds every kind of layer it has. The slice is made of the
+model's own weights (a LoRA policy's merged, only the slice's read) and is a model of its own: its logits
+are the whole model's hidden states after those layers through its final norm and head.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import torch
+
+from everyprompt.models.lora import is_lora, merged_state_dict
+
+WHOLE_MODEL_BYTES = 4 * 2**30  # `auto`: a model whose float32 copy is this size or less is checked whole
+SLICE_LAYERS = 4  # `auto`, a larger model: its first layers (more when its kinds of layer need them)
+LAYER_KEY = re.compile(r"^(?:.*\.)?layers\.(\d+)\.")  # a decoder layer's weight: model.layers.N....
+
+
+def checked_layers(setting: str | int, model) -> int | None:
+    """How many of `model`'s first decoder layers the startup checks run (`rollout.parity_layers`); None:
+    the whole model. A sharded model (fsdp2's) is checked whole: each rank holds a share of it, float32
+    (`model.frozen_dtype` keeps it so), and a slice would gather what the check itself needs no copy of."""
+    from torch.distributed.tensor import DTensor
+
+    config = model.config
+    layers = config.num_hidden_layers
+    if any(isinstance(parameter, DTensor) for parameter in model.parameters()):
+        return None
+    if setting == "auto":
+        if 4 * sum(p.numel() for p in model.parameters()) <= WHOLE_MODEL_BYTES:
+            return None
+        kinds = list(getattr(config, "layer_types", None) or ())
+        setting = max([SLICE_LAYERS, *(kinds.index(kind) + 1 for kind in set(kinds))])
+    return None if setting >= layers else setting
+
+
+def model_slice(model, layers: int):
+    """A float32 plain model of `model`'s first `layers` decoder layers with its embeddings, final norm and
+    head (a LoRA policy's adapters merged), on `model`'s device, in eval mode; only those weights are read
+    (merged) and copied."""
+    from transformers import AutoModelForCausalLM
+
+    config = copy.deepcopy(model.get_base_model().config if is_lora(model) else model.config)
+    config.num_hidden_layers = layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[:layers]
+    weights = merged_state_dict(model)
+    kept = {}
+    for key in weights:
+        match = LAYER_KEY.match(key)
+        if match is None or int(match.group(1)) < layers:
+            kept[key] = weights[key].float()
+    sliced = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    sliced.load_state_dict(kept)
+    return sliced.to(next(model.parameters()).device).eval()
