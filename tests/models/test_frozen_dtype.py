@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import pickle
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,7 +18,7 @@ from everyprompt.pipeline import train
 from everyprompt.trainer.parity import parity_gap
 from tests.conftest import tiny_config
 from tests.families import family_model
-from tests.models.test_lora import LORA, MOE_TARGETS
+from tests.models.test_lora import ADAPTERS, LORA, adapted_policy
 
 BF16, FP32 = torch.bfloat16, torch.float32
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
@@ -67,22 +66,8 @@ def test_widening_to_float32_is_exact_and_undone():
     assert {b.dtype for b in model.buffers()} == {FP32}  # rotary frequencies are never cast
 
 
-def _bf16_policy():
-    """A Qwen3-MoE LoRA policy on a bf16 base, adapters on attention, experts and router, B nonzero."""
-    model, tokenizer = family_model("qwen3_moe")
-    settings = SimpleNamespace(
-        r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "o_proj"], target_parameters=MOE_TARGETS
-    )
-    policy = apply_lora(model, settings, BF16)
-    with torch.no_grad():
-        for name, parameter in policy.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(0, 0.1)
-    return policy, tokenizer
-
-
 def test_a_bf16_base_merges_its_adapted_weights_in_float32():
-    policy, tokenizer = _bf16_policy()
+    policy, tokenizer = adapted_policy(BF16)
     assert {p.dtype for p in policy.parameters() if p.requires_grad} == {FP32}  # the adapters
     assert {p.dtype for p in policy.parameters() if not p.requires_grad} == {BF16}  # the base
     merged = merged_state_dict(policy)
@@ -114,11 +99,8 @@ def test_a_bf16_base_merges_its_adapted_weights_in_float32():
 def test_the_ray_recipe_rebuilds_a_bf16_base_as_it_was():
     from everyprompt.distributed.recipes import ModelRecipe
 
-    policy, _ = _bf16_policy()
-    settings = SimpleNamespace(
-        r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "o_proj"], target_parameters=MOE_TARGETS
-    )
-    rebuilt = ModelRecipe.of(policy, settings).build()
+    policy, _ = adapted_policy(BF16)
+    rebuilt = ModelRecipe.of(policy, ADAPTERS).build()
     mine, theirs = policy.state_dict(), rebuilt.state_dict()
     assert mine.keys() == theirs.keys()
     assert all(mine[k].dtype == theirs[k].dtype and torch.equal(mine[k], theirs[k]) for k in mine)

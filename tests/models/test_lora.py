@@ -29,12 +29,17 @@ LORA = [
 ]
 
 
-def _adapted_policy():
-    """A Qwen3-MoE policy with adapters on attention, experts and router, their B nonzero (zero at init:
-    something to merge); and its tokenizer."""
+# adapters on attention, experts and router (a model.lora section's fields)
+ADAPTERS = SimpleNamespace(
+    r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "o_proj"], target_parameters=MOE_TARGETS
+)
+
+
+def adapted_policy(base_dtype: torch.dtype = torch.float32):
+    """A Qwen3-MoE policy with `ADAPTERS`, their B nonzero (zero at init: something to merge), its base
+    held in `base_dtype`; and its tokenizer."""
     model, tokenizer = family_model("qwen3_moe")
-    settings = SimpleNamespace(r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "o_proj"])
-    policy = apply_lora(model, SimpleNamespace(**vars(settings), target_parameters=MOE_TARGETS))
+    policy = apply_lora(model, ADAPTERS, base_dtype)
     with torch.no_grad():
         for name, parameter in policy.named_parameters():
             if "lora_B" in name:
@@ -43,7 +48,7 @@ def _adapted_policy():
 
 
 def test_merged_weights_equal_peft_merge_and_the_adapted_forward():
-    policy, tokenizer = _adapted_policy()
+    policy, tokenizer = adapted_policy()
     merged = merged_state_dict(policy)
     reference = copy.deepcopy(policy).merge_and_unload().state_dict()  # peft's own merge, in place
     assert merged.keys() == reference.keys()
@@ -77,7 +82,7 @@ def test_merged_weights_merge_each_weight_when_read(monkeypatch):
     from everyprompt.models.lora import MergedWeights, weights_nbytes
     from everyprompt.trainer.asynchrony import own_copy
 
-    policy, _ = _adapted_policy()
+    policy, _ = adapted_policy()
     plain = plain_copy(policy).state_dict()
     merged = merged_state_dict(policy)
     assert isinstance(merged, MergedWeights)
