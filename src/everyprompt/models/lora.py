@@ -170,6 +170,20 @@ def weights_nbytes(weights: Mapping[str, torch.Tensor]) -> int:
     return sum(value.numel() * weights.dtype_of(key).itemsize for key, value in weights._state.items())
 
 
+def empty_host_copy(model: nn.Module) -> nn.Module:
+    """A frozen copy of `model` on the host, its parameters' memory allocated but not filled (the caller
+    loads them: fsdp2's rank 0 loads each sync's gathered weights into it to merge the adapters), its
+    buffers copied. Nothing of the weights is copied, and nothing is made on `model`'s device: a deepcopy
+    of a sharded learner's policy would be a whole unsharded copy on its GPU."""
+    memo = {}
+    for parameter in model.parameters():
+        empty = torch.empty(parameter.shape, dtype=parameter.dtype, device="cpu")
+        memo[id(parameter)] = nn.Parameter(empty, requires_grad=False)
+    for buffer in model.buffers():
+        memo[id(buffer)] = buffer.detach().to("cpu", copy=True)
+    return copy.deepcopy(model, memo)
+
+
 def plain_copy(model: nn.Module) -> nn.Module:
     """A copy of `model` as a plain transformers model: a LoRA policy's base with its adapted weights
     merged as `MergedWeights` merges them (float32 on a bf16 base, not rounded back into it as peft's

@@ -33,7 +33,7 @@ from everyprompt.batch import RolloutBatch
 from everyprompt.config import Config
 from everyprompt.devices.memory import memory_metrics
 from everyprompt.models.compiled_layers import compiled_metrics
-from everyprompt.models.lora import is_lora, merged_state_dict, weights_nbytes
+from everyprompt.models.lora import empty_host_copy, is_lora, merged_state_dict, weights_nbytes
 from everyprompt.rollout import derive_seed
 from everyprompt.trainer.checkpoint import full_weights, load_optimizer_state, portable_optimizer_state
 from everyprompt.trainer.interface import LearnerSide
@@ -77,7 +77,7 @@ class Learner(LearnerSide):
         # merge the adapters for the engines (peft merges modules, not a state dict)
         self._merge_copy = None
         if self.parallel.sharded and is_lora(model) and self.parallel.rank == 0:
-            self._merge_copy = copy.deepcopy(model).requires_grad_(False)
+            self._merge_copy = empty_host_copy(model)  # on the host: not a second model on the GPU
         self.model = self.parallel.shard(model)  # fsdp2: sharded in place, before the optimizer sees it
         self.device = next(self.model.parameters()).device  # batches come to the model's device
         self.caps = self.rl.micro_batching(self.device.type)  # a micro-batch's sequences and tokens
