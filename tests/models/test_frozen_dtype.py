@@ -158,12 +158,8 @@ def test_a_teacher_is_held_in_the_training_precision(tmp_path):
         assert {p.dtype for p in term.teachers[""].parameters()} == {held}
 
 
-def test_a_learner_rank_holds_the_base_as_its_own_device_decides():
-    """Under Ray the driver's copy lives on its CPU (a float32 base under `auto`); the learner rank casts
-    the base it rebuilds by its own settings and device (here asked for bf16), the adapters float32."""
-    pytest.importorskip("ray", reason="the ray extra is not installed (it is part of dev)")
-    import socket
-
+def _rank_holds_the_base_in_bf16(rank: int, port: int) -> None:
+    """In a process of its own: the rank's process group must not outlive it in a test worker."""
     import torch.distributed as dist
 
     from everyprompt.distributed.learner import LearnerRank
@@ -174,20 +170,27 @@ def test_a_learner_rank_holds_the_base_as_its_own_device_decides():
     model, tokenizer = load_model_and_tokenizer(config.model, config.seed)
     policy = apply_lora(model, config.model.lora)  # as the driver holds it
     assert {p.dtype for p in policy.parameters()} == {FP32}
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    rank = LearnerRank(0, 1, 1)
+    learner_rank = LearnerRank(rank, 1, 1)
+    recipe = ModelRecipe.of(policy, config.model.lora)
     try:
-        rank.start(
-            "127.0.0.1", port, config, ModelRecipe.of(policy, config.model.lora), tokenizer.pad_token_id, None
-        )
-        held = rank.learner.model
+        learner_rank.start("127.0.0.1", port, config, recipe, tokenizer.pad_token_id, None)
+        held = learner_rank.learner.model
         assert {p.dtype for p in held.parameters() if not p.requires_grad} == {BF16}
         assert {p.dtype for p in held.parameters() if p.requires_grad} == {FP32}
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def test_a_learner_rank_holds_the_base_as_its_own_device_decides():
+    """Under Ray the driver's copy lives on its CPU (a float32 base under `auto`); the learner rank casts
+    the base it rebuilds by its own settings and device (here asked for bf16), the adapters float32."""
+    pytest.importorskip("ray", reason="the ray extra is not installed (it is part of dev)")
+    import torch.multiprocessing as mp
+
+    from tests.trainer.test_data_parallel import _free_port
+
+    mp.spawn(_rank_holds_the_base_in_bf16, args=(_free_port(),), nprocs=1, join=True)
 
 
 def test_an_actor_rebuilds_a_model_whose_config_names_a_devices_attention(monkeypatch):

@@ -122,10 +122,9 @@ def test_a_bad_layer_count_names_the_key(bad):
         tiny_config(bad)
 
 
-def test_a_sharded_model_is_checked_whole(monkeypatch):
-    """fsdp2's shards (DTensors) are never sliced: each rank holds a float32 share, no copy is needed."""
-    import socket
-
+def _sharded_model_checked_whole(rank: int, port: int) -> None:
+    """In a process of its own (a process group and DTensors left in a test worker deadlock a later fork
+    there)."""
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
@@ -133,17 +132,23 @@ def test_a_sharded_model_is_checked_whole(monkeypatch):
     from tests.families import family_model
 
     model, _ = family_model("qwen3", num_hidden_layers=6)
-    monkeypatch.setattr(slices, "WHOLE_MODEL_BYTES", 0)  # as if it were large
+    slices.WHOLE_MODEL_BYTES = 0  # as if it were large
     assert slices.checked_layers("auto", model) == 4
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=1)
     try:
         fully_shard(model)
         assert slices.checked_layers("auto", model) is None
     finally:
         dist.destroy_process_group()
+
+
+def test_a_sharded_model_is_checked_whole():
+    """fsdp2's shards (DTensors) are never sliced: each rank holds a float32 share, no copy is needed."""
+    import torch.multiprocessing as mp
+
+    from tests.trainer.test_data_parallel import _free_port
+
+    mp.spawn(_sharded_model_checked_whole, args=(_free_port(),), nprocs=1, join=True)
 
 
 def test_a_large_models_learner_checks_run_on_its_slice(tmp_path, monkeypatch):
