@@ -151,9 +151,12 @@ def test_a_sharded_model_is_checked_whole():
     mp.spawn(_sharded_model_checked_whole, args=(_free_port(),), nprocs=1, join=True)
 
 
-def test_a_large_models_learner_checks_run_on_its_slice(tmp_path, monkeypatch):
-    """A (pretend) large LoRA policy on a bf16 base: the parity check and the learner's packing and head
-    checks each run on a float32 slice of its first 4 layers, never widening the whole base."""
+@pytest.mark.parametrize(("base", "learner_layers"), [("bf16", 4), ("fp32", 5)])
+def test_a_large_models_checks_copy_no_whole_model(tmp_path, monkeypatch, base, learner_layers):
+    """A (pretend) large LoRA policy: the parity check always runs on a float32 slice of its first 4
+    layers (its engine would be a whole float32 copy); the learner's packing and head checks on such a
+    slice where the base is held in bf16 (widening it would copy it whole), on the policy itself, all 5
+    layers with the learner's own kernels, where it is float32 already."""
     from everyprompt.models import slices
     from everyprompt.trainer.learner_side import forward
     from tests.models.test_lora import LORA
@@ -170,8 +173,8 @@ def test_a_large_models_learner_checks_run_on_its_slice(tmp_path, monkeypatch):
                 or _real(model, *a, **k)
             ),
         )
-    bf16 = ("model.dtype=bf16", "model.frozen_dtype=bf16", "model.num_layers=5")
-    train(tiny_config(*LORA, *bf16, "sft.steps=0", "rl.steps=1"), run_dir=tmp_path)
+    held = ("model.dtype=bf16", f"model.frozen_dtype={base}", "model.num_layers=5")
+    train(tiny_config(*LORA, *held, "sft.steps=0", "rl.steps=1"), run_dir=tmp_path)
     first = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
     assert first["parity/layers"] == 4 and first["parity/logp_abs_diff"] < 1e-5
-    assert seen == [(4, {torch.float32})] * 2
+    assert seen == [(learner_layers, {torch.float32})] * 2

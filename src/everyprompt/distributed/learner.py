@@ -25,8 +25,8 @@ from everyprompt.distributed.recipes import ModelRecipe
 from everyprompt.distributed.runtime import actor_options, require_ray
 from everyprompt.errors import ClusterError
 from everyprompt.logs import quiet_libraries
-from everyprompt.models.lora import is_lora, lora_base_dtype, weights_nbytes
-from everyprompt.models.precision import hold_parameters_in, training_kernels
+from everyprompt.models.lora import lora_base_dtype, weights_nbytes
+from everyprompt.models.precision import training_kernels
 from everyprompt.trainer.checkpoint import full_weights
 from everyprompt.trainer.interface import LearnerSide
 from everyprompt.trainer.learner_side.data_parallel import DataParallel
@@ -73,9 +73,8 @@ class LearnerRank:
             timeout=datetime.timedelta(minutes=30),
         )
         ray = require_ray()
-        model = recipe.build(ray.get(recipe.weights) if not isinstance(recipe.weights, dict) else None)
-        if is_lora(model):  # the driver's copy lives on its CPU: the base's dtype is this device's to decide
-            hold_parameters_in(model, lora_base_dtype(config, device), frozen_only=True)
+        weights = ray.get(recipe.weights) if not isinstance(recipe.weights, dict) else None
+        model = recipe.build(weights, lora_base_dtype(config, device))  # a LoRA base: this device's dtype
         training_kernels(model.to(device), config.model)
         if reference is not None:
             reference = reference.build(

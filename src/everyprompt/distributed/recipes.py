@@ -5,6 +5,7 @@ parametrised layers are classes made at run time, and a config plus weights is w
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,9 +32,7 @@ class ModelRecipe:
     def of(cls, model, lora=None) -> ModelRecipe:
         """`model` as it trains: a LoRA policy with its adapters (`lora`: the model.lora section)."""
         if is_lora(model):
-            frozen = (p.dtype for p in model.parameters() if not p.requires_grad and p.is_floating_point())
-            base_dtype = next(frozen, torch.float32)
-            return cls(model.get_base_model().config, model.state_dict(), lora, base_dtype)
+            return cls(model.get_base_model().config, model.state_dict(), lora, _dtype(model))
         return cls(model.config, model.state_dict(), None, _dtype(model))
 
     @classmethod
@@ -41,16 +40,19 @@ class ModelRecipe:
         """`model` as an engine runs it: a plain transformers model (a LoRA policy's adapters merged)."""
         config = model.get_base_model().config if is_lora(model) else model.config
         weights = dict(merged_state_dict(model))  # a bf16 base's adapted weights are merged in fp32
-        return cls(config, weights, None, _widest(w.dtype for w in weights.values() if w.is_floating_point()))
+        floating = {w.dtype for w in weights.values() if w.is_floating_point()}
+        return cls(config, weights, None, functools.reduce(torch.promote_types, floating))  # the widest
 
-    def build(self, weights: dict[str, torch.Tensor] | None = None):
-        """The model, in eval mode (`weights`: the resolved state dict when `self.weights` is a reference)."""
+    def build(self, weights: dict[str, torch.Tensor] | None = None, base_dtype: torch.dtype | None = None):
+        """The model, in eval mode (`weights`: the resolved state dict when `self.weights` is a reference);
+        a LoRA policy's base in `base_dtype` when given (a learner rank's own `model.frozen_dtype`: the
+        driver's copy lives on its CPU), else in the recipe's dtype."""
         from transformers import AutoModelForCausalLM
 
         from everyprompt.models.experts import register_sorted_experts
 
         register_sorted_experts()  # the config may name it (model.moe_kernel)
-        options = {"dtype": self.dtype}
+        options = {"dtype": base_dtype if self.lora is not None and base_dtype is not None else self.dtype}
         if getattr(self.config, "_attn_implementation", None) in DEVICE_ATTENTION:
             options["attn_implementation"] = "sdpa"  # the device's choice, made again where the model runs
         # from_config writes its options into the config it is given: a copy, not the sender's
@@ -58,18 +60,10 @@ class ModelRecipe:
         if self.lora is not None:
             from everyprompt.models.lora import apply_lora
 
-            model = apply_lora(model, self.lora, self.dtype)  # the base in its dtype, fp32 adapters
+            model = apply_lora(model, self.lora)  # the base as built, the adapters fp32
         model.load_state_dict(weights if weights is not None else self.weights)
         return model.eval()
 
 
 def _dtype(model) -> torch.dtype:
     return next(model.parameters()).dtype
-
-
-def _widest(dtypes) -> torch.dtype:
-    """The dtype every one of `dtypes` widens to exactly (float32 from bf16 and float32)."""
-    widest = None
-    for dtype in dtypes:
-        widest = dtype if widest is None else torch.promote_types(widest, dtype)
-    return widest or torch.float32

@@ -49,9 +49,9 @@ def sorted_experts_forward(
 
 def _products_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
     """What the experts' products run in for weights of `dtype`: float32 for bf16 weights on the CPU, whose
-    bf16 grouped_mm caches a oneDNN primitive for each group's row count (up to its cache's 1024), so that a
-    process grows by about 5 MB a call while routing changes (measured: 359 -> 677 MiB over 60 calls of the
-    CPU twin's shapes, float32 flat). Widening bf16 operands is exact, and the float32 product rounded back
+    bf16 grouped_mm grows the process by about 5 MB a call while routing changes (measured: 359 -> 677 MiB
+    over 60 calls of the CPU twin's shapes, float32 flat; most of it oneDNN's primitive cache, one entry a
+    group's row count: with it off, 311 -> 371 MiB). Widening bf16 operands is exact, and the float32 product rounded back
     to bf16 is what a bf16 kernel computes (it accumulates in float32)."""
     return torch.float32 if dtype == torch.bfloat16 and device.type == "cpu" else dtype
 

@@ -42,7 +42,7 @@ def load_pretrained(
                 "(the preset has none: train with model.lora.save_merged=true and use merged/)"
             )
         model, _ = load_pretrained(base, model_class, dtype)
-        return load_adapter(model, path, dtype).merge_and_unload(), _load_tokenizer(path)
+        return load_adapter(model, path).merge_and_unload(), _load_tokenizer(path)
     if not (path / "config.json").is_file():
         hint = (
             ""

@@ -56,11 +56,13 @@ def is_lora(model: nn.Module) -> bool:
     return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
 
 
-def apply_lora(model: nn.Module, lora, base_dtype: torch.dtype = torch.float32) -> nn.Module:
+def apply_lora(model: nn.Module, lora, base_dtype: torch.dtype | None = None) -> nn.Module:
     """`model` wrapped with fresh adapters of a `model.lora` config section (config.LoRAConfig); the
-    base weights are frozen, held in `base_dtype`, and only the adapters train (in float32)."""
+    base weights are frozen, held in `base_dtype` (None: as they are), and only the adapters train (in
+    float32)."""
     peft = _peft()
-    hold_parameters_in(model, base_dtype)
+    if base_dtype is not None:
+        hold_parameters_in(model, base_dtype)
     settings = peft.LoraConfig(
         r=lora.r,
         lora_alpha=lora.alpha,
@@ -83,13 +85,12 @@ def lora_base_dtype(config, device: torch.device) -> torch.dtype:
     return frozen_dtype(config.model, device, config.cluster.trainer_sharding == "fsdp2")
 
 
-def load_adapter(
-    base: nn.Module, directory: str | Path, base_dtype: torch.dtype = torch.float32
-) -> nn.Module:
-    """The adapter saved in `directory` on top of `base` (held in `base_dtype`), trainable (a resumed
-    run)."""
+def load_adapter(base: nn.Module, directory: str | Path, base_dtype: torch.dtype | None = None) -> nn.Module:
+    """The adapter saved in `directory` on top of `base` (held in `base_dtype`; None: as it is),
+    trainable (a resumed run)."""
     peft = _peft()
-    hold_parameters_in(base, base_dtype)
+    if base_dtype is not None:
+        hold_parameters_in(base, base_dtype)
     with warnings.catch_warnings():  # as in apply_lora
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         return peft.PeftModel.from_pretrained(base, str(directory), is_trainable=True)

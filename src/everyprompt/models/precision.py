@@ -74,14 +74,12 @@ def frozen_dtype(model_config, device: torch.device, sharded: bool = False) -> t
     return TRAINING_DTYPES[training_dtype(model_config.dtype, device)] or torch.float32
 
 
-def hold_parameters_in(model: nn.Module, dtype: torch.dtype, frozen_only: bool = False) -> nn.Module:
-    """`model` with every floating-point parameter (`frozen_only`: every one that takes no gradient, a
-    LoRA policy's base) cast to `dtype` in place, the same Parameter objects; buffers keep theirs (rotary
-    frequencies stay float32, as transformers computes them)."""
+def hold_parameters_in(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """`model` with every floating-point parameter cast to `dtype` in place, the same Parameter objects;
+    buffers keep theirs (rotary frequencies stay float32, as transformers computes them)."""
     for parameter in model.parameters():
         if parameter.is_floating_point() and parameter.dtype != dtype:
-            if not (frozen_only and parameter.requires_grad):
-                parameter.data = parameter.data.to(dtype)
+            parameter.data = parameter.data.to(dtype)
     return model
 
 

@@ -17,6 +17,7 @@ import re
 import torch
 
 from everyprompt.models.lora import is_lora, merged_state_dict
+from everyprompt.models.precision import forward_kernels
 
 WHOLE_MODEL_BYTES = 4 * 2**30  # `auto`: a model whose float32 copy is this size or less is checked whole
 SLICE_LAYERS = 4  # `auto`, a larger model: its first layers (more when its kinds of layer need them)
@@ -60,3 +61,9 @@ def model_slice(model, layers: int):
     sliced = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     sliced.load_state_dict(kept)
     return sliced.to(next(model.parameters()).device).eval()
+
+
+def checked_model(model, layers: int | None, model_config):
+    """What a startup check runs: `model` itself (`layers` None), else the slice of its first `layers`
+    with the forward kernels the learner gives a model it scores with (models/precision.py)."""
+    return model if layers is None else forward_kernels(model_slice(model, layers), model_config)

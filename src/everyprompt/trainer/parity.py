@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from everyprompt.models.precision import forward_kernels, parameters_in_float32
-from everyprompt.models.slices import checked_layers, model_slice
+from everyprompt.models.precision import parameters_in_float32
+from everyprompt.models.slices import checked_layers, checked_model
 from everyprompt.rollout import (
     GenerationRequest,
     SamplingParams,
@@ -87,9 +87,8 @@ def check_parity(model, tokenizer, config, prompt_ids: list[list[int]]) -> dict[
     rollout = config.rollout
     engine = resolve_engine(rollout.engine, model.config, rollout.precision)
     layers = checked_layers(rollout.parity_layers, model)
-    checked = model if layers is None else forward_kernels(model_slice(model, layers), config.model)
     figures = parity_gap(
-        checked,
+        checked_model(model, layers, config.model),
         tokenizer,
         engine,
         prompt_ids[: rollout.parity_prompts],

@@ -8,9 +8,9 @@ import torch
 
 from everyprompt.config import Config, ConfigError
 from everyprompt.models.lora import reference_forward
-from everyprompt.models.precision import autocast, forward_kernels, parameters_in_float32
+from everyprompt.models.precision import autocast, parameters_in_float32
 from everyprompt.models.replay import ReplayError, RouterReplay
-from everyprompt.models.slices import checked_layers, model_slice
+from everyprompt.models.slices import checked_layers, checked_model
 from everyprompt.trainer.learner_side.head import check_head
 from everyprompt.trainer.learner_side.logprobs import check_packing, token_logprobs
 
@@ -45,16 +45,14 @@ class PolicyForward:
 
     def check(self, batch) -> bool:
         """Before the first training forward: packed and one-by-one log-probs agree for this model, and so
-        do the chunked head's and its own logits' (else an error); True. Both compare in float32: a base
-        held in bf16 is widened while they run (`model.frozen_dtype`), a large model is checked on a
-        float32 slice of its first layers (`rollout.parity_layers`, models/slices.py)."""
+        do the chunked head's and its own logits' (else an error); True. Both compare in float32: a float32
+        policy is checked as it is, one with a base held in bf16 (`model.frozen_dtype`) widened while they
+        run, or, large, on a float32 slice of its first layers (`rollout.parity_layers`, models/slices.py)
+        where widening would copy it whole."""
         sequences = [batch.prompt_ids[i] + batch.completion_ids[i] for i in range(min(2, len(batch)))]
-        layers = checked_layers(self.config.rollout.parity_layers, self.model)
-        model = (
-            self.model
-            if layers is None
-            else forward_kernels(model_slice(self.model, layers), self.config.model)
-        )
+        narrow = any(p.is_floating_point() and p.dtype != torch.float32 for p in self.model.parameters())
+        layers = checked_layers(self.config.rollout.parity_layers, self.model) if narrow else None
+        model = checked_model(self.model, layers, self.config.model)
         with parameters_in_float32(model):
             if self.config.model.pack_sequences:
                 check_packing(model, (sequences * 2)[:2], self.pad_id)
