@@ -212,8 +212,10 @@ def test_the_startup_parity_check_runs_with_the_policy_on_the_device():
     with fake_cuda():
         model.to(CUDA)
         got = parity_gap(model, tokenizer, "native", prompts, **options)
-    assert expected["parity/tokens"] > 0
-    assert got == pytest.approx(expected, abs=1e-6)
+    assert expected["parity/tokens"] > 0 and got["parity/tokens"] == expected["parity/tokens"]
+    # the gaps are float32 round-off (a few 1e-6), whose size moves with the kernels' order of sums: a
+    # fresh clone's run read 3.3e-6 where this machine's had read 1.9e-6
+    assert got == pytest.approx(expected, abs=1e-5)
 
 
 def test_an_update_reads_the_device_back_once_a_mini_batch(monkeypatch):

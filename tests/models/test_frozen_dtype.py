@@ -236,29 +236,3 @@ def test_weights_held_in_bf16_are_read_as_bf16(tmp_path):
         assert all(b.dtype == FP32 for b in narrow.buffers()), path
         mine, theirs = narrow.state_dict(), wide.state_dict()
         assert all(torch.equal(mine[k], theirs[k].to(mine[k].dtype)) for k in theirs), path
-
-
-def test_fsdp2s_merge_copy_lives_on_the_host_with_nothing_copied():
-    """fsdp2's rank 0 merges each sync's gathered weights in a copy of the policy: on the host, its
-    parameters allocated but not copied (each sync loads them), its buffers copied, tied weights still
-    tied; nothing made on the policy's (fake CUDA) device. Loaded with the policy's weights, it merges
-    them as the policy does."""
-    from everyprompt.devices.fake_cuda import FakeCudaTensor, fake_cuda
-    from everyprompt.models.lora import empty_host_copy
-
-    policy, _ = adapted_policy()
-    expected = dict(merged_state_dict(policy))
-    state = {key: value.clone() for key, value in policy.state_dict().items()}
-    with fake_cuda():
-        policy.to("cuda:0")
-        copied = empty_host_copy(policy)
-        assert all(isinstance(p, FakeCudaTensor) for p in policy.parameters())  # the policy as it was
-    assert not any(isinstance(t, FakeCudaTensor) for t in [*copied.parameters(), *copied.buffers()])
-    assert {t.device.type for t in [*copied.parameters(), *copied.buffers()]} == {"cpu"}
-    assert not any(p.requires_grad for p in copied.parameters())
-    assert copied.state_dict().keys() == state.keys()
-    base = copied.get_base_model()
-    assert base.lm_head.weight is base.model.embed_tokens.weight or not base.config.tie_word_embeddings
-    copied.load_state_dict(state)
-    merged = merged_state_dict(copied)
-    assert all(torch.equal(merged[k], expected[k]) for k in expected)

@@ -341,7 +341,7 @@ def test_hf_engine_weight_sync_and_bf16():
     a = {c.request_id: c for c in synced.generate(_requests(tokenizer), params)}
     b = {c.request_id: c for c in fresh.generate(_requests(tokenizer), params)}
     assert all(a[i].token_ids == b[i].token_ids and torch.equal(a[i].logprobs, b[i].logprobs) for i in a)
-    with pytest.raises(KeyError, match="does not fit MixtralForCausalLM"):
+    with pytest.raises(KeyError, match="the weights do not fit MixtralForCausalLM"):
         synced.load_weights({"lm_head.weight": other.lm_head.weight})
     half = make_engine("hf", model, tokenizer, batch_size=4, precision="bf16")
     for completion in half.generate(_requests(tokenizer), params):

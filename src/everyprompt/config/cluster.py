@@ -34,6 +34,13 @@ class ClusterConfig(Section):
         description="ddp: every rank holds the whole model, gradients all-reduced; fsdp2: parameters and "
         "optimizer state sharded with torch's fully_shard.",
     )
+    sync_bucket_mib: int = Field(
+        512,
+        ge=1,
+        description="Weights go to the actors through Ray's object store in buckets of this many MiB, each "
+        "put as soon as it is full and read as the engine reaches it, so neither side holds a whole second "
+        'host copy (docs/cluster.md, "Weight sync"); a weight larger than a bucket goes alone.',
+    )
     start_timeout_s: float = Field(
         300.0, gt=0, description="Seconds to wait for the actors to be placed and to load the model."
     )

@@ -3,8 +3,9 @@ driven as one learner.
 
 Each rank rebuilds the policy from its recipe and runs `Learner.update` on the same batch, taking its
 share of the micro-batches (`trainer/learner_side/data_parallel.py`); the update equals one process's. Rank 0's
-figures are the step's. Weights for the rollout workers are put in Ray's object store by rank 0 and
-reach the workers without passing through the driver. A checkpoint is gathered from rank 0 (whole
+figures are the step's. Weights for the rollout workers are put in Ray's object store by rank 0, in
+buckets as it reads them (distributed/buckets.py; under fsdp2 gathered a layer at a time), and reach the
+workers without passing through the driver. A checkpoint is gathered from rank 0 (whole
 weights, optimizer state keyed by parameter name) and written by the driver in the local backend's format,
 so a run resumes on any number of ranks.
 
@@ -21,11 +22,12 @@ import socket
 import torch
 
 from everyprompt.devices import keep_freed_memory, release_freed_memory, resolve_device
+from everyprompt.distributed.buckets import BucketedWeights, put_in_buckets, readable
 from everyprompt.distributed.recipes import ModelRecipe
 from everyprompt.distributed.runtime import actor_options, require_ray
 from everyprompt.errors import ClusterError
 from everyprompt.logs import quiet_libraries
-from everyprompt.models.lora import lora_base_dtype, weights_nbytes
+from everyprompt.models.lora import lora_base_dtype
 from everyprompt.models.precision import training_kernels
 from everyprompt.trainer.checkpoint import full_weights
 from everyprompt.trainer.interface import LearnerSide
@@ -72,14 +74,13 @@ class LearnerRank:
             world_size=self.world,
             timeout=datetime.timedelta(minutes=30),
         )
-        ray = require_ray()
-        weights = ray.get(recipe.weights) if not isinstance(recipe.weights, dict) else None
-        model = recipe.build(weights, lora_base_dtype(config, device))  # a LoRA base: this device's dtype
+        get = require_ray().get
+        # a LoRA base in this device's dtype; the weights read a bucket at a time
+        model = recipe.build(readable(recipe.weights, get), lora_base_dtype(config, device))
         training_kernels(model.to(device), config.model)
         if reference is not None:
-            reference = reference.build(
-                ray.get(reference.weights) if not isinstance(reference.weights, dict) else None
-            ).to(device)
+            reference = reference.build(readable(reference.weights, get)).to(device)
+        self.bucket_bytes = config.cluster.sync_bucket_mib << 20
         self.learner = Learner(
             config, model, pad_id, reference, DataParallel(config.cluster.trainer_sharding)
         )
@@ -95,16 +96,19 @@ class LearnerRank:
         0 answers alone; fsdp2's gathers need every rank."""
         return self.rank != 0 and not self.learner.parallel.sharded
 
-    def engine_weights(self):
-        """Rank 0: (a reference to the policy's weights for the engines, their size in bytes)."""
+    def engine_weights(self) -> tuple[BucketedWeights | None, int]:
+        """Rank 0: (the policy's weights for the engines in the object store, their size in bytes)."""
         if self._only_rank_0_works():
             return None, 0
-        weights = self.learner.state_dict()
+        pieces = self.learner.engine_weights()
         if self.rank != 0:
+            for _ in pieces:  # its part in each layer's gather (fsdp2)
+                pass
             return None, 0
-        size = weights_nbytes(weights)
         # through host memory: the object store holds host tensors (docs/cluster.md, "Weight sync")
-        return require_ray().put({name: t.cpu() for name, t in weights.items()}), size
+        host = ((name, tensor.cpu()) for name, tensor in pieces)
+        handle = put_in_buckets(host, self.bucket_bytes, require_ray().put)
+        return handle, handle.nbytes
 
     def model_weights(self) -> dict[str, torch.Tensor]:
         """The policy's own state dict (a LoRA policy's adapters unmerged), whole, on rank 0."""
@@ -135,11 +139,12 @@ class RankedLearner(LearnerSide):
         actor = self.ray.remote(LearnerRank).options(**actor_options(cluster))
         self.ranks = [actor.remote(rank, world, max(1, int(cluster.num_cpus))) for rank in range(world)]
         host, port = self._all([self.ranks[0].address.remote()], "start", cluster.start_timeout_s)[0]
+        bucket = cluster.sync_bucket_mib << 20
         recipe = ModelRecipe.of(model, config.model.lora if config.model.lora.enabled else None)
-        recipe.weights = self.ray.put(recipe.weights)
+        recipe.weights = put_in_buckets(recipe.weights.items(), bucket, self.ray.put)
         if reference is not None:
             reference = ModelRecipe.plain(reference)
-            reference.weights = self.ray.put(reference.weights)
+            reference.weights = put_in_buckets(reference.weights.items(), bucket, self.ray.put)
         started = [r.start.remote(host, port, config, recipe, pad_token_id, reference) for r in self.ranks]
         self._all(started, "start", cluster.start_timeout_s)
         self.version = 0
@@ -152,8 +157,8 @@ class RankedLearner(LearnerSide):
         self.version += 1
         return metrics
 
-    def state_dict(self):
-        """A reference to the policy's weights in Ray's object store (the rollout workers read it)."""
+    def state_dict(self) -> BucketedWeights:
+        """The policy's weights in Ray's object store, in buckets (the rollout workers read them)."""
         ref, self.last_sync_bytes = self._all([r.engine_weights.remote() for r in self.ranks], "weight sync")[
             0
         ]

@@ -1,18 +1,19 @@
 """A model sent to an actor as what rebuilds it: its transformers config, its LoRA settings if any, and
-its weights (a state dict, in Ray's object store when large). Nothing is pickled as a module: peft's
+its weights (a state dict, or in Ray's object store in buckets: distributed/buckets.py). Nothing is pickled as a module: peft's
 parametrised layers are classes made at run time, and a config plus weights is what a checkpoint is too."""
 
 from __future__ import annotations
 
 import copy
-import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from everyprompt.models.attention import CUDA_SDPA
-from everyprompt.models.lora import is_lora, merged_state_dict
+from everyprompt.models.io import load_one_by_one
+from everyprompt.models.lora import is_lora, merged_state_dict, widest_dtype
 from everyprompt.models.precision import FP32_CPU_SDPA
 
 # the learner's attention implementations chosen by its device and precision (models/attention.py and
@@ -24,7 +25,7 @@ DEVICE_ATTENTION = (CUDA_SDPA, FP32_CPU_SDPA)
 @dataclass
 class ModelRecipe:
     config: Any  # the transformers config of the (base) model
-    weights: Any  # its state dict, or an ObjectRef to one
+    weights: Any  # its state dict, or a BucketedWeights in the object store
     lora: Any = None  # config.LoRAConfig of the adapters the weights carry; None: a plain model
     dtype: torch.dtype = torch.float32  # of the (base) model's parameters: a LoRA policy's adapters are fp32
 
@@ -39,12 +40,12 @@ class ModelRecipe:
     def plain(cls, model) -> ModelRecipe:
         """`model` as an engine runs it: a plain transformers model (a LoRA policy's adapters merged)."""
         config = model.get_base_model().config if is_lora(model) else model.config
-        weights = dict(merged_state_dict(model))  # a bf16 base's adapted weights are merged in fp32
-        floating = {w.dtype for w in weights.values() if w.is_floating_point()}
-        return cls(config, weights, None, functools.reduce(torch.promote_types, floating))  # the widest
+        weights = merged_state_dict(model)  # merged as read (sent in buckets); a bf16 base's in fp32
+        return cls(config, weights, None, widest_dtype(weights))
 
-    def build(self, weights: dict[str, torch.Tensor] | None = None, base_dtype: torch.dtype | None = None):
-        """The model, in eval mode (`weights`: the resolved state dict when `self.weights` is a reference);
+    def build(self, weights: Mapping[str, torch.Tensor] | None = None, base_dtype: torch.dtype | None = None):
+        """The model, in eval mode (`weights`: the weights to read when `self.weights` is in the object
+        store, `buckets.readable`; read one at a time, so a streamed bucket at a time is held);
         a LoRA policy's base in `base_dtype` when given (a learner rank's own `model.frozen_dtype`: the
         driver's copy lives on its CPU), else in the recipe's dtype."""
         from transformers import AutoModelForCausalLM
@@ -61,7 +62,7 @@ class ModelRecipe:
             from everyprompt.models.lora import apply_lora
 
             model = apply_lora(model, self.lora)  # the base as built, the adapters fp32
-        model.load_state_dict(weights if weights is not None else self.weights)
+        load_one_by_one(model, weights if weights is not None else self.weights)
         return model.eval()
 
 

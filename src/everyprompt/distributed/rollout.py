@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from everyprompt.devices import keep_freed_memory, release_freed_memory
+from everyprompt.distributed.buckets import BucketedWeights, put_in_buckets, readable
 from everyprompt.distributed.recipes import ModelRecipe
 from everyprompt.distributed.runtime import actor_options, require_ray
 from everyprompt.errors import ClusterError
@@ -48,9 +49,8 @@ class RolloutWorker:
         torch.set_num_threads(max(1, threads))
         if kept_block_mib:
             keep_freed_memory(kept_block_mib)
-        weights = recipe.weights
-        if not isinstance(weights, dict):  # a reference inside the recipe: Ray does not resolve it
-            weights = require_ray().get(weights)
+        # the recipe's weights in the object store: fetched a bucket at a time as the model reads them
+        weights = readable(recipe.weights, require_ray().get)
         self.engine = build_engine(rollout_config, recipe.build(weights), tokenizer)
 
     def ready(self) -> tuple[bool, bool, bool]:
@@ -72,8 +72,9 @@ class RolloutWorker:
             release_freed_memory()  # reuse within a call, not across (devices/host.py)
         yield _CallDone(dict(self.engine.stats))
 
-    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        self.engine.load_weights(state_dict)
+    def load_weights(self, weights: BucketedWeights) -> None:
+        """The engine reads the buckets as it reaches them (a few held at a time)."""
+        self.engine.load_weights(readable(weights, require_ray().get))
 
     def sleep(self) -> None:
         self.engine.sleep()
@@ -86,8 +87,9 @@ class RayEngine:
     def __init__(self, config, model, tokenizer):
         self.ray = require_ray()
         self.config, self.tokenizer = config, tokenizer
+        self.bucket_bytes = config.cluster.sync_bucket_mib << 20
         recipe = ModelRecipe.plain(model)
-        recipe.weights = self.ray.put(recipe.weights)
+        recipe.weights = put_in_buckets(recipe.weights.items(), self.bucket_bytes, self.ray.put)
         self.recipe = recipe
         self.stats: dict[str, float] = {}
         self.restarts = 0  # workers replaced so far in this run
@@ -118,11 +120,13 @@ class RayEngine:
         return tuple(all(a[i] for a in answers) for i in range(3))
 
     def load_weights(self, weights) -> None:
-        """Every worker takes the learner's weights: a state dict, or a reference to one in Ray's object
-        store (put once, read by each worker without passing through this process)."""
-        ref = weights if isinstance(weights, self.ray.ObjectRef) else self.ray.put(weights)
-        self.recipe.weights = ref  # what a replacement worker starts from
-        self.ray.get([worker.load_weights.remote(ref) for worker in self.workers])
+        """Every worker takes the learner's weights: buckets in Ray's object store (put once by a learner
+        rank, read by each worker without passing through this process), or a state dict, put here in
+        buckets as it is read (a local learner's: a LoRA policy's merged one weight at a time)."""
+        if not isinstance(weights, BucketedWeights):
+            weights = put_in_buckets(weights.items(), self.bucket_bytes, self.ray.put)
+        self.recipe.weights = weights  # what a replacement worker starts from
+        self.ray.get([worker.load_weights.remote(weights) for worker in self.workers])
 
     def sleep(self) -> None:
         """Every worker frees its engine's weights and cache until the next `load_weights` (a worker that

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -128,3 +129,27 @@ def save_pretrained(
         whole = Path(directory) / "merged"
         model.get_base_model().save_pretrained(whole, state_dict=dict(merged_state_dict(model)))
         tokenizer.save_pretrained(whole)
+
+
+def load_one_by_one(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> None:
+    """Copy `weights` into `model`'s own tensors one at a time, after checking that the names are the
+    model's and, as each is read, its shape. What `load_state_dict(strict=True)` does, without its copy of
+    the whole mapping first (a mapping that makes or fetches its tensors as they are read, a LoRA
+    policy's `MergedWeights` or a sync's `StreamedWeights`, would hold them all at once)."""
+    own = model.state_dict()  # the model's own tensors, by name (its buffers too)
+    missing = [name for name in own if name not in weights]
+    unexpected = [name for name in weights if name not in own]
+    if missing or unexpected:
+        raise KeyError(
+            f"the weights do not fit {type(model).__name__} "
+            f"(missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})"
+        )
+    with torch.no_grad():
+        for name, target in own.items():
+            value = weights[name]
+            if value.shape != target.shape:
+                raise ValueError(
+                    f"{name} is {tuple(value.shape)} in the weights, {tuple(target.shape)} in "
+                    f"{type(model).__name__}"
+                )
+            target.copy_(value)

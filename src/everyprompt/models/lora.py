@@ -23,6 +23,7 @@ instead of its weights.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import warnings
 from collections.abc import Mapping
@@ -106,22 +107,25 @@ def merged_state_dict(model: nn.Module) -> Mapping[str, torch.Tensor]:
 
 
 class MergedWeights(Mapping):
-    """A LoRA policy's merged weights, each adapted one computed (W + its adapters' deltas, out of place)
-    when it is read: a reader that takes them one at a time (the native engine's weight load, a copy to
-    the host) holds one merged tensor at a time, not a merged copy of every adapted weight (a 30B MoE
-    with adapted experts: about 116 GB in float32). Read later, they are the policy's weights then, as a
-    plain model's state dict is (own_copy in trainer/asynchrony.py copies them now); pickled (Ray's
-    object store), they are a plain dict."""
+    """A model's weights as an engine loads them, each read from the model when it is read: a LoRA
+    policy's adapted ones merged then (W + its adapters' deltas, out of place), so a reader that takes
+    them one at a time (the native engine's weight load, a copy to the host) holds one merged tensor at
+    a time, not a merged copy of every adapted weight (a 30B MoE with adapted experts: about 116 GB in
+    float32). Each is looked up on its module as it is read, so a sharded model reads whole inside its
+    layer's gather (`fully_shard`'s `unshard`: trainer/learner_side/gathering.py) and its shards outside.
+    Read later, they are the model's weights then, as a plain model's state dict is (own_copy in
+    trainer/asynchrony.py copies them now); pickled (Ray's object store), they are a plain dict."""
 
     def __init__(self, model: nn.Module):
         from peft.tuners.tuners_utils import BaseTunerLayer
 
-        base = model.get_base_model()
-        self._state = {
-            key.replace(".base_layer", ""): value
-            for key, value in base.state_dict().items()
-            if ".lora_" not in key
-        }
+        base = model.get_base_model() if is_lora(model) else model
+        self._where: dict[str, tuple[nn.Module, str]] = {}  # name -> (its module, its attribute)
+        for key in base.state_dict():
+            if ".lora_" in key:
+                continue
+            path, _, leaf = key.rpartition(".")
+            self._where[key.replace(".base_layer", "")] = (base.get_submodule(path), leaf)
         self._adapters: dict[str, list] = {}  # weight name -> [(its adapter layer, adapter name)]
         for name, module in base.named_modules():
             if not isinstance(module, BaseTunerLayer) or module.merged:
@@ -131,8 +135,16 @@ class MergedWeights(Mapping):
                 if adapter in getattr(module, "lora_A", {}):
                     self._adapters.setdefault(key, []).append((module, adapter))
 
+    def place(self, key: str) -> tuple[nn.Module, str]:
+        """The module holding weight `key` and its attribute name there (a LoRA layer's base layer)."""
+        return self._where[key]
+
+    def _own(self, key: str) -> torch.Tensor:
+        module, leaf = self._where[key]
+        return getattr(module, leaf).detach()
+
     def __getitem__(self, key: str) -> torch.Tensor:
-        value = self._state[key]
+        value = self._own(key)
         adapters = self._adapters.get(key, ())
         if not adapters:
             return value
@@ -145,19 +157,19 @@ class MergedWeights(Mapping):
     def dtype_of(self, key: str) -> torch.dtype:
         """The dtype `self[key]` has, without merging: an adapted weight's is the wider of its own and its
         adapters' (a bf16 base's adapted weights merge in float32)."""
-        dtype = self._state[key].dtype
+        dtype = self._own(key).dtype
         for module, adapter in self._adapters.get(key, ()):
             dtype = torch.promote_types(dtype, module.lora_B[adapter].weight.dtype)
         return dtype
 
     def __contains__(self, key: object) -> bool:  # Mapping's own would merge the weight to find it
-        return key in self._state
+        return key in self._where
 
     def __iter__(self):
-        return iter(self._state)
+        return iter(self._where)
 
     def __len__(self) -> int:
-        return len(self._state)
+        return len(self._where)
 
     def __reduce__(self):
         return dict, (dict(self.items()),)
@@ -168,21 +180,16 @@ def weights_nbytes(weights: Mapping[str, torch.Tensor]) -> int:
     `dtype_of`)."""
     if not isinstance(weights, MergedWeights):
         return sum(value.numel() * value.element_size() for value in weights.values())
-    return sum(value.numel() * weights.dtype_of(key).itemsize for key, value in weights._state.items())
+    return sum(weights._own(key).numel() * weights.dtype_of(key).itemsize for key in weights)
 
 
-def empty_host_copy(model: nn.Module) -> nn.Module:
-    """A frozen copy of `model` on the host, its parameters' memory allocated but not filled (the caller
-    loads them: fsdp2's rank 0 loads each sync's gathered weights into it to merge the adapters), its
-    buffers copied. Nothing of the weights is copied, and nothing is made on `model`'s device: a deepcopy
-    of a sharded learner's policy would be a whole unsharded copy on its GPU."""
-    memo = {}
-    for parameter in model.parameters():
-        empty = torch.empty(parameter.shape, dtype=parameter.dtype, device="cpu")
-        memo[id(parameter)] = nn.Parameter(empty, requires_grad=False)
-    for buffer in model.buffers():
-        memo[id(buffer)] = buffer.detach().to("cpu", copy=True)
-    return copy.deepcopy(model, memo)
+def widest_dtype(weights: Mapping[str, torch.Tensor]) -> torch.dtype:
+    """The widest floating dtype among a state dict's tensors; of `MergedWeights` without merging."""
+    if isinstance(weights, MergedWeights):
+        floating = {weights.dtype_of(key) for key in weights if weights._own(key).is_floating_point()}
+    else:
+        floating = {value.dtype for value in weights.values() if value.is_floating_point()}
+    return functools.reduce(torch.promote_types, floating)
 
 
 def plain_copy(model: nn.Module) -> nn.Module:

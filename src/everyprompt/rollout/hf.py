@@ -32,6 +32,7 @@ from transformers.cache_utils import DynamicLayer
 
 from everyprompt.choices import HF_ENGINE
 from everyprompt.models.attention import cuda_attention_without_cudnn
+from everyprompt.models.io import load_one_by_one
 from everyprompt.models.lora import plain_copy
 from everyprompt.models.replay import find_routers
 from everyprompt.rollout.base import (
@@ -153,25 +154,9 @@ class HFEngine:
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Copy `state_dict` into the model's tensors one weight at a time (a LoRA policy's merged
-        weights are made as they are read: one at a time in memory, models/lora.py), after checking that
-        its names are the model's."""
-        own = self.model.state_dict()  # the model's own tensors, by name
-        missing = [name for name in own if name not in state_dict]
-        unexpected = [name for name in state_dict if name not in own]
-        if missing or unexpected:
-            raise KeyError(
-                f"load_weights: the state dict does not fit {type(self.model).__name__} "
-                f"(missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})"
-            )
-        with torch.no_grad():
-            for name, target in own.items():
-                value = state_dict[name]
-                if value.shape != target.shape:
-                    raise ValueError(
-                        f"load_weights: {name} is {tuple(value.shape)} in the state dict, "
-                        f"{tuple(target.shape)} in {type(self.model).__name__}"
-                    )
-                target.copy_(value)
+        weights are made as they are read, a sync's buckets fetched as they are reached: a few in memory
+        at a time), after checking that its names are the model's."""
+        load_one_by_one(self.model, state_dict)
 
     def sleep(self) -> None:
         """Nothing: the copy of the module is the engine (remaking it at every weight sync would cost

@@ -25,6 +25,7 @@ import logging
 import math
 import time
 import warnings
+from collections.abc import Iterator
 
 import torch
 
@@ -33,13 +34,14 @@ from everyprompt.batch import RolloutBatch
 from everyprompt.config import Config
 from everyprompt.devices.memory import memory_metrics
 from everyprompt.models.compiled_layers import compiled_metrics
-from everyprompt.models.lora import empty_host_copy, is_lora, merged_state_dict, weights_nbytes
+from everyprompt.models.lora import is_lora, merged_state_dict, weights_nbytes
 from everyprompt.rollout import derive_seed
-from everyprompt.trainer.checkpoint import full_weights, load_optimizer_state, portable_optimizer_state
+from everyprompt.trainer.checkpoint import load_optimizer_state, portable_optimizer_state
 from everyprompt.trainer.interface import LearnerSide
 from everyprompt.trainer.learner_side.data_parallel import DataParallel
 from everyprompt.trainer.learner_side.distill import advantage_term
 from everyprompt.trainer.learner_side.forward import PolicyForward, policy_router
+from everyprompt.trainer.learner_side.gathering import gathered_weights
 from everyprompt.trainer.learner_side.mismatch import (
     batch_mismatch,
     batch_mismatch_values,
@@ -73,11 +75,6 @@ class Learner(LearnerSide):
         self.base_as_reference = self.rl.kl.estimator is not None and is_lora(model)
         if self.rl.kl.estimator is not None and not self.base_as_reference:
             self.reference = (reference or copy.deepcopy(model)).eval().requires_grad_(False)
-        # fsdp2 with LoRA: rank 0 keeps an unsharded copy, into which the gathered weights are loaded to
-        # merge the adapters for the engines (peft merges modules, not a state dict)
-        self._merge_copy = None
-        if self.parallel.sharded and is_lora(model) and self.parallel.rank == 0:
-            self._merge_copy = empty_host_copy(model)  # on the host: not a second model on the GPU
         self.model = self.parallel.shard(model)  # fsdp2: sharded in place, before the optimizer sees it
         self.device = next(self.model.parameters()).device  # batches come to the model's device
         self.caps = self.rl.micro_batching(self.device.type)  # a micro-batch's sequences and tokens
@@ -103,16 +100,18 @@ class Learner(LearnerSide):
     # ------------------------------------------------------------ hand-off and state
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The policy's weights, for the rollout side's `load_weights` (a LoRA policy's merged). Under
-        `fsdp2` every rank must call; rank 0 gets the whole weights, the others an empty dict."""
-        if not self.parallel.sharded:
-            weights = merged_state_dict(self.model)
-        else:
-            weights = full_weights(self.model)
-            if self._merge_copy is not None:
-                self._merge_copy.load_state_dict(weights)
-                weights = merged_state_dict(self._merge_copy)
+        `fsdp2` every rank must call; rank 0 gets the whole weights on its host, the others an empty dict."""
+        weights = merged_state_dict(self.model) if not self.parallel.sharded else dict(self.engine_weights())
         self.last_sync_bytes = weights_nbytes(weights)
         return weights
+
+    def engine_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The same weights one at a time (a LoRA policy's merged as each is read); under `fsdp2` gathered a
+        layer at a time to rank 0's host (trainer/learner_side/gathering.py): every rank must iterate to
+        the end, and only rank 0 gets them."""
+        if self.parallel.sharded:
+            return gathered_weights(self.model, keep=self.parallel.rank == 0)
+        return iter(merged_state_dict(self.model).items())
 
     def sync_model(self, model) -> None:
         """Bring `model` (what a checkpoint is written from) to the learner's weights: one process trains

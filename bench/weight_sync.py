@@ -1,0 +1,185 @@
+"""A Ray weight sync's host memory and time: in buckets against the whole weights in one bucket.
+
+Each learner (one rank; two fsdp2 ranks training LoRA adapters) is started with one rollout worker (the
+native engine) on a local Ray instance, as `cluster.backend=ray` starts them, over a Qwen3-MoE of the
+tiny-moe preset widened to about 57M parameters (217 MiB in float32); then syncs run: the learner's
+weights put into the object store (`RankedLearner.state_dict`) and loaded by the worker's engine
+(`RayEngine.load_weights`). Around the second sync each actor returns its freed heap to the OS and samples
+its own /proc/self/status every 2 ms: reported is how far its private memory (RssAnon: tensors, buckets,
+copies) rose above where it was, and apart, the object store's pages it mapped (RssShmem). The reference
+is the same code with `cluster.sync_bucket_mib` above the model's size: one bucket, the whole weights put
+and fetched at once, as every sync was sent before buckets. Sync times are medians of `--syncs` after the
+first.
+
+    python -m bench.weight_sync            # ~3 minutes on 2 CPU cores; buckets of 16 MiB
+    python -m bench.weight_sync --tiny     # ~1 minute: a model of a few MiB in buckets of 1 MiB
+
+Writes bench/results/weight_sync.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from bench.common import RESULTS, write_results
+
+MODEL = [
+    "model.hidden_size=512",
+    "model.num_layers=8",
+    "model.num_experts=8",
+    "model.moe_intermediate_size=512",
+]
+TINY = [
+    "model.hidden_size=256",
+    "model.num_layers=2",
+    "model.num_experts=4",
+    "model.moe_intermediate_size=256",
+]
+WHOLE_MIB = 1 << 14  # above any model here: one bucket
+FSDP2_LORA = ["cluster.trainer_ranks=2", "cluster.trainer_sharding=fsdp2", "model.lora.enabled=true"]
+LEARNERS = {"1 rank": ["cluster.trainer_ranks=1"], "2 ranks fsdp2 + LoRA": FSDP2_LORA}
+
+
+def _status_kib(fields: tuple[str, ...]) -> dict[str, int]:
+    """This process's /proc/self/status figures `fields`, in KiB."""
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            name = line.split(":")[0]
+            if name in fields:
+                out[name] = int(line.split()[1])
+    return out
+
+
+FIELDS = ("RssAnon", "RssShmem")  # private memory (tensors, buckets) and the object store's pages mapped
+
+
+def _start_sampling(actor) -> dict[str, int]:
+    """In an actor: return freed heap pages to the OS, then sample FIELDS every 2 ms until `_stop_sampling`;
+    the figures before."""
+    import ctypes
+    import threading
+
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    before = _status_kib(FIELDS)
+    sampled = actor.bench_sampled = {"peak": dict(before), "stop": threading.Event()}  # on the actor
+
+    def sample() -> None:
+        while not sampled["stop"].wait(0.002):
+            for name, value in _status_kib(FIELDS).items():
+                sampled["peak"][name] = max(sampled["peak"][name], value)
+
+    sampled["thread"] = threading.Thread(target=sample, daemon=True)
+    sampled["thread"].start()
+    return before
+
+
+def _stop_sampling(actor) -> dict[str, int]:
+    sampled = actor.bench_sampled
+    sampled["stop"].set()
+    sampled["thread"].join()
+    return dict(sampled["peak"])
+
+
+def measure(overrides: list[str], model: list[str], syncs: int) -> dict:
+    import ray
+
+    from everyprompt.config import load_config
+    from everyprompt.distributed.learner import RankedLearner
+    from everyprompt.distributed.rollout import RayEngine
+    from everyprompt.models.io import load_model_and_tokenizer
+    from everyprompt.models.lora import apply_lora
+
+    config = load_config(
+        None,
+        [
+            *model,
+            "cluster.backend=ray",
+            "cluster.num_cpus=1",
+            "rollout.engine=native",
+            "threads=1",
+            *overrides,
+        ],
+    )
+    policy, tokenizer = load_model_and_tokenizer(config.model, config.seed)
+    if config.model.lora.enabled:
+        policy = apply_lora(policy, config.model.lora)
+    learner = RankedLearner(config, policy, tokenizer.pad_token_id)
+    engine = RayEngine(config, policy, tokenizer)
+    try:
+        actors = {"rank0": learner.ranks[0], "worker": engine.workers[0]}
+        times, rises = [], {}
+        for sync in range(syncs + 1):
+            measured = sync == 1  # the first sync warmed up; the second is the one measured for memory
+            if measured:
+                before = {side: ray.get(a.__ray_call__.remote(_start_sampling)) for side, a in actors.items()}
+            began = time.perf_counter()
+            engine.load_weights(learner.state_dict())
+            times.append(time.perf_counter() - began)
+            if measured:
+                for side, actor in actors.items():
+                    peak = ray.get(actor.__ray_call__.remote(_stop_sampling))
+                    for field, label in (("RssAnon", "private"), ("RssShmem", "store_pages")):
+                        rises[f"{side}_{label}_rise_mib"] = round(
+                            (peak[field] - before[side][field]) / 1024, 1
+                        )
+        handle = learner.state_dict()
+        return {
+            "weights_mib": round(handle.nbytes / 2**20, 1),
+            "buckets": len(handle.buckets),
+            **rises,
+            "sync_s": round(statistics.median(times[1:]), 3),
+        }
+    finally:
+        learner.close()
+        engine.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--tiny", action="store_true", help="a small model and one measured sync (seconds)")
+    parser.add_argument("--syncs", type=int, default=3, help="measured syncs after the first")
+    parser.add_argument("--bucket-mib", type=int, help="the bucketed set-ups' buckets (16; --tiny: 1)")
+    parser.add_argument("--out", default=str(RESULTS / "weight_sync.json"))
+    args = parser.parse_args(argv)
+    import ray
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the samplers run in the actors
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # CPUs declared for every actor of a set-up (2 ranks and a worker); on a small machine they share cores
+    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    model, syncs = (TINY, 1) if args.tiny else (MODEL, args.syncs)
+    bucket_mib = args.bucket_mib or (1 if args.tiny else 16)
+    rows = {}
+    try:
+        for learner, overrides in LEARNERS.items():
+            one = rows[f"{learner}, one bucket"] = measure(
+                [*overrides, f"cluster.sync_bucket_mib={WHOLE_MIB}"], model, syncs
+            )
+            mine = rows[f"{learner}, {bucket_mib} MiB buckets"] = measure(
+                [*overrides, f"cluster.sync_bucket_mib={bucket_mib}"], model, syncs
+            )
+            for side in ("rank0", "worker"):  # against the one-bucket set-up of the same learner
+                theirs = one[f"{side}_private_rise_mib"]
+                ratio = mine[f"{side}_private_rise_mib"] / theirs if theirs > 0 else None
+                mine[f"{side}_private_vs_one_bucket"] = None if ratio is None else round(ratio, 3)
+            mine["sync_s_vs_one_bucket"] = round(mine["sync_s"] / one["sync_s"], 3)
+            print(f"{learner}: one bucket {one}\n  {bucket_mib} MiB buckets {mine}", flush=True)
+    finally:
+        ray.shutdown()
+    for name, row in rows.items():
+        print(f"{name:40s} " + " ".join(f"{k}={v}" for k, v in row.items()))
+    write_results(Path(args.out), {"tiny": args.tiny, "bucket_mib": bucket_mib, "setups": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""Weights sent in buckets (distributed/buckets.py), without Ray: a dict stands in for the object store."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from everyprompt.distributed.buckets import StreamedWeights, put_in_buckets, readable
+from everyprompt.models.io import load_one_by_one
+from everyprompt.rollout import GenerationRequest, SamplingParams, make_engine
+from tests.families import family_model
+from tests.models.test_lora import adapted_policy
+
+
+class Store:
+    """An object store: `put` keeps a bucket under a new key, `get` returns it and counts the gets."""
+
+    def __init__(self):
+        self.objects: dict[int, dict] = {}
+        self.gets = 0
+
+    def put(self, bucket: dict) -> int:
+        self.objects[len(self.objects)] = dict(bucket)
+        return len(self.objects) - 1
+
+    def get(self, key: int) -> dict:
+        self.gets += 1
+        return self.objects[key]
+
+
+def _floats(*sizes: int) -> list[tuple[str, torch.Tensor]]:
+    return [(f"w{i}", torch.full((n,), float(i))) for i, n in enumerate(sizes)]
+
+
+def test_buckets_fill_in_order_and_a_large_weight_goes_alone():
+    """float32: 4, 4, 4, 12 and 4 bytes in buckets of 8: {w0, w1}, {w2}, {w3} (over a bucket: alone), {w4}."""
+    store = Store()
+    handle = put_in_buckets(_floats(1, 1, 1, 3, 1), 8, store.put)
+    assert [names for _, names in handle.buckets] == [("w0", "w1"), ("w2",), ("w3",), ("w4",)]
+    assert handle.nbytes == 28
+    assert handle.names() == ["w0", "w1", "w2", "w3", "w4"]
+    assert [sorted(store.objects[key]) for key, _ in handle.buckets] == [["w0", "w1"], ["w2"], ["w3"], ["w4"]]
+    one = put_in_buckets(_floats(1, 1, 1, 3, 1), 1 << 20, Store().put)
+    assert len(one.buckets) == 1
+    with pytest.raises(ValueError, match="bucket_bytes must be positive, got 0"):
+        put_in_buckets(_floats(1), 0, store.put)
+
+
+def test_streamed_weights_fetch_a_bucket_when_first_read_and_keep_the_last_few():
+    store = Store()
+    handle = put_in_buckets(_floats(1, 1, 1, 1, 1, 1), 8, store.put)  # three buckets of two
+    weights = StreamedWeights(handle, store.get, keep=2)
+    assert len(weights) == 6 and list(weights) == handle.names()
+    assert "w5" in weights and "w9" not in weights and store.gets == 0  # names need no fetch
+    assert torch.equal(weights["w0"], torch.zeros(1)) and weights["w1"].item() == 1.0
+    assert store.gets == 1 and weights.held() == 1
+    weights["w4"]  # the ends first, as the native engine reads them
+    weights["w2"]  # a third bucket: the least recently read one (w0's) goes
+    assert store.gets == 3 and weights.held() == 2
+    weights["w5"]  # held
+    assert store.gets == 3
+    weights["w0"]  # fetched again
+    assert store.gets == 4 and weights.held() == 2 and weights.fetches == 4
+    with pytest.raises(KeyError):
+        weights["w9"]
+    with pytest.raises(ValueError, match="keep must be at least 1"):
+        StreamedWeights(handle, store.get, keep=0)
+
+
+def test_readable_streams_a_handle_fetches_a_reference_and_leaves_a_mapping():
+    store = Store()
+    handle = put_in_buckets(_floats(1, 1), 4, store.put)
+    assert isinstance(readable(handle, store.get), StreamedWeights)
+    plain = {"w": torch.ones(1)}
+    assert readable(plain, store.get) is plain
+    key = store.put(plain)
+    assert readable(key, store.get) == plain
+    assert not isinstance(handle, dict) and hash(handle)  # immutable: the async pipeline keeps it as is
+
+
+def test_a_model_loads_streamed_weights_as_it_would_a_state_dict():
+    model, _ = family_model("qwen3_moe")
+    other, _ = family_model("qwen3_moe", seed=7)
+    store = Store()
+    handle = put_in_buckets(other.state_dict().items(), 16 << 10, store.put)
+    assert len(handle.buckets) > 4
+    streamed = StreamedWeights(handle, store.get)
+    load_one_by_one(model, streamed)
+    assert all(torch.equal(value, other.state_dict()[key]) for key, value in model.state_dict().items())
+    assert store.gets == len(handle.buckets)  # in the model's order: each bucket fetched once
+    with pytest.raises(KeyError, match="the weights do not fit Qwen3MoeForCausalLM"):
+        load_one_by_one(model, {"lm_head.weight": other.lm_head.weight})
+    wrong = dict(other.state_dict())
+    wrong["lm_head.weight"] = wrong["lm_head.weight"][:-1]
+    with pytest.raises(ValueError, match=r"lm_head.weight is \(\d+, \d+\) in the weights"):
+        load_one_by_one(model, wrong)
+
+
+@pytest.mark.parametrize("engine", ["native", "hf"])
+def test_an_engine_synced_from_buckets_decodes_as_one_synced_from_a_state_dict(engine):
+    """A LoRA policy's merged weights, put in small buckets as they are read, loaded by each engine: the same
+    tokens and log-probs as from the whole merged state dict, each bucket fetched about once (the native
+    engine reads its ends first: the first bucket twice at most)."""
+    from everyprompt.models.lora import merged_state_dict
+
+    policy, tokenizer = adapted_policy()
+    base, _ = family_model("qwen3_moe", seed=5)
+    whole = dict(merged_state_dict(policy))
+    store = Store()
+    handle = put_in_buckets(merged_state_dict(policy).items(), 8 << 10, store.put)
+    assert len(handle.buckets) > 8
+    assert handle.nbytes == sum(v.numel() * v.element_size() for v in whole.values())
+    params = SamplingParams(8, temperature=1.0)
+    requests = [GenerationRequest(i, tokenizer(p).input_ids, seed=i) for i, p in enumerate(["1+2=", "30+4="])]
+    outputs = []
+    for weights in (whole, StreamedWeights(handle, store.get)):
+        synced = make_engine(engine, base, tokenizer, batch_size=2)
+        synced.load_weights(weights)
+        outputs.append({c.request_id: c for c in synced.generate(requests, params)})
+    assert len(handle.buckets) <= store.gets <= len(handle.buckets) + 2
+    a, b = outputs
+    assert all(a[i].token_ids == b[i].token_ids and torch.equal(a[i].logprobs, b[i].logprobs) for i in a)

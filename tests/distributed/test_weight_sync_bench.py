@@ -1,0 +1,47 @@
+"""The weight-sync bench (bench/weight_sync.py) end to end, in a process of its own: it starts and ends its
+own Ray instance."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.distributed.conftest import needs_ray
+from tests.distributed.test_cli_ray import _alive, _ray_processes
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@needs_ray
+@pytest.mark.slow  # four set-ups of Ray actors: about a minute on 2 cores
+def test_the_weight_sync_bench_measures_each_setup_and_leaves_nothing(tmp_path):
+    before = _ray_processes()
+    out = tmp_path / "weight_sync.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.weight_sync", "--tiny", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    setups = json.loads(out.read_text())["setups"]
+    assert len(setups) == 4
+    for name, row in setups.items():
+        assert row["weights_mib"] > 0 and row["sync_s"] > 0, name
+        assert all(isinstance(row[f"{side}_private_rise_mib"], float) for side in ("rank0", "worker")), name
+        # --tiny sends buckets of 1 MiB: a model of a few MiB goes in several
+        assert row["buckets"] == 1 if "one bucket" in name else row["buckets"] > 2, (name, row["buckets"])
+    # the ratios sit beside the bucketed set-ups, against the one-bucket set-up of the same learner
+    assert {"worker_private_vs_one_bucket", "sync_s_vs_one_bucket"} <= set(setups["1 rank, 1 MiB buckets"])
+    assert "sync_s_vs_one_bucket" not in setups["1 rank, one bucket"]
+    started = {pid: t for pid, t in _ray_processes().items() if before.get(pid) != t}
+    deadline = time.monotonic() + 15  # a process ray.shutdown stopped exits shortly after
+    while _alive(started) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _alive(started), "the bench's Ray processes outlived it"

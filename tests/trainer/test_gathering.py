@@ -1,0 +1,88 @@
+"""A sharded (fsdp2) learner's weights for the engines, gathered a layer at a time on 2 gloo processes."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from everyprompt.models.lora import merged_state_dict
+from everyprompt.trainer.learner_side.data_parallel import DataParallel
+from everyprompt.trainer.learner_side.gathering import gathered_weights, unit_of, units
+from tests.families import family_model
+from tests.models.test_lora import adapted_policy
+from tests.trainer.test_data_parallel import _free_port
+
+
+def _gather(rank: int, port: int, out: str) -> None:
+    """In processes of their own (a gloo group left in a test worker deadlocks a later forked child): a
+    plain policy, then a LoRA one."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        for lora in (False, True):
+            _gather_one(rank, lora, f"{out}.{'lora' if lora else 'plain'}")
+    finally:
+        dist.destroy_process_group()
+
+
+def _gather_one(rank: int, lora: bool, out: str) -> None:
+    from torch.distributed.tensor import DTensor
+
+    torch.manual_seed(0)
+    policy = adapted_policy()[0] if lora else family_model("qwen3_moe")[0]
+    expected = {key: value.detach().clone() for key, value in merged_state_dict(policy).items()}
+    sharded = DataParallel("fsdp2").shard(policy)
+    paths = [path for path, _ in units(sharded)]
+    base = sharded.get_base_model() if lora else sharded
+    whole_units = []  # at each weight: the units whose parameters are whole (gathered) then
+    got = {}
+    for key, value in gathered_weights(sharded, keep=rank == 0):
+        whole = {
+            unit_of(name.rpartition(".")[0], paths)
+            for name, p in base.named_parameters()
+            if not isinstance(p, DTensor)
+        }
+        whole_units.append(len(whole))
+        got[key] = value
+    resharded = all(isinstance(p, DTensor) for p in sharded.parameters())
+    if rank == 0:
+        torch.save(
+            {"expected": expected, "got": got, "whole_units": whole_units, "resharded": resharded}, out
+        )
+    else:
+        assert got == {} and resharded
+
+
+@pytest.fixture(scope="module")
+def gathered(tmp_path_factory) -> str:
+    out = str(tmp_path_factory.mktemp("gathering") / "gathered.pt")
+    mp.spawn(_gather, args=(_free_port(), out), nprocs=2, join=True)
+    return out
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["plain", "lora"])
+def test_a_sharded_policy_is_gathered_one_layer_at_a_time_to_its_merged_weights(gathered, lora):
+    """Rank 0 gets every weight an engine loads, whole, on the host, equal to the unsharded policy's
+    (a LoRA policy's adapters on attention, experts and router merged); one unit is whole at a time, and
+    every unit is sharded again after."""
+    result = torch.load(f"{gathered}.{'lora' if lora else 'plain'}", weights_only=True)
+    expected, got = result["expected"], result["got"]
+    assert list(got) != [] and set(got) == set(expected)
+    assert all(torch.equal(got[key], expected[key]) for key in expected)
+    assert {value.device.type for value in got.values()} == {"cpu"}
+    assert max(result["whole_units"]) == 1 and result["resharded"]
+    # the root's own weights first (the ends an engine reads first), then each layer's
+    assert list(got)[:2] == ["model.embed_tokens.weight", "model.norm.weight"]
+
+
+def test_a_weight_belongs_to_the_innermost_unit_holding_it():
+    paths = ["", "model.layers.0", "model.layers.1", "model.layers.10"]
+    assert unit_of("model.embed_tokens", paths) == 0
+    assert unit_of("model.layers.1.self_attn.q_proj.base_layer", paths) == 2
+    assert unit_of("model.layers.10.mlp", paths) == 3  # not layers.1's: a prefix of a name, not of a path
+    assert unit_of("model.layers.0", paths) == 1
