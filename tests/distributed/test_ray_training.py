@@ -119,7 +119,9 @@ LORA = (
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("sharding", "base"), [("ddp", "fp32"), ("fsdp2", "fp32"), ("ddp", "bf16")])
+@pytest.mark.parametrize(
+    ("sharding", "base"), [("ddp", "fp32"), ("fsdp2", "fp32"), ("ddp", "bf16"), ("fsdp2", "bf16")]
+)
 def test_a_lora_policy_trains_on_two_ranks_as_in_one_process(ray_instance, tmp_path, sharding, base):
     """The ranks rebuild the adapters from the recipe (each holding the base in `model.frozen_dtype`, by
     its own device), the engines get merged weights from rank 0. In bf16 (the CPU's float32 attention

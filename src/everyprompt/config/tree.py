@@ -202,16 +202,6 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
-    def _a_bf16_base_is_not_sharded(self) -> Config:
-        if self.model.frozen_dtype == "bf16" and self.cluster.trainer_sharding == "fsdp2":
-            raise ValueError(
-                "model.frozen_dtype=bf16 with cluster.trainer_sharding=fsdp2 is not built: the learner's "
-                "startup checks widen a bf16 base to float32, which fully_shard's parameters cannot be; use "
-                "model.frozen_dtype=auto (float32 under fsdp2) or cluster.trainer_sharding=ddp"
-            )
-        return self
-
-    @model_validator(mode="after")
     def _rollout_logprobs_need_fp32(self) -> Config:
         if self.rl.old_logprobs == "rollout" and self.rollout.precision != "fp32":
             raise ValueError(

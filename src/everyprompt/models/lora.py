@@ -82,8 +82,8 @@ def apply_lora(model: nn.Module, lora, base_dtype: torch.dtype | None = None) ->
 
 def lora_base_dtype(config, device: torch.device) -> torch.dtype:
     """What a run's LoRA policy holds its frozen base in on `device`: `model.frozen_dtype`
-    (models/precision.py), float32 under `cluster.trainer_sharding=fsdp2`."""
-    return frozen_dtype(config.model, device, config.cluster.trainer_sharding == "fsdp2")
+    (models/precision.py)."""
+    return frozen_dtype(config.model, device)
 
 
 def load_adapter(base: nn.Module, directory: str | Path, base_dtype: torch.dtype | None = None) -> nn.Module:
@@ -112,7 +112,7 @@ class MergedWeights(Mapping):
     them one at a time (the native engine's weight load, a copy to the host) holds one merged tensor at
     a time, not a merged copy of every adapted weight (a 30B MoE with adapted experts: about 116 GB in
     float32). Each is looked up on its module as it is read, so a sharded model reads whole inside its
-    layer's gather (`fully_shard`'s `unshard`: trainer/learner_side/gathering.py) and its shards outside.
+    layer's gather (`fully_shard`'s `unshard`: models/gathering.py) and its shards outside.
     Read later, they are the model's weights then, as a plain model's state dict is (own_copy in
     trainer/asynchrony.py copies them now); pickled (Ray's object store), they are a plain dict."""
 

@@ -55,7 +55,7 @@ def training_dtype(dtype: str, device: torch.device) -> str:
     return dtype
 
 
-def frozen_dtype(model_config, device: torch.device, sharded: bool = False) -> torch.dtype:
+def frozen_dtype(model_config, device: torch.device) -> torch.dtype:
     """The dtype weights no update touches (a LoRA policy's base, a distillation teacher) are held in on
     `device` (`model.frozen_dtype`). No master copy is needed for weights that never change, so bf16 halves
     their memory at no cost to the update; their forward becomes a bf16 model's (norms and residual adds in
@@ -64,12 +64,12 @@ def frozen_dtype(model_config, device: torch.device, sharded: bool = False) -> t
 
     `auto`: bf16 on CUDA when training in bf16, else float32: a CPU trains models whose weights' bytes
     matter little (docs/training.md: the CPU twin's LoRA step on a bf16 base, a tenth less step memory,
-    no faster), and the registered CPU evidence ran so. A `sharded` policy's base (fsdp2) stays float32
-    under `auto`: the learner's startup checks compare in float32 (`parameters_in_float32`), and
-    fully_shard's parameters cannot be widened in place."""
+    no faster), and the registered CPU evidence ran so. A sharded policy (fsdp2) holds its base as an
+    unsharded one does: fully_shard gathers a layer of mixed dtypes as bytes, and its startup checks run
+    on a float32 copy gathered a layer at a time (models/slices.py)."""
     if model_config.frozen_dtype != "auto":
         return torch.bfloat16 if model_config.frozen_dtype == "bf16" else torch.float32
-    if sharded or device.type != "cuda":
+    if device.type != "cuda":
         return torch.float32
     return TRAINING_DTYPES[training_dtype(model_config.dtype, device)] or torch.float32
 
@@ -93,7 +93,7 @@ def parameters_in_float32(model: nn.Module):
         for parameter in model.parameters()
         if parameter.is_floating_point() and parameter.dtype != torch.float32
     }
-    for parameter in held:  # a float32 model's are not touched (a sharded one's cannot be)
+    for parameter in held:  # a float32 model's are not touched (a sharded one's could not be)
         parameter.data = parameter.data.float()
     try:
         yield model

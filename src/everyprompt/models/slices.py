@@ -6,7 +6,9 @@ unpacked rows, the chunked head and the model's own): for a 30B model that is a 
 twice. What they are for, a layer computed otherwise than transformers computes it, shows in any layer,
 so a large model is checked on a slice that holds every kind of layer it has. The slice is made of the
 model's own weights (a LoRA policy's merged, only the slice's read) and is a model of its own: its logits
-are the whole model's hidden states after those layers through its final norm and head.
+are the whole model's hidden states after those layers through its final norm and head. A sharded
+(fsdp2) policy with a base held in bf16 cannot be widened in place, so it is checked on such a copy too,
+its layers gathered one at a time on every rank (models/gathering.py).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import re
 
 import torch
 
+from everyprompt.models.gathering import gathered_weights
 from everyprompt.models.lora import is_lora, merged_state_dict
 from everyprompt.models.precision import forward_kernels
 
@@ -26,20 +29,32 @@ LAYER_KEY = re.compile(r"^(?:.*\.)?layers\.(\d+)\.")  # a decoder layer's weight
 
 def checked_layers(setting: str | int, model) -> int | None:
     """How many of `model`'s first decoder layers the startup checks run (`rollout.parity_layers`); None:
-    the whole model. A sharded model (fsdp2's) is checked whole: each rank holds a share of it, float32
-    (`model.frozen_dtype` keeps it so), and a slice would gather what the check itself needs no copy of."""
-    from torch.distributed.tensor import DTensor
-
-    config = model.config
-    layers = config.num_hidden_layers
-    if any(isinstance(parameter, DTensor) for parameter in model.parameters()):
+    the model itself. A sharded model (fsdp2's) held in float32 is checked itself: each rank holds a share
+    of it, and a slice would gather what the check needs no copy of; one with a base held in bf16 cannot
+    be widened in place, so it is checked on a float32 copy: all its layers where the model is small (the
+    `auto` rule), else the slice."""
+    layers = model.config.num_hidden_layers
+    if _sharded(model) and not _narrow(model):
         return None
     if setting == "auto":
-        if 4 * sum(p.numel() for p in model.parameters()) <= WHOLE_MODEL_BYTES:
-            return None
-        kinds = list(getattr(config, "layer_types", None) or ())
-        setting = max([SLICE_LAYERS, *(kinds.index(kind) + 1 for kind in set(kinds))])
-    return None if setting >= layers else setting
+        if 4 * sum(p.numel() for p in model.parameters()) <= WHOLE_MODEL_BYTES:  # a DTensor's: whole
+            setting = layers
+        else:
+            kinds = list(getattr(model.config, "layer_types", None) or ())
+            setting = max([SLICE_LAYERS, *(kinds.index(kind) + 1 for kind in set(kinds))])
+    if setting >= layers:
+        return layers if _sharded(model) else None  # a narrow sharded model: a float32 copy of it all
+    return setting
+
+
+def _sharded(model) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(parameter, DTensor) for parameter in model.parameters())
+
+
+def _narrow(model) -> bool:
+    return any(p.is_floating_point() and p.dtype != torch.float32 for p in model.parameters())
 
 
 def model_slice(model, layers: int):
@@ -52,15 +67,21 @@ def model_slice(model, layers: int):
     config.num_hidden_layers = layers
     if getattr(config, "layer_types", None):
         config.layer_types = config.layer_types[:layers]
-    weights = merged_state_dict(model)
-    kept = {}
-    for key in weights:
+
+    def wanted(key: str) -> bool:
         match = LAYER_KEY.match(key)
-        if match is None or int(match.group(1)) < layers:
-            kept[key] = weights[key].float()
+        return match is None or int(match.group(1)) < layers
+
+    device = next(model.parameters()).device
+    if _sharded(model):  # every rank gathers the slice's layers, one at a time, and keeps them
+        read = gathered_weights(model, keep=True, wanted=wanted, device=str(device))
+        kept = {key: value.float() for key, value in read}
+    else:
+        weights = merged_state_dict(model)
+        kept = {key: weights[key].float() for key in weights if wanted(key)}
     sliced = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     sliced.load_state_dict(kept)
-    return sliced.to(next(model.parameters()).device).eval()
+    return sliced.to(device).eval()
 
 
 def checked_model(model, layers: int | None, model_config):

@@ -34,6 +34,7 @@ from everyprompt.batch import RolloutBatch
 from everyprompt.config import Config
 from everyprompt.devices.memory import memory_metrics
 from everyprompt.models.compiled_layers import compiled_metrics
+from everyprompt.models.gathering import gathered_weights
 from everyprompt.models.lora import is_lora, merged_state_dict, weights_nbytes
 from everyprompt.rollout import derive_seed
 from everyprompt.trainer.checkpoint import load_optimizer_state, portable_optimizer_state
@@ -41,7 +42,6 @@ from everyprompt.trainer.interface import LearnerSide
 from everyprompt.trainer.learner_side.data_parallel import DataParallel
 from everyprompt.trainer.learner_side.distill import advantage_term
 from everyprompt.trainer.learner_side.forward import PolicyForward, policy_router
-from everyprompt.trainer.learner_side.gathering import gathered_weights
 from everyprompt.trainer.learner_side.mismatch import (
     batch_mismatch,
     batch_mismatch_values,
@@ -107,7 +107,7 @@ class Learner(LearnerSide):
 
     def engine_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The same weights one at a time (a LoRA policy's merged as each is read); under `fsdp2` gathered a
-        layer at a time to rank 0's host (trainer/learner_side/gathering.py): every rank must iterate to
+        layer at a time to rank 0's host (models/gathering.py): every rank must iterate to
         the end, and only rank 0 gets them."""
         if self.parallel.sharded:
             return gathered_weights(self.model, keep=self.parallel.rank == 0)

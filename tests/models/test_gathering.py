@@ -9,9 +9,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from everyprompt.models.gathering import gathered_weights, unit_of, units
 from everyprompt.models.lora import merged_state_dict
 from everyprompt.trainer.learner_side.data_parallel import DataParallel
-from everyprompt.trainer.learner_side.gathering import gathered_weights, unit_of, units
 from tests.families import family_model
 from tests.models.test_lora import adapted_policy
 from tests.trainer.test_data_parallel import _free_port
@@ -26,6 +26,7 @@ def _gather(rank: int, port: int, out: str) -> None:
     try:
         for lora in (False, True):
             _gather_one(rank, lora, f"{out}.{'lora' if lora else 'plain'}")
+        _check_slices(rank, f"{out}.slices")
     finally:
         dist.destroy_process_group()
 
@@ -58,6 +59,31 @@ def _gather_one(rank: int, lora: bool, out: str) -> None:
         assert got == {} and resharded
 
 
+def _check_slices(rank: int, out: str) -> None:
+    """A sharded policy held in float32 is checked itself; one on a bf16 base on a float32 copy, every rank
+    gathering it: the whole model when small, else its first layers; equal to the unsharded policy's."""
+    from everyprompt.models.slices import checked_layers, model_slice
+
+    plain = DataParallel("fsdp2").shard(family_model("qwen3_moe")[0])
+    torch.manual_seed(0)
+    policy = adapted_policy(torch.bfloat16)[0]
+    expected = {key: value.clone() for key, value in model_slice(policy, 1).state_dict().items()}
+    layers = policy.get_base_model().config.num_hidden_layers
+    sharded = DataParallel("fsdp2").shard(policy)
+    sliced = model_slice(sharded, 1).state_dict()
+    result = {
+        "plain": checked_layers("auto", plain),
+        "auto": checked_layers("auto", sharded),
+        "one": checked_layers(1, sharded),
+        "many": checked_layers(layers + 5, sharded),
+        "layers": layers,
+        "equal": sliced.keys() == expected.keys()
+        and all(torch.equal(sliced[k], expected[k]) for k in expected),
+        "float32": {value.dtype for value in sliced.values() if value.is_floating_point()} == {torch.float32},
+    }
+    torch.save(result, f"{out}.{rank}")
+
+
 @pytest.fixture(scope="module")
 def gathered(tmp_path_factory) -> str:
     out = str(tmp_path_factory.mktemp("gathering") / "gathered.pt")
@@ -86,3 +112,12 @@ def test_a_weight_belongs_to_the_innermost_unit_holding_it():
     assert unit_of("model.layers.1.self_attn.q_proj.base_layer", paths) == 2
     assert unit_of("model.layers.10.mlp", paths) == 3  # not layers.1's: a prefix of a name, not of a path
     assert unit_of("model.layers.0", paths) == 1
+
+
+def test_a_sharded_policy_on_a_bf16_base_is_checked_on_a_float32_copy_gathered_on_every_rank(gathered):
+    for rank in (0, 1):
+        result = torch.load(f"{gathered}.slices.{rank}", weights_only=True)
+        assert result["plain"] is None  # float32 shards: the check runs on the sharded model itself
+        assert result["auto"] == result["layers"]  # small: all its layers, in float32
+        assert result["one"] == 1 and result["many"] == result["layers"]
+        assert result["equal"] and result["float32"], rank

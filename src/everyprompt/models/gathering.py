@@ -11,7 +11,7 @@ layers one at a time for the same reason).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -42,10 +42,14 @@ def unit_of(key_path: str, paths: list[str]) -> int:
     return best
 
 
-def gathered_weights(model: nn.Module, keep: bool) -> Iterator[tuple[str, torch.Tensor]]:
-    """The sharded `model`'s weights as an engine loads them (`MergedWeights`' names), whole, on the host,
-    one unit at a time (the root's first). Collective: every rank must iterate to the end; with `keep`
-    (rank 0) the pairs are yielded, otherwise the rank only takes its part in the gathers."""
+def gathered_weights(
+    model: nn.Module, keep: bool, wanted: Callable[[str], bool] | None = None, device: str = "cpu"
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The sharded `model`'s weights as an engine loads them (`MergedWeights`' names), whole, one unit at a
+    time (the root's first), copied to `device`; with `wanted`, only the names it accepts (a unit holding
+    none is not gathered). Collective: every rank must iterate to the end; with `keep` the pairs are
+    yielded (rank 0 for a sync; every rank for the learner's check slice), otherwise the rank only takes
+    its part in the gathers."""
     weights = MergedWeights(model)
     found = units(model)
     paths = [path for path, _ in found]
@@ -53,6 +57,8 @@ def gathered_weights(model: nn.Module, keep: bool) -> Iterator[tuple[str, torch.
     path_of = {id(module): name for name, module in base.named_modules()}
     by_unit: list[list[str]] = [[] for _ in found]
     for key in weights:
+        if wanted is not None and not wanted(key):
+            continue
         module, _ = weights.place(key)
         by_unit[unit_of(path_of[id(module)], paths)].append(key)
     for (_, unit), keys in zip(found, by_unit, strict=True):
@@ -64,6 +70,6 @@ def gathered_weights(model: nn.Module, keep: bool) -> Iterator[tuple[str, torch.
                 for key in keys:
                     value = weights[key]  # read on the gathered unit: whole (merged, for LoRA)
                     if keep:
-                        yield key, value.to("cpu", copy=True)  # its own storage: the unit reshards
+                        yield key, value.to(device, copy=True)  # its own storage: the unit reshards
         finally:
             unit.reshard()
