@@ -27,7 +27,7 @@ from everyprompt.distributed.recipes import ModelRecipe
 from everyprompt.distributed.runtime import actor_options, require_ray
 from everyprompt.errors import ClusterError
 from everyprompt.logs import quiet_libraries
-from everyprompt.models.lora import lora_base_dtype
+from everyprompt.models.lora import lora_base_dtype, weights_nbytes
 from everyprompt.models.precision import training_kernels
 from everyprompt.trainer.checkpoint import full_weights
 from everyprompt.trainer.interface import LearnerSide
@@ -110,13 +110,19 @@ class LearnerRank:
         handle = put_in_buckets(host, self.bucket_bytes, require_ray().put)
         return handle, handle.nbytes
 
-    def model_weights(self) -> dict[str, torch.Tensor]:
-        """The policy's own state dict (a LoRA policy's adapters unmerged), whole, on rank 0."""
+    def model_weights(self, trainable_only: bool = False) -> dict[str, torch.Tensor]:
+        """The policy's own state dict (a LoRA policy's adapters unmerged), whole, on rank 0; with
+        `trainable_only`, its trained parameters and its buffers alone (a LoRA policy's adapters: the
+        frozen base never changes, so the driver's copy already holds it)."""
         if self._only_rank_0_works():
             return {}
+        model = self.learner.model
         if self.learner.parallel.sharded:
-            return full_weights(self.learner.model)
-        return self.learner.model.state_dict()
+            return full_weights(model, ignore_frozen=trainable_only)
+        if not trainable_only:
+            return model.state_dict()
+        frozen = {name for name, parameter in model.named_parameters() if not parameter.requires_grad}
+        return {name: value for name, value in model.state_dict().items() if name not in frozen}
 
     def training_state(self) -> dict:
         return {} if self._only_rank_0_works() else self.learner.training_state()
@@ -149,6 +155,8 @@ class RankedLearner(LearnerSide):
         self._all(started, "start", cluster.start_timeout_s)
         self.version = 0
         self.last_sync_bytes = 0
+        self.synced_model = False  # whether the driver's copy holds the ranks' frozen weights yet
+        self.last_checkpoint_bytes = 0  # what the last `sync_model` brought from rank 0
 
     # ------------------------------------------------------------ the loop's learner
     def update(self, batch) -> dict[str, float]:
@@ -173,9 +181,22 @@ class RankedLearner(LearnerSide):
         self.version = state["version"]
 
     def sync_model(self, model) -> None:
-        """Bring `model` (the driver's copy, which checkpoints are written from) to the ranks' weights."""
-        weights = self._all([r.model_weights.remote() for r in self.ranks], "checkpoint")[0]
-        model.load_state_dict(weights)
+        """Bring `model` (the driver's copy, which checkpoints are written from) to the ranks' weights: all
+        of them the first time (a LoRA base as the ranks hold it: bf16 on their GPUs), then only what
+        trains (`trainable_only`), where a LoRA run had gathered and sent its whole frozen base again for
+        every checkpoint (about 61 GB for Qwen3-30B-A3B's)."""
+        weights = self._all([r.model_weights.remote(self.synced_model) for r in self.ranks], "checkpoint")[0]
+        self.last_checkpoint_bytes = weights_nbytes(weights)
+        if not self.synced_model:
+            model.load_state_dict(weights)
+            self.synced_model = True
+            return
+        unexpected = set(weights) - set(model.state_dict())
+        if unexpected:
+            raise ClusterError(
+                f"the learner ranks sent weights the driver's model lacks: {sorted(unexpected)[:5]}"
+            )
+        model.load_state_dict(weights, strict=False)
 
     def close(self) -> None:
         for rank in self.ranks:

@@ -159,12 +159,13 @@ def load_trainer_state(checkpoint: str | Path) -> dict:
 
 
 # ------------------------------------------------------------ state that resumes on any number of ranks
-def full_weights(model) -> dict[str, torch.Tensor]:
+def full_weights(model, ignore_frozen: bool = False) -> dict[str, torch.Tensor]:
     """A sharded (`fully_shard`) model's whole weights on CPU, on rank 0 (the other ranks get an empty
-    dict). Collective: every rank calls."""
+    dict); with `ignore_frozen`, without the parameters that do not train. Collective: every rank calls."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=ignore_frozen)
+    return get_model_state_dict(model, options=options)
 
 
 def portable_optimizer_state(model, optimizer, sharded: bool = False) -> dict:
