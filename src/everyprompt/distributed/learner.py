@@ -5,9 +5,9 @@ Each rank rebuilds the policy from its recipe and runs `Learner.update` on the s
 share of the micro-batches (`trainer/learner_side/data_parallel.py`); the update equals one process's. Rank 0's
 figures are the step's. Weights for the rollout workers are put in Ray's object store by rank 0, in
 buckets as it reads them (distributed/buckets.py; under fsdp2 gathered a layer at a time), and reach the
-workers without passing through the driver. A checkpoint is gathered from rank 0 (whole
-weights, optimizer state keyed by parameter name) and written by the driver in the local backend's format,
-so a run resumes on any number of ranks.
+workers without passing through the driver. A checkpoint is gathered from rank 0 (the weights, whole the
+first time and then only those that train; the optimizer state keyed by parameter name) and written by
+the driver in the local backend's format, so a run resumes on any number of ranks.
 
 A rank that dies ends the run: the driver does not wait on the others (they would wait in a collective
 forever); every rank is killed and the caller is told how to resume.
