@@ -4,22 +4,18 @@ sees no CUDA device. They have run on an H100 and H200s (docs/gpu-runs.md says w
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from everyprompt.rollout import GenerationRequest, SamplingParams
 from everyprompt.rollout.native import NativeEngine
 from everyprompt.rollout.native.weights import fp8_matmuls
 from everyprompt.trainer import Learner
-from everyprompt.trainer.learner_side.data_parallel import DataParallel
 from everyprompt.trainer.learner_side.logprobs import token_logprobs
 from tests.conftest import make_tiny_model, tiny_config
 from tests.rollout.test_fp8_matmul import fp8_comparison
-from tests.trainer.test_data_parallel import REWARDS, SETTINGS, _free_port, _train
+from tests.trainer.test_data_parallel import REWARDS
 from tests.trainer.test_sides import _model, hand_batch
 
 pytestmark = [
@@ -130,86 +126,6 @@ def test_every_rl_step_after_the_first_replays_its_graphs(tmp_path, compile):
     assert history[0]["rollout/graph_captures"] > 0
     for later in history[1:]:
         assert later["rollout/graph_eager_steps"] == 0.0 and later["rollout/graph_replays"] > 0
-
-
-def _nccl_rank(rank: int, world: int, port: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", rank=rank, world_size=world)
-    try:
-        config = tiny_config(*SETTINGS)
-        model, tokenizer = _model(config)
-        learner = Learner(config, model.to(f"cuda:{rank}"), tokenizer.pad_token_id, parallel=DataParallel())
-        for rewards in REWARDS:
-            learner.update(hand_batch(_model(config)[0], tokenizer, rewards))
-        if rank == 0:
-            torch.save({k: v.cpu() for k, v in learner.state_dict().items()}, out)
-    finally:
-        dist.destroy_process_group()
-
-
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
-def test_two_nccl_ranks_update_as_one_process(tmp_path):
-    weights, _, _ = _train("ddp")  # one process, on the CPU
-    out = str(tmp_path / "rank0.pt")
-    mp.spawn(_nccl_rank, args=(2, _free_port(), out), nprocs=2, join=True)
-    ranks = torch.load(out)
-    for key, value in weights.items():
-        torch.testing.assert_close(ranks[key], value, rtol=0, atol=1e-4, msg=key)
-
-
-def _nccl_gather(rank: int, port: int, out: str) -> None:
-    """One NCCL rank (a group of one still gathers through NCCL): a LoRA policy on a bf16 base, sharded."""
-    from everyprompt.models.gathering import gathered_weights
-    from everyprompt.models.lora import merged_state_dict
-    from everyprompt.models.slices import checked_layers, model_slice
-    from tests.models.test_lora import adapted_policy
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", rank=rank, world_size=1)
-    try:
-        torch.manual_seed(0)
-        policy, tokenizer = adapted_policy(torch.bfloat16)
-        expected = {k: v.clone() for k, v in merged_state_dict(policy).items()}
-        sliced_expected = model_slice(policy, 1).state_dict()
-        sharded = DataParallel("fsdp2").shard(policy.to(CUDA))
-        got = dict(gathered_weights(sharded, keep=True))
-        layers = checked_layers("auto", sharded)
-        sliced = {k: v.cpu() for k, v in model_slice(sharded, 1).state_dict().items()}
-        ids = torch.tensor([tokenizer("12+34=").input_ids], device=CUDA)
-        sharded(ids).logits.float().sum().backward()  # a bf16 base, float32 adapters: one backward
-        grads = [p.grad is not None for p in sharded.parameters() if p.requires_grad]
-        torch.save(
-            {
-                "expected": expected,
-                "got": got,
-                "layers": layers,
-                "sliced": sliced,
-                "sliced_expected": sliced_expected,
-                "grads": grads,
-            },
-            out,
-        )
-    finally:
-        dist.destroy_process_group()
-
-
-def test_a_sharded_policy_on_a_bf16_base_gathers_and_trains_over_nccl(tmp_path):
-    """fsdp2 on a bf16 base with float32 adapters (gathered as bytes) over NCCL: the weight sync's layer
-    gather gives the merged weights, the learner's check copy its float32 slice, and a backward fills the
-    adapters' gradients."""
-    out = str(tmp_path / "gathered.pt")
-    mp.spawn(_nccl_gather, args=(_free_port(), out), nprocs=1, join=True)
-    result = torch.load(out)
-    expected, got = result["expected"], result["got"]
-    assert set(got) == set(expected)
-    for key, value in expected.items():  # adapted weights merged by the GPU's matmul, the CPU's here
-        torch.testing.assert_close(got[key], value, rtol=0, atol=1e-4, msg=key)
-    assert result["layers"] is not None  # a narrow sharded model: checked on a float32 copy
-    for key, value in result["sliced_expected"].items():
-        torch.testing.assert_close(result["sliced"][key], value, rtol=0, atol=1e-4, msg=key)
-    assert result["grads"] and all(result["grads"])
 
 
 def test_the_throughput_bench_on_cuda(tmp_path):
