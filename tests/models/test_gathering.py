@@ -121,3 +121,8 @@ def test_a_sharded_policy_on_a_bf16_base_is_checked_on_a_float32_copy_gathered_o
         assert result["auto"] == result["layers"]  # small: all its layers, in float32
         assert result["one"] == 1 and result["many"] == result["layers"]
         assert result["equal"] and result["float32"], rank
+
+
+def test_an_unsharded_model_has_nothing_to_gather():
+    with pytest.raises(ValueError, match="Qwen3MoeForCausalLM is not sharded"):
+        next(gathered_weights(family_model("qwen3_moe")[0], keep=True))

@@ -1,6 +1,7 @@
 """A model sent to an actor as what rebuilds it: its transformers config, its LoRA settings if any, and
-its weights (a state dict, or in Ray's object store in buckets: distributed/buckets.py). Nothing is pickled as a module: peft's
-parametrised layers are classes made at run time, and a config plus weights is what a checkpoint is too."""
+its weights (a state dict, or in Ray's object store in buckets: distributed/buckets.py). Nothing is
+pickled as a module: peft's parametrised layers are classes made at run time, and a config plus weights
+is what a checkpoint is too."""
 
 from __future__ import annotations
 

@@ -24,11 +24,10 @@ def units(model: nn.Module) -> list[tuple[str, nn.Module]]:
     model), the root first (path ""), then the others in module order."""
     from torch.distributed.fsdp import FSDPModule
 
-    base = model.get_base_model() if is_lora(model) else model
-    found = [(name, module) for name, module in base.named_modules() if isinstance(module, FSDPModule)]
-    inner = [(name, module) for name, module in found if module is not model]
     if not isinstance(model, FSDPModule):
         raise ValueError(f"{type(model).__name__} is not sharded (fully_shard): nothing to gather")
+    base = model.get_base_model() if is_lora(model) else model
+    inner = [(name, m) for name, m in base.named_modules() if isinstance(m, FSDPModule) and m is not model]
     return [("", model), *inner]
 
 
