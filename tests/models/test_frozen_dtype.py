@@ -88,6 +88,25 @@ def test_a_bf16_base_merges_its_adapted_weights_in_float32():
     assert {p.dtype for p in policy.parameters() if not p.requires_grad} == {BF16}  # and after, as held
 
 
+@pytest.mark.parametrize(
+    ("settings", "held"),
+    [
+        (
+            ("cluster.backend=ray", "cluster.num_gpus=1"),
+            BF16,
+        ),  # the driver's CPU copy as the GPU ranks hold it
+        (("cluster.backend=ray", "cluster.num_gpus=0"), FP32),  # CPU ranks hold float32 under auto
+        ((), FP32),  # the local backend on a CPU
+    ],
+)
+def test_a_ray_drivers_lora_base_is_held_as_its_learner_ranks_hold_theirs(settings, held):
+    from everyprompt.models.lora import lora_base_dtype
+
+    config = tiny_config("model.dtype=bf16", *settings)
+    assert lora_base_dtype(config, torch.device("cpu")) is held
+    assert lora_base_dtype(config, CUDA) is BF16  # a rank on a GPU, whatever the backend
+
+
 def test_the_ray_recipe_rebuilds_a_bf16_base_as_it_was():
     from everyprompt.distributed.recipes import ModelRecipe
 
