@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from everyprompt.models.gathering import gathered_weights, unit_of, units
+from everyprompt.models.gathering import gathered_weights, owners, units
 from everyprompt.models.lora import merged_state_dict
 from everyprompt.trainer.learner_side.data_parallel import DataParallel
 from tests.families import family_model
@@ -38,14 +38,14 @@ def _gather_one(rank: int, lora: bool, out: str) -> None:
     policy = adapted_policy()[0] if lora else family_model("qwen3_moe")[0]
     expected = {key: value.detach().clone() for key, value in merged_state_dict(policy).items()}
     sharded = DataParallel("fsdp2").shard(policy)
-    paths = [path for path, _ in units(sharded)]
-    base = sharded.get_base_model() if lora else sharded
+    owner = owners(units(sharded))
     whole_units = []  # at each weight: the units whose parameters are whole (gathered) then
     got = {}
     for key, value in gathered_weights(sharded, keep=rank == 0):
         whole = {
-            unit_of(name.rpartition(".")[0], paths)
-            for name, p in base.named_parameters()
+            owner.get(id(module), 0)
+            for module in sharded.modules()
+            for p in module.parameters(recurse=False)
             if not isinstance(p, DTensor)
         }
         whole_units.append(len(whole))
@@ -60,11 +60,10 @@ def _gather_one(rank: int, lora: bool, out: str) -> None:
 
 
 def _check_slices(rank: int, out: str) -> None:
-    """A sharded policy held in float32 is checked itself; one on a bf16 base on a float32 copy, every rank
-    gathering it: the whole model when small, else its first layers; equal to the unsharded policy's."""
+    """A sharded policy on a bf16 base is checked on a float32 copy, every rank gathering it: the whole
+    model when small, else its first layers; equal to the unsharded policy's."""
     from everyprompt.models.slices import checked_layers, model_slice
 
-    plain = DataParallel("fsdp2").shard(family_model("qwen3_moe")[0])
     torch.manual_seed(0)
     policy = adapted_policy(torch.bfloat16)[0]
     expected = {key: value.clone() for key, value in model_slice(policy, 1).state_dict().items()}
@@ -72,7 +71,6 @@ def _check_slices(rank: int, out: str) -> None:
     sharded = DataParallel("fsdp2").shard(policy)
     sliced = model_slice(sharded, 1).state_dict()
     result = {
-        "plain": checked_layers("auto", plain),
         "auto": checked_layers("auto", sharded),
         "one": checked_layers(1, sharded),
         "many": checked_layers(layers + 5, sharded),
@@ -106,18 +104,19 @@ def test_a_sharded_policy_is_gathered_one_layer_at_a_time_to_its_merged_weights(
     assert list(got)[:2] == ["model.embed_tokens.weight", "model.norm.weight"]
 
 
-def test_a_weight_belongs_to_the_innermost_unit_holding_it():
-    paths = ["", "model.layers.0", "model.layers.1", "model.layers.10"]
-    assert unit_of("model.embed_tokens", paths) == 0
-    assert unit_of("model.layers.1.self_attn.q_proj.base_layer", paths) == 2
-    assert unit_of("model.layers.10.mlp", paths) == 3  # not layers.1's: a prefix of a name, not of a path
-    assert unit_of("model.layers.0", paths) == 1
+def test_a_module_belongs_to_the_innermost_unit_holding_it():
+    inner = torch.nn.Linear(2, 2)
+    layer = torch.nn.Sequential(torch.nn.Linear(2, 2), inner)
+    other = torch.nn.Linear(2, 2)
+    root = torch.nn.Sequential(torch.nn.Embedding(3, 2), layer, other)
+    owner = owners([root, layer, inner])  # a unit inside another after it, as `units` lists them
+    assert owner[id(layer[0])] == 1 and owner[id(inner)] == 2 and owner[id(layer)] == 1
+    assert owner.get(id(root[0]), 0) == 0 and owner.get(id(other), 0) == 0  # the root's
 
 
 def test_a_sharded_policy_on_a_bf16_base_is_checked_on_a_float32_copy_gathered_on_every_rank(gathered):
     for rank in (0, 1):
         result = torch.load(f"{gathered}.slices.{rank}", weights_only=True)
-        assert result["plain"] is None  # float32 shards: the check runs on the sharded model itself
         assert result["auto"] == result["layers"]  # small: all its layers, in float32
         assert result["one"] == 1 and result["many"] == result["layers"]
         assert result["equal"] and result["float32"], rank

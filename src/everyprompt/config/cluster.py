@@ -45,6 +45,10 @@ class ClusterConfig(Section):
         300.0, gt=0, description="Seconds to wait for the actors to be placed and to load the model."
     )
 
+    @property
+    def sync_bucket_bytes(self) -> int:
+        return self.sync_bucket_mib << 20
+
     @model_validator(mode="after")
     def _one_process_is_local(self) -> ClusterConfig:
         if self.backend == "local" and (self.rollout_workers > 1 or self.trainer_ranks > 1):

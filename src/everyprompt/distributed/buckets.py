@@ -31,9 +31,6 @@ class BucketedWeights:
     buckets: tuple[tuple[object, tuple[str, ...]], ...]
     nbytes: int  # the weights' size
 
-    def names(self) -> list[str]:
-        return [name for _, names in self.buckets for name in names]
-
 
 def put_in_buckets(
     weights: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int, put: Callable
@@ -66,8 +63,8 @@ def put_in_buckets(
 class StreamedWeights(Mapping):
     """The weights of a `BucketedWeights` as a read-only state dict: reading a name fetches its bucket with
     `get` (then kept among the last `keep` fetched), so a reader that takes the weights roughly in the
-    order sent (an engine's `load_weights`, models/io.py's `load_one_by_one`) holds a few buckets at a time. Names and
-    membership need no fetch. `fetches` counts the buckets fetched."""
+    order sent (an engine's `load_weights`, models/io.py's `load_one_by_one`) holds a few buckets at a
+    time. Names and membership need no fetch."""
 
     def __init__(self, handle: BucketedWeights, get: Callable, keep: int = KEPT_BUCKETS):
         if keep < 1:
@@ -75,7 +72,6 @@ class StreamedWeights(Mapping):
         self.handle, self._get, self.keep = handle, get, keep
         self._where = {name: index for index, (_, names) in enumerate(handle.buckets) for name in names}
         self._kept: OrderedDict[int, dict[str, torch.Tensor]] = OrderedDict()
-        self.fetches = 0
 
     def __getitem__(self, name: str) -> torch.Tensor:
         index = self._where[name]  # KeyError for a name not sent, as a dict's
@@ -83,7 +79,6 @@ class StreamedWeights(Mapping):
             self._kept.move_to_end(index)
         else:
             self._kept[index] = self._get(self.handle.buckets[index][0])
-            self.fetches += 1
             while len(self._kept) > self.keep:
                 self._kept.popitem(last=False)
         return self._kept[index][name]
@@ -97,16 +92,7 @@ class StreamedWeights(Mapping):
     def __len__(self) -> int:
         return len(self._where)
 
-    def held(self) -> int:
-        """Buckets held now."""
-        return len(self._kept)
-
 
 def readable(weights, get: Callable) -> Mapping[str, torch.Tensor]:
-    """`weights` as a state dict to read: a `BucketedWeights` streamed, a reference fetched, a mapping as
-    it is."""
-    if isinstance(weights, BucketedWeights):
-        return StreamedWeights(weights, get)
-    if isinstance(weights, Mapping):
-        return weights
-    return get(weights)
+    """`weights` as a state dict to read: a `BucketedWeights` streamed, a state dict as it is."""
+    return StreamedWeights(weights, get) if isinstance(weights, BucketedWeights) else weights

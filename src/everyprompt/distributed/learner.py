@@ -80,7 +80,7 @@ class LearnerRank:
         training_kernels(model.to(device), config.model)
         if reference is not None:
             reference = reference.build(readable(reference.weights, get)).to(device)
-        self.bucket_bytes = config.cluster.sync_bucket_mib << 20
+        self.bucket_bytes = config.cluster.sync_bucket_bytes
         self.learner = Learner(
             config, model, pad_id, reference, DataParallel(config.cluster.trainer_sharding)
         )
@@ -145,12 +145,13 @@ class RankedLearner(LearnerSide):
         actor = self.ray.remote(LearnerRank).options(**actor_options(cluster))
         self.ranks = [actor.remote(rank, world, max(1, int(cluster.num_cpus))) for rank in range(world)]
         host, port = self._all([self.ranks[0].address.remote()], "start", cluster.start_timeout_s)[0]
-        bucket = cluster.sync_bucket_mib << 20
         recipe = ModelRecipe.of(model, config.model.lora if config.model.lora.enabled else None)
-        recipe.weights = put_in_buckets(recipe.weights.items(), bucket, self.ray.put)
+        recipe.weights = put_in_buckets(recipe.weights.items(), cluster.sync_bucket_bytes, self.ray.put)
         if reference is not None:
             reference = ModelRecipe.plain(reference)
-            reference.weights = put_in_buckets(reference.weights.items(), bucket, self.ray.put)
+            reference.weights = put_in_buckets(
+                reference.weights.items(), cluster.sync_bucket_bytes, self.ray.put
+            )
         started = [r.start.remote(host, port, config, recipe, pad_token_id, reference) for r in self.ranks]
         self._all(started, "start", cluster.start_timeout_s)
         self.version = 0
@@ -187,16 +188,11 @@ class RankedLearner(LearnerSide):
         every checkpoint (about 61 GB for Qwen3-30B-A3B's)."""
         weights = self._all([r.model_weights.remote(self.synced_model) for r in self.ranks], "checkpoint")[0]
         self.last_checkpoint_bytes = weights_nbytes(weights)
-        if not self.synced_model:
-            model.load_state_dict(weights)
-            self.synced_model = True
-            return
-        unexpected = set(weights) - set(model.state_dict())
+        # the first time all of them (strict); then what trains, which must all be the model's own
+        unexpected = model.load_state_dict(weights, strict=not self.synced_model).unexpected_keys
         if unexpected:
-            raise ClusterError(
-                f"the learner ranks sent weights the driver's model lacks: {sorted(unexpected)[:5]}"
-            )
-        model.load_state_dict(weights, strict=False)
+            raise ClusterError(f"the learner ranks sent weights the driver's model lacks: {unexpected[:5]}")
+        self.synced_model = True
 
     def close(self) -> None:
         for rank in self.ranks:

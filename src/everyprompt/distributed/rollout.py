@@ -87,9 +87,10 @@ class RayEngine:
     def __init__(self, config, model, tokenizer):
         self.ray = require_ray()
         self.config, self.tokenizer = config, tokenizer
-        self.bucket_bytes = config.cluster.sync_bucket_mib << 20
         recipe = ModelRecipe.plain(model)
-        recipe.weights = put_in_buckets(recipe.weights.items(), self.bucket_bytes, self.ray.put)
+        recipe.weights = put_in_buckets(
+            recipe.weights.items(), config.cluster.sync_bucket_bytes, self.ray.put
+        )
         self.recipe = recipe
         self.stats: dict[str, float] = {}
         self.restarts = 0  # workers replaced so far in this run
@@ -124,7 +125,7 @@ class RayEngine:
         rank, read by each worker without passing through this process), or a state dict, put here in
         buckets as it is read (a local learner's: a LoRA policy's merged one weight at a time)."""
         if not isinstance(weights, BucketedWeights):
-            weights = put_in_buckets(weights.items(), self.bucket_bytes, self.ray.put)
+            weights = put_in_buckets(weights.items(), self.config.cluster.sync_bucket_bytes, self.ray.put)
         self.recipe.weights = weights  # what a replacement worker starts from
         self.ray.get([worker.load_weights.remote(weights) for worker in self.workers])
 

@@ -16,29 +16,27 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 
-from everyprompt.models.lora import MergedWeights, is_lora
+from everyprompt.models.lora import MergedWeights
 
 
-def units(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """`model`'s `fully_shard` units with their module paths in its base model (a LoRA policy's wrapped
-    model), the root first (path ""), then the others in module order."""
+def units(model: nn.Module) -> list[nn.Module]:
+    """`model`'s `fully_shard` units: the root first, then the others in module order (a unit inside
+    another after it)."""
     from torch.distributed.fsdp import FSDPModule
 
     if not isinstance(model, FSDPModule):
         raise ValueError(f"{type(model).__name__} is not sharded (fully_shard): nothing to gather")
-    base = model.get_base_model() if is_lora(model) else model
-    inner = [(name, m) for name, m in base.named_modules() if isinstance(m, FSDPModule) and m is not model]
-    return [("", model), *inner]
+    return [model, *(m for m in model.modules() if isinstance(m, FSDPModule) and m is not model)]
 
 
-def unit_of(key_path: str, paths: list[str]) -> int:
-    """The index in `paths` of the innermost unit holding the module at `key_path` (the root, "", holds
-    everything no other unit does)."""
-    best, depth = 0, -1
-    for index, path in enumerate(paths):
-        if path and (key_path == path or key_path.startswith(path + ".")) and len(path) > depth:
-            best, depth = index, len(path)
-    return best
+def owners(found: list[nn.Module]) -> dict[int, int]:
+    """Each module's unit, by the module's id: the index in `found` (`units`) of the innermost unit that
+    holds it; a module absent from it is the root's (0)."""
+    owner = {}
+    for index, unit in enumerate(found[1:], start=1):  # an inner unit comes after the one holding it
+        for module in unit.modules():
+            owner[id(module)] = index
+    return owner
 
 
 def gathered_weights(
@@ -46,29 +44,24 @@ def gathered_weights(
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """The sharded `model`'s weights as an engine loads them (`MergedWeights`' names), whole, one unit at a
     time (the root's first), copied to `device`; with `wanted`, only the names it accepts (a unit holding
-    none is not gathered). Collective: every rank must iterate to the end; with `keep` the pairs are
-    yielded (rank 0 for a sync; every rank for the learner's check slice), otherwise the rank only takes
-    its part in the gathers."""
+    none is not gathered). Collective: every rank must iterate to the end; with `keep` the pairs are read
+    and yielded (rank 0 for a sync; every rank for the learner's check slice), otherwise the rank only
+    takes its part in the gathers."""
     weights = MergedWeights(model)
     found = units(model)
-    paths = [path for path, _ in found]
-    base = model.get_base_model() if is_lora(model) else model
-    path_of = {id(module): name for name, module in base.named_modules()}
+    owner = owners(found)
     by_unit: list[list[str]] = [[] for _ in found]
     for key in weights:
-        if wanted is not None and not wanted(key):
-            continue
-        module, _ = weights.place(key)
-        by_unit[unit_of(path_of[id(module)], paths)].append(key)
-    for (_, unit), keys in zip(found, by_unit, strict=True):
+        if wanted is None or wanted(key):
+            by_unit[owner.get(id(weights.place(key)[0]), 0)].append(key)
+    for unit, keys in zip(found, by_unit, strict=True):
         if not keys:
             continue
         unit.unshard()
         try:
-            with torch.no_grad():
-                for key in keys:
-                    value = weights[key]  # read on the gathered unit: whole (merged, for LoRA)
-                    if keep:
-                        yield key, value.to(device, copy=True)  # its own storage: the unit reshards
+            if keep:
+                with torch.no_grad():
+                    for key in keys:  # read on the gathered unit: whole (merged, for LoRA)
+                        yield key, weights[key].to(device, copy=True)  # its own storage: the unit reshards
         finally:
             unit.reshard()

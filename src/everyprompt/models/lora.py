@@ -180,20 +180,22 @@ class MergedWeights(Mapping):
         return dict, (dict(self.items()),)
 
 
+def _sizes_and_dtypes(weights: Mapping[str, torch.Tensor]):
+    """Each tensor's (element count, dtype) in a state dict; of `MergedWeights` without merging (a merge
+    keeps the shape; its dtype is `dtype_of`)."""
+    if isinstance(weights, MergedWeights):
+        return ((weights._own(key).numel(), weights.dtype_of(key)) for key in weights)
+    return ((value.numel(), value.dtype) for value in weights.values())
+
+
 def weights_nbytes(weights: Mapping[str, torch.Tensor]) -> int:
-    """The size of a state dict; of `MergedWeights` without merging (a merge keeps the shape; its dtype is
-    `dtype_of`)."""
-    if not isinstance(weights, MergedWeights):
-        return sum(value.numel() * value.element_size() for value in weights.values())
-    return sum(weights._own(key).numel() * weights.dtype_of(key).itemsize for key in weights)
+    """The size of a state dict (of `MergedWeights` without merging)."""
+    return sum(count * dtype.itemsize for count, dtype in _sizes_and_dtypes(weights))
 
 
 def widest_dtype(weights: Mapping[str, torch.Tensor]) -> torch.dtype:
-    """The widest floating dtype among a state dict's tensors; of `MergedWeights` without merging."""
-    if isinstance(weights, MergedWeights):
-        floating = {weights.dtype_of(key) for key in weights if weights._own(key).is_floating_point()}
-    else:
-        floating = {value.dtype for value in weights.values() if value.is_floating_point()}
+    """The widest floating dtype among a state dict's tensors (of `MergedWeights` without merging)."""
+    floating = {dtype for _, dtype in _sizes_and_dtypes(weights) if dtype.is_floating_point}
     return functools.reduce(torch.promote_types, floating)
 
 

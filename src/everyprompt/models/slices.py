@@ -27,15 +27,15 @@ SLICE_LAYERS = 4  # `auto`, a larger model: its first layers (more when its kind
 LAYER_KEY = re.compile(r"^(?:.*\.)?layers\.(\d+)\.")  # a decoder layer's weight: model.layers.N....
 
 
-def checked_layers(setting: str | int, model) -> int | None:
+def checked_layers(setting: str | int, model, only_narrow: bool = False) -> int | None:
     """How many of `model`'s first decoder layers the startup checks run (`rollout.parity_layers`); None:
-    the model itself. A sharded model (fsdp2's) held in float32 is checked itself: each rank holds a share
-    of it, and a slice would gather what the check needs no copy of; one with a base held in bf16 cannot
-    be widened in place, so it is checked on a float32 copy: all its layers where the model is small (the
-    `auto` rule), else the slice."""
-    layers = model.config.num_hidden_layers
-    if _sharded(model) and not _narrow(model):
+    the model itself. `only_narrow` (the learner's own checks): a float32 model is checked itself, with
+    its own kernels, however large; a slice is for a model they would otherwise widen whole. A sharded
+    (fsdp2) model cannot be widened in place, so it is checked on a float32 copy even where the `auto`
+    rule takes the whole model."""
+    if only_narrow and not narrow(model):
         return None
+    layers = model.config.num_hidden_layers
     if setting == "auto":
         if 4 * sum(p.numel() for p in model.parameters()) <= WHOLE_MODEL_BYTES:  # a DTensor's: whole
             setting = layers
@@ -43,7 +43,7 @@ def checked_layers(setting: str | int, model) -> int | None:
             kinds = list(getattr(model.config, "layer_types", None) or ())
             setting = max([SLICE_LAYERS, *(kinds.index(kind) + 1 for kind in set(kinds))])
     if setting >= layers:
-        return layers if _sharded(model) else None  # a narrow sharded model: a float32 copy of it all
+        return layers if _sharded(model) else None  # a sharded model: a float32 copy of all its layers
     return setting
 
 
@@ -53,7 +53,8 @@ def _sharded(model) -> bool:
     return any(isinstance(parameter, DTensor) for parameter in model.parameters())
 
 
-def _narrow(model) -> bool:
+def narrow(model) -> bool:
+    """Whether any floating parameter of `model` is narrower than float32 (a base held in bf16)."""
     return any(p.is_floating_point() and p.dtype != torch.float32 for p in model.parameters())
 
 

@@ -50,8 +50,7 @@ class PolicyForward:
         run, or, large, on a float32 slice of its first layers (`rollout.parity_layers`, models/slices.py)
         where widening would copy it whole."""
         sequences = [batch.prompt_ids[i] + batch.completion_ids[i] for i in range(min(2, len(batch)))]
-        narrow = any(p.is_floating_point() and p.dtype != torch.float32 for p in self.model.parameters())
-        layers = checked_layers(self.config.rollout.parity_layers, self.model) if narrow else None
+        layers = checked_layers(self.config.rollout.parity_layers, self.model, only_narrow=True)
         model = checked_model(self.model, layers, self.config.model)
         with parameters_in_float32(model):
             if self.config.model.pack_sequences:
