@@ -78,7 +78,9 @@ def probe(
         "chunk": chunk,
         "grad": grad,
         "seconds": seconds,
-        "peak_bytes": peak - before,
+        # the kernel updates the peak mark from per-thread counters that lag by a few pages, so a pass
+        # that adds nothing (a tiny model, freed memory reused) can read a page below its RSS: 0 then
+        "peak_bytes": max(0, peak - before),
         "resident_before": before,
     }
 
