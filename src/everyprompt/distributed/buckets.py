@@ -6,7 +6,7 @@ as it is full, then lets it go; a receiver reads them through `StreamedWeights`,
 bucket when a name in it is first read and keeps the last few. So the sender holds one bucket beside the
 store and a receiver a few while it copies them into its engine, where a whole state dict had been put
 and got at once (a second host copy of the model on each side: about 61 GB for Qwen3-30B-A3B in bf16).
-verl sends its weights to the engines in buckets of 512 MB by default (`update_weights_bucket_megabytes`).
+verl sends its weights to the engines in buckets too (`update_weights_bucket_megabytes`, 512 MB unless set).
 
 Ray is passed in (`put`, `get`): the buckets' logic is tested without it.
 """
