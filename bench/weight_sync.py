@@ -1,4 +1,5 @@
-"""A Ray weight sync's host memory and time: in buckets against the whole weights in one bucket.
+"""A Ray weight sync's host memory and time: in buckets against the whole weights in one bucket, and to
+bf16 engines in bf16 against the learner's own dtype.
 
 Each learner (one rank; two fsdp2 ranks training LoRA adapters) is started with one rollout worker (the
 native engine) on a local Ray instance, as `cluster.backend=ray` starts them, over a Qwen3-MoE of the
@@ -9,7 +10,9 @@ its own /proc/self/status every 2 ms: reported is how far its private memory (Rs
 copies) rose above where it was, and apart, the object store's pages it mapped (RssShmem). The reference
 is the same code with `cluster.sync_bucket_mib` above the model's size: one bucket, the whole weights put
 and fetched at once, as every sync was sent before buckets. Sync times are medians of `--syncs` after the
-first.
+first. Then, in buckets both ways, bf16 engines (one rank; two fsdp2 ranks training LoRA adapters on a
+bf16 base) sent each weight in the dtype the engine holds it in (`cluster.sync_dtype=engine`: bf16),
+against the learner's own (`learner`: float32, a bf16 base's adapted weights merged in float32).
 
     python -m bench.weight_sync            # ~3 minutes on 2 CPU cores; buckets of 16 MiB
     python -m bench.weight_sync --tiny     # ~1 minute: a model of a few MiB in buckets of 1 MiB
@@ -43,6 +46,18 @@ TINY = [
 WHOLE_MIB = 1 << 14  # above any model here: one bucket
 FSDP2_LORA = ["cluster.trainer_ranks=2", "cluster.trainer_sharding=fsdp2", "model.lora.enabled=true"]
 LEARNERS = {"1 rank": ["cluster.trainer_ranks=1"], "2 ranks fsdp2 + LoRA": FSDP2_LORA}
+# the sync's dtype (bucketed both ways): bf16 engines sent the learner's float32 weights (a LoRA policy on a
+# bf16 base: its float32 merges) against each weight cast to bf16 first (`cluster.sync_dtype`)
+BF16_ENGINE = ["rollout.precision=bf16", "rl.old_logprobs=recompute"]
+BF16_LEARNERS = {
+    "1 rank, bf16 engine": ["cluster.trainer_ranks=1", *BF16_ENGINE],
+    "2 ranks fsdp2 + LoRA on a bf16 base, bf16 engine": [
+        *FSDP2_LORA,
+        "model.dtype=bf16",
+        "model.frozen_dtype=bf16",
+        *BF16_ENGINE,
+    ],
+}
 
 
 def _status_kib(fields: tuple[str, ...]) -> dict[str, int]:
@@ -111,6 +126,7 @@ def measure(overrides: list[str], model: list[str], syncs: int) -> dict:
         policy = apply_lora(policy, config.model.lora)
     learner = RankedLearner(config, policy, tokenizer.pad_token_id)
     engine = RayEngine(config, policy, tokenizer)
+    learner.send_as(engine.weight_dtypes)  # as a run's backend does (distributed/backend.py)
     try:
         actors = {"rank0": learner.ranks[0], "worker": engine.workers[0]}
         times, rises = [], {}
@@ -140,6 +156,19 @@ def measure(overrides: list[str], model: list[str], syncs: int) -> dict:
         engine.close()
 
 
+def _compare(rows: dict, learner: str, overrides: list[str], compared, model: list[str], syncs: int) -> None:
+    """`learner`'s syncs under two settings, `compared` ((override, label) of the reference, then of the
+    set-up measured against it), into `rows`; the second row carries its ratios to the first."""
+    (theirs_set, theirs_label), (mine_set, mine_label) = compared
+    theirs = rows[f"{learner}, {theirs_label}"] = measure([*overrides, theirs_set], model, syncs)
+    mine = rows[f"{learner}, {mine_label}"] = measure([*overrides, mine_set], model, syncs)
+    versus = "vs_" + theirs_label.replace(" ", "_")
+    for key in ("weights_mib", "rank0_private_rise_mib", "worker_private_rise_mib", "sync_s"):
+        ratio = mine[key] / theirs[key] if theirs[key] > 0 else None
+        mine[f"{key.removesuffix('_rise_mib')}_{versus}"] = None if ratio is None else round(ratio, 3)
+    print(f"{learner}: {theirs_label} {theirs}\n  {mine_label} {mine}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -159,20 +188,20 @@ def main(argv: list[str] | None = None) -> int:
     model, syncs = (TINY, 1) if args.tiny else (MODEL, args.syncs)
     bucket_mib = args.bucket_mib or (1 if args.tiny else 16)
     rows = {}
+    buckets = f"cluster.sync_bucket_mib={bucket_mib}"
     try:
         for learner, overrides in LEARNERS.items():
-            one = rows[f"{learner}, one bucket"] = measure(
-                [*overrides, f"cluster.sync_bucket_mib={WHOLE_MIB}"], model, syncs
+            compared = (
+                (f"cluster.sync_bucket_mib={WHOLE_MIB}", "one bucket"),
+                (buckets, f"{bucket_mib} MiB buckets"),
             )
-            mine = rows[f"{learner}, {bucket_mib} MiB buckets"] = measure(
-                [*overrides, f"cluster.sync_bucket_mib={bucket_mib}"], model, syncs
+            _compare(rows, learner, overrides, compared, model, syncs)
+        for learner, overrides in BF16_LEARNERS.items():
+            compared = (
+                ("cluster.sync_dtype=learner", "learner dtype"),
+                ("cluster.sync_dtype=engine", "engine dtype"),
             )
-            for side in ("rank0", "worker"):  # against the one-bucket set-up of the same learner
-                theirs = one[f"{side}_private_rise_mib"]
-                ratio = mine[f"{side}_private_rise_mib"] / theirs if theirs > 0 else None
-                mine[f"{side}_private_vs_one_bucket"] = None if ratio is None else round(ratio, 3)
-            mine["sync_s_vs_one_bucket"] = round(mine["sync_s"] / one["sync_s"], 3)
-            print(f"{learner}: one bucket {one}\n  {bucket_mib} MiB buckets {mine}", flush=True)
+            _compare(rows, learner, [*overrides, buckets], compared, model, syncs)
     finally:
         ray.shutdown()
     for name, row in rows.items():

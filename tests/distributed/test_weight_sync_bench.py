@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @needs_ray
-@pytest.mark.slow  # four set-ups of Ray actors: about a minute on 2 cores
+@pytest.mark.slow  # eight set-ups of Ray actors: about two and a half minutes on 2 cores
 def test_the_weight_sync_bench_measures_each_setup_and_leaves_nothing(tmp_path):
     before = _ray_processes()
     out = tmp_path / "weight_sync.json"
@@ -31,7 +31,7 @@ def test_the_weight_sync_bench_measures_each_setup_and_leaves_nothing(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     setups = json.loads(out.read_text())["setups"]
-    assert len(setups) == 4
+    assert len(setups) == 8
     for name, row in setups.items():
         assert row["weights_mib"] > 0 and row["sync_s"] > 0, name
         assert all(isinstance(row[f"{side}_private_rise_mib"], float) for side in ("rank0", "worker")), name
@@ -40,6 +40,12 @@ def test_the_weight_sync_bench_measures_each_setup_and_leaves_nothing(tmp_path):
     # the ratios sit beside the bucketed set-ups, against the one-bucket set-up of the same learner
     assert {"worker_private_vs_one_bucket", "sync_s_vs_one_bucket"} <= set(setups["1 rank, 1 MiB buckets"])
     assert "sync_s_vs_one_bucket" not in setups["1 rank, one bucket"]
+    # bf16 engines sent bf16: a float32 learner's weights in half the bytes; a bf16 base's merges fewer
+    narrowed = setups["1 rank, bf16 engine, engine dtype"]
+    assert 0.45 < narrowed["weights_mib_vs_learner_dtype"] < 0.55
+    lora = setups["2 ranks fsdp2 + LoRA on a bf16 base, bf16 engine, engine dtype"]
+    assert lora["weights_mib_vs_learner_dtype"] < 1.0
+    assert "weights_mib_vs_learner_dtype" not in setups["1 rank, bf16 engine, learner dtype"]
     started = {pid: t for pid, t in _ray_processes().items() if before.get(pid) != t}
     deadline = time.monotonic() + 15  # a process ray.shutdown stopped exits shortly after
     while _alive(started) and time.monotonic() < deadline:

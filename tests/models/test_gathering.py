@@ -10,6 +10,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from everyprompt.models.gathering import gathered_weights, owners, units
+from everyprompt.models.io import as_held
 from everyprompt.models.lora import merged_state_dict
 from everyprompt.trainer.learner_side.data_parallel import DataParallel
 from tests.families import family_model
@@ -26,22 +27,26 @@ def _gather(rank: int, port: int, out: str) -> None:
     try:
         for lora in (False, True):
             _gather_one(rank, lora, f"{out}.{'lora' if lora else 'plain'}")
+        _gather_one(rank, True, f"{out}.lora-bf16", narrow=True)
         _check_slices(rank, f"{out}.slices")
     finally:
         dist.destroy_process_group()
 
 
-def _gather_one(rank: int, lora: bool, out: str) -> None:
+def _gather_one(rank: int, lora: bool, out: str, narrow: bool = False) -> None:
+    """`narrow`: sent to bf16 engines (`dtypes`), cast on the gathered layer before the host copy."""
     from torch.distributed.tensor import DTensor
 
     torch.manual_seed(0)
     policy = adapted_policy()[0] if lora else family_model("qwen3_moe")[0]
     expected = {key: value.detach().clone() for key, value in merged_state_dict(policy).items()}
+    dtypes = {key: torch.bfloat16 for key in expected} if narrow else None
+    expected = {key: as_held(value, dtypes and dtypes[key]) for key, value in expected.items()}
     sharded = DataParallel("fsdp2").shard(policy)
     owner = owners(units(sharded))
     whole_units = []  # at each weight: the units whose parameters are whole (gathered) then
     got = {}
-    for key, value in gathered_weights(sharded, keep=rank == 0):
+    for key, value in gathered_weights(sharded, keep=rank == 0, dtypes=dtypes):
         whole = {
             owner.get(id(module), 0)
             for module in sharded.modules()
@@ -89,15 +94,19 @@ def gathered(tmp_path_factory) -> str:
     return out
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["plain", "lora"])
-def test_a_sharded_policy_is_gathered_one_layer_at_a_time_to_its_merged_weights(gathered, lora):
+@pytest.mark.parametrize("setup", ["plain", "lora", "lora-bf16"])
+def test_a_sharded_policy_is_gathered_one_layer_at_a_time_to_its_merged_weights(gathered, setup):
     """Rank 0 gets every weight an engine loads, whole, on the host, equal to the unsharded policy's
-    (a LoRA policy's adapters on attention, experts and router merged); one unit is whole at a time, and
-    every unit is sharded again after."""
-    result = torch.load(f"{gathered}.{'lora' if lora else 'plain'}", weights_only=True)
+    (a LoRA policy's adapters on attention, experts and router merged; for bf16 engines, cast to bf16
+    as the unsharded ones would be); one unit is whole at a time, and every unit is sharded again after."""
+    result = torch.load(f"{gathered}.{setup}", weights_only=True)
     expected, got = result["expected"], result["got"]
     assert list(got) != [] and set(got) == set(expected)
-    assert all(torch.equal(got[key], expected[key]) for key in expected)
+    assert all(
+        got[key].dtype == expected[key].dtype and torch.equal(got[key], expected[key]) for key in expected
+    )
+    if setup == "lora-bf16":
+        assert {value.dtype for value in got.values()} == {torch.bfloat16}
     assert {value.device.type for value in got.values()} == {"cpu"}
     assert max(result["whole_units"]) == 1 and result["resharded"]
     # the root's own weights first (the ends an engine reads first), then each layer's

@@ -95,7 +95,7 @@ def test_rollout_device_places_each_engine(name):
 
 
 def test_an_engine_that_does_not_place_itself_refuses_another_device(tiny_model, monkeypatch):
-    from everyprompt.rollout import base
+    from everyprompt.rollout import registry
 
     model, tokenizer = tiny_model
 
@@ -104,9 +104,9 @@ def test_an_engine_that_does_not_place_itself_refuses_another_device(tiny_model,
         def from_model(cls, *args, **kwargs):
             return cls()
 
-    monkeypatch.setitem(base._ENGINES, "host_only", base.EngineSpec(HostOnly, (), 100))
-    assert isinstance(base.make_engine("host_only", model, tokenizer, 2), HostOnly)
+    monkeypatch.setitem(registry._ENGINES, "host_only", registry.EngineSpec(HostOnly, (), 100))
+    assert isinstance(registry.make_engine("host_only", model, tokenizer, 2), HostOnly)
     with pytest.raises(
         UnsupportedModelError, match=r"rollout.device=cuda:0: the host_only engine runs on the CPU only"
     ):
-        base.make_engine("host_only", model, tokenizer, 2, device="cuda:0")
+        registry.make_engine("host_only", model, tokenizer, 2, device="cuda:0")

@@ -41,6 +41,13 @@ class ClusterConfig(Section):
         "put as soon as it is full and read as the engine reaches it, so neither side holds a whole second "
         'host copy (docs/cluster.md, "Weight sync"); a weight larger than a bucket goes alone.',
     )
+    sync_dtype: Literal["engine", "learner"] = Field(
+        "engine",
+        description="engine: each weight sent to the rollout workers in the dtype their engine holds it in "
+        "where that is narrower than the learner's (bf16 engines get bf16 from a float32 learner or a LoRA "
+        "policy's float32 merges: the bits their own cast would make, in half the bytes); learner: as the "
+        "learner holds them.",
+    )
     start_timeout_s: float = Field(
         300.0, gt=0, description="Seconds to wait for the actors to be placed and to load the model."
     )

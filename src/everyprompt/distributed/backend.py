@@ -23,6 +23,7 @@ def ray_sides(config, model, tokenizer, prompts, run_dir, store, reference):
         closers.append(engine.close)
         learner = RankedLearner(config, model, tokenizer.pad_token_id, reference)
         closers.append(learner.close)
+        learner.send_as(engine.weight_dtypes)
         rollout = RolloutSide.build(config, model, tokenizer, prompts, run_dir, store, engine=engine)
     except BaseException:
         while closers:

@@ -81,6 +81,7 @@ class LearnerRank:
         if reference is not None:
             reference = reference.build(readable(reference.weights, get)).to(device)
         self.bucket_bytes = config.cluster.sync_bucket_bytes
+        self.engine_dtypes: dict[str, torch.dtype] = {}  # what the engines hold each weight in (send_as)
         self.learner = Learner(
             config, model, pad_id, reference, DataParallel(config.cluster.trainer_sharding)
         )
@@ -91,6 +92,9 @@ class LearnerRank:
         release_freed_memory()  # reuse within an update, not across (devices/host.py)
         return metrics
 
+    def send_as(self, dtypes: dict[str, torch.dtype]) -> None:
+        self.engine_dtypes = dtypes
+
     def _only_rank_0_works(self) -> bool:
         """Whether this rank has nothing to do for a whole-model call: ddp's replicas are identical, so rank
         0 answers alone; fsdp2's gathers need every rank."""
@@ -100,7 +104,7 @@ class LearnerRank:
         """Rank 0: (the policy's weights for the engines in the object store, their size in bytes)."""
         if self._only_rank_0_works():
             return None, 0
-        pieces = self.learner.engine_weights()
+        pieces = self.learner.engine_weights(self.engine_dtypes)  # each narrowed first, on its device
         if self.rank != 0:
             for _ in pieces:  # its part in each layer's gather (fsdp2)
                 pass
@@ -172,6 +176,12 @@ class RankedLearner(LearnerSide):
             0
         ]
         return ref
+
+    def send_as(self, dtypes: dict[str, torch.dtype]) -> None:
+        """From now on, send each weight in its dtype in `dtypes` where that is narrower than the ranks'
+        (the rollout engines', `RayEngine.weight_dtypes`: the same bits, fewer bytes)."""
+        shared = self.ray.put(dtypes)
+        self._all([r.send_as.remote(shared) for r in self.ranks], "start")
 
     def training_state(self) -> dict:
         return self._all([r.training_state.remote() for r in self.ranks], "checkpoint")[0]

@@ -24,6 +24,7 @@ from everyprompt.distributed.recipes import ModelRecipe
 from everyprompt.distributed.runtime import actor_options, require_ray
 from everyprompt.errors import ClusterError
 from everyprompt.logs import quiet_libraries
+from everyprompt.models.io import weights_as_held
 from everyprompt.rollout import GenerationRequest, SamplingParams, build_engine, offers, summed_stats
 from everyprompt.rollout.scheduler import assign_lpt
 
@@ -61,6 +62,9 @@ class RolloutWorker:
 
     def decode_state(self) -> dict:
         return self.engine.decode_state()
+
+    def weight_dtypes(self) -> dict[str, torch.dtype]:
+        return self.engine.weight_dtypes() if offers(self.engine, "weight_dtypes") else {}
 
     def load_decode_state(self, state: dict) -> None:
         self.engine.load_decode_state(state)
@@ -100,6 +104,11 @@ class RayEngine:
         self.offers = frozenset(
             name for name, offered in (("episodes", episodes), ("decode_state", decode_state)) if offered
         )
+        # the dtype the engines hold each weight in (every worker's engine is configured alike), which a
+        # sync's sender narrows its weights to (`cluster.sync_dtype=engine`); empty: sent as they are
+        self.weight_dtypes: dict[str, torch.dtype] = {}
+        if config.cluster.sync_dtype == "engine":
+            self.weight_dtypes = self.ray.get(self.workers[0].weight_dtypes.remote())
 
     def _spawn(self):
         cluster = self.config.cluster
@@ -125,7 +134,8 @@ class RayEngine:
         rank, read by each worker without passing through this process), or a state dict, put here in
         buckets as it is read (a local learner's: a LoRA policy's merged one weight at a time)."""
         if not isinstance(weights, BucketedWeights):
-            weights = put_in_buckets(weights.items(), self.config.cluster.sync_bucket_bytes, self.ray.put)
+            pairs = weights_as_held(weights, self.weight_dtypes)
+            weights = put_in_buckets(pairs, self.config.cluster.sync_bucket_bytes, self.ray.put)
         self.recipe.weights = weights  # what a replacement worker starts from
         self.ray.get([worker.load_weights.remote(weights) for worker in self.workers])
 

@@ -11,11 +11,12 @@ layers one at a time for the same reason).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 from torch import nn
 
+from everyprompt.models.io import as_held
 from everyprompt.models.lora import MergedWeights
 
 
@@ -40,10 +41,15 @@ def owners(found: list[nn.Module]) -> dict[int, int]:
 
 
 def gathered_weights(
-    model: nn.Module, keep: bool, wanted: Callable[[str], bool] | None = None, device: str = "cpu"
+    model: nn.Module,
+    keep: bool,
+    wanted: Callable[[str], bool] | None = None,
+    device: str = "cpu",
+    dtypes: Mapping[str, torch.dtype] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """The sharded `model`'s weights as an engine loads them (`MergedWeights`' names), whole, one unit at a
-    time (the root's first), copied to `device`; with `wanted`, only the names it accepts (a unit holding
+    time (the root's first), copied to `device` (each cast first to its dtype in `dtypes` where that is
+    narrower: models/io.py's `as_held`); with `wanted`, only the names it accepts (a unit holding
     none is not gathered). Collective: every rank must iterate to the end; with `keep` the pairs are read
     and yielded (rank 0 for a sync; every rank for the learner's check slice), otherwise the rank only
     takes its part in the gathers."""
@@ -62,6 +68,9 @@ def gathered_weights(
             if keep:
                 with torch.no_grad():
                     for key in keys:  # read on the gathered unit: whole (merged, for LoRA)
-                        yield key, weights[key].to(device, copy=True)  # its own storage: the unit reshards
+                        value = weights[key]
+                        held = as_held(value, dtypes.get(key) if dtypes else None)
+                        # in storage of its own: the unit reshards (a cast made one already)
+                        yield key, held.to(device, copy=held is value)
         finally:
             unit.reshard()

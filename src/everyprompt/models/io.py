@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import torch
@@ -153,3 +153,25 @@ def load_one_by_one(model: torch.nn.Module, weights: Mapping[str, torch.Tensor])
                     f"{type(model).__name__}"
                 )
             target.copy_(value)
+
+
+def as_held(value: torch.Tensor, held: torch.dtype | None) -> torch.Tensor:
+    """`value` cast to `held`, the dtype its reader will hold it in, where that is a narrower floating
+    type than its own (a float32 weight for a bf16 engine: the bits the reader's own cast would make,
+    in half the bytes); otherwise `value` itself (never widened: that would add bytes and say nothing)."""
+    if (
+        held is None
+        or not value.is_floating_point()
+        or not held.is_floating_point
+        or held.itemsize >= value.element_size()
+    ):
+        return value
+    return value.to(held)
+
+
+def weights_as_held(
+    weights: Mapping[str, torch.Tensor], dtypes: Mapping[str, torch.dtype] | None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """`weights`' pairs one at a time, each `as_held` its dtype in `dtypes` (none: as they are)."""
+    held = dtypes or {}
+    return ((name, as_held(value, held.get(name))) for name, value in weights.items())

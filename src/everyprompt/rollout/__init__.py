@@ -1,4 +1,4 @@
-"""Rollout: the engine protocol and registry (`build_engine`), the native engine, sampling, scheduling."""
+"""Rollout: the engine protocol (base.py) and registry (`build_engine`: registry.py), the native engine, sampling, scheduling."""
 
 from everyprompt.rollout import hf as _hf  # noqa: F401  (registers "hf")
 from everyprompt.rollout import native as _native  # noqa: F401  (registers "native")
@@ -9,17 +9,19 @@ from everyprompt.rollout.base import (
     RolloutEngine,
     SamplingParams,
     UnsupportedModelError,
+    offers,
+    restore_decode_state,
+    saved_decode_state,
+    summed_stats,
+)
+from everyprompt.rollout.registry import (
     build_engine,
     engine_choices,
     engines_for,
     make_engine,
-    offers,
     register_engine,
     registered_engines,
     resolve_engine,
-    restore_decode_state,
-    saved_decode_state,
-    summed_stats,
 )
 from everyprompt.rollout.sampling import derive_seed
 

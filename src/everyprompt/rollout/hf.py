@@ -41,8 +41,8 @@ from everyprompt.rollout.base import (
     SamplingParams,
     UnsupportedModelError,
     call_stats,
-    register_engine,
 )
+from everyprompt.rollout.registry import register_engine
 from everyprompt.rollout.sampling import sampler
 from everyprompt.rollout.stops import StopStrings, stop_token_ids
 
@@ -97,7 +97,8 @@ class HFEngine:
     """RolloutEngine over a transformers causal LM (any architecture). Build it with :meth:`from_model`."""
 
     PRECISIONS = tuple(DTYPES)
-    offers = frozenset({"device"})  # the model copy, its cache and the call's tensors on that device
+    # the model copy, its cache and the call's tensors on that device; the dtype each weight is held in
+    offers = frozenset({"device", "weight_dtypes"})
 
     def __init__(
         self,
@@ -157,6 +158,10 @@ class HFEngine:
         weights are made as they are read, a sync's buckets fetched as they are reached: a few in memory
         at a time), after checking that its names are the model's."""
         load_one_by_one(self.model, state_dict)
+
+    def weight_dtypes(self) -> dict[str, torch.dtype]:
+        """The dtype of each of the model's floating tensors: `load_weights` copies into them, a cast."""
+        return {name: t.dtype for name, t in self.model.state_dict().items() if t.is_floating_point()}
 
     def sleep(self) -> None:
         """Nothing: the copy of the module is the engine (remaking it at every weight sync would cost

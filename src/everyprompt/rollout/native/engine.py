@@ -26,12 +26,7 @@ import torch
 
 from everyprompt.choices import GRAPH_BUCKETS, NATIVE_ENGINE, check_buckets, decoding
 from everyprompt.models.lora import merged_state_dict
-from everyprompt.rollout.base import (
-    Completion,
-    GenerationRequest,
-    SamplingParams,
-    register_engine,
-)
+from everyprompt.rollout.base import Completion, GenerationRequest, SamplingParams
 from everyprompt.rollout.native.attention import ATTENTIONS, decode_bias, rms_norm
 from everyprompt.rollout.native.cache import KVCache
 from everyprompt.rollout.native.compiled import DecodeCompiler
@@ -44,6 +39,7 @@ from everyprompt.rollout.native.queue import LiveRequests, Queue
 from everyprompt.rollout.native.static_step import StaticStep, StepBuffers
 from everyprompt.rollout.native.step import DecodeStep, StepModel
 from everyprompt.rollout.native.weights import Layer, StateDict, copy_into, fp8_matmuls, read_layer
+from everyprompt.rollout.registry import register_engine
 from everyprompt.rollout.sampling import sampler
 from everyprompt.rollout.stops import stop_token_ids
 
@@ -58,7 +54,7 @@ class NativeEngine:
     # `device`: weights, cache and state there; `compile`: the decode step through torch.compile; `cuda_graphs`:
     # the static step captured (graphs.py); `episodes`: multi-turn requests (sequences.py); `decode_state`:
     # the compile switch through a checkpoint (compiled.py)
-    offers = frozenset({"device", "compile", "cuda_graphs", "episodes", "decode_state"})
+    offers = frozenset({"device", "compile", "cuda_graphs", "episodes", "decode_state", "weight_dtypes"})
 
     def __init__(
         self,
@@ -176,6 +172,12 @@ class NativeEngine:
             self.embed, self.final_norm, self.lm_head = self._ends(weights)
             self.layers = [self._layer(weights, i) for i in range(self.config.num_hidden_layers)]
             self._decode_layers = None
+        self._kept_dtypes = weights.kept
+
+    def weight_dtypes(self) -> dict[str, torch.dtype]:
+        """The dtype each weight is held in where that is a plain cast of the weight as sent (fp8's
+        quantised projections are not), so a sender may cast them first (rollout/base.py)."""
+        return {name: dtype for name, dtype in self._kept_dtypes.items() if dtype is not None}
 
     def _ends(self, weights: StateDict) -> tuple:
         """The embedding, the final norm and the head (the embedding again where they are tied)."""

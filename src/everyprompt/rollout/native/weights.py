@@ -177,6 +177,15 @@ class StateDict:
         device: torch.device | str = "cpu",
     ):
         self.state, self.dtype, self.fp8, self.device = state_dict, dtype, fp8, torch.device(device)
+        # each weight read so far -> the dtype it is kept in when that is a plain cast of it (None where
+        # its value is computed from the weight as sent: fp8's quantised projections)
+        self.kept: dict[str, torch.dtype | None] = {}
+
+    def _keep(self, name: str, dtype: torch.dtype | None) -> None:
+        if name in self.kept and self.kept[name] != dtype:  # read twice, two ways: the wider, or as sent
+            earlier = self.kept[name]
+            dtype = None if dtype is None or earlier is None else torch.promote_types(dtype, earlier)
+        self.kept[name] = dtype
 
     def __contains__(self, name: str) -> bool:
         return name in self.state
@@ -187,16 +196,25 @@ class StateDict:
         return self.state[name].detach().to(self.device)
 
     def plain(self, name: str) -> torch.Tensor:
+        self._keep(name, self.dtype)
         return self.get(name).to(self.dtype).clone()
+
+    def float32(self, name: str) -> torch.Tensor:
+        """A weight kept in float32 whatever the engine's dtype (DeepSeek-V3's routing bias)."""
+        self._keep(name, torch.float32)
+        return self.get(name).float().clone()
 
     def operand(self, name: str) -> torch.Tensor:
         """A weight kept in full precision (embeddings' transposes, routers, the LM head) as `x @ w`."""
+        self._keep(name, self.dtype)
         return self.get(name).to(self.dtype).T.contiguous()
 
     def projection(self, *names: str, rows: torch.Tensor | None = None) -> Projection:
         """Linear weights [out, in] stacked along `out` (fp8: quantised per output channel, so a fused
         projection has the scales its parts would have alone), as a right operand; `rows` reorders the
         output channels."""
+        for name in names:
+            self._keep(name, None if self.fp8 else self.dtype)
         weight = torch.cat([self.get(n) for n in names]) if len(names) > 1 else self.get(names[0])
         if rows is not None:
             weight = weight[rows.to(self.device)]
@@ -207,6 +225,7 @@ class StateDict:
     def stacked(self, name: str) -> Projection:
         """Expert weights, checkpoint layout [E, out, in], multiplied as [E, in, out] (fp8: one scale per
         expert and output channel)."""
+        self._keep(name, None if self.fp8 else self.dtype)
         weight = self.get(name)
         if self.fp8:
             return FP8Weight.quantize(weight, self.dtype)
@@ -242,7 +261,7 @@ def read_layer(weights: StateDict, family: Family, attention, index: int) -> Lay
         return layer
     layer.router = weights.operand(p + "mlp.gate.weight")
     if p + "mlp.gate.e_score_correction_bias" in weights:
-        layer.router_bias = weights.get(p + "mlp.gate.e_score_correction_bias").float().clone()
+        layer.router_bias = weights.float32(p + "mlp.gate.e_score_correction_bias")
     layer.experts = (
         weights.stacked(p + "mlp.experts.gate_up_proj"),
         weights.stacked(p + "mlp.experts.down_proj"),

@@ -25,7 +25,7 @@ import logging
 import math
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import torch
 
@@ -35,6 +35,7 @@ from everyprompt.config import Config
 from everyprompt.devices.memory import memory_metrics
 from everyprompt.models.compiled_layers import compiled_metrics
 from everyprompt.models.gathering import gathered_weights
+from everyprompt.models.io import weights_as_held
 from everyprompt.models.lora import is_lora, merged_state_dict, weights_nbytes
 from everyprompt.rollout import derive_seed
 from everyprompt.trainer.checkpoint import load_optimizer_state, portable_optimizer_state
@@ -99,19 +100,19 @@ class Learner(LearnerSide):
 
     # ------------------------------------------------------------ hand-off and state
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The policy's weights, for the rollout side's `load_weights` (a LoRA policy's merged). Under
-        `fsdp2` every rank must call; rank 0 gets the whole weights on its host, the others an empty dict."""
+        """The policy's weights for the rollout side's `load_weights` (a LoRA policy's merged); under `fsdp2`
+        every rank calls, rank 0 gets them whole on its host, the others an empty dict."""
         weights = merged_state_dict(self.model) if not self.parallel.sharded else dict(self.engine_weights())
         self.last_sync_bytes = weights_nbytes(weights)
         return weights
 
-    def engine_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The same weights one at a time (a LoRA policy's merged as each is read); under `fsdp2` gathered a
-        layer at a time to rank 0's host (models/gathering.py): every rank must iterate to
-        the end, and only rank 0 gets them."""
+    def engine_weights(self, dtypes: Mapping | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """The same weights one at a time (a LoRA policy's merged as each is read), each cast to its dtype in
+        `dtypes` where narrower (models/io.py's `as_held`); under `fsdp2` gathered a layer at a time to rank
+        0's host (models/gathering.py): every rank must iterate to the end, and only rank 0 gets them."""
         if self.parallel.sharded:
-            return gathered_weights(self.model, keep=self.parallel.rank == 0)
-        return iter(merged_state_dict(self.model).items())
+            return gathered_weights(self.model, keep=self.parallel.rank == 0, dtypes=dtypes)
+        return weights_as_held(merged_state_dict(self.model), dtypes)
 
     def sync_model(self, model) -> None:
         """Bring `model` (what a checkpoint is written from) to the learner's weights: one process trains
