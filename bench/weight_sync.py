@@ -1,5 +1,5 @@
-"""A Ray weight sync's host memory and time: in buckets against the whole weights in one bucket, and to
-bf16 engines in bf16 against the learner's own dtype.
+"""A Ray weight sync's host memory and time: in buckets against the whole weights in one bucket, pipelined
+against one side after the other, and to bf16 engines in bf16 against the learner's own dtype.
 
 Each learner (one rank; two fsdp2 ranks training LoRA adapters) is started with one rollout worker (the
 native engine) on a local Ray instance, as `cluster.backend=ray` starts them, over a Qwen3-MoE of the
@@ -10,12 +10,14 @@ its own /proc/self/status every 2 ms: reported is how far its private memory (Rs
 copies) rose above where it was, and apart, the object store's pages it mapped (RssShmem). The reference
 is the same code with `cluster.sync_bucket_mib` above the model's size: one bucket, the whole weights put
 and fetched at once, as every sync was sent before buckets. Sync times are medians of `--syncs` after the
-first. Then, in buckets both ways, bf16 engines (one rank; two fsdp2 ranks training LoRA adapters on a
+first. Then the same buckets pipelined, as a synchronous run sends them (`state_dict(streamed=True)`: the
+worker loads each bucket as rank 0 puts it), against the bucketed row (the worker starts once rank 0
+has put the last). Then, in buckets both ways, bf16 engines (one rank; two fsdp2 ranks training LoRA adapters on a
 bf16 base) sent each weight in the dtype the engine holds it in (`cluster.sync_dtype=engine`: bf16),
 against the learner's own (`learner`: float32, a bf16 base's adapted weights merged in float32).
 
-    python -m bench.weight_sync            # ~3 minutes on 2 CPU cores; buckets of 16 MiB
-    python -m bench.weight_sync --tiny     # ~1 minute: a model of a few MiB in buckets of 1 MiB
+    python -m bench.weight_sync            # ~7 minutes on 2 CPU cores; buckets of 16 MiB
+    python -m bench.weight_sync --tiny     # ~3 minutes: a model of a few MiB in buckets of 1 MiB
 
 Writes bench/results/weight_sync.json.
 """
@@ -101,7 +103,8 @@ def _stop_sampling(actor) -> dict[str, int]:
     return dict(sampled["peak"])
 
 
-def measure(overrides: list[str], model: list[str], syncs: int) -> dict:
+def measure(overrides: list[str], model: list[str], syncs: int, streamed: bool = False) -> dict:
+    """One set-up's syncs; `streamed`: pipelined, as a synchronous run's (`state_dict(streamed=True)`)."""
     import ray
 
     from everyprompt.config import load_config
@@ -135,7 +138,7 @@ def measure(overrides: list[str], model: list[str], syncs: int) -> dict:
             if measured:
                 before = {side: ray.get(a.__ray_call__.remote(_start_sampling)) for side, a in actors.items()}
             began = time.perf_counter()
-            engine.load_weights(learner.state_dict())
+            engine.load_weights(learner.state_dict(streamed=streamed))
             times.append(time.perf_counter() - began)
             if measured:
                 for side, actor in actors.items():
@@ -156,17 +159,20 @@ def measure(overrides: list[str], model: list[str], syncs: int) -> dict:
         engine.close()
 
 
-def _compare(rows: dict, learner: str, overrides: list[str], compared, model: list[str], syncs: int) -> None:
-    """`learner`'s syncs under two settings, `compared` ((override, label) of the reference, then of the
-    set-up measured against it), into `rows`; the second row carries its ratios to the first."""
-    (theirs_set, theirs_label), (mine_set, mine_label) = compared
-    theirs = rows[f"{learner}, {theirs_label}"] = measure([*overrides, theirs_set], model, syncs)
-    mine = rows[f"{learner}, {mine_label}"] = measure([*overrides, mine_set], model, syncs)
-    versus = "vs_" + theirs_label.replace(" ", "_")
+def _row(
+    rows: dict, name: str, overrides: list[str], model: list[str], syncs: int, streamed: bool = False
+) -> dict:
+    """Set-up `name` measured (`measure`) into `rows`, and printed."""
+    row = rows[name] = measure(overrides, model, syncs, streamed)
+    print(f"{name}: {row}", flush=True)
+    return row
+
+
+def _ratios(mine: dict, theirs: dict, versus: str) -> None:
+    """`mine`'s figures over `theirs`, beside `mine` as `<figure>_vs_<versus>`."""
     for key in ("weights_mib", "rank0_private_rise_mib", "worker_private_rise_mib", "sync_s"):
         ratio = mine[key] / theirs[key] if theirs[key] > 0 else None
-        mine[f"{key.removesuffix('_rise_mib')}_{versus}"] = None if ratio is None else round(ratio, 3)
-    print(f"{learner}: {theirs_label} {theirs}\n  {mine_label} {mine}", flush=True)
+        mine[f"{key.removesuffix('_rise_mib')}_vs_{versus}"] = None if ratio is None else round(ratio, 3)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,20 +194,31 @@ def main(argv: list[str] | None = None) -> int:
     model, syncs = (TINY, 1) if args.tiny else (MODEL, args.syncs)
     bucket_mib = args.bucket_mib or (1 if args.tiny else 16)
     rows = {}
-    buckets = f"cluster.sync_bucket_mib={bucket_mib}"
+    buckets, whole = f"cluster.sync_bucket_mib={bucket_mib}", f"cluster.sync_bucket_mib={WHOLE_MIB}"
     try:
         for learner, overrides in LEARNERS.items():
-            compared = (
-                (f"cluster.sync_bucket_mib={WHOLE_MIB}", "one bucket"),
-                (buckets, f"{bucket_mib} MiB buckets"),
-            )
-            _compare(rows, learner, overrides, compared, model, syncs)
+            one = _row(rows, f"{learner}, one bucket", [*overrides, whole], model, syncs)
+            mine = _row(rows, f"{learner}, {bucket_mib} MiB buckets", [*overrides, buckets], model, syncs)
+            _ratios(mine, one, "one_bucket")
+            name = f"{learner}, {bucket_mib} MiB buckets, pipelined"
+            piped = _row(rows, name, [*overrides, buckets], model, syncs, streamed=True)
+            _ratios(piped, mine, "one_after_the_other")
         for learner, overrides in BF16_LEARNERS.items():
-            compared = (
-                ("cluster.sync_dtype=learner", "learner dtype"),
-                ("cluster.sync_dtype=engine", "engine dtype"),
+            theirs = _row(
+                rows,
+                f"{learner}, learner dtype",
+                [*overrides, buckets, "cluster.sync_dtype=learner"],
+                model,
+                syncs,
             )
-            _compare(rows, learner, [*overrides, buckets], compared, model, syncs)
+            mine = _row(
+                rows,
+                f"{learner}, engine dtype",
+                [*overrides, buckets, "cluster.sync_dtype=engine"],
+                model,
+                syncs,
+            )
+            _ratios(mine, theirs, "learner_dtype")
     finally:
         ray.shutdown()
     for name, row in rows.items():

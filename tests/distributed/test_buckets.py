@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
+import time
 
 import pytest
 import torch
 
-from everyprompt.distributed.buckets import StreamedWeights, put_in_buckets, readable
+from everyprompt.distributed.buckets import (
+    ArrivingWeights,
+    StreamedWeights,
+    SyncAbandoned,
+    WeightStream,
+    bucket_stream,
+    put_in_buckets,
+    readable,
+)
 from everyprompt.models.io import load_one_by_one
 from everyprompt.rollout import GenerationRequest, SamplingParams, make_engine
 from tests.families import family_model
@@ -122,5 +132,122 @@ def test_an_engine_synced_from_buckets_decodes_as_one_synced_from_a_state_dict(e
         synced.load_weights(weights)
         outputs.append({c.request_id: c for c in synced.generate(requests, params)})
     assert len(handle.buckets) <= store.gets <= len(handle.buckets) + 2
+    a, b = outputs
+    assert all(a[i].token_ids == b[i].token_ids and torch.equal(a[i].logprobs, b[i].logprobs) for i in a)
+
+
+def test_buckets_are_yielded_as_each_is_put():
+    """The stream puts a bucket and yields it before reading the weights of the next."""
+    store, read = Store(), []
+
+    def weights():
+        for name, tensor in _floats(1, 1, 1, 1):
+            read.append(name)
+            yield name, tensor
+
+    stream = bucket_stream(weights(), 8, store.put)
+    first = next(stream)
+    assert first[1:] == (("w0", "w1"), 8) and read == ["w0", "w1", "w2"]  # w2 read: it did not fit
+    assert [names for _, names, _ in stream] == [("w2", "w3")]
+
+
+def test_a_weight_stream_is_handed_on_once_and_settles_into_a_handle():
+    store = Store()
+    stream = WeightStream(bucket_stream(_floats(1, 1, 1), 8, store.put))
+    assert [names for _, names in stream] == [("w0", "w1"), ("w2",)]
+    handle = stream.settled()
+    assert [names for _, names in handle.buckets] == [("w0", "w1"), ("w2",)] and handle.nbytes == 12
+    with pytest.raises(RuntimeError, match="handed on once"):
+        list(stream)
+    unread = WeightStream(bucket_stream(_floats(1, 1, 1), 8, Store().put))
+    assert unread.settled().nbytes == 12  # drained by settling
+    assert isinstance(
+        readable(WeightStream(bucket_stream(_floats(1), 8, store.put)), store.get), StreamedWeights
+    )
+
+
+def test_arriving_weights_wait_for_a_bucket_that_has_not_arrived():
+    store = Store()
+    buckets = list(bucket_stream(_floats(1, 1, 1), 4, store.put))  # one weight a bucket
+    weights = ArrivingWeights(["w0", "w1", "w2"], store.get)
+    assert "w2" in weights and len(weights) == 3 and list(weights) == ["w0", "w1", "w2"]  # no waiting
+    got = {}
+    reader = threading.Thread(target=lambda: got.update(w1=weights["w1"]))
+    reader.start()
+    reader.join(0.2)
+    assert reader.is_alive() and not got  # waiting for w1's bucket
+    ref, names, _ = buckets[1]
+    weights.arrive(ref, names)  # buckets may arrive in any order
+    reader.join(5)
+    assert not reader.is_alive() and got["w1"].item() == 1.0
+    weights.end(3)
+    assert not weights.complete()  # the end said 3 buckets; one has come
+    for ref, names, _ in (buckets[0], buckets[2]):
+        weights.arrive(ref, names)
+    weights.wait_complete()
+    assert weights["w0"].item() == 0.0 and weights["w2"].item() == 2.0
+
+
+def test_arriving_weights_name_what_never_came_and_a_sender_that_failed():
+    store = Store()
+    ref, names, _ = next(bucket_stream(_floats(1), 4, store.put))
+    weights = ArrivingWeights(["w0", "w9"], store.get)
+    weights.arrive(ref, names)
+    weights.end(1)
+    with pytest.raises(KeyError, match="'w9' was not sent"):
+        weights["w9"]
+    abandoned = ArrivingWeights(["w0"], store.get)
+    errors = []
+
+    def read():
+        try:
+            abandoned["w0"]
+        except SyncAbandoned as err:
+            errors.append(err)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    abandoned.end()  # the sender failed: a waiting reader is told, not left waiting
+    reader.join(5)
+    assert not reader.is_alive() and "its sender failed before sending w0" in str(errors[0])
+    abandoned.wait_complete()  # returns: nothing more will come
+
+
+@pytest.mark.parametrize("engine", ["native", "hf"])
+def test_an_engine_loads_buckets_as_they_arrive_as_it_would_a_state_dict(engine):
+    """A sender thread puts the merged weights in small buckets, in the order engines read them, and hands
+    each on as it is put; the engine loading them meanwhile decodes as one given the whole state dict."""
+    from everyprompt.models.io import weights_as_held
+    from everyprompt.models.lora import merged_state_dict
+
+    policy, tokenizer = adapted_policy()
+    base, _ = family_model("qwen3_moe", seed=5)
+    whole = dict(merged_state_dict(policy))
+    store = Store()
+    order = list(weights_as_held(whole, None))
+    assert [n for n, _ in order[:3]] == ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
+    arriving = ArrivingWeights(list(whole), store.get)
+
+    def send():
+        count = 0
+        for ref, names, _ in bucket_stream(iter(order), 8 << 10, store.put):
+            arriving.arrive(ref, names)
+            count += 1
+            time.sleep(0.001)
+        arriving.end(count)
+
+    params = SamplingParams(8, temperature=1.0)
+    requests = [GenerationRequest(i, tokenizer(p).input_ids, seed=i) for i, p in enumerate(["1+2=", "30+4="])]
+    outputs = []
+    for weights in ("whole", "arriving"):
+        synced = make_engine(engine, base, tokenizer, batch_size=2)
+        if weights == "whole":
+            synced.load_weights(whole)
+        else:
+            sender = threading.Thread(target=send)
+            sender.start()
+            synced.load_weights(arriving)
+            sender.join()
+        outputs.append({c.request_id: c for c in synced.generate(requests, params)})
     a, b = outputs
     assert all(a[i].token_ids == b[i].token_ids and torch.equal(a[i].logprobs, b[i].logprobs) for i in a)

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @needs_ray
-@pytest.mark.slow  # eight set-ups of Ray actors: about two and a half minutes on 2 cores
+@pytest.mark.slow  # ten set-ups of Ray actors: about three minutes on 2 cores
 def test_the_weight_sync_bench_measures_each_setup_and_leaves_nothing(tmp_path):
     before = _ray_processes()
     out = tmp_path / "weight_sync.json"
@@ -31,7 +31,7 @@ def test_the_weight_sync_bench_measures_each_setup_and_leaves_nothing(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     setups = json.loads(out.read_text())["setups"]
-    assert len(setups) == 8
+    assert len(setups) == 10
     for name, row in setups.items():
         assert row["weights_mib"] > 0 and row["sync_s"] > 0, name
         assert all(isinstance(row[f"{side}_private_rise_mib"], float) for side in ("rank0", "worker")), name
@@ -40,6 +40,9 @@ def test_the_weight_sync_bench_measures_each_setup_and_leaves_nothing(tmp_path):
     # the ratios sit beside the bucketed set-ups, against the one-bucket set-up of the same learner
     assert {"worker_private_vs_one_bucket", "sync_s_vs_one_bucket"} <= set(setups["1 rank, 1 MiB buckets"])
     assert "sync_s_vs_one_bucket" not in setups["1 rank, one bucket"]
+    # pipelined against the same buckets sent one side after the other: the same bytes
+    piped = setups["1 rank, 1 MiB buckets, pipelined"]
+    assert piped["weights_mib_vs_one_after_the_other"] == 1.0 and piped["sync_s_vs_one_after_the_other"] > 0
     # bf16 engines sent bf16: a float32 learner's weights in half the bytes; a bf16 base's merges fewer
     narrowed = setups["1 rank, bf16 engine, engine dtype"]
     assert 0.45 < narrowed["weights_mib_vs_learner_dtype"] < 0.55

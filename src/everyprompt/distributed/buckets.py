@@ -8,11 +8,16 @@ store and a receiver a few while it copies them into its engine, where a whole s
 and got at once (a second host copy of the model on each side: about 61 GB for Qwen3-30B-A3B in bf16).
 verl sends its weights to the engines in buckets too (`update_weights_bucket_megabytes`, 512 MB unless set).
 
+A synchronous run's sync is pipelined: the sender's buckets are handed on as each is put (`WeightStream`),
+and a receiver's engine reads them through `ArrivingWeights`, which waits for a bucket that has not yet
+arrived, so the engines load bucket k while the sender reads and puts bucket k + 1.
+
 Ray is passed in (`put`, `get`): the buckets' logic is tested without it.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -32,32 +37,65 @@ class BucketedWeights:
     nbytes: int  # the weights' size
 
 
-def put_in_buckets(
+Bucket = tuple[object, tuple[str, ...], int]  # a bucket in the store: its reference, its names, its bytes
+
+
+def bucket_stream(
     weights: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int, put: Callable
-) -> BucketedWeights:
+) -> Iterator[Bucket]:
     """Put `(name, tensor)` pairs, read one at a time, into the store with `put` in buckets of at most
-    `bucket_bytes` (a tensor larger than that goes alone); each bucket is let go once put."""
+    `bucket_bytes` (a tensor larger than that goes alone), yielding each bucket as soon as it is put;
+    each is let go once put."""
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
-    buckets: list[tuple[object, tuple[str, ...]]] = []
     bucket: dict[str, torch.Tensor] = {}
-    filled = total = 0
-
-    def flush() -> None:
-        nonlocal bucket, filled
-        if bucket:
-            buckets.append((put(bucket), tuple(bucket)))
-            bucket, filled = {}, 0
-
+    filled = 0
     for name, tensor in weights:
         size = tensor.numel() * tensor.element_size()
         if bucket and filled + size > bucket_bytes:
-            flush()
+            yield put(bucket), tuple(bucket), filled
+            bucket, filled = {}, 0
         bucket[name] = tensor.detach()
         filled += size
-        total += size
-    flush()
-    return BucketedWeights(tuple(buckets), total)
+    if bucket:
+        yield put(bucket), tuple(bucket), filled
+
+
+def put_in_buckets(
+    weights: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int, put: Callable
+) -> BucketedWeights:
+    """`bucket_stream`'s buckets, all put, as one handle."""
+    buckets = list(bucket_stream(weights, bucket_bytes, put))
+    return BucketedWeights(tuple((ref, names) for ref, names, _ in buckets), sum(n for _, _, n in buckets))
+
+
+class WeightStream:
+    """A sync's buckets as the sender puts them: iterated once, by whoever hands them on (each bucket's
+    reference and names, as it comes); `settled()` then, or instead, is the `BucketedWeights` of them all.
+    `buckets` is anything that yields `Bucket`s (the Ray learner's: rank 0's stream, its failures mapped)."""
+
+    def __init__(self, buckets: Iterable[Bucket]):
+        self._source: Iterator[Bucket] | None = iter(buckets)
+        self._seen: list[Bucket] = []
+        self._handle: BucketedWeights | None = None
+
+    def __iter__(self) -> Iterator[tuple[object, tuple[str, ...]]]:
+        if self._source is None:
+            raise RuntimeError("a weight stream is handed on once; its buckets since: settled()")
+        source, self._source = self._source, None
+        for bucket in source:
+            self._seen.append(bucket)
+            yield bucket[0], bucket[1]
+        seen = self._seen
+        self._handle = BucketedWeights(tuple((r, n) for r, n, _ in seen), sum(b for _, _, b in seen))
+
+    def settled(self) -> BucketedWeights:
+        """Every bucket's handle, once they are all put (draining the stream if nobody has)."""
+        if self._handle is None:
+            for _ in self:
+                pass
+        assert self._handle is not None
+        return self._handle
 
 
 class StreamedWeights(Mapping):
@@ -69,16 +107,20 @@ class StreamedWeights(Mapping):
     def __init__(self, handle: BucketedWeights, get: Callable, keep: int = KEPT_BUCKETS):
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")
-        self.handle, self._get, self.keep = handle, get, keep
+        self._get, self.keep = get, keep
+        self._refs = [ref for ref, _ in handle.buckets]
         self._where = {name: index for index, (_, names) in enumerate(handle.buckets) for name in names}
         self._kept: OrderedDict[int, dict[str, torch.Tensor]] = OrderedDict()
 
+    def _locate(self, name: str) -> int:
+        return self._where[name]  # KeyError for a name not sent, as a dict's
+
     def __getitem__(self, name: str) -> torch.Tensor:
-        index = self._where[name]  # KeyError for a name not sent, as a dict's
+        index = self._locate(name)
         if index in self._kept:
             self._kept.move_to_end(index)
         else:
-            self._kept[index] = self._get(self.handle.buckets[index][0])
+            self._kept[index] = self._get(self._refs[index])
             while len(self._kept) > self.keep:
                 self._kept.popitem(last=False)
         return self._kept[index][name]
@@ -93,6 +135,70 @@ class StreamedWeights(Mapping):
         return len(self._where)
 
 
+class SyncAbandoned(RuntimeError):
+    """The sender of a pipelined sync failed before every bucket arrived."""
+
+
+class ArrivingWeights(StreamedWeights):
+    """`StreamedWeights` over buckets that arrive while the engine reads (`arrive`, from another thread):
+    the names are known from the start (the engine's own), and reading one that has not arrived yet waits
+    for it. `end(count)` says how many buckets were sent (a name still missing then is a KeyError); `end()`
+    without a count: the sender failed (`SyncAbandoned`)."""
+
+    def __init__(self, names: Iterable[str], get: Callable, keep: int = KEPT_BUCKETS):
+        super().__init__(BucketedWeights((), 0), get, keep)
+        self._names = tuple(names)
+        self._known = frozenset(self._names)
+        self._sent: int | None = None  # buckets sent in all, once the sender has said
+        self._abandoned = False
+        self._arrived = threading.Condition()
+
+    def arrive(self, ref: object, names: tuple[str, ...]) -> None:
+        with self._arrived:
+            self._refs.append(ref)
+            self._where.update((name, len(self._refs) - 1) for name in names)
+            self._arrived.notify_all()
+
+    def end(self, count: int | None = None) -> None:
+        with self._arrived:
+            self._sent, self._abandoned = count, count is None
+            self._arrived.notify_all()
+
+    def complete(self) -> bool:
+        return self._sent is not None and len(self._refs) >= self._sent
+
+    def wait_complete(self) -> None:
+        """Until every bucket sent has arrived (so none arrives after the sync is put away)."""
+        with self._arrived:
+            self._arrived.wait_for(lambda: self._abandoned or self.complete())
+
+    def _locate(self, name: str) -> int:
+        with self._arrived:
+            self._arrived.wait_for(lambda: name in self._where or self._abandoned or self.complete())
+            if name in self._where:
+                return self._where[name]
+            if self._abandoned:
+                raise SyncAbandoned("the weight sync was abandoned: its sender failed before sending " + name)
+            raise KeyError(f"weight {name!r} was not sent (every bucket of the sync has arrived)")
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._known
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+def names_of(handle: BucketedWeights) -> list[str]:
+    """Every name a handle's buckets hold, in the order sent."""
+    return [name for _, names in handle.buckets for name in names]
+
+
 def readable(weights, get: Callable) -> Mapping[str, torch.Tensor]:
-    """`weights` as a state dict to read: a `BucketedWeights` streamed, a state dict as it is."""
+    """`weights` as a state dict to read: a `BucketedWeights` streamed (a `WeightStream` once settled), a
+    state dict as it is."""
+    if isinstance(weights, WeightStream):
+        weights = weights.settled()
     return StreamedWeights(weights, get) if isinstance(weights, BucketedWeights) else weights

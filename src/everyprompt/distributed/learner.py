@@ -18,11 +18,19 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+from collections.abc import Iterator
 
 import torch
 
 from everyprompt.devices import keep_freed_memory, release_freed_memory, resolve_device
-from everyprompt.distributed.buckets import BucketedWeights, put_in_buckets, readable
+from everyprompt.distributed.buckets import (
+    Bucket,
+    BucketedWeights,
+    WeightStream,
+    bucket_stream,
+    put_in_buckets,
+    readable,
+)
 from everyprompt.distributed.recipes import ModelRecipe
 from everyprompt.distributed.runtime import actor_options, require_ray
 from everyprompt.errors import ClusterError
@@ -102,17 +110,26 @@ class LearnerRank:
 
     def engine_weights(self) -> tuple[BucketedWeights | None, int]:
         """Rank 0: (the policy's weights for the engines in the object store, their size in bytes)."""
+        buckets = list(self.engine_weight_stream())
+        handle = BucketedWeights(
+            tuple((ref, names) for ref, names, _ in buckets), sum(n for *_, n in buckets)
+        )
+        return (handle, handle.nbytes) if self.rank == 0 else (None, 0)
+
+    def engine_weight_stream(self):
+        """Rank 0: the policy's weights for the engines, each bucket (its reference, names and bytes) as soon
+        as it is in the object store (a Ray streaming generator); the other ranks yield nothing, taking
+        their part in each layer's gather (fsdp2) or nothing at all (ddp)."""
         if self._only_rank_0_works():
-            return None, 0
+            return
         pieces = self.learner.engine_weights(self.engine_dtypes)  # each narrowed first, on its device
         if self.rank != 0:
-            for _ in pieces:  # its part in each layer's gather (fsdp2)
+            for _ in pieces:
                 pass
-            return None, 0
+            return
         # through host memory: the object store holds host tensors (docs/cluster.md, "Weight sync")
         host = ((name, tensor.cpu()) for name, tensor in pieces)
-        handle = put_in_buckets(host, self.bucket_bytes, require_ray().put)
-        return handle, handle.nbytes
+        yield from bucket_stream(host, self.bucket_bytes, require_ray().put)
 
     def model_weights(self, trainable_only: bool = False) -> dict[str, torch.Tensor]:
         """The policy's own state dict (a LoRA policy's adapters unmerged), whole, on rank 0; with
@@ -170,12 +187,28 @@ class RankedLearner(LearnerSide):
         self.version += 1
         return metrics
 
-    def state_dict(self) -> BucketedWeights:
-        """The policy's weights in Ray's object store, in buckets (the rollout workers read them)."""
+    def state_dict(self, streamed: bool = False) -> BucketedWeights | WeightStream:
+        """The policy's weights in Ray's object store, in buckets (the rollout workers read them); `streamed`:
+        at once, as a `WeightStream` of rank 0's buckets as it puts them (the rollout workers load each
+        while rank 0 reads the next)."""
+        if streamed:
+            rank0 = self.ranks[0].engine_weight_stream.options(num_returns="streaming").remote()
+            others = [r.engine_weights.remote() for r in self.ranks[1:]]  # their part in the gathers
+            return WeightStream(self._streamed(rank0, others))
         ref, self.last_sync_bytes = self._all([r.engine_weights.remote() for r in self.ranks], "weight sync")[
             0
         ]
         return ref
+
+    def _streamed(self, rank0, others: list) -> Iterator[Bucket]:
+        """Rank 0's buckets as they come, then the other ranks' end; a rank's failure as `_all` reports it."""
+        total = 0
+        for item in rank0:
+            bucket = self._all([item], "weight sync")[0]
+            total += bucket[2]
+            yield bucket
+        self._all(others, "weight sync")
+        self.last_sync_bytes = total
 
     def send_as(self, dtypes: dict[str, torch.dtype]) -> None:
         """From now on, send each weight in its dtype in `dtypes` where that is narrower than the ranks'

@@ -13,13 +13,21 @@ that had not come back are sent to it again; `cluster/actor_restarts` counts the
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 
 import torch
 
 from everyprompt.devices import keep_freed_memory, release_freed_memory
-from everyprompt.distributed.buckets import BucketedWeights, put_in_buckets, readable
+from everyprompt.distributed.buckets import (
+    ArrivingWeights,
+    BucketedWeights,
+    WeightStream,
+    names_of,
+    put_in_buckets,
+    readable,
+)
 from everyprompt.distributed.recipes import ModelRecipe
 from everyprompt.distributed.runtime import actor_options, require_ray
 from everyprompt.errors import ClusterError
@@ -53,6 +61,10 @@ class RolloutWorker:
         # the recipe's weights in the object store: fetched a bucket at a time as the model reads them
         weights = readable(recipe.weights, require_ray().get)
         self.engine = build_engine(rollout_config, recipe.build(weights), tokenizer)
+        self._names = names_of(recipe.weights)  # what every sync sends: the engine's weights
+        self._syncs: dict[int, ArrivingWeights] = {}  # pipelined syncs under way, by number
+        self._put_away = 0  # the last one finished
+        self._syncs_lock = threading.Lock()
 
     def ready(self) -> tuple[bool, bool, bool]:
         """Whether the engine records routes, runs episodes (GenerationRequest.episode) and keeps a decode
@@ -80,6 +92,38 @@ class RolloutWorker:
         """The engine reads the buckets as it reaches them (a few held at a time)."""
         self.engine.load_weights(readable(weights, require_ray().get))
 
+    # a pipelined sync: its buckets arrive (`arrive`, on the actor's second thread) while the engine reads
+    def _sync(self, sync: int) -> ArrivingWeights | None:
+        """Sync `sync`'s weights, made by whichever of its calls runs first (Ray may run them in any order);
+        None once it is put away (a call of an abandoned sync that comes late)."""
+        with self._syncs_lock:
+            if sync <= self._put_away:
+                return None
+            if sync not in self._syncs:
+                self._syncs[sync] = ArrivingWeights(self._names, require_ray().get)
+            return self._syncs[sync]
+
+    def load_arriving(self, sync: int) -> None:
+        """Load sync `sync`'s weights as their buckets arrive (syncs come one at a time, numbered up)."""
+        weights = self._sync(sync)
+        try:
+            self.engine.load_weights(weights)
+            weights.wait_complete()  # every bucket sent has arrived: none comes after it is put away
+        finally:
+            with self._syncs_lock:
+                del self._syncs[sync]
+                self._put_away = sync
+
+    def arrive(self, sync: int, ref: list, names: tuple[str, ...]) -> None:
+        """A bucket of sync `sync`: its reference, in a list (Ray would fetch a bare one before the call)."""
+        if (weights := self._sync(sync)) is not None:
+            weights.arrive(ref[0], names)
+
+    def end_sync(self, sync: int, count: int | None) -> None:
+        """Sync `sync` sent `count` buckets in all; None: its sender failed."""
+        if (weights := self._sync(sync)) is not None:
+            weights.end(count)
+
     def sleep(self) -> None:
         self.engine.sleep()
         release_freed_memory()
@@ -98,6 +142,7 @@ class RayEngine:
         self.recipe = recipe
         self.stats: dict[str, float] = {}
         self.restarts = 0  # workers replaced so far in this run
+        self.syncs = 0  # pipelined syncs so far (each numbered, for the workers)
         self.workers = [self._spawn() for _ in range(config.cluster.rollout_workers)]
         # episodes travel to a worker with their requests and come back stepped, in the completion
         self.can_record_routes, episodes, decode_state = self._await_ready(self.workers)
@@ -131,13 +176,38 @@ class RayEngine:
 
     def load_weights(self, weights) -> None:
         """Every worker takes the learner's weights: buckets in Ray's object store (put once by a learner
-        rank, read by each worker without passing through this process), or a state dict, put here in
+        rank, read by each worker without passing through this process; a `WeightStream`: handed on as
+        each is put, the workers loading it while the next is made), or a state dict, put here in
         buckets as it is read (a local learner's: a LoRA policy's merged one weight at a time)."""
+        if isinstance(weights, WeightStream):
+            self.recipe.weights = self._relay(weights)
+            return
         if not isinstance(weights, BucketedWeights):
             pairs = weights_as_held(weights, self.weight_dtypes)
             weights = put_in_buckets(pairs, self.config.cluster.sync_bucket_bytes, self.ray.put)
         self.recipe.weights = weights  # what a replacement worker starts from
         self.ray.get([worker.load_weights.remote(weights) for worker in self.workers])
+
+    def _relay(self, stream: WeightStream) -> BucketedWeights:
+        """A pipelined sync: each worker starts loading, then each bucket is handed to every worker as the
+        learner puts it; if the learner fails, the workers are told and its error raised. The buckets'
+        handle, for a worker that replaces a lost one."""
+        self.syncs += 1
+        sync = self.syncs
+        loads = [worker.load_arriving.remote(sync) for worker in self.workers]
+        sent = 0
+        handed: list = []
+        try:
+            for ref, bucket in stream:
+                handed += [worker.arrive.remote(sync, [ref], bucket) for worker in self.workers]
+                sent += 1
+        except BaseException:
+            for worker in self.workers:
+                worker.end_sync.remote(sync, None)
+            raise
+        handed += [worker.end_sync.remote(sync, sent) for worker in self.workers]
+        self.ray.get([*handed, *loads])
+        return stream.settled()
 
     def sleep(self) -> None:
         """Every worker frees its engine's weights and cache until the next `load_weights` (a worker that

@@ -172,6 +172,9 @@ def as_held(value: torch.Tensor, held: torch.dtype | None) -> torch.Tensor:
 def weights_as_held(
     weights: Mapping[str, torch.Tensor], dtypes: Mapping[str, torch.dtype] | None
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """`weights`' pairs one at a time, each `as_held` its dtype in `dtypes` (none: as they are)."""
+    """`weights`' pairs one at a time, each `as_held` its dtype in `dtypes` (none: as they are), in the
+    order an engine reads them: those outside the decoder layers first (the embedding, the final norm, the
+    head), then each layer's (so a pipelined sync's engine starts on the first bucket, not the last)."""
     held = dtypes or {}
-    return ((name, as_held(value, held.get(name))) for name, value in weights.items())
+    order = sorted(weights, key=lambda name: ".layers." in name)  # stable: each layer's in its own order
+    return ((name, as_held(weights[name], held.get(name))) for name in order)

@@ -25,8 +25,10 @@ class LearnerSide(ABC):
         """One policy update from `batch`; its metrics (namespaced keys)."""
 
     @abstractmethod
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """The policy's weights for the rollout side's `load_weights` (a LoRA policy's merged)."""
+    def state_dict(self, streamed: bool = False) -> dict[str, torch.Tensor]:
+        """The policy's weights for the rollout side's `load_weights` (a LoRA policy's merged). `streamed`:
+        the caller hands them to `load_weights` at once, and only there, so a backend may return weights
+        still being sent (the Ray learner's pipelined sync)."""
 
     @abstractmethod
     def training_state(self) -> dict:

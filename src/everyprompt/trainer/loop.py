@@ -116,7 +116,7 @@ class RLTrainer:
             self.rollout.sleep()
         metrics = self.learner.update(batch)
         synced = time.perf_counter()
-        weights = self.learner.state_dict()
+        weights = self.learner.state_dict(streamed=self.pipeline is None)  # loaded at once, below
         self.step += 1
         if self.pipeline is None:
             self.rollout.load_weights(weights, self.step)

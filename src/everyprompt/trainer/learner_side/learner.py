@@ -99,7 +99,7 @@ class Learner(LearnerSide):
         self._replica: BehaviourReplica | None = None  # asynchronous runs: measures the behaviour mismatch
 
     # ------------------------------------------------------------ hand-off and state
-    def state_dict(self) -> dict[str, torch.Tensor]:
+    def state_dict(self, streamed: bool = False) -> dict[str, torch.Tensor]:
         """The policy's weights for the rollout side's `load_weights` (a LoRA policy's merged); under `fsdp2`
         every rank calls, rank 0 gets them whole on its host, the others an empty dict."""
         weights = merged_state_dict(self.model) if not self.parallel.sharded else dict(self.engine_weights())

@@ -1,13 +1,18 @@
-"""A Ray run's weight sync to bf16 engines is sent in bf16 (`cluster.sync_dtype=engine`): half the bytes of
-the float32 learner's weights, and the worker's engine holds and samples what it would have from them."""
+"""A Ray run's weight sync: to bf16 engines it is sent in bf16 (`cluster.sync_dtype=engine`), half the bytes
+of the float32 learner's weights, and the worker's engine samples what it would have from them; a pipelined
+sync whose sender fails leaves no worker waiting."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 import torch
 
 from everyprompt.data.passrate import PassRateStore
 from everyprompt.distributed.backend import ray_sides
+from everyprompt.distributed.buckets import WeightStream, bucket_stream
+from everyprompt.distributed.rollout import RayEngine
 from everyprompt.rollout import GenerationRequest, SamplingParams, build_engine
 from tests.conftest import tiny_config
 from tests.distributed.test_ray_training import SETTINGS
@@ -52,3 +57,39 @@ def test_bf16_engines_are_sent_bf16_weights_and_sample_as_from_float32(ray_insta
     finally:
         while closers:
             closers.pop()()
+
+
+@pytest.mark.long  # two rollout workers start: tens of seconds
+def test_a_pipelined_sync_whose_sender_fails_leaves_no_worker_waiting(ray_instance):
+    """The learner fails after its first bucket: the error reaches the caller, each worker is told and
+    ends its load (none is left waiting for buckets that will not come), and the next sync works."""
+    config = tiny_config(*SETTINGS, "cluster.backend=ray", "cluster.rollout_workers=2")
+    model, tokenizer = _model(config)
+    engine = RayEngine(config, model, tokenizer)
+    try:
+
+        def failing():
+            yield next(bucket_stream(model.state_dict().items(), 1 << 12, ray_instance.put))
+            raise RuntimeError("rank 0 fell over")
+
+        with pytest.raises(RuntimeError, match="rank 0 fell over"):
+            engine.load_weights(WeightStream(failing()))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            open_syncs = ray_instance.get(
+                [w.__ray_call__.remote(lambda w: len(w._syncs)) for w in engine.workers]
+            )
+            if open_syncs == [0, 0]:
+                break
+            time.sleep(0.2)
+        assert open_syncs == [0, 0]
+        # a whole sync after it: the workers decode as a local engine with the same weights
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.mul_(0.9)
+        engine.load_weights(model.state_dict())
+        local = build_engine(config.rollout, model, tokenizer)
+        mine, theirs = _completions(local, tokenizer), _completions(engine, tokenizer)
+        assert all(mine[i].token_ids == theirs[i].token_ids for i in mine)
+    finally:
+        engine.close()
