@@ -46,6 +46,7 @@ TINY = [
     "model.moe_intermediate_size=256",
 ]
 WHOLE_MIB = 1 << 14  # above any model here: one bucket
+FLOOR_MIB = 5.0  # a private-memory rise below this is allocator noise: no ratio is taken against it
 FSDP2_LORA = ["cluster.trainer_ranks=2", "cluster.trainer_sharding=fsdp2", "model.lora.enabled=true"]
 LEARNERS = {"1 rank": ["cluster.trainer_ranks=1"], "2 ranks fsdp2 + LoRA": FSDP2_LORA}
 # the sync's dtype (bucketed both ways): bf16 engines sent the learner's float32 weights (a LoRA policy on a
@@ -169,9 +170,11 @@ def _row(
 
 
 def _ratios(mine: dict, theirs: dict, versus: str) -> None:
-    """`mine`'s figures over `theirs`, beside `mine` as `<figure>_vs_<versus>`."""
+    """`mine`'s figures over `theirs`, beside `mine` as `<figure>_vs_<versus>`; None for a memory rise under
+    `FLOOR_MIB` in `theirs` (a few pages' wobble, no ratio worth reading)."""
     for key in ("weights_mib", "rank0_private_rise_mib", "worker_private_rise_mib", "sync_s"):
-        ratio = mine[key] / theirs[key] if theirs[key] > 0 else None
+        floor = FLOOR_MIB if key.endswith("_rise_mib") else 0.0
+        ratio = mine[key] / theirs[key] if theirs[key] > floor else None
         mine[f"{key.removesuffix('_rise_mib')}_vs_{versus}"] = None if ratio is None else round(ratio, 3)
 
 

@@ -251,3 +251,28 @@ def test_an_engine_loads_buckets_as_they_arrive_as_it_would_a_state_dict(engine)
         outputs.append({c.request_id: c for c in synced.generate(requests, params)})
     a, b = outputs
     assert all(a[i].token_ids == b[i].token_ids and torch.equal(a[i].logprobs, b[i].logprobs) for i in a)
+
+
+def test_a_bucket_is_stored_as_bytes_and_read_back_as_views_of_them():
+    """Each tensor goes into the store as its bytes, dtype and shape (one copy in, none out): read back,
+    every dtype and shape is as sent, and the tensors view the stored bytes."""
+    from everyprompt.distributed.buckets import packed, unpacked
+
+    bucket = {
+        "f32": torch.randn(3, 4),
+        "bf16": torch.randn(5).to(torch.bfloat16),
+        "fp8": torch.randn(4, 2).to(torch.float8_e4m3fn),
+        "ids": torch.arange(6).reshape(2, 3),
+        "mask": torch.tensor([True, False, True]),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.zeros(0, 3),
+        "transposed": torch.randn(4, 3).T,  # not contiguous: its bytes are made contiguous first
+    }
+    stored = packed(bucket)
+    assert all(data.dtype.name == "uint8" and data.ndim == 1 for data, _, _ in stored.values())
+    back = unpacked(stored)
+    for name, tensor in bucket.items():
+        assert back[name].dtype == tensor.dtype and back[name].shape == tensor.shape, name
+        flat = tensor.contiguous().reshape(-1).view(torch.uint8)
+        assert torch.equal(back[name].reshape(-1).view(torch.uint8), flat), name
+        assert back[name].data_ptr() == stored[name][0].ctypes.data or tensor.numel() == 0, name

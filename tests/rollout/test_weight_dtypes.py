@@ -132,3 +132,17 @@ def test_a_bf16_base_lora_policy_sends_its_float32_merges_in_bf16():
     engine.load_weights(sent)
     a, b = _held(reference), _held(engine)
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("model_type", NATIVE_FAMILIES)
+def test_the_native_engine_holds_no_memory_of_the_weights_it_is_given(model_type):
+    """In float32 on the CPU most reads are no-op casts: every weight the engine keeps is still its own
+    (a [1, H] gate's transpose moves nothing and had shared the policy's parameter), so neither a
+    learner's update between syncs nor a sync's read-only buckets reach it."""
+    model, tokenizer = family_model(model_type)
+    weights = dict(model.state_dict())
+    engine = make_engine("native", model, tokenizer, batch_size=2)
+    engine.load_weights(weights)
+    given = {t.untyped_storage().data_ptr() for t in weights.values()}
+    held = [t for t in _held(engine) if t.numel()]
+    assert held and not [t.shape for t in held if t.untyped_storage().data_ptr() in given]

@@ -12,12 +12,18 @@ A synchronous run's sync is pipelined: the sender's buckets are handed on as eac
 and a receiver's engine reads them through `ArrivingWeights`, which waits for a bucket that has not yet
 arrived, so the engines load bucket k while the sender reads and puts bucket k + 1.
 
+A bucket goes into the store as each tensor's bytes (a NumPy byte array, which Ray keeps out of band)
+with its dtype and shape, not as pickled tensors: the put is one copy into the store, and a receiver's
+tensors are views of the store's memory, read-only and copied by the engine as it loads them (no
+deserialised copy of the bucket in between). Ray documents NumPy arrays as zero-copy on a node.
+
 Ray is passed in (`put`, `get`): the buckets' logic is tested without it.
 """
 
 from __future__ import annotations
 
 import threading
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -40,6 +46,32 @@ class BucketedWeights:
 Bucket = tuple[object, tuple[str, ...], int]  # a bucket in the store: its reference, its names, its bytes
 
 
+def packed(bucket: dict[str, torch.Tensor]) -> dict[str, tuple]:
+    """A bucket as the store keeps it: each tensor's bytes (a view where it is contiguous on the host), its
+    dtype's name and its shape."""
+    return {
+        name: (host_bytes(t), str(t.dtype).removeprefix("torch."), tuple(t.shape))
+        for name, t in bucket.items()
+    }
+
+
+def host_bytes(tensor: torch.Tensor):
+    """`tensor`'s bytes as a flat NumPy uint8 array (a view of a contiguous host tensor; a 0-d one too)."""
+    return tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+
+
+def unpacked(bucket: dict[str, tuple]) -> dict[str, torch.Tensor]:
+    """`packed`'s bucket as tensors viewing its bytes (read-only: the store's memory; never written)."""
+    with warnings.catch_warnings():  # torch warns that a read-only array's tensor must not be written
+        warnings.simplefilter("ignore", UserWarning)
+        return {
+            name: torch.from_numpy(data).view(getattr(torch, dtype)).reshape(shape)
+            if data.size
+            else torch.empty(shape, dtype=getattr(torch, dtype))  # no bytes to view
+            for name, (data, dtype, shape) in bucket.items()
+        }
+
+
 def bucket_stream(
     weights: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int, put: Callable
 ) -> Iterator[Bucket]:
@@ -53,12 +85,12 @@ def bucket_stream(
     for name, tensor in weights:
         size = tensor.numel() * tensor.element_size()
         if bucket and filled + size > bucket_bytes:
-            yield put(bucket), tuple(bucket), filled
+            yield put(packed(bucket)), tuple(bucket), filled
             bucket, filled = {}, 0
         bucket[name] = tensor.detach()
         filled += size
     if bucket:
-        yield put(bucket), tuple(bucket), filled
+        yield put(packed(bucket)), tuple(bucket), filled
 
 
 def put_in_buckets(
@@ -120,7 +152,7 @@ class StreamedWeights(Mapping):
         if index in self._kept:
             self._kept.move_to_end(index)
         else:
-            self._kept[index] = self._get(self._refs[index])
+            self._kept[index] = unpacked(self._get(self._refs[index]))
             while len(self._kept) > self.keep:
                 self._kept.popitem(last=False)
         return self._kept[index][name]

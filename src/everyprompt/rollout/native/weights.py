@@ -195,19 +195,31 @@ class StateDict:
             raise KeyError(f"weight {name!r} missing from the state dict given to load_weights")
         return self.state[name].detach().to(self.device)
 
+    def _owned(self, value: torch.Tensor, name: str) -> torch.Tensor:
+        """`value`, read from weight `name`, in storage of its own: the engine never holds memory of the
+        weights it is given (a learner's parameter it would follow between syncs, a sync's read-only
+        bucket in the object store), which a transpose that moves nothing (a [1, H] weight) would."""
+        given = self.state[name]
+        if (
+            given.device == value.device
+            and value.untyped_storage().data_ptr() == given.untyped_storage().data_ptr()
+        ):
+            return value.clone()
+        return value
+
     def plain(self, name: str) -> torch.Tensor:
         self._keep(name, self.dtype)
-        return self.get(name).to(self.dtype).clone()
+        return self.get(name).to(self.dtype, copy=True)
 
     def float32(self, name: str) -> torch.Tensor:
         """A weight kept in float32 whatever the engine's dtype (DeepSeek-V3's routing bias)."""
         self._keep(name, torch.float32)
-        return self.get(name).float().clone()
+        return self.get(name).to(torch.float32, copy=True)
 
     def operand(self, name: str) -> torch.Tensor:
         """A weight kept in full precision (embeddings' transposes, routers, the LM head) as `x @ w`."""
         self._keep(name, self.dtype)
-        return self.get(name).to(self.dtype).T.contiguous()
+        return self._owned(self.get(name).to(self.dtype).T.contiguous(), name)
 
     def projection(self, *names: str, rows: torch.Tensor | None = None) -> Projection:
         """Linear weights [out, in] stacked along `out` (fp8: quantised per output channel, so a fused
@@ -220,7 +232,7 @@ class StateDict:
             weight = weight[rows.to(self.device)]
         if self.fp8:
             return FP8Weight.quantize(weight, self.dtype)
-        return weight.to(self.dtype).T.contiguous()
+        return self._owned(weight.to(self.dtype).T.contiguous(), names[0])
 
     def stacked(self, name: str) -> Projection:
         """Expert weights, checkpoint layout [E, out, in], multiplied as [E, in, out] (fp8: one scale per
@@ -229,7 +241,7 @@ class StateDict:
         weight = self.get(name)
         if self.fp8:
             return FP8Weight.quantize(weight, self.dtype)
-        return weight.to(self.dtype).transpose(1, 2).contiguous()
+        return self._owned(weight.to(self.dtype).transpose(1, 2).contiguous(), name)
 
     def bias(self, *names: str, rows: torch.Tensor | None = None) -> torch.Tensor | None:
         present = [n in self.state for n in names]
