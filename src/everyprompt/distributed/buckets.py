@@ -42,6 +42,12 @@ class BucketedWeights:
     buckets: tuple[tuple[object, tuple[str, ...]], ...]
     nbytes: int  # the weights' size
 
+    @classmethod
+    def of(cls, buckets: Iterable[Bucket]) -> BucketedWeights:
+        """The handle to `bucket_stream`'s buckets."""
+        buckets = list(buckets)
+        return cls(tuple((ref, names) for ref, names, _ in buckets), sum(nbytes for *_, nbytes in buckets))
+
 
 Bucket = tuple[object, tuple[str, ...], int]  # a bucket in the store: its reference, its names, its bytes
 
@@ -97,8 +103,7 @@ def put_in_buckets(
     weights: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int, put: Callable
 ) -> BucketedWeights:
     """`bucket_stream`'s buckets, all put, as one handle."""
-    buckets = list(bucket_stream(weights, bucket_bytes, put))
-    return BucketedWeights(tuple((ref, names) for ref, names, _ in buckets), sum(n for _, _, n in buckets))
+    return BucketedWeights.of(bucket_stream(weights, bucket_bytes, put))
 
 
 class WeightStream:
@@ -118,8 +123,7 @@ class WeightStream:
         for bucket in source:
             self._seen.append(bucket)
             yield bucket[0], bucket[1]
-        seen = self._seen
-        self._handle = BucketedWeights(tuple((r, n) for r, n, _ in seen), sum(b for _, _, b in seen))
+        self._handle = BucketedWeights.of(self._seen)
 
     def settled(self) -> BucketedWeights:
         """Every bucket's handle, once they are all put (draining the stream if nobody has)."""

@@ -110,10 +110,7 @@ class LearnerRank:
 
     def engine_weights(self) -> tuple[BucketedWeights | None, int]:
         """Rank 0: (the policy's weights for the engines in the object store, their size in bytes)."""
-        buckets = list(self.engine_weight_stream())
-        handle = BucketedWeights(
-            tuple((ref, names) for ref, names, _ in buckets), sum(n for *_, n in buckets)
-        )
+        handle = BucketedWeights.of(self.engine_weight_stream())
         return (handle, handle.nbytes) if self.rank == 0 else (None, 0)
 
     def engine_weight_stream(self):
