@@ -3,9 +3,9 @@ driven as one learner.
 
 Each rank rebuilds the policy from its recipe and runs `Learner.update` on the same batch, taking its
 share of the micro-batches (`trainer/learner_side/data_parallel.py`); the update equals one process's. Rank 0's
-figures are the step's. Weights for the rollout workers are put in Ray's object store by rank 0, in
-buckets as it reads them (distributed/buckets.py; under fsdp2 gathered a layer at a time), and reach the
-workers without passing through the driver. A checkpoint is gathered from rank 0 (the weights, whole the
+figures are the step's. Weights for the rollout workers go into Ray's object store from rank 0, in
+buckets as it reads them (distributed/buckets.py; under fsdp2 gathered a layer at a time), yielded by a
+streaming call so that the driver owns them, and reach the workers without passing through the driver. A checkpoint is gathered from rank 0 (the weights, whole the
 first time and then only those that train; the optimizer state keyed by parameter name) and written by
 the driver in the local backend's format, so a run resumes on any number of ranks.
 
@@ -108,15 +108,12 @@ class LearnerRank:
         0 answers alone; fsdp2's gathers need every rank."""
         return self.rank != 0 and not self.learner.parallel.sharded
 
-    def engine_weights(self) -> tuple[BucketedWeights | None, int]:
-        """Rank 0: (the policy's weights for the engines in the object store, their size in bytes)."""
-        handle = BucketedWeights.of(self.engine_weight_stream())
-        return (handle, handle.nbytes) if self.rank == 0 else (None, 0)
-
     def engine_weight_stream(self):
-        """Rank 0: the policy's weights for the engines, each bucket (its reference, names and bytes) as soon
-        as it is in the object store (a Ray streaming generator); the other ranks yield nothing, taking
-        their part in each layer's gather (fsdp2) or nothing at all (ddp)."""
+        """Rank 0: the policy's weights for the engines, a bucket at a time as it fills (a Ray streaming
+        generator): the bucket itself (stored by Ray as the caller's object, so the driver owns it and
+        never fetches it), then its names and bytes. The other ranks yield nothing, taking their part in
+        each layer's gather (fsdp2) or nothing at all (ddp). (Buckets this rank put itself and yielded by
+        reference can lose their reference count on the way to a worker: Ray's issue 58080.)"""
         if self._only_rank_0_works():
             return
         pieces = self.learner.engine_weights(self.engine_dtypes)  # each narrowed first, on its device
@@ -126,7 +123,9 @@ class LearnerRank:
             return
         # through host memory: the object store holds host tensors (docs/cluster.md, "Weight sync")
         host = ((name, tensor.cpu()) for name, tensor in pieces)
-        yield from bucket_stream(host, self.bucket_bytes, require_ray().put)
+        for bucket, names, nbytes in bucket_stream(host, self.bucket_bytes, put=lambda packed: packed):
+            yield bucket
+            yield names, nbytes
 
     def model_weights(self, trainable_only: bool = False) -> dict[str, torch.Tensor]:
         """The policy's own state dict (a LoRA policy's adapters unmerged), whole, on rank 0; with
@@ -185,26 +184,28 @@ class RankedLearner(LearnerSide):
         return metrics
 
     def state_dict(self, streamed: bool = False) -> BucketedWeights | WeightStream:
-        """The policy's weights in Ray's object store, in buckets (the rollout workers read them); `streamed`:
-        at once, as a `WeightStream` of rank 0's buckets as it puts them (the rollout workers load each
-        while rank 0 reads the next)."""
-        if streamed:
-            rank0 = self.ranks[0].engine_weight_stream.options(num_returns="streaming").remote()
-            others = [r.engine_weights.remote() for r in self.ranks[1:]]  # their part in the gathers
-            return WeightStream(self._streamed(rank0, others))
-        ref, self.last_sync_bytes = self._all([r.engine_weights.remote() for r in self.ranks], "weight sync")[
-            0
-        ]
-        return ref
+        """The policy's weights in Ray's object store, in buckets (the rollout workers read them);
+        `streamed`: at once, as a `WeightStream` of rank 0's buckets as they come (the rollout workers load
+        each while rank 0 reads the next)."""
+        streams = [r.engine_weight_stream.options(num_returns="streaming").remote() for r in self.ranks]
+        stream = WeightStream(self._streamed(streams[0], streams[1:]))
+        return stream if streamed else stream.settled()
 
     def _streamed(self, rank0, others: list) -> Iterator[Bucket]:
-        """Rank 0's buckets as they come, then the other ranks' end; a rank's failure as `_all` reports it."""
+        """Rank 0's buckets as they come (each bucket's reference, then its names and bytes, read here),
+        then the other ranks' end; a rank's failure as `_all` reports it."""
         total = 0
-        for item in rank0:
-            bucket = self._all([item], "weight sync")[0]
-            total += bucket[2]
-            yield bucket
-        self._all(others, "weight sync")
+        items = iter(rank0)
+        for bucket in items:
+            about = next(items, None)
+            if about is None:  # the stream ended inside a bucket: what rank 0 yielded last was its error
+                self._all([bucket], "weight sync")
+                raise ClusterError("learner rank 0 ended a weight sync inside a bucket")
+            names, nbytes = self._all([about], "weight sync")[0]
+            total += nbytes
+            yield bucket, names, nbytes
+        for other in others:
+            self._all(list(other), "weight sync")  # nothing, or what ended it
         self.last_sync_bytes = total
 
     def send_as(self, dtypes: dict[str, torch.dtype]) -> None:
