@@ -182,10 +182,8 @@ class StateDict:
         self.kept: dict[str, torch.dtype | None] = {}
 
     def _keep(self, name: str, dtype: torch.dtype | None) -> None:
-        if name in self.kept and self.kept[name] != dtype:  # read twice, two ways: the wider, or as sent
-            earlier = self.kept[name]
-            dtype = None if dtype is None or earlier is None else torch.promote_types(dtype, earlier)
-        self.kept[name] = dtype
+        # a weight read two ways (none is today) goes as sent
+        self.kept[name] = dtype if self.kept.get(name, dtype) == dtype else None
 
     def __contains__(self, name: str) -> bool:
         return name in self.state
@@ -195,14 +193,15 @@ class StateDict:
             raise KeyError(f"weight {name!r} missing from the state dict given to load_weights")
         return self.state[name].detach().to(self.device)
 
-    def _owned(self, value: torch.Tensor, name: str) -> torch.Tensor:
-        """`value`, read from weight `name`, in storage of its own: the engine never holds memory of the
-        weights it is given (a learner's parameter it would follow between syncs, a sync's read-only
-        bucket in the object store), which a transpose that moves nothing (a [1, H] weight) would."""
-        given = self.state[name]
+    @staticmethod
+    def _owned(value: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+        """`value`, made from `source` (a weight as `get` read it), in storage of its own: the engine never
+        holds memory of the weights it is given (a learner's parameter it would follow between syncs, a
+        sync's read-only bucket in the object store), which a transpose that moves nothing (a [1, H]
+        weight) would."""
         if (
-            given.device == value.device
-            and value.untyped_storage().data_ptr() == given.untyped_storage().data_ptr()
+            value.device == source.device
+            and value.untyped_storage().data_ptr() == source.untyped_storage().data_ptr()
         ):
             return value.clone()
         return value
@@ -219,7 +218,8 @@ class StateDict:
     def operand(self, name: str) -> torch.Tensor:
         """A weight kept in full precision (embeddings' transposes, routers, the LM head) as `x @ w`."""
         self._keep(name, self.dtype)
-        return self._owned(self.get(name).to(self.dtype).T.contiguous(), name)
+        weight = self.get(name)
+        return self._owned(weight.to(self.dtype).T.contiguous(), weight)
 
     def projection(self, *names: str, rows: torch.Tensor | None = None) -> Projection:
         """Linear weights [out, in] stacked along `out` (fp8: quantised per output channel, so a fused
@@ -232,7 +232,7 @@ class StateDict:
             weight = weight[rows.to(self.device)]
         if self.fp8:
             return FP8Weight.quantize(weight, self.dtype)
-        return self._owned(weight.to(self.dtype).T.contiguous(), names[0])
+        return self._owned(weight.to(self.dtype).T.contiguous(), weight)
 
     def stacked(self, name: str) -> Projection:
         """Expert weights, checkpoint layout [E, out, in], multiplied as [E, in, out] (fp8: one scale per
@@ -241,7 +241,7 @@ class StateDict:
         weight = self.get(name)
         if self.fp8:
             return FP8Weight.quantize(weight, self.dtype)
-        return self._owned(weight.to(self.dtype).transpose(1, 2).contiguous(), name)
+        return self._owned(weight.to(self.dtype).transpose(1, 2).contiguous(), weight)
 
     def bias(self, *names: str, rows: torch.Tensor | None = None) -> torch.Tensor | None:
         present = [n in self.state for n in names]
