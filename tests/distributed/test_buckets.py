@@ -14,7 +14,7 @@ from everyprompt.distributed.buckets import (
     StreamedWeights,
     SyncAbandoned,
     WeightStream,
-    bucket_stream,
+    packed_buckets,
     put_in_buckets,
     readable,
 )
@@ -38,6 +38,11 @@ class Store:
     def get(self, key: int) -> dict:
         self.gets += 1
         return self.objects[key]
+
+
+def _stored(weights, bucket_bytes: int, store: Store):
+    """`packed_buckets`' buckets, each put in `store` as it comes (as rank 0's are stored by Ray)."""
+    return ((store.put(bucket), names, n) for bucket, names, n in packed_buckets(weights, bucket_bytes))
 
 
 def _floats(*sizes: int) -> list[tuple[str, torch.Tensor]]:
@@ -136,16 +141,16 @@ def test_an_engine_synced_from_buckets_decodes_as_one_synced_from_a_state_dict(e
     assert all(a[i].token_ids == b[i].token_ids and torch.equal(a[i].logprobs, b[i].logprobs) for i in a)
 
 
-def test_buckets_are_yielded_as_each_is_put():
-    """The stream puts a bucket and yields it before reading the weights of the next."""
-    store, read = Store(), []
+def test_buckets_are_yielded_as_each_fills():
+    """A bucket is yielded before the weights of the next are read (all but the one that did not fit)."""
+    read = []
 
     def weights():
         for name, tensor in _floats(1, 1, 1, 1):
             read.append(name)
             yield name, tensor
 
-    stream = bucket_stream(weights(), 8, store.put)
+    stream = packed_buckets(weights(), 8)
     first = next(stream)
     assert first[1:] == (("w0", "w1"), 8) and read == ["w0", "w1", "w2"]  # w2 read: it did not fit
     assert [names for _, names, _ in stream] == [("w2", "w3")]
@@ -153,22 +158,19 @@ def test_buckets_are_yielded_as_each_is_put():
 
 def test_a_weight_stream_is_handed_on_once_and_settles_into_a_handle():
     store = Store()
-    stream = WeightStream(bucket_stream(_floats(1, 1, 1), 8, store.put))
+    stream = WeightStream(_stored(_floats(1, 1, 1), 8, store))
     assert [names for _, names in stream] == [("w0", "w1"), ("w2",)]
     handle = stream.settled()
     assert [names for _, names in handle.buckets] == [("w0", "w1"), ("w2",)] and handle.nbytes == 12
     with pytest.raises(RuntimeError, match="handed on once"):
         list(stream)
-    unread = WeightStream(bucket_stream(_floats(1, 1, 1), 8, Store().put))
+    unread = WeightStream(_stored(_floats(1, 1, 1), 8, Store()))
     assert unread.settled().nbytes == 12  # drained by settling
-    assert isinstance(
-        readable(WeightStream(bucket_stream(_floats(1), 8, store.put)), store.get), StreamedWeights
-    )
 
 
 def test_arriving_weights_wait_for_a_bucket_that_has_not_arrived():
     store = Store()
-    buckets = list(bucket_stream(_floats(1, 1, 1), 4, store.put))  # one weight a bucket
+    buckets = list(_stored(_floats(1, 1, 1), 4, store))  # one weight a bucket
     weights = ArrivingWeights(["w0", "w1", "w2"], store.get)
     assert "w2" in weights and len(weights) == 3 and list(weights) == ["w0", "w1", "w2"]  # no waiting
     got = {}
@@ -190,7 +192,7 @@ def test_arriving_weights_wait_for_a_bucket_that_has_not_arrived():
 
 def test_arriving_weights_name_what_never_came_and_a_sender_that_failed():
     store = Store()
-    ref, names, _ = next(bucket_stream(_floats(1), 4, store.put))
+    ref, names, _ = next(_stored(_floats(1), 4, store))
     weights = ArrivingWeights(["w0", "w9"], store.get)
     weights.arrive(ref, names)
     weights.end(1)
@@ -230,7 +232,7 @@ def test_an_engine_loads_buckets_as_they_arrive_as_it_would_a_state_dict(engine)
 
     def send():
         count = 0
-        for ref, names, _ in bucket_stream(iter(order), 8 << 10, store.put):
+        for ref, names, _ in _stored(iter(order), 8 << 10, store):
             arriving.arrive(ref, names)
             count += 1
             time.sleep(0.001)

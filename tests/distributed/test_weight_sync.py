@@ -11,7 +11,7 @@ import torch
 
 from everyprompt.data.passrate import PassRateStore
 from everyprompt.distributed.backend import ray_sides
-from everyprompt.distributed.buckets import WeightStream, bucket_stream
+from everyprompt.distributed.buckets import WeightStream, packed_buckets
 from everyprompt.distributed.rollout import RayEngine
 from everyprompt.rollout import GenerationRequest, SamplingParams, build_engine
 from tests.conftest import tiny_config
@@ -69,7 +69,8 @@ def test_a_pipelined_sync_whose_sender_fails_leaves_no_worker_waiting(ray_instan
     try:
 
         def failing():
-            yield next(bucket_stream(model.state_dict().items(), 1 << 12, ray_instance.put))
+            bucket, names, nbytes = next(packed_buckets(model.state_dict().items(), 1 << 12))
+            yield ray_instance.put(bucket), names, nbytes
             raise RuntimeError("rank 0 fell over")
 
         with pytest.raises(RuntimeError, match="rank 0 fell over"):

@@ -63,20 +63,17 @@ def _decoded(engine, tokenizer) -> dict:
     return {c.request_id: c for c in engine.generate(requests, SamplingParams(6, temperature=1.0))}
 
 
-def _sent_narrowed_holds_the_same(engine_name: str, precision: str, model_type: str) -> None:
-    """Two engines over one model, synced to other float32 weights: as they are, and each weight cast to
-    the engine's `weight_dtypes` first; they hold the same bits and sample the same tokens."""
+def _sent_narrowed_holds_the_same(engine_name: str, model_type: str) -> None:
+    """Two bf16 engines over one model, synced to other float32 weights: as they are, and each weight cast
+    to the engine's `weight_dtypes` first; they hold the same bits and sample the same tokens."""
     model, tokenizer = family_model(model_type)
     other, _ = family_model(model_type, seed=3)
     weights = dict(other.state_dict())
-    plain = make_engine(engine_name, model, tokenizer, batch_size=2, precision=precision)
-    narrow = make_engine(engine_name, model, tokenizer, batch_size=2, precision=precision)
-    dtypes = narrow.weight_dtypes()
-    sent = dict(weights_as_held(weights, dtypes))
-    if (
-        precision == "bf16"
-    ):  # every weight the engine reads is held in bf16 (DeepSeek-V3's routing bias aside)
-        assert weights_nbytes(sent) < 0.55 * weights_nbytes(weights)
+    plain = make_engine(engine_name, model, tokenizer, batch_size=2, precision="bf16")
+    narrow = make_engine(engine_name, model, tokenizer, batch_size=2, precision="bf16")
+    sent = dict(weights_as_held(weights, narrow.weight_dtypes()))
+    # every weight the engine reads is held in bf16 (DeepSeek-V3's routing bias aside)
+    assert weights_nbytes(sent) < 0.55 * weights_nbytes(weights)
     plain.load_weights(weights)
     narrow.load_weights(sent)
     a, b = _held(plain), _held(narrow)
@@ -88,19 +85,20 @@ def _sent_narrowed_holds_the_same(engine_name: str, precision: str, model_type: 
 
 @pytest.mark.parametrize("model_type", NATIVE_FAMILIES)
 def test_the_native_engine_in_bf16_holds_the_same_bits_from_weights_sent_narrowed(model_type):
-    _sent_narrowed_holds_the_same("native", "bf16", model_type)
+    _sent_narrowed_holds_the_same("native", model_type)
 
 
 @pytest.mark.parametrize("model_type", ["qwen3_moe", "deepseek_v3"])
 def test_an_fp8_engine_quantises_from_its_projections_as_sent(model_type):
-    """fp8 quantises each projection from the weight it is given: casting it first would change its scales,
-    so those go as sent; the rest (embeddings, norms, routers, the head) are held in float32 anyway."""
+    """fp8 quantises each projection and expert stack from the weight it is given: casting it first would
+    change its scales, so none of them is listed (they go as sent); the rest (embeddings, norms, routers,
+    the head) are listed, held in float32."""
     model, tokenizer = family_model(model_type)
     engine = make_engine("native", model, tokenizer, batch_size=2, precision="fp8")
     dtypes = engine.weight_dtypes()
-    assert "model.layers.0.self_attn.o_proj.weight" not in dtypes
-    assert dtypes["model.norm.weight"] == torch.float32
-    _sent_narrowed_holds_the_same("native", "fp8", model_type)
+    quantised = {n for n in model.state_dict() if "_proj" in n and n.endswith(".weight") or ".experts." in n}
+    assert quantised and set(model.state_dict()) - set(dtypes) == quantised
+    assert set(dtypes.values()) == {torch.float32}
 
 
 def test_the_native_engine_names_deepseek_routing_bias_float32():
@@ -113,7 +111,7 @@ def test_the_native_engine_names_deepseek_routing_bias_float32():
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen3_moe"])
 def test_the_hf_engine_in_bf16_holds_the_same_bits_from_weights_sent_narrowed(model_type):
-    _sent_narrowed_holds_the_same("hf", "bf16", model_type)
+    _sent_narrowed_holds_the_same("hf", model_type)
 
 
 def test_a_bf16_base_lora_policy_sends_its_float32_merges_in_bf16():

@@ -44,7 +44,7 @@ class BucketedWeights:
 
     @classmethod
     def of(cls, buckets: Iterable[Bucket]) -> BucketedWeights:
-        """The handle to `bucket_stream`'s buckets."""
+        """The handle to buckets in the store (`Bucket`s)."""
         buckets = list(buckets)
         return cls(tuple((ref, names) for ref, names, _ in buckets), sum(nbytes for *_, nbytes in buckets))
 
@@ -78,12 +78,10 @@ def unpacked(bucket: dict[str, tuple]) -> dict[str, torch.Tensor]:
         }
 
 
-def bucket_stream(
-    weights: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int, put: Callable
-) -> Iterator[Bucket]:
-    """Put `(name, tensor)` pairs, read one at a time, into the store with `put` in buckets of at most
-    `bucket_bytes` (a tensor larger than that goes alone), yielding each bucket as soon as it is put;
-    each is let go once put."""
+def packed_buckets(weights: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[tuple]:
+    """`(name, tensor)` pairs, read one at a time, in buckets of at most `bucket_bytes` (a tensor larger
+    than that goes alone), each yielded `packed` with its names and bytes as soon as it is full, before
+    the next weight is read."""
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
     bucket: dict[str, torch.Tensor] = {}
@@ -91,19 +89,22 @@ def bucket_stream(
     for name, tensor in weights:
         size = tensor.numel() * tensor.element_size()
         if bucket and filled + size > bucket_bytes:
-            yield put(packed(bucket)), tuple(bucket), filled
+            yield packed(bucket), tuple(bucket), filled
             bucket, filled = {}, 0
         bucket[name] = tensor.detach()
         filled += size
     if bucket:
-        yield put(packed(bucket)), tuple(bucket), filled
+        yield packed(bucket), tuple(bucket), filled
 
 
 def put_in_buckets(
     weights: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int, put: Callable
 ) -> BucketedWeights:
-    """`bucket_stream`'s buckets, all put, as one handle."""
-    return BucketedWeights.of(bucket_stream(weights, bucket_bytes, put))
+    """`packed_buckets`' buckets, each put into the store with `put` as it is made and then let go, as one
+    handle."""
+    return BucketedWeights.of(
+        (put(bucket), names, n) for bucket, names, n in packed_buckets(weights, bucket_bytes)
+    )
 
 
 class WeightStream:
@@ -146,6 +147,8 @@ class StreamedWeights(Mapping):
         self._get, self.keep = get, keep
         self._refs = [ref for ref, _ in handle.buckets]
         self._where = {name: index for index, (_, names) in enumerate(handle.buckets) for name in names}
+        self._names = tuple(self._where)  # what it holds (ArrivingWeights: before they arrive)
+        self._known = frozenset(self._names)
         self._kept: OrderedDict[int, dict[str, torch.Tensor]] = OrderedDict()
 
     def _locate(self, name: str) -> int:
@@ -162,13 +165,13 @@ class StreamedWeights(Mapping):
         return self._kept[index][name]
 
     def __contains__(self, name: object) -> bool:
-        return name in self._where
+        return name in self._known
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._where)
+        return iter(self._names)
 
     def __len__(self) -> int:
-        return len(self._where)
+        return len(self._names)
 
 
 class SyncAbandoned(RuntimeError):
@@ -183,7 +186,7 @@ class ArrivingWeights(StreamedWeights):
 
     def __init__(self, names: Iterable[str], get: Callable, keep: int = KEPT_BUCKETS):
         super().__init__(BucketedWeights((), 0), get, keep)
-        self._names = tuple(names)
+        self._names = tuple(names)  # the engine's own: every sync sends them
         self._known = frozenset(self._names)
         self._sent: int | None = None  # buckets sent in all, once the sender has said
         self._abandoned = False
@@ -217,15 +220,6 @@ class ArrivingWeights(StreamedWeights):
                 raise SyncAbandoned("the weight sync was abandoned: its sender failed before sending " + name)
             raise KeyError(f"weight {name!r} was not sent (every bucket of the sync has arrived)")
 
-    def __contains__(self, name: object) -> bool:
-        return name in self._known
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._names)
-
-    def __len__(self) -> int:
-        return len(self._names)
-
 
 def names_of(handle: BucketedWeights) -> list[str]:
     """Every name a handle's buckets hold, in the order sent."""
@@ -233,8 +227,5 @@ def names_of(handle: BucketedWeights) -> list[str]:
 
 
 def readable(weights, get: Callable) -> Mapping[str, torch.Tensor]:
-    """`weights` as a state dict to read: a `BucketedWeights` streamed (a `WeightStream` once settled), a
-    state dict as it is."""
-    if isinstance(weights, WeightStream):
-        weights = weights.settled()
+    """`weights` as a state dict to read: a `BucketedWeights` streamed, a state dict as it is."""
     return StreamedWeights(weights, get) if isinstance(weights, BucketedWeights) else weights

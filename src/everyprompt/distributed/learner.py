@@ -27,7 +27,7 @@ from everyprompt.distributed.buckets import (
     Bucket,
     BucketedWeights,
     WeightStream,
-    bucket_stream,
+    packed_buckets,
     put_in_buckets,
     readable,
 )
@@ -123,7 +123,7 @@ class LearnerRank:
             return
         # through host memory: the object store holds host tensors (docs/cluster.md, "Weight sync")
         host = ((name, tensor.cpu()) for name, tensor in pieces)
-        for bucket, names, nbytes in bucket_stream(host, self.bucket_bytes, put=lambda packed: packed):
+        for bucket, names, nbytes in packed_buckets(host, self.bucket_bytes):
             yield bucket
             yield names, nbytes
 
