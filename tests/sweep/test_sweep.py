@@ -19,7 +19,7 @@ from everyprompt.config import ConfigError
 from everyprompt.processes import descendants, is_alive
 from everyprompt.run.layout import SweepLayout
 from everyprompt.sweep import SweepPlan, parse_axes, prepare, split_values
-from everyprompt.sweep.runner import cell_command
+from everyprompt.sweep.runner import SweepRunner, cell_command
 from tests.conftest import TINY_OVERRIDES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -210,12 +210,30 @@ def test_parallel_below_one_is_refused(tmp_path, capsys):
     assert "--parallel 0" in capsys.readouterr().err and not (tmp_path / "s").exists()
 
 
+def test_a_signalled_cell_is_done_when_it_wrote_its_evaluation_and_stopped_when_not(tmp_path):
+    plan = SweepPlan({}, ["rl.steps=3"], {"rl.loss": ["ppo_clip", "espo"]}, [0])
+    finished, midway = plan.cells()
+    (tmp_path / finished.name).mkdir()
+    (tmp_path / finished.name / "eval.json").write_text('{"greedy_accuracy": 0.5}')
+    runner = SweepRunner(plan, tmp_path)
+    assert runner._outcome(finished, -signal.SIGTERM, 1.0).state == "failed"  # nobody asked it to stop
+    runner._signum = signal.SIGTERM  # the sweep was told to stop and told its cells
+    # killed by the signal on its way out, after its evaluation: its work is complete
+    assert runner._outcome(finished, -signal.SIGTERM, 1.0).state == "done"
+    assert runner._outcome(finished, 143, 1.0).state == "done"
+    assert runner._outcome(midway, 143, 1.0).state == "stopped"
+    assert runner._outcome(midway, 1, 1.0).state == "failed"
+
+
 @pytest.mark.long  # tens of seconds: `make test-long` (.ci/run runs it after `make test`)
 def test_sigterm_stops_the_cells_after_their_checkpoints_and_the_sweep_resumes(tmp_path):
+    # enough steps that the signal, forwarded within the driver's 0.2 s poll, lands mid-RL on a fast
+    # machine too (with 4, a CI run once finished the cell and its evaluation before the signal came)
+    STEPS = 40  # noqa: N806
     sweep_dir = tmp_path / "sweep"
     command = [
         sys.executable, "-m", "everyprompt.cli", "sweep", *(o for o in TINY_OVERRIDES if not o.startswith("rl.steps=")),
-        "rl.steps=4", "rl.loss=ppo_clip,espo",
+        f"rl.steps={STEPS}", "rl.loss=ppo_clip,espo",
         "--run-dir", str(sweep_dir),
     ]  # fmt: skip
     driver = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -232,11 +250,12 @@ def test_sigterm_stops_the_cells_after_their_checkpoints_and_the_sweep_resumes(t
     assert not [pid for pid in children if is_alive(pid)]
     assert _status(sweep_dir)["loss=ppo_clip,seed=0"]["state"] == "stopped"
     assert (first / "checkpoints" / "latest").exists() and not (first / "eval.json").exists()
+    assert len((first / "metrics.jsonl").read_text().splitlines()) < STEPS
     assert not (sweep_dir / "loss=espo,seed=0").exists()  # no new cell started after the signal
 
     assert main(["sweep", "--resume", str(sweep_dir)]) == 0
     assert {s["state"] for s in _status(sweep_dir).values()} == {"done"}
-    assert len((first / "metrics.jsonl").read_text().splitlines()) == 4
+    assert len((first / "metrics.jsonl").read_text().splitlines()) == STEPS
     assert "resumed from" in (first / "output.log").read_text()
 
 

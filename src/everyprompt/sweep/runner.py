@@ -239,12 +239,16 @@ class SweepRunner:
 
     def _outcome(self, cell: Cell, code: int, seconds: float) -> Outcome:
         cell_dir = self.sweep_dir / cell.name
-        if code == 0 and cell_is_done(cell_dir):
-            return Outcome("done", seconds, code)
         # a cell stopped by the signal we sent: after its checkpoint (130 / 143), or before it had set up
         # its handler (killed by the signal itself)
-        stopped = (-signal.SIGINT, -signal.SIGTERM, 128 + signal.SIGINT, 128 + signal.SIGTERM)
-        if self._signum is not None and code in stopped:
+        signalled = self._signum is not None and code in (
+            -signal.SIGINT, -signal.SIGTERM, 128 + signal.SIGINT, 128 + signal.SIGTERM
+        )  # fmt: skip
+        # done: a clean exit with its evaluation written, or our signal killing it on its way out after
+        # that (a resume would skip it: its work is complete)
+        if (code == 0 or signalled) and cell_is_done(cell_dir):
+            return Outcome("done", seconds, code)
+        if signalled:
             return Outcome("stopped", seconds, code)
         return Outcome("failed", seconds, code, _last_line(RunLayout(cell_dir).cell_log))
 
