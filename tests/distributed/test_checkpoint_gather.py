@@ -1,4 +1,5 @@
-"""What a Ray run's checkpoint brings from its learner ranks: everything once, then only what trains."""
+"""What a Ray run's checkpoint brings from its learner ranks: the weights everything once, then only what
+trains; the optimizer state nothing (each rank writes its share into the checkpoint)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import torch
 
 from everyprompt.distributed.learner import RankedLearner
 from everyprompt.models.lora import apply_lora, weights_nbytes
+from everyprompt.trainer import Learner
+from everyprompt.trainer.checkpoint import SHARDED, SHARDS, CheckpointError
 from tests.conftest import tiny_config
 from tests.distributed.test_ray_training import LORA, SETTINGS
 from tests.trainer.test_sides import _model, hand_batch
@@ -45,3 +48,58 @@ def test_a_lora_checkpoint_brings_the_frozen_base_once_then_only_the_adapters(ra
         assert all(torch.equal(mine[key], ranks[key].to(mine[key].dtype)) for key in ranks)
     finally:
         learner.close()
+
+
+@pytest.mark.long  # two Ray learners start: tens of seconds
+@pytest.mark.parametrize("sharding", ["ddp", "fsdp2"])
+def test_each_rank_writes_its_share_of_the_optimizer_state_and_one_process_reads_it_whole(
+    ray_instance, tmp_path, sharding
+):
+    config = tiny_config(*SETTINGS, "cluster.backend=ray", "cluster.trainer_ranks=2")
+    config.cluster.trainer_sharding = sharding
+    model, tokenizer = _model(config)
+    learner = RankedLearner(config, model, tokenizer.pad_token_id)
+    try:
+        assert learner.training_state(tmp_path)["optimizer"] == {}  # before any step: nothing to write
+        learner.update(hand_batch(_model(config)[0], tokenizer, [1.0, 0.0, 1.0, 0.0, 0.0, 1.0]))
+        state = learner.training_state(tmp_path)
+        whole = learner.training_state()  # the same state gathered to rank 0 and sent here
+    finally:
+        learner.close()
+    assert state["optimizer"] == {SHARDED: SHARDS}  # nothing of it came through Ray
+    written = {p.name for p in (tmp_path / SHARDS).iterdir()}
+    assert {"__0_0.distcp", ".metadata"} <= written
+    assert sharding == "ddp" or "__1_0.distcp" in written  # fsdp2: each rank holds (and writes) half
+    assert state["version"] == whole["version"] == 1
+    # one process, no group, reads the ranks' shares as the whole state
+    local = Learner(tiny_config(*SETTINGS), _model(config)[0], tokenizer.pad_token_id)
+    local.load_training_state({**state, "optimizer": {SHARDED: str(tmp_path / SHARDS)}})
+    read = local.training_state()["optimizer"]
+    assert read["param_groups"] == whole["optimizer"]["param_groups"]
+    assert read["state"].keys() == whole["optimizer"]["state"].keys()
+    for name, values in whole["optimizer"]["state"].items():
+        for key, value in values.items():
+            assert torch.equal(read["state"][name][key], value), (name, key)
+
+
+def test_a_share_written_where_the_driver_cannot_see_it_fails_the_checkpoint(tmp_path):
+    learner = object.__new__(RankedLearner)  # what the ranks answer, without starting them
+    learner._all = lambda refs, what: [({"version": 1}, ["__0_0.distcp"]), ({}, ["__1_0.distcp"])]
+    learner.ranks = [type("Rank", (), {"training_state": type("Call", (), {"remote": lambda *a: None})})]
+    (tmp_path / SHARDS).mkdir()
+    (tmp_path / SHARDS / "__0_0.distcp").write_bytes(b"")
+    with pytest.raises(
+        CheckpointError, match=r"learner rank 1 wrote __1_0\.distcp into .*storage every node"
+    ):
+        learner.training_state(tmp_path)
+    (tmp_path / SHARDS / "__1_0.distcp").write_bytes(b"")
+    assert learner.training_state(tmp_path) == {"version": 1}
+
+
+def test_missing_shards_are_named(tmp_path):
+    config = tiny_config(*SETTINGS)
+    model, tokenizer = _model(config)
+    local = Learner(config, model, tokenizer.pad_token_id)
+    state = {**local.training_state(), "optimizer": {SHARDED: str(tmp_path / SHARDS)}}
+    with pytest.raises(CheckpointError, match=r"learner_shards: the learner's optimizer shards are missing"):
+        local.load_training_state(state)

@@ -1,5 +1,6 @@
 """The Ray backend trains as the local one: 2 learner ranks (gloo) equal one process, a 2-rank checkpoint
-resumes on 1 rank exactly, a lost rank stops the run with the resume command, nothing is left running."""
+(its optimizer state written by the ranks) resumes on 1 rank exactly, a lost rank stops the run with the
+resume command, nothing is left running."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 from everyprompt.errors import ClusterError
 from everyprompt.models.io import load_pretrained
 from everyprompt.pipeline import Run, train
+from everyprompt.trainer.checkpoint import SHARDED, SHARDS, load_trainer_state
 from tests.conftest import tiny_config
 from tests.distributed.conftest import actors_left
 
@@ -76,6 +78,11 @@ def test_two_learner_ranks_train_as_one_process_and_resume_on_one(
     metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
     assert all(m["sync/bytes"] > 0 and m["time/weight_sync_s"] > 0 for m in metrics)
     assert all(m["cluster/actor_restarts"] == 0 for m in metrics)
+    # the ranks wrote the optimizer state into the checkpoint themselves; its manifest covers their files
+    checkpoint = (tmp_path / "checkpoints" / "latest").resolve()
+    assert load_trainer_state(checkpoint)["learner"]["optimizer"] == {SHARDED: str(checkpoint / SHARDS)}
+    listed = json.loads((checkpoint / "manifest.json").read_text())["files"]
+    assert f"{SHARDS}/.metadata" in listed and f"{SHARDS}/__0_0.distcp" in listed
     train(tiny_config(*SETTINGS, "rl.steps=4"), run_dir=tmp_path, resume=True)  # one process, step 4
     _assert_close(_step_weights(local_run, 4), _weights(tmp_path))
     assert _losses(tmp_path) == pytest.approx(local_losses, rel=1e-4, abs=1e-6)

@@ -5,9 +5,11 @@ Each rank rebuilds the policy from its recipe and runs `Learner.update` on the s
 share of the micro-batches (`trainer/learner_side/data_parallel.py`); the update equals one process's. Rank 0's
 figures are the step's. Weights for the rollout workers go into Ray's object store from rank 0, in
 buckets as it reads them (distributed/buckets.py; under fsdp2 gathered a layer at a time), yielded by a
-streaming call so that the driver owns them, and reach the workers without passing through the driver. A checkpoint is gathered from rank 0 (the weights, whole the
-first time and then only those that train; the optimizer state keyed by parameter name) and written by
-the driver in the local backend's format, so a run resumes on any number of ranks.
+streaming call so that the driver owns them, and reach the workers without passing through the driver.
+A checkpoint's weights are gathered from rank 0 (whole the first time, then only those that train) and
+written by the driver in the local backend's format; each rank writes its own share of the optimizer
+state into it (torch.distributed.checkpoint, keyed by parameter name), so nothing of that passes through
+the driver and a run resumes on any number of ranks, or in one process.
 
 A rank that dies ends the run: the driver does not wait on the others (they would wait in a collective
 forever); every rank is killed and the caller is told how to resume.
@@ -19,6 +21,7 @@ import datetime
 import os
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
@@ -37,7 +40,7 @@ from everyprompt.errors import ClusterError
 from everyprompt.logs import quiet_libraries
 from everyprompt.models.lora import lora_base_dtype, weights_nbytes
 from everyprompt.models.precision import training_kernels
-from everyprompt.trainer.checkpoint import full_weights
+from everyprompt.trainer.checkpoint import SHARDS, CheckpointError, full_weights, shard_files
 from everyprompt.trainer.interface import LearnerSide
 from everyprompt.trainer.learner_side.data_parallel import DataParallel
 from everyprompt.trainer.learner_side.learner import Learner
@@ -141,8 +144,13 @@ class LearnerRank:
         frozen = {name for name, parameter in model.named_parameters() if not parameter.requires_grad}
         return {name: value for name, value in model.state_dict().items() if name not in frozen}
 
-    def training_state(self) -> dict:
-        return {} if self._only_rank_0_works() else self.learner.training_state()
+    def training_state(self, directory: str | None = None) -> tuple[dict, list[str]]:
+        """The learner's state (rank 0's; the others' {}), and with `directory` the shard files this rank
+        wrote there (every rank writes its own share of the optimizer state: collective)."""
+        if directory is None:
+            return ({} if self._only_rank_0_works() else self.learner.training_state()), []
+        state = self.learner.training_state(Path(directory))
+        return (state if self.rank == 0 else {}), shard_files(Path(directory) / SHARDS, self.rank)
 
     def load_training_state(self, state: dict) -> None:
         self.learner.load_training_state(state)
@@ -214,8 +222,21 @@ class RankedLearner(LearnerSide):
         shared = self.ray.put(dtypes)
         self._all([r.send_as.remote(shared) for r in self.ranks], "start")
 
-    def training_state(self) -> dict:
-        return self._all([r.training_state.remote() for r in self.ranks], "checkpoint")[0]
+    def training_state(self, directory: Path | None = None) -> dict:
+        """Rank 0's state; with `directory` (the checkpoint being written) every rank writes its share of
+        the optimizer state there and nothing of it comes here. The directory must be one every rank's
+        node sees: a share written elsewhere fails the checkpoint, naming the rank."""
+        where = None if directory is None else str(directory)
+        results = self._all([r.training_state.remote(where) for r in self.ranks], "checkpoint")
+        for rank, (_, files) in enumerate(results):
+            unseen = [name for name in files if not (Path(directory) / SHARDS / name).is_file()]
+            if unseen:
+                raise CheckpointError(
+                    f"learner rank {rank} wrote {unseen[0]} into {directory}, and this process does not "
+                    "see it there: a run on several nodes needs its run directory on storage every node "
+                    "shares (docs/cluster.md)"
+                )
+        return results[0][0]
 
     def load_training_state(self, state: dict) -> None:
         ref = self.ray.put(state)

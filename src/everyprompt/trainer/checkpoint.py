@@ -13,6 +13,8 @@ import json
 import logging
 import os
 import shutil
+import warnings
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -25,6 +27,8 @@ from everyprompt.run.layout import LATEST, series
 
 STATE_FILE = "trainer_state.pt"
 MANIFEST = "manifest.json"
+SHARDS = "learner_shards"  # a Ray run's optimizer state, written into the checkpoint by its learner ranks
+SHARDED = "sharded"  # the key that stands for them in the trainer state
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +57,15 @@ def save_checkpoint(
     keep_last: int = 0,
     latest: bool = True,
     merged: bool = False,
+    parts: Mapping[str, Callable[[Path], object]] | None = None,
 ) -> Path:
     """Write the checkpoint at `path` (a run layout's `step_checkpoint(n)`, `sft_checkpoint`, ...), with the
     trainer `state` when given. An RL checkpoint (`latest`, with a state) becomes `latest`; `keep_last`
     prunes the older checkpoints of the same `<prefix>N` series. A LoRA policy saves its adapter, and with
-    `merged` also the merged model under `merged/`."""
+    `merged` also the merged model under `merged/`. `parts`: more of the state, each made by a function
+    given the checkpoint's directory while it is written, which may write files there itself (the Ray
+    learner ranks' optimizer shards; the manifest then covers them) and returns what the state holds
+    under its key."""
     final = Path(path)
     root, name = final.parent, final.name
     temporary = root / f".tmp-{name}-{os.getpid()}"
@@ -67,6 +75,7 @@ def save_checkpoint(
             shutil.rmtree(temporary)
         save_pretrained(model, tokenizer, temporary, merged=merged)
         if state is not None:
+            state = {**state, **{key: make(temporary.resolve()) for key, make in (parts or {}).items()}}
             torch.save(state, temporary / STATE_FILE)
         size = _write_manifest(temporary)
         if final.exists():  # the same name again (a resumed run's final step): swap, never delete first
@@ -151,11 +160,15 @@ def load_trainer_state(checkpoint: str | Path) -> dict:
         raise CheckpointError(f"{checkpoint}: {STATE_FILE} is missing, so this checkpoint cannot be resumed")
     try:
         # tensors and plain types only: opening a checkpoint someone sent you cannot run code
-        return torch.load(file, map_location="cpu", weights_only=True)
+        state = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001  (torch raises many types for a damaged file)
         raise CheckpointError(
             f"{file}: cannot be read ({type(err).__name__}: {err}); the file is damaged"
         ) from None
+    optimizer = (state.get("learner") or {}).get("optimizer") or {}
+    if SHARDED in optimizer:  # the learner ranks' shards, named relative to the checkpoint
+        optimizer[SHARDED] = str(Path(checkpoint).resolve() / optimizer[SHARDED])
+    return state
 
 
 # ------------------------------------------------------------ state that resumes on any number of ranks
@@ -168,24 +181,37 @@ def full_weights(model, ignore_frozen: bool = False) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=options)
 
 
-def portable_optimizer_state(model, optimizer, sharded: bool = False) -> dict:
-    """The optimizer's state keyed by parameter name, whole: loads into a learner of any rank count and
-    sharding. Sharded: collective, and only rank 0 gets it (the others an empty dict). An optimizer that
-    has not stepped yet saves as {}: torch's getter would create its state by a zero-gradient step, which
-    counts as Adam's first and so changes every later update (and, called on rank 0 alone, would set the
-    ranks' optimizers apart)."""
+def portable_optimizer_state(model, optimizer, sharded: bool = False, shards: Path | None = None) -> dict:
+    """The optimizer's state keyed by parameter name: loads into a learner of any rank count and sharding.
+    Whole by default; sharded (`fully_shard`): collective, and only rank 0 gets it (the others an empty
+    dict). With `shards` (a directory inside the checkpoint being written; every rank of the group calls),
+    each rank writes its own share there instead (torch.distributed.checkpoint: a file per rank and one of
+    metadata), nothing is gathered, and the state holds `{SHARDED: <the directory's name>}`. An optimizer
+    that has not stepped yet saves as {}: torch's getter would create its state by a zero-gradient step,
+    which counts as Adam's first and so changes every later update (and, called on rank 0 alone, would set
+    the ranks' optimizers apart)."""
     if not optimizer.state:  # every rank steps together, so this holds on all of them or on none
         return {}
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
+    if shards is not None:
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save({"optimizer": get_optimizer_state_dict(model, optimizer)}, checkpoint_id=shards)
+        return {SHARDED: shards.name}
     options = StateDictOptions(full_state_dict=True, cpu_offload=sharded)
     return get_optimizer_state_dict(model, optimizer, options=options)
 
 
 def load_optimizer_state(model, optimizer, state: dict) -> None:
     """Load a `portable_optimizer_state` (or, from older checkpoints, a plain `optimizer.state_dict()`,
-    keyed by parameter position). {}: saved before the first step, so the new optimizer stays as it is."""
+    keyed by parameter position). {}: saved before the first step, so the new optimizer stays as it is.
+    Shards (`{SHARDED: directory}`, made absolute by `load_trainer_state`): every rank of a group calls,
+    each reading what it holds; one process reads them whole."""
     if not state:
+        return
+    if SHARDED in state:
+        _load_shards(model, optimizer, Path(state[SHARDED]))
         return
     params = [key for group in state.get("param_groups", []) for key in group.get("params", [])]
     if all(isinstance(key, int) for key in params):
@@ -194,3 +220,23 @@ def load_optimizer_state(model, optimizer, state: dict) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
+def _load_shards(model, optimizer, directory: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    if not (directory / ".metadata").is_file():
+        raise CheckpointError(f"{directory}: the learner's optimizer shards are missing (no .metadata)")
+    # the template: this learner's own state in its own sharding (torch makes Adam's state by a step at
+    # learning rate 0, which moves no weight; the load then replaces all of it, its step count too)
+    template = {"optimizer": get_optimizer_state_dict(model, optimizer)}
+    with warnings.catch_warnings():  # one process reading a group's shards is what it is meant for here
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp.load(template, checkpoint_id=directory)
+    set_optimizer_state_dict(model, optimizer, template["optimizer"])
+
+
+def shard_files(directory: Path, rank: int) -> list[str]:
+    """The files rank `rank` wrote into a shards directory, as this process sees them."""
+    return sorted(path.name for path in Path(directory).glob(f"__{rank}_*.distcp"))

@@ -7,6 +7,7 @@ without the trainer knowing it.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from pathlib import Path
 
 import torch
 
@@ -31,8 +32,10 @@ class LearnerSide(ABC):
         still being sent (the Ray learner's pipelined sync)."""
 
     @abstractmethod
-    def training_state(self) -> dict:
-        """Counters, schedule and optimizer state: what a checkpoint needs to resume the learner."""
+    def training_state(self, directory: Path | None = None) -> dict:
+        """Counters, schedule and optimizer state: what a checkpoint needs to resume the learner.
+        `directory`: the checkpoint being written, where a learner of several ranks writes each rank's
+        share of the optimizer state itself, so that nothing is gathered (the dict then names them)."""
 
     @abstractmethod
     def load_training_state(self, state: dict) -> None:

@@ -209,8 +209,9 @@ class RLTrainer:
 
     # ------------------------------------------------------------ state
     def state_dict(self) -> dict:
-        """Everything a resume needs; an asynchronous run's also holds the batches made ahead (taken once
-        its producer waits, so its rollout-side state matches them)."""
+        """Everything a resume needs but the learner's (`save` adds it: `learner.training_state`); an
+        asynchronous run's also holds the batches made ahead (taken once its producer waits, so its
+        rollout-side state matches them)."""
         pending = {}
         if self.pipeline is not None:
             self.pipeline.idle()
@@ -222,7 +223,6 @@ class RLTrainer:
             "rollouts_total": self.rollouts_total,
             "reward_errors": self.reward_errors,
             "rollout": self.rollout.state_dict(),
-            "learner": self.learner.training_state(),
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
         }
 
@@ -246,6 +246,7 @@ class RLTrainer:
             state,
             keep_last=self.config.checkpoint.keep_last,
             merged=self.config.model.lora.save_merged,
+            parts={"learner": self.learner.training_state},  # the Ray ranks write their own shares there
         )
 
     def _last_checkpoint(self) -> str:

@@ -26,6 +26,7 @@ import math
 import time
 import warnings
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 import torch
 
@@ -38,7 +39,7 @@ from everyprompt.models.gathering import gathered_weights
 from everyprompt.models.io import weights_as_held
 from everyprompt.models.lora import is_lora, merged_state_dict, weights_nbytes
 from everyprompt.rollout import derive_seed
-from everyprompt.trainer.checkpoint import load_optimizer_state, portable_optimizer_state
+from everyprompt.trainer.checkpoint import SHARDS, load_optimizer_state, portable_optimizer_state
 from everyprompt.trainer.interface import LearnerSide
 from everyprompt.trainer.learner_side.data_parallel import DataParallel
 from everyprompt.trainer.learner_side.distill import advantage_term
@@ -92,8 +93,6 @@ class Learner(LearnerSide):
         self.term = advantage_term(config, self.device)
         self.loss_spec = policy_loss_spec(self.rl.loss)
         self.loss_options = self.rl.loss_kwargs()
-        self.last_sync_bytes = 0  # the size of the weights `state_dict` last handed over
-        self.version = 0  # updates taken: the policy version of the weights handed to the rollout side
         self.consecutive_skips = 0  # mini-batch updates skipped in a row for non-finite numbers
         self._forwards_checked = False
         self._replica: BehaviourReplica | None = None  # asynchronous runs: measures the behaviour mismatch
@@ -120,13 +119,14 @@ class Learner(LearnerSide):
         if model is not self.model:
             model.load_state_dict(self.model.state_dict())
 
-    def training_state(self) -> dict:
-        """Counters, schedule and optimizer state; the optimizer's keyed by parameter name and whole (not
-        sharded), so a checkpoint resumes on any number of ranks. Under `fsdp2` every rank must call."""
+    def training_state(self, directory: Path | None = None) -> dict:
+        """Counters, schedule and optimizer state (by parameter name: it resumes on any number of ranks), whole
+        or, in a group given `directory`, each rank's share written there. In a group every rank calls."""
+        shards = directory / SHARDS if directory is not None and self.parallel.distributed else None
         return {
             "version": self.version,
             "consecutive_skips": self.consecutive_skips,
-            "optimizer": portable_optimizer_state(self.model, self.optimizer, self.parallel.sharded),
+            "optimizer": portable_optimizer_state(self.model, self.optimizer, self.parallel.sharded, shards),
             "scheduler": self.scheduler.state_dict(),
         }
 
