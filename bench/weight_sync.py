@@ -63,7 +63,7 @@ BF16_LEARNERS = {
 }
 
 
-def _status_kib(fields: tuple[str, ...]) -> dict[str, int]:
+def status_kib(fields: tuple[str, ...]) -> dict[str, int]:
     """This process's /proc/self/status figures `fields`, in KiB."""
     out = {}
     with open("/proc/self/status") as f:
@@ -77,19 +77,19 @@ def _status_kib(fields: tuple[str, ...]) -> dict[str, int]:
 FIELDS = ("RssAnon", "RssShmem")  # private memory (tensors, buckets) and the object store's pages mapped
 
 
-def _start_sampling(actor) -> dict[str, int]:
-    """In an actor: return freed heap pages to the OS, then sample FIELDS every 2 ms until `_stop_sampling`;
+def start_sampling(actor) -> dict[str, int]:
+    """In an actor: return freed heap pages to the OS, then sample FIELDS every 2 ms until `stop_sampling`;
     the figures before."""
     import ctypes
     import threading
 
     ctypes.CDLL("libc.so.6").malloc_trim(0)
-    before = _status_kib(FIELDS)
+    before = status_kib(FIELDS)
     sampled = actor.bench_sampled = {"peak": dict(before), "stop": threading.Event()}  # on the actor
 
     def sample() -> None:
         while not sampled["stop"].wait(0.002):
-            for name, value in _status_kib(FIELDS).items():
+            for name, value in status_kib(FIELDS).items():
                 sampled["peak"][name] = max(sampled["peak"][name], value)
 
     sampled["thread"] = threading.Thread(target=sample, daemon=True)
@@ -97,7 +97,7 @@ def _start_sampling(actor) -> dict[str, int]:
     return before
 
 
-def _stop_sampling(actor) -> dict[str, int]:
+def stop_sampling(actor) -> dict[str, int]:
     sampled = actor.bench_sampled
     sampled["stop"].set()
     sampled["thread"].join()
@@ -137,13 +137,13 @@ def measure(overrides: list[str], model: list[str], syncs: int, streamed: bool =
         for sync in range(syncs + 1):
             measured = sync == 1  # the first sync warmed up; the second is the one measured for memory
             if measured:
-                before = {side: ray.get(a.__ray_call__.remote(_start_sampling)) for side, a in actors.items()}
+                before = {side: ray.get(a.__ray_call__.remote(start_sampling)) for side, a in actors.items()}
             began = time.perf_counter()
             engine.load_weights(learner.state_dict(streamed=streamed))
             times.append(time.perf_counter() - began)
             if measured:
                 for side, actor in actors.items():
-                    peak = ray.get(actor.__ray_call__.remote(_stop_sampling))
+                    peak = ray.get(actor.__ray_call__.remote(stop_sampling))
                     for field, label in (("RssAnon", "private"), ("RssShmem", "store_pages")):
                         rises[f"{side}_{label}_rise_mib"] = round(
                             (peak[field] - before[side][field]) / 1024, 1

@@ -1,5 +1,6 @@
-"""What a Ray run's checkpoint brings from its learner ranks: the weights everything once, then only what
-trains; the optimizer state nothing (each rank writes its share into the checkpoint)."""
+"""What a Ray run's checkpoint brings from its learner ranks to the driver: a LoRA policy's weights
+everything once, then only what trains; a full fine-tuning's weights nothing (rank 0 writes them); the
+optimizer state nothing (each rank writes its share into the checkpoint)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 from everyprompt.distributed.learner import RankedLearner
+from everyprompt.models.io import load_pretrained
 from everyprompt.models.lora import apply_lora, weights_nbytes
 from everyprompt.trainer import Learner
 from everyprompt.trainer.checkpoint import SHARDED, SHARDS, CheckpointError
@@ -103,3 +105,32 @@ def test_missing_shards_are_named(tmp_path):
     state = {**local.training_state(), "optimizer": {SHARDED: str(tmp_path / SHARDS)}}
     with pytest.raises(CheckpointError, match=r"learner_shards: the learner's optimizer shards are missing"):
         local.load_training_state(state)
+
+
+@pytest.mark.long  # two Ray learners start: tens of seconds
+@pytest.mark.parametrize("sharding", ["ddp", "fsdp2"])
+def test_rank_0_writes_a_full_fine_tunings_weights_and_nothing_comes_to_the_driver(
+    ray_instance, tmp_path, sharding
+):
+    config = tiny_config(*SETTINGS, "cluster.backend=ray", "cluster.trainer_ranks=2")
+    config.cluster.trainer_sharding = sharding
+    model, tokenizer = _model(config)
+    learner = RankedLearner(config, model, tokenizer.pad_token_id)
+    driver = _model(config)[0]  # the driver's copy, as a run keeps it
+    before = {name: value.clone() for name, value in driver.state_dict().items()}
+    try:
+        learner.update(hand_batch(_model(config)[0], tokenizer, [1.0, 0.0, 1.0, 0.0, 0.0, 1.0]))
+        learner.save_model(driver, tokenizer, tmp_path)
+        ranks = learner._all([r.model_weights.remote() for r in learner.ranks], "checkpoint")[0]
+    finally:
+        learner.close()
+    assert learner.last_checkpoint_bytes == 0  # no weight came through Ray
+    assert all(torch.equal(driver.state_dict()[name], value) for name, value in before.items())
+    written = {path.name for path in tmp_path.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer_config.json"} <= written
+    saved, loaded_tokenizer = load_pretrained(tmp_path)
+    assert loaded_tokenizer.pad_token_id == tokenizer.pad_token_id
+    saved = saved.state_dict()
+    assert saved.keys() == ranks.keys()
+    assert sum(not torch.equal(saved[k], before[k]) for k in saved) > len(saved) // 2  # the update's
+    assert all(torch.equal(saved[name], ranks[name]) for name in ranks)

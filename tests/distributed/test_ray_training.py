@@ -112,6 +112,8 @@ def test_a_lost_learner_rank_stops_the_run_with_the_resume_command(ray_instance,
             trainer.train()
         assert time.monotonic() - started < 60  # stopped, not left waiting in a collective
         assert trainer.learner.ranks == []  # the surviving rank was stopped too
+        # the ranks write a full fine-tuning's checkpoints: the driver let its copy's weights go at the start
+        assert {p.device.type for p in trainer.model.parameters()} == {"meta"}
     finally:
         trainer.close()
     assert actors_left("LearnerRank", "RolloutWorker") == []

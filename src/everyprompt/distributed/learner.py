@@ -48,6 +48,17 @@ from everyprompt.trainer.learner_side.learner import Learner
 GROUP_BACKENDS = {"cuda": "nccl", "cpu": "gloo"}  # the learner group's torch.distributed backend by device
 
 
+def _seen_here(directory: Path, files: list[str], rank: int) -> None:
+    """CheckpointError unless this process sees every file learner rank `rank` wrote into `directory`."""
+    unseen = [name for name in files if not (Path(directory) / name).is_file()]
+    if unseen:
+        raise CheckpointError(
+            f"learner rank {rank} wrote {unseen[0]} into {directory}, and this process does not see it "
+            "there: a run on several nodes needs its run directory on storage every node shares "
+            "(docs/cluster.md)"
+        )
+
+
 class LearnerRankLost(ClusterError):
     """A learner rank died; the run cannot go on (the caller adds how to resume)."""
 
@@ -144,6 +155,18 @@ class LearnerRank:
         frozen = {name for name, parameter in model.named_parameters() if not parameter.requires_grad}
         return {name: value for name, value in model.state_dict().items() if name not in frozen}
 
+    def save_model(self, directory: str) -> list[str]:
+        """Rank 0 writes the policy's weights and config into `directory` in Hugging Face format (under
+        fsdp2 gathered to its host first: collective) and returns the files' names; the others []."""
+        if self._only_rank_0_works():
+            return []
+        model = self.learner.model
+        weights = full_weights(model) if self.learner.parallel.sharded else model.state_dict()
+        if self.rank != 0:
+            return []
+        model.save_pretrained(directory, state_dict=weights, safe_serialization=True)
+        return sorted(path.name for path in Path(directory).iterdir())
+
     def training_state(self, directory: str | None = None) -> tuple[dict, list[str]]:
         """The learner's state (rank 0's; the others' {}), and with `directory` the shard files this rank
         wrote there (every rank writes its own share of the optimizer state: collective)."""
@@ -181,6 +204,7 @@ class RankedLearner(LearnerSide):
         self._all(started, "start", cluster.start_timeout_s)
         self.version = 0
         self.last_sync_bytes = 0
+        self.saves_own_weights = not config.model.lora.enabled  # rank 0 writes them (`save_model`)
         self.synced_model = False  # whether the driver's copy holds the ranks' frozen weights yet
         self.last_checkpoint_bytes = 0  # what the last `sync_model` brought from rank 0
 
@@ -229,14 +253,21 @@ class RankedLearner(LearnerSide):
         where = None if directory is None else str(directory)
         results = self._all([r.training_state.remote(where) for r in self.ranks], "checkpoint")
         for rank, (_, files) in enumerate(results):
-            unseen = [name for name in files if not (Path(directory) / SHARDS / name).is_file()]
-            if unseen:
-                raise CheckpointError(
-                    f"learner rank {rank} wrote {unseen[0]} into {directory}, and this process does not "
-                    "see it there: a run on several nodes needs its run directory on storage every node "
-                    "shares (docs/cluster.md)"
-                )
+            if directory is not None:
+                _seen_here(Path(directory) / SHARDS, files, rank)
         return results[0][0]
+
+    def save_model(self, model, tokenizer, directory: Path, merged: bool = False) -> None:
+        """A full fine-tuning's policy: rank 0 writes the weights and config into the checkpoint itself,
+        so that they do not come through Ray into `model` (the driver's copy, left as it was); this process
+        writes the tokenizer. A LoRA policy's, from the driver's copy (only its adapters come through after
+        the first time)."""
+        if self.config.model.lora.enabled:
+            super().save_model(model, tokenizer, directory, merged)
+            return
+        files = self._all([r.save_model.remote(str(directory)) for r in self.ranks], "checkpoint")[0]
+        _seen_here(directory, files, 0)
+        tokenizer.save_pretrained(directory)
 
     def load_training_state(self, state: dict) -> None:
         ref = self.ray.put(state)

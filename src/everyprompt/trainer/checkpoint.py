@@ -58,6 +58,7 @@ def save_checkpoint(
     latest: bool = True,
     merged: bool = False,
     parts: Mapping[str, Callable[[Path], object]] | None = None,
+    write_model: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write the checkpoint at `path` (a run layout's `step_checkpoint(n)`, `sft_checkpoint`, ...), with the
     trainer `state` when given. An RL checkpoint (`latest`, with a state) becomes `latest`; `keep_last`
@@ -65,7 +66,8 @@ def save_checkpoint(
     `merged` also the merged model under `merged/`. `parts`: more of the state, each made by a function
     given the checkpoint's directory while it is written, which may write files there itself (the Ray
     learner ranks' optimizer shards; the manifest then covers them) and returns what the state holds
-    under its key."""
+    under its key. `write_model`: writes the model and tokenizer into the directory in place of
+    `save_pretrained(model, tokenizer, ...)` (a learner's `save_model`; `model` is then not read)."""
     final = Path(path)
     root, name = final.parent, final.name
     temporary = root / f".tmp-{name}-{os.getpid()}"
@@ -73,7 +75,10 @@ def save_checkpoint(
         root.mkdir(parents=True, exist_ok=True)
         if temporary.exists():
             shutil.rmtree(temporary)
-        save_pretrained(model, tokenizer, temporary, merged=merged)
+        if write_model is not None:
+            write_model(temporary.resolve())
+        else:
+            save_pretrained(model, tokenizer, temporary, merged=merged)
         if state is not None:
             state = {**state, **{key: make(temporary.resolve()) for key, make in (parts or {}).items()}}
             torch.save(state, temporary / STATE_FILE)

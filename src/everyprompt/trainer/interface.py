@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from everyprompt.batch import RolloutBatch
+from everyprompt.models.io import save_pretrained
 
 
 class LearnerSide(ABC):
@@ -20,6 +21,8 @@ class LearnerSide(ABC):
     version: int = 0  # updates taken: the policy version of the weights `state_dict` hands over
     last_sync_bytes: int = 0  # the size of the weights `state_dict` last handed over
     in_process: bool = False  # it trains in this process, beside the rollout side (see make_replica)
+    # `save_model` never reads the caller's copy: nothing needs its weights once the run has started
+    saves_own_weights: bool = False
 
     @abstractmethod
     def update(self, batch: RolloutBatch) -> dict[str, float]:
@@ -43,7 +46,14 @@ class LearnerSide(ABC):
 
     @abstractmethod
     def sync_model(self, model) -> None:
-        """Bring `model` (what a checkpoint is written from) to the learner's weights."""
+        """Bring `model` (the caller's copy of the policy) to the learner's weights."""
+
+    def save_model(self, model, tokenizer, directory: Path, merged: bool = False) -> None:
+        """Write the policy and `tokenizer` into a checkpoint's `directory` in Hugging Face format (a LoRA
+        policy: its adapter, and with `merged` the merged model too): here from `model`, the caller's copy,
+        brought to the learner's weights first. A learner of several ranks may write them itself."""
+        self.sync_model(model)
+        save_pretrained(model, tokenizer, directory, merged=merged)
 
     def make_replica(self) -> None:
         """In-process learners: prepare `behaviour_mismatch` (asynchronous runs measure with it)."""

@@ -26,6 +26,7 @@ import random
 import signal
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
@@ -82,6 +83,7 @@ class RLTrainer:
         self.rollout, self.learner = rollout, learner
         self.closers = list(closers)  # the backend's own resources (actors, a Ray session), closed last
         self.model, self.tokenizer = model, tokenizer  # what a checkpoint saves
+        self.released = False  # the model's weights were let go (`learner.saves_own_weights`)
         self.run_dir = Path(run_dir)
         self.layout = RunLayout(run_dir)
         self.step = 0
@@ -238,15 +240,15 @@ class RLTrainer:
 
     def save(self) -> Path:
         state = self.state_dict()
-        self.learner.sync_model(self.model)  # the checkpoint's copy of the weights: the learner's
+        merged = self.config.model.lora.save_merged
         return save_checkpoint(
             self.layout.step_checkpoint(self.step),
             self.model,
             self.tokenizer,
             state,
             keep_last=self.config.checkpoint.keep_last,
-            merged=self.config.model.lora.save_merged,
             parts={"learner": self.learner.training_state},  # the Ray ranks write their own shares there
+            write_model=partial(self.learner.save_model, self.model, self.tokenizer, merged=merged),
         )
 
     def _last_checkpoint(self) -> str:
@@ -267,7 +269,7 @@ class RLTrainer:
         end the current step, write a checkpoint and raise StopRequested (exit 130 / 143). `hooks`: each is
         told when the first step starts and after every step (its metrics logged, its checkpoint written),
         and may end the run there, as `rl.steps` would (a wall-clock budget, snapshots: `StepHook`)."""
-        if self.config.rollout.parity_threshold > 0:
+        if self.config.rollout.parity_threshold > 0 and not self.released:
             self.startup_metrics.update(
                 check_parity(
                     self.model,
@@ -280,6 +282,11 @@ class RLTrainer:
                 "startup parity: engine vs trainer mean |dlogp| %.2e",
                 self.startup_metrics["parity/logp_abs_diff"],
             )
+        if self.learner.saves_own_weights and not self.released:
+            # nothing reads this copy's weights from now on (the learner writes the checkpoints): its
+            # memory goes back; the model keeps its structure and config on the meta device
+            self.model.to("meta")
+            self.released = True
         logger = MetricsLogger(
             self.run_dir,
             self.rl.steps,
