@@ -55,15 +55,14 @@ class BudgetHook:
 
 def train_everyprompt(config, out: Path, marks: list[float]) -> dict:
     """One everyprompt run of `config` until its clock reaches the last of `marks`."""
-    from everyprompt.models.io import save_pretrained
     from everyprompt.pipeline import Run
 
     trainer = Run(config, out / "run").trainer()
-    snapshots = Snapshots(
+    snapshots = Snapshots(  # the learner writes the policy, as into a checkpoint (whichever backend)
         TrainingClock(),
         marks,
         out / "snapshots",
-        lambda d: save_pretrained(trainer.model, trainer.tokenizer, d),
+        lambda d: trainer.learner.save_model(trainer.model, trainer.tokenizer, Path(d)),
     )
     try:
         history = trainer.train(hooks=[BudgetHook(snapshots)])

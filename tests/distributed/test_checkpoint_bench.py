@@ -4,6 +4,7 @@ ends its own Ray instance."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from everyprompt.processes import descendants
 from tests.distributed.conftest import needs_ray
 from tests.distributed.test_cli_ray import _alive, _ray_processes
 
@@ -40,7 +42,9 @@ def test_the_checkpoint_bench_measures_both_ways_and_leaves_nothing(tmp_path):
         assert {"driver_private_vs_gathered", "checkpoint_s_vs_gathered"} <= set(mine), name
         # the driver let its copy of the weights go: about their size came back
         assert row["driver_released_mib"] > 0.5 * row["weights_mib"], name
-    started = {pid: t for pid, t in _ray_processes().items() if before.get(pid) != t}
+    # new since, and not this process's own Ray instance's (its workers start as the tests need them)
+    own = descendants(os.getpid())
+    started = {pid: t for pid, t in _ray_processes().items() if before.get(pid) != t and pid not in own}
     deadline = time.monotonic() + 15  # a process ray.shutdown stopped exits shortly after
     while _alive(started) and time.monotonic() < deadline:
         time.sleep(0.5)

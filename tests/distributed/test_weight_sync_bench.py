@@ -4,6 +4,7 @@ own Ray instance."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from everyprompt.processes import descendants
 from tests.distributed.conftest import needs_ray
 from tests.distributed.test_cli_ray import _alive, _ray_processes
 
@@ -49,7 +51,9 @@ def test_the_weight_sync_bench_measures_each_setup_and_leaves_nothing(tmp_path):
     lora = setups["2 ranks fsdp2 + LoRA on a bf16 base, bf16 engine, engine dtype"]
     assert lora["weights_mib_vs_learner_dtype"] < 1.0
     assert "weights_mib_vs_learner_dtype" not in setups["1 rank, bf16 engine, learner dtype"]
-    started = {pid: t for pid, t in _ray_processes().items() if before.get(pid) != t}
+    # new since, and not this process's own Ray instance's (its workers start as the tests need them)
+    own = descendants(os.getpid())
+    started = {pid: t for pid, t in _ray_processes().items() if before.get(pid) != t and pid not in own}
     deadline = time.monotonic() + 15  # a process ray.shutdown stopped exits shortly after
     while _alive(started) and time.monotonic() < deadline:
         time.sleep(0.5)

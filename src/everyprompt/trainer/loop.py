@@ -82,7 +82,8 @@ class RLTrainer:
         self.config, self.rl = config, config.rl
         self.rollout, self.learner = rollout, learner
         self.closers = list(closers)  # the backend's own resources (actors, a Ray session), closed last
-        self.model, self.tokenizer = model, tokenizer  # what a checkpoint saves
+        # the policy here: what a checkpoint saves, unless the learner writes its own (Ray, full fine-tuning)
+        self.model, self.tokenizer = model, tokenizer
         self.released = False  # the model's weights were let go (`learner.saves_own_weights`)
         self.run_dir = Path(run_dir)
         self.layout = RunLayout(run_dir)
