@@ -56,17 +56,17 @@ FULL_DISK = {  # how a full disk reaches save_checkpoint: from the OS, and from 
 def test_an_unwritable_checkpoint_directory_fails_at_once_and_keeps_the_previous_one(
     tmp_path, monkeypatch, source
 ):
-    import everyprompt.trainer.checkpoint as checkpoint_module
+    import everyprompt.trainer.interface as writer  # where an RL checkpoint's model is written from
     from everyprompt.trainer.checkpoint import verify_checkpoint
 
     trainer = train(tiny_config("rl.steps=1"), run_dir=tmp_path)
-    real_save = checkpoint_module.save_pretrained
+    real_save = writer.save_pretrained
 
     def full_disk(model, tokenizer, path, merged=False):
         real_save(model, tokenizer, path, merged)
         raise FULL_DISK[source]()
 
-    monkeypatch.setattr(checkpoint_module, "save_pretrained", full_disk)
+    monkeypatch.setattr(writer, "save_pretrained", full_disk)
     trainer.step = 2
     with pytest.raises(CheckpointError, match=r"cannot write checkpoint .*step_2: .*No space left on device"):
         trainer.save()
@@ -76,16 +76,16 @@ def test_an_unwritable_checkpoint_directory_fails_at_once_and_keeps_the_previous
 
 
 def test_a_checkpoint_write_that_fails_otherwise_leaves_no_half_written_copy(tmp_path, monkeypatch):
-    import everyprompt.trainer.checkpoint as checkpoint_module
+    import everyprompt.trainer.interface as writer  # where an RL checkpoint's model is written from
 
     trainer = train(tiny_config("rl.steps=1"), run_dir=tmp_path)
-    real_save = checkpoint_module.save_pretrained
+    real_save = writer.save_pretrained
 
     def interrupted(model, tokenizer, path, merged=False):
         real_save(model, tokenizer, path, merged)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(checkpoint_module, "save_pretrained", interrupted)
+    monkeypatch.setattr(writer, "save_pretrained", interrupted)
     trainer.step = 2
     with pytest.raises(KeyboardInterrupt):
         trainer.save()
