@@ -4,10 +4,18 @@ nothing of it may outlive the tests."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
+
+from everyprompt.processes import descendants
+
+ROOT = Path(__file__).resolve().parents[2]
 
 # for tests that start Ray in a child process (the `ray_instance` fixture skips by itself)
 needs_ray = pytest.mark.skipif(
@@ -60,3 +68,27 @@ def actors_left(*names: str, wait_s: float = 30.0) -> list[int]:
         if not left or time.monotonic() >= deadline:
             return left
         time.sleep(0.2)
+
+
+def run_ray_bench(module: str, out: Path, timeout_s: float = 600) -> dict:
+    """`python -m <module> --tiny --out <out>` from the repository, in a process of its own that starts and
+    ends its own Ray instance; its results. Fails if it fails, or if a Ray process it started outlives it
+    (this process's own Ray instance, whose workers start as tests need them, is not counted)."""
+    from tests.distributed.test_cli_ray import _alive, _ray_processes
+
+    before = _ray_processes()
+    done = subprocess.run(
+        [sys.executable, "-m", module, "--tiny", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    own = descendants(os.getpid())
+    started = {pid: t for pid, t in _ray_processes().items() if before.get(pid) != t and pid not in own}
+    deadline = time.monotonic() + 15  # a process ray.shutdown stopped exits shortly after
+    while _alive(started) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _alive(started), f"{module}'s Ray processes outlived it"
+    return json.loads(out.read_text())

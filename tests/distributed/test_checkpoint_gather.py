@@ -52,18 +52,27 @@ def test_a_lora_checkpoint_brings_the_frozen_base_once_then_only_the_adapters(ra
         learner.close()
 
 
+def _two_ranks(sharding: str):
+    """Two Ray learner ranks of a full fine-tuning: (config, learner, tokenizer)."""
+    config = tiny_config(*SETTINGS, "cluster.backend=ray", "cluster.trainer_ranks=2")
+    config.cluster.trainer_sharding = sharding
+    model, tokenizer = _model(config)
+    return config, RankedLearner(config, model, tokenizer.pad_token_id), tokenizer
+
+
+def _update(learner, config, tokenizer) -> None:
+    learner.update(hand_batch(_model(config)[0], tokenizer, [1.0, 0.0, 1.0, 0.0, 0.0, 1.0]))
+
+
 @pytest.mark.long  # two Ray learners start: tens of seconds
 @pytest.mark.parametrize("sharding", ["ddp", "fsdp2"])
 def test_each_rank_writes_its_share_of_the_optimizer_state_and_one_process_reads_it_whole(
     ray_instance, tmp_path, sharding
 ):
-    config = tiny_config(*SETTINGS, "cluster.backend=ray", "cluster.trainer_ranks=2")
-    config.cluster.trainer_sharding = sharding
-    model, tokenizer = _model(config)
-    learner = RankedLearner(config, model, tokenizer.pad_token_id)
+    config, learner, tokenizer = _two_ranks(sharding)
     try:
         assert learner.training_state(tmp_path)["optimizer"] == {}  # before any step: nothing to write
-        learner.update(hand_batch(_model(config)[0], tokenizer, [1.0, 0.0, 1.0, 0.0, 0.0, 1.0]))
+        _update(learner, config, tokenizer)
         state = learner.training_state(tmp_path)
         whole = learner.training_state()  # the same state gathered to rank 0 and sent here
     finally:
@@ -112,14 +121,11 @@ def test_missing_shards_are_named(tmp_path):
 def test_rank_0_writes_a_full_fine_tunings_weights_and_nothing_comes_to_the_driver(
     ray_instance, tmp_path, sharding
 ):
-    config = tiny_config(*SETTINGS, "cluster.backend=ray", "cluster.trainer_ranks=2")
-    config.cluster.trainer_sharding = sharding
-    model, tokenizer = _model(config)
-    learner = RankedLearner(config, model, tokenizer.pad_token_id)
+    config, learner, tokenizer = _two_ranks(sharding)
     driver = _model(config)[0]  # the driver's copy, as a run keeps it
     before = {name: value.clone() for name, value in driver.state_dict().items()}
     try:
-        learner.update(hand_batch(_model(config)[0], tokenizer, [1.0, 0.0, 1.0, 0.0, 0.0, 1.0]))
+        _update(learner, config, tokenizer)
         learner.save_model(driver, tokenizer, tmp_path)
         ranks = learner._all([r.model_weights.remote() for r in learner.ranks], "checkpoint")[0]
     finally:

@@ -3,36 +3,15 @@ own Ray instance."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import time
-from pathlib import Path
-
 import pytest
 
-from everyprompt.processes import descendants
-from tests.distributed.conftest import needs_ray
-from tests.distributed.test_cli_ray import _alive, _ray_processes
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.distributed.conftest import needs_ray, run_ray_bench
 
 
 @needs_ray
 @pytest.mark.slow  # ten set-ups of Ray actors: about three minutes on 2 cores
 def test_the_weight_sync_bench_measures_each_setup_and_leaves_nothing(tmp_path):
-    before = _ray_processes()
-    out = tmp_path / "weight_sync.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.weight_sync", "--tiny", "--out", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    setups = json.loads(out.read_text())["setups"]
+    setups = run_ray_bench("bench.weight_sync", tmp_path / "weight_sync.json")["setups"]
     assert len(setups) == 10
     for name, row in setups.items():
         assert row["weights_mib"] > 0 and row["sync_s"] > 0, name
@@ -51,10 +30,3 @@ def test_the_weight_sync_bench_measures_each_setup_and_leaves_nothing(tmp_path):
     lora = setups["2 ranks fsdp2 + LoRA on a bf16 base, bf16 engine, engine dtype"]
     assert lora["weights_mib_vs_learner_dtype"] < 1.0
     assert "weights_mib_vs_learner_dtype" not in setups["1 rank, bf16 engine, learner dtype"]
-    # new since, and not this process's own Ray instance's (its workers start as the tests need them)
-    own = descendants(os.getpid())
-    started = {pid: t for pid, t in _ray_processes().items() if before.get(pid) != t and pid not in own}
-    deadline = time.monotonic() + 15  # a process ray.shutdown stopped exits shortly after
-    while _alive(started) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not _alive(started), "the bench's Ray processes outlived it"
