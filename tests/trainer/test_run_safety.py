@@ -92,6 +92,38 @@ def test_a_checkpoint_write_that_fails_otherwise_leaves_no_half_written_copy(tmp
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "sft", "step_1"]
 
 
+def test_a_resume_tidies_what_a_write_killed_midway_left_and_puts_back_a_checkpoint_moved_aside(
+    tmp_path, caplog
+):
+    import os
+    import shutil
+    import subprocess
+
+    train(tiny_config("rl.steps=2"), run_dir=tmp_path)  # step_1 and step_2 (latest)
+    checkpoints = tmp_path / "checkpoints"
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    dead = ended.pid  # the writer, gone
+    # killed while re-writing step_2 (a resumed run's final step), between the swap's two renames
+    os.replace(checkpoints / "step_2", checkpoints / f".old-step_2-{dead}")
+    shutil.copytree(checkpoints / f".old-step_2-{dead}", checkpoints / f".tmp-step_2-{dead}")
+    (checkpoints / f".tmp-step_3-{dead}").mkdir()  # and a write cut short
+    (checkpoints / f".tmp-step_3-{dead}" / "model.safetensors").write_bytes(b"half")
+    (checkpoints / f".latest-{dead}").symlink_to("step_3")
+    (checkpoints / f".tmp-step_9-{os.getpid()}").mkdir()  # a live process's write is left alone
+    trainer = Run(tiny_config("rl.steps=3"), tmp_path).trainer(resume=True)
+    trainer.close()
+    assert trainer.step == 2  # from step_2, put back, not step_1
+    assert sorted(p.name for p in checkpoints.iterdir()) == [
+        f".tmp-step_9-{os.getpid()}",
+        "latest",
+        "sft",
+        "step_1",
+        "step_2",
+    ]
+    assert "step_2: put back from .old-step_2" in caplog.text and f".tmp-step_3-{dead}" in caplog.text
+
+
 def test_a_disk_too_full_for_the_next_checkpoint_is_warned_of_when_this_one_is_written(
     tmp_path, monkeypatch, caplog
 ):

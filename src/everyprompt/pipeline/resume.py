@@ -7,7 +7,8 @@
   checkpoint restarts RL from its beginning, reusing a finished SFT stage and offline filter: the pass
   rates that attempt recorded are discarded.
 
-A checkpoint is trusted only if its manifest verifies (`trainer/checkpoint.py`).
+A checkpoint is trusted only if its manifest verifies (`trainer/checkpoint.py`). A resume first tidies
+what a checkpoint write killed midway left behind (`recover_interrupted_writes`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from everyprompt.hub import is_hub_name, resolve_model
 from everyprompt.models.catalog import fetch_hint
 from everyprompt.models.gguf import check_file, is_gguf
 from everyprompt.run.layout import RunLayout, find_checkpoint
-from everyprompt.trainer.checkpoint import CheckpointError, verify_checkpoint
+from everyprompt.trainer.checkpoint import CheckpointError, recover_interrupted_writes, verify_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ def rl_start(layout: RunLayout, resume: bool) -> Path | None:
     one that never wrote an RL checkpoint: then its recorded pass rates are discarded first)."""
     if not resume:
         return None
+    recover_interrupted_writes(layout.checkpoints)  # a write killed midway: its leftovers first
     if not layout.step_checkpoints():
         layout.pass_rates.unlink(missing_ok=True)
         return None

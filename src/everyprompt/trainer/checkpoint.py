@@ -22,6 +22,7 @@ from safetensors import SafetensorError
 
 from everyprompt.errors import InputError
 from everyprompt.models.io import save_pretrained
+from everyprompt.processes import is_alive
 from everyprompt.run.files import fsync, sha256
 from everyprompt.run.layout import LATEST, series
 
@@ -106,6 +107,30 @@ def save_checkpoint(
         _prune(final, keep_last)
     _warn_if_the_next_cannot_fit(final, size)
     return final
+
+
+def recover_interrupted_writes(root: Path) -> None:
+    """Tidy what writes killed midway left in a checkpoints folder `root`, before a resume reads it (the
+    writing process is gone: a live one's are left alone). A `.tmp-NAME-PID` is a checkpoint never moved
+    into place: removed (a Ray run's optimizer shards make it as large as the model's state). A
+    `.old-NAME-PID` is the earlier checkpoint of the same name, moved aside for its replacement: put back
+    where the replacement never arrived, else removed."""
+    if not Path(root).is_dir():
+        return
+    for path in sorted(Path(root).iterdir()):
+        kind, _, rest = path.name.partition("-")
+        name, _, pid = rest.rpartition("-")
+        if kind not in (".tmp", ".old", ".latest") or not pid.isdigit() or is_alive(int(pid)):
+            continue
+        if kind == ".old" and name and not (path.parent / name).exists():
+            os.replace(path, path.parent / name)
+            log.warning("%s: put back from %s, where a write killed midway had moved it", name, path.name)
+        elif path.is_symlink() or path.is_file():
+            path.unlink()
+        else:
+            shutil.rmtree(path)
+            log.warning("removed %s, left by a checkpoint write killed midway", path.name)
+    fsync(Path(root))
 
 
 def _warn_if_the_next_cannot_fit(final: Path, size: int) -> None:
