@@ -1,9 +1,11 @@
-"""Checks of the learner's process group on CUDA (`make test-gpu`): NCCL ranks, and fsdp2 over NCCL.
+"""Checks of the learner's process group on CUDA (`make test-gpu`): NCCL ranks, fsdp2 over NCCL, and its
+optimizer state written as a checkpoint's shards over NCCL.
 Collected everywhere, skipped where torch sees no CUDA device."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -101,3 +103,48 @@ def test_a_sharded_policy_on_a_bf16_base_gathers_and_trains_over_nccl(tmp_path):
     for key, value in result["sliced_expected"].items():
         torch.testing.assert_close(result["sliced"][key], value, rtol=0, atol=1e-4, msg=key)
     assert result["grads"] and all(result["grads"])
+
+
+def _shard_rank(rank: int, port: int, out: str, backend: str = "nccl", device: str = "cuda") -> None:
+    """One rank of a group (NCCL on CUDA; gloo on the CPU when tried without a GPU): a sharded learner's
+    update on the device with its AdamW (fused on CUDA), then its optimizer state written as shards, as a
+    Ray rank writes it into a checkpoint, and also whole, and its weights saved by rank 0 as a checkpoint's."""
+    from everyprompt.trainer.checkpoint import SHARDS, full_weights, portable_optimizer_state
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, rank=rank, world_size=1)
+    try:
+        config = tiny_config(*SETTINGS)
+        model, tokenizer = _model(config)
+        learner = Learner(config, model.to(device), tokenizer.pad_token_id, parallel=DataParallel("fsdp2"))
+        learner.update(hand_batch(_model(config)[0], tokenizer, REWARDS[0]))
+        state = learner.training_state(Path(out))
+        whole = portable_optimizer_state(learner.model, learner.optimizer, sharded=True)
+        learner.model.save_pretrained(Path(out) / "model", state_dict=full_weights(learner.model))
+        torch.save({"state": state, "whole": whole, "shards": str(Path(out) / SHARDS)}, Path(out) / "rank.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_ranks_optimizer_shards_written_over_nccl_load_whole_on_the_cpu(tmp_path):
+    """What a Ray learner rank on a GPU writes into a checkpoint (torch.distributed.checkpoint over NCCL,
+    the fused AdamW's state on the device) reads back in one CPU process as the whole state it gathers."""
+    from everyprompt.models.io import load_pretrained
+    from everyprompt.trainer.checkpoint import SHARDED
+
+    mp.spawn(_shard_rank, args=(_free_port(), str(tmp_path)), nprocs=1, join=True)
+    written = torch.load(tmp_path / "rank.pt")
+    assert written["state"]["optimizer"] == {SHARDED: "learner_shards"}
+    config = tiny_config(*SETTINGS)
+    model, tokenizer = _model(config)
+    local = Learner(config, model, tokenizer.pad_token_id)
+    local.load_training_state({**written["state"], "optimizer": {SHARDED: written["shards"]}})
+    read, whole = local.training_state()["optimizer"], written["whole"]
+    assert read["state"].keys() == whole["state"].keys()
+    for name, values in whole["state"].items():
+        for key, value in values.items():
+            assert torch.equal(read["state"][name][key].cpu(), value.cpu()), (name, key)
+    saved = load_pretrained(tmp_path / "model")[0].state_dict()
+    assert saved.keys() == model.state_dict().keys()
