@@ -7,8 +7,8 @@ widened to about 57M parameters (217 MiB in float32, 434 MiB of AdamW state) on 
 and learner state are written as a run writes them now (`RankedLearner.save_model` and
 `training_state(directory)`: rank 0 writes the weights, each rank its share of the optimizer state),
 against the reference measured in the same run: as they were written before, gathered through Ray into
-the driver (`LearnerSide.save_model`: the weights loaded into the driver's copy, saved from it; the whole
-optimizer state sent to the driver and saved in trainer_state.pt). Each way is written once to warm up,
+the driver (`LearnerSide.save_model`, the local learner's way: the weights loaded into the driver's copy,
+saved from it; the whole optimizer state sent to the driver and saved in trainer_state.pt). Each way is written once to warm up,
 then `--repeats` times; reported: the median time, the bytes that came through Ray to the driver, and
 how far the driver's and rank 0's private memory (RssAnon, sampled every 2 ms after returning freed
 heap to the OS) rose. Then what the driver's memory gives back when it lets its copy of the weights go,

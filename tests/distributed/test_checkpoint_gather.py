@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from everyprompt.distributed.buckets import readable
 from everyprompt.distributed.learner import RankedLearner
 from everyprompt.models.io import load_pretrained
 from everyprompt.models.lora import apply_lora, weights_nbytes
@@ -140,3 +141,30 @@ def test_rank_0_writes_a_full_fine_tunings_weights_and_nothing_comes_to_the_driv
     assert saved.keys() == ranks.keys()
     assert sum(not torch.equal(saved[k], before[k]) for k in saved) > len(saved) // 2  # the update's
     assert all(torch.equal(saved[name], ranks[name]) for name in ranks)
+
+
+@pytest.mark.long  # two Ray learners start: tens of seconds
+def test_rank_0_writes_a_lora_policys_adapter_and_merged_model(ray_instance, tmp_path):
+    from safetensors.torch import load_file
+
+    config = tiny_config(*SETTINGS, *LORA, "cluster.backend=ray", "cluster.trainer_ranks=2")
+    config.cluster.trainer_sharding = "fsdp2"
+    model, tokenizer = _model(config)
+    learner = RankedLearner(config, apply_lora(model, config.model.lora), tokenizer.pad_token_id)
+    try:
+        _update(learner, config, tokenizer)
+        learner.save_model(None, tokenizer, tmp_path, merged=True)  # the driver's copy is not read
+        ranks = learner._all([r.model_weights.remote() for r in learner.ranks], "checkpoint")[0]
+        engine = dict(readable(learner.state_dict(), ray_instance.get))  # the merged weights, as synced
+    finally:
+        learner.close()
+    adapter = load_file(tmp_path / "adapter_model.safetensors")  # peft's names, without the adapter's
+    trained = {name.replace(".default", ""): value for name, value in ranks.items() if "lora_" in name}
+    assert adapter.keys() == trained.keys() and trained
+    assert all(torch.equal(adapter[name], value) for name, value in trained.items())
+    assert (tmp_path / "adapter_config.json").is_file() and (
+        tmp_path / "merged" / "tokenizer_config.json"
+    ).is_file()
+    merged = load_pretrained(tmp_path / "merged")[0].state_dict()
+    assert merged.keys() == engine.keys()
+    assert all(torch.equal(merged[name], engine[name]) for name in engine)

@@ -6,10 +6,10 @@ share of the micro-batches (`trainer/learner_side/data_parallel.py`); the update
 figures are the step's. Weights for the rollout workers go into Ray's object store from rank 0, in
 buckets as it reads them (distributed/buckets.py; under fsdp2 gathered a layer at a time), yielded by a
 streaming call so that the driver owns them, and reach the workers without passing through the driver.
-A checkpoint's weights are gathered from rank 0 (whole the first time, then only those that train) and
-written by the driver in the local backend's format; each rank writes its own share of the optimizer
-state into it (torch.distributed.checkpoint, keyed by parameter name), so nothing of that passes through
-the driver and a run resumes on any number of ranks, or in one process.
+The ranks write a checkpoint's model and optimizer state themselves, in the local backend's format: rank 0
+the weights (a LoRA policy's adapter), each rank its share of the optimizer state (torch.distributed.
+checkpoint, keyed by parameter name); nothing of either passes through the driver, which writes the rest,
+and a run resumes on any number of ranks, or in one process.
 
 A rank that dies ends the run: the driver does not wait on the others (they would wait in a collective
 forever); every rank is killed and the caller is told how to resume.
@@ -38,7 +38,7 @@ from everyprompt.distributed.recipes import ModelRecipe
 from everyprompt.distributed.runtime import actor_options, require_ray
 from everyprompt.errors import ClusterError
 from everyprompt.logs import quiet_libraries
-from everyprompt.models.lora import lora_base_dtype, weights_nbytes
+from everyprompt.models.lora import is_lora, lora_base_dtype, weights_nbytes
 from everyprompt.models.precision import training_kernels
 from everyprompt.trainer.checkpoint import SHARDS, CheckpointError, full_weights, shard_files
 from everyprompt.trainer.interface import LearnerSide
@@ -155,17 +155,24 @@ class LearnerRank:
         frozen = {name for name, parameter in model.named_parameters() if not parameter.requires_grad}
         return {name: value for name, value in model.state_dict().items() if name not in frozen}
 
-    def save_model(self, directory: str) -> list[str]:
-        """Rank 0 writes the policy's weights and config into `directory` in Hugging Face format (under
-        fsdp2 gathered to its host first: collective) and returns the files' names; the others []."""
+    def save_model(self, directory: str, merged: bool = False) -> list[str]:
+        """Rank 0 writes the policy into `directory` in Hugging Face format and returns its files' paths
+        (relative to it); the others []. A full fine-tuning's weights and config; a LoRA policy's adapter,
+        and with `merged` the merged model under merged/. Under fsdp2 gathered to rank 0's host first
+        (the merged weights a layer at a time): collective."""
         if self._only_rank_0_works():
             return []
         model = self.learner.model
-        weights = full_weights(model) if self.learner.parallel.sharded else model.state_dict()
+        lora = is_lora(model)
+        weights = self.model_weights(trainable_only=lora)  # a LoRA policy's adapter: what trains
+        whole = dict(self.learner.engine_weights()) if lora and merged else None
         if self.rank != 0:
             return []
         model.save_pretrained(directory, state_dict=weights, safe_serialization=True)
-        return sorted(path.name for path in Path(directory).iterdir())
+        if whole is not None:
+            base = model.get_base_model()
+            base.save_pretrained(Path(directory) / "merged", state_dict=whole, safe_serialization=True)
+        return sorted(str(p.relative_to(directory)) for p in Path(directory).rglob("*") if p.is_file())
 
     def training_state(self, directory: str | None = None) -> tuple[dict, list[str]]:
         """The learner's state (rank 0's; the others' {}), and with `directory` the shard files this rank
@@ -204,7 +211,7 @@ class RankedLearner(LearnerSide):
         self._all(started, "start", cluster.start_timeout_s)
         self.version = 0
         self.last_sync_bytes = 0
-        self.saves_own_weights = not config.model.lora.enabled  # rank 0 writes them (`save_model`)
+        self.saves_own_weights = True  # rank 0 writes them into the checkpoints (`save_model`)
         self.synced_model = False  # whether the driver's copy holds the ranks' frozen weights yet
         self.last_checkpoint_bytes = 0  # what the last `sync_model` brought from rank 0
 
@@ -258,16 +265,15 @@ class RankedLearner(LearnerSide):
         return results[0][0]
 
     def save_model(self, model, tokenizer, directory: Path, merged: bool = False) -> None:
-        """A full fine-tuning's policy: rank 0 writes the weights and config into the checkpoint itself,
-        so that they do not come through Ray into `model` (the driver's copy, left as it was); this process
-        writes the tokenizer. A LoRA policy's, from the driver's copy (only its adapters come through after
-        the first time)."""
-        if self.config.model.lora.enabled:
-            super().save_model(model, tokenizer, directory, merged)
-            return
-        files = self._all([r.save_model.remote(str(directory)) for r in self.ranks], "checkpoint")[0]
+        """Rank 0 writes the policy into the checkpoint itself (a LoRA policy's adapter, and with `merged`
+        the merged model), so that its weights do not come through Ray into `model`, the driver's copy,
+        which is left as it was; this process writes the tokenizer."""
+        merged = merged and self.config.model.lora.enabled
+        files = self._all([r.save_model.remote(str(directory), merged) for r in self.ranks], "checkpoint")[0]
         _seen_here(directory, files, 0)
         tokenizer.save_pretrained(directory)
+        if merged:
+            tokenizer.save_pretrained(Path(directory) / "merged")
 
     def load_training_state(self, state: dict) -> None:
         ref = self.ray.put(state)
@@ -275,10 +281,9 @@ class RankedLearner(LearnerSide):
         self.version = state["version"]
 
     def sync_model(self, model) -> None:
-        """Bring `model` (the driver's copy, which checkpoints are written from) to the ranks' weights: all
-        of them the first time (a LoRA base as the ranks hold it: bf16 on their GPUs), then only what
-        trains (`trainable_only`), where a LoRA run had gathered and sent its whole frozen base again for
-        every checkpoint (about 61 GB for Qwen3-30B-A3B's)."""
+        """Bring `model` (a copy of the policy here) to the ranks' weights: all of them the first time (a
+        LoRA base as the ranks hold it: bf16 on their GPUs), then only what trains (`trainable_only`: a
+        LoRA policy's frozen base never changes). Checkpoints no longer need it (`save_model`)."""
         weights = self._all([r.model_weights.remote(self.synced_model) for r in self.ranks], "checkpoint")[0]
         self.last_checkpoint_bytes = weights_nbytes(weights)
         # the first time all of them (strict); then what trains, which must all be the model's own
