@@ -1,6 +1,6 @@
-"""What a Ray run's checkpoint brings from its learner ranks to the driver: a LoRA policy's weights
-everything once, then only what trains; a full fine-tuning's weights nothing (rank 0 writes them); the
-optimizer state nothing (each rank writes its share into the checkpoint)."""
+"""What a Ray run's checkpoint brings from its learner ranks to the driver: nothing of the weights (rank 0
+writes a full fine-tuning's, a LoRA policy's adapter and merged model) and nothing of the optimizer state
+(each rank writes its share into the checkpoint)."""
 
 from __future__ import annotations
 
@@ -10,47 +10,12 @@ import torch
 from everyprompt.distributed.buckets import readable
 from everyprompt.distributed.learner import RankedLearner
 from everyprompt.models.io import load_pretrained
-from everyprompt.models.lora import apply_lora, weights_nbytes
+from everyprompt.models.lora import apply_lora
 from everyprompt.trainer import Learner
 from everyprompt.trainer.checkpoint import SHARDED, SHARDS, CheckpointError
 from tests.conftest import tiny_config
 from tests.distributed.test_ray_training import LORA, SETTINGS
 from tests.trainer.test_sides import _model, hand_batch
-
-
-@pytest.mark.long  # two Ray learners start: tens of seconds
-@pytest.mark.parametrize("sharding", ["ddp", "fsdp2"])
-def test_a_lora_checkpoint_brings_the_frozen_base_once_then_only_the_adapters(ray_instance, sharding):
-    config = tiny_config(
-        *SETTINGS,
-        *LORA,
-        "cluster.backend=ray",
-        "cluster.trainer_ranks=2",
-        f"cluster.trainer_sharding={sharding}",
-    )
-    model, tokenizer = _model(config)
-    policy = apply_lora(model, config.model.lora)
-    learner = RankedLearner(config, policy, tokenizer.pad_token_id)
-    try:
-        driver = apply_lora(_model(config)[0], config.model.lora)  # the driver's copy, as a run keeps it
-        learner.sync_model(driver)
-        whole = learner.last_checkpoint_bytes
-        assert whole == weights_nbytes(policy.state_dict())
-        learner.update(hand_batch(_model(config)[0], tokenizer, [1.0, 0.0, 1.0, 0.0, 0.0, 1.0]))
-        learner.sync_model(driver)
-        frozen = {name for name, p in policy.named_parameters() if not p.requires_grad}
-        trained = weights_nbytes({k: v for k, v in policy.state_dict().items() if k not in frozen})
-        assert learner.last_checkpoint_bytes == trained < whole / 4  # the adapters (and any saved buffers)
-        ranks = learner._all([r.model_weights.remote() for r in learner.ranks], "checkpoint")[0]
-        mine = driver.state_dict()
-        assert mine.keys() == ranks.keys()
-        moved = [
-            key for key in ranks if "lora_" in key and not torch.equal(ranks[key], policy.state_dict()[key])
-        ]
-        assert moved  # the update moved the adapters: what the second sync brought is not the first's
-        assert all(torch.equal(mine[key], ranks[key].to(mine[key].dtype)) for key in ranks)
-    finally:
-        learner.close()
 
 
 def _two_ranks(sharding: str):
@@ -123,16 +88,13 @@ def test_rank_0_writes_a_full_fine_tunings_weights_and_nothing_comes_to_the_driv
     ray_instance, tmp_path, sharding
 ):
     config, learner, tokenizer = _two_ranks(sharding)
-    driver = _model(config)[0]  # the driver's copy, as a run keeps it
-    before = {name: value.clone() for name, value in driver.state_dict().items()}
+    before = _model(config)[0].state_dict()  # the starting weights
     try:
         _update(learner, config, tokenizer)
-        learner.save_model(driver, tokenizer, tmp_path)
+        learner.save_model(None, tokenizer, tmp_path)  # the driver's copy is not read
         ranks = learner._all([r.model_weights.remote() for r in learner.ranks], "checkpoint")[0]
     finally:
         learner.close()
-    assert learner.last_checkpoint_bytes == 0  # no weight came through Ray
-    assert all(torch.equal(driver.state_dict()[name], value) for name, value in before.items())
     written = {path.name for path in tmp_path.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer_config.json"} <= written
     saved, loaded_tokenizer = load_pretrained(tmp_path)
@@ -144,11 +106,12 @@ def test_rank_0_writes_a_full_fine_tunings_weights_and_nothing_comes_to_the_driv
 
 
 @pytest.mark.long  # two Ray learners start: tens of seconds
-def test_rank_0_writes_a_lora_policys_adapter_and_merged_model(ray_instance, tmp_path):
+@pytest.mark.parametrize("sharding", ["ddp", "fsdp2"])
+def test_rank_0_writes_a_lora_policys_adapter_and_merged_model(ray_instance, tmp_path, sharding):
     from safetensors.torch import load_file
 
     config = tiny_config(*SETTINGS, *LORA, "cluster.backend=ray", "cluster.trainer_ranks=2")
-    config.cluster.trainer_sharding = "fsdp2"
+    config.cluster.trainer_sharding = sharding
     model, tokenizer = _model(config)
     learner = RankedLearner(config, apply_lora(model, config.model.lora), tokenizer.pad_token_id)
     try:

@@ -56,7 +56,7 @@ FULL_DISK = {  # how a full disk reaches save_checkpoint: from the OS, and from 
 def test_an_unwritable_checkpoint_directory_fails_at_once_and_keeps_the_previous_one(
     tmp_path, monkeypatch, source
 ):
-    import everyprompt.trainer.interface as writer  # where an RL checkpoint's model is written from
+    import everyprompt.trainer.learner_side.learner as writer  # where an RL checkpoint's model is written
     from everyprompt.trainer.checkpoint import verify_checkpoint
 
     trainer = train(tiny_config("rl.steps=1"), run_dir=tmp_path)
@@ -76,7 +76,7 @@ def test_an_unwritable_checkpoint_directory_fails_at_once_and_keeps_the_previous
 
 
 def test_a_checkpoint_write_that_fails_otherwise_leaves_no_half_written_copy(tmp_path, monkeypatch):
-    import everyprompt.trainer.interface as writer  # where an RL checkpoint's model is written from
+    import everyprompt.trainer.learner_side.learner as writer  # where an RL checkpoint's model is written
 
     trainer = train(tiny_config("rl.steps=1"), run_dir=tmp_path)
     real_save = writer.save_pretrained

@@ -38,7 +38,7 @@ from everyprompt.distributed.recipes import ModelRecipe
 from everyprompt.distributed.runtime import actor_options, require_ray
 from everyprompt.errors import ClusterError
 from everyprompt.logs import quiet_libraries
-from everyprompt.models.lora import is_lora, lora_base_dtype, weights_nbytes
+from everyprompt.models.lora import is_lora, lora_base_dtype
 from everyprompt.models.precision import training_kernels
 from everyprompt.trainer.checkpoint import SHARDS, CheckpointError, full_weights, shard_files
 from everyprompt.trainer.interface import LearnerSide
@@ -143,8 +143,8 @@ class LearnerRank:
 
     def model_weights(self, trainable_only: bool = False) -> dict[str, torch.Tensor]:
         """The policy's own state dict (a LoRA policy's adapters unmerged), whole, on rank 0; with
-        `trainable_only`, its trained parameters and its buffers alone (a LoRA policy's adapters: the
-        frozen base never changes, so the driver's copy already holds it)."""
+        `trainable_only`, its trained parameters and its buffers alone (a LoRA policy's adapters, which is
+        what its checkpoints hold)."""
         if self._only_rank_0_works():
             return {}
         model = self.learner.model
@@ -212,8 +212,6 @@ class RankedLearner(LearnerSide):
         self.version = 0
         self.last_sync_bytes = 0
         self.saves_own_weights = True  # rank 0 writes them into the checkpoints (`save_model`)
-        self.synced_model = False  # whether the driver's copy holds the ranks' frozen weights yet
-        self.last_checkpoint_bytes = 0  # what the last `sync_model` brought from rank 0
 
     # ------------------------------------------------------------ the loop's learner
     def update(self, batch) -> dict[str, float]:
@@ -257,11 +255,11 @@ class RankedLearner(LearnerSide):
         """Rank 0's state; with `directory` (the checkpoint being written) every rank writes its share of
         the optimizer state there and nothing of it comes here. The directory must be one every rank's
         node sees: a share written elsewhere fails the checkpoint, naming the rank."""
-        where = None if directory is None else str(directory)
-        results = self._all([r.training_state.remote(where) for r in self.ranks], "checkpoint")
+        if directory is None:
+            return self._all([r.training_state.remote() for r in self.ranks], "checkpoint")[0][0]
+        results = self._all([r.training_state.remote(str(directory)) for r in self.ranks], "checkpoint")
         for rank, (_, files) in enumerate(results):
-            if directory is not None:
-                _seen_here(Path(directory) / SHARDS, files, rank)
+            _seen_here(Path(directory) / SHARDS, files, rank)
         return results[0][0]
 
     def save_model(self, model, tokenizer, directory: Path, merged: bool = False) -> None:
@@ -279,18 +277,6 @@ class RankedLearner(LearnerSide):
         ref = self.ray.put(state)
         self._all([r.load_training_state.remote(ref) for r in self.ranks], "resume")
         self.version = state["version"]
-
-    def sync_model(self, model) -> None:
-        """Bring `model` (a copy of the policy here) to the ranks' weights: all of them the first time (a
-        LoRA base as the ranks hold it: bf16 on their GPUs), then only what trains (`trainable_only`: a
-        LoRA policy's frozen base never changes). Checkpoints no longer need it (`save_model`)."""
-        weights = self._all([r.model_weights.remote(self.synced_model) for r in self.ranks], "checkpoint")[0]
-        self.last_checkpoint_bytes = weights_nbytes(weights)
-        # the first time all of them (strict); then what trains, which must all be the model's own
-        unexpected = model.load_state_dict(weights, strict=not self.synced_model).unexpected_keys
-        if unexpected:
-            raise ClusterError(f"the learner ranks sent weights the driver's model lacks: {unexpected[:5]}")
-        self.synced_model = True
 
     def close(self) -> None:
         for rank in self.ranks:

@@ -11,6 +11,7 @@ import random
 import shutil
 import time
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -29,7 +30,7 @@ from everyprompt.evaluate import evaluate_config, held_out_rewards
 from everyprompt.hub import check_model_name, pinned
 from everyprompt.logs import quiet_libraries, record_warnings
 from everyprompt.models.catalog import fetch_hint
-from everyprompt.models.io import config_tokenizer, load_model_and_tokenizer, load_pretrained
+from everyprompt.models.io import config_tokenizer, load_model_and_tokenizer, load_pretrained, save_pretrained
 from everyprompt.models.kernels import check_kernels
 from everyprompt.models.lora import load_adapter, lora_base_dtype
 from everyprompt.models.precision import emulates_bf16, training_dtype, training_kernels
@@ -228,7 +229,9 @@ class Run:
                 resume=resume,
                 prompt_format=self.show_format(prompt_format, "SFT", sft_rows[0]),
             )
-            save_checkpoint(self.layout.sft_checkpoint, model, tokenizer, state=None)
+            save_checkpoint(
+                self.layout.sft_checkpoint, partial(save_pretrained, model, tokenizer), state=None
+            )
             for stale in self.layout.sft_step_checkpoints():
                 shutil.rmtree(stale)
         return model, tokenizer

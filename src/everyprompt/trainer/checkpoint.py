@@ -21,7 +21,6 @@ import torch
 from safetensors import SafetensorError
 
 from everyprompt.errors import InputError
-from everyprompt.models.io import save_pretrained
 from everyprompt.processes import is_alive
 from everyprompt.run.files import fsync, sha256
 from everyprompt.run.layout import LATEST, series
@@ -52,23 +51,19 @@ def _write_manifest(directory: Path) -> int:
 
 def save_checkpoint(
     path: str | Path,
-    model,
-    tokenizer,
+    write_model: Callable[[Path], None],
     state: dict | None,
     keep_last: int = 0,
     latest: bool = True,
-    merged: bool = False,
     parts: Mapping[str, Callable[[Path], object]] | None = None,
-    write_model: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Write the checkpoint at `path` (a run layout's `step_checkpoint(n)`, `sft_checkpoint`, ...), with the
-    trainer `state` when given. An RL checkpoint (`latest`, with a state) becomes `latest`; `keep_last`
-    prunes the older checkpoints of the same `<prefix>N` series. A LoRA policy saves its adapter, and with
-    `merged` also the merged model under `merged/`. `parts`: more of the state, each made by a function
-    given the checkpoint's directory while it is written, which may write files there itself (the Ray
-    learner ranks' optimizer shards; the manifest then covers them) and returns what the state holds
-    under its key. `write_model`: writes the model and tokenizer into the directory in place of
-    `save_pretrained(model, tokenizer, ...)` (a learner's `save_model`; `model` is then not read)."""
+    """Write the checkpoint at `path` (a run layout's `step_checkpoint(n)`, `sft_checkpoint`, ...): the model
+    and tokenizer by `write_model(directory)` (models/io.py's `save_pretrained` bound to them, or a
+    learner's `save_model`), with the trainer `state` when given. An RL checkpoint (`latest`, with a state)
+    becomes `latest`; `keep_last` prunes the older checkpoints of the same `<prefix>N` series. `parts`: more
+    of the state, each made by a function given the checkpoint's directory while it is written, which may
+    write files there itself (the Ray learner ranks' optimizer shards; the manifest then covers them) and
+    returns what the state holds under its key."""
     final = Path(path)
     root, name = final.parent, final.name
     temporary = root / f".tmp-{name}-{os.getpid()}"
@@ -76,10 +71,7 @@ def save_checkpoint(
         root.mkdir(parents=True, exist_ok=True)
         if temporary.exists():
             shutil.rmtree(temporary)
-        if write_model is not None:
-            write_model(temporary.resolve())
-        else:
-            save_pretrained(model, tokenizer, temporary, merged=merged)
+        write_model(temporary.resolve())
         if state is not None:
             state = {**state, **{key: make(temporary.resolve()) for key, make in (parts or {}).items()}}
             torch.save(state, temporary / STATE_FILE)

@@ -12,7 +12,6 @@ from pathlib import Path
 import torch
 
 from everyprompt.batch import RolloutBatch
-from everyprompt.models.io import save_pretrained
 
 
 class LearnerSide(ABC):
@@ -45,15 +44,10 @@ class LearnerSide(ABC):
         """Resume from `training_state()`'s dict."""
 
     @abstractmethod
-    def sync_model(self, model) -> None:
-        """Bring `model` (the caller's copy of the policy) to the learner's weights."""
-
     def save_model(self, model, tokenizer, directory: Path, merged: bool = False) -> None:
         """Write the policy and `tokenizer` into a checkpoint's `directory` in Hugging Face format (a LoRA
-        policy: its adapter, and with `merged` the merged model too): here from `model`, the caller's copy,
-        brought to the learner's weights first. A learner of several ranks may write them itself."""
-        self.sync_model(model)
-        save_pretrained(model, tokenizer, directory, merged=merged)
+        policy: its adapter, and with `merged` the merged model too). `model` is the caller's copy of the
+        policy, which a learner may write from or ignore (`saves_own_weights`)."""
 
     def make_replica(self) -> None:
         """In-process learners: prepare `behaviour_mismatch` (asynchronous runs measure with it)."""

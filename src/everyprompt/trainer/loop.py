@@ -82,9 +82,8 @@ class RLTrainer:
         self.config, self.rl = config, config.rl
         self.rollout, self.learner = rollout, learner
         self.closers = list(closers)  # the backend's own resources (actors, a Ray session), closed last
-        # the policy here: what a checkpoint saves, unless the learner writes its own (Ray, full fine-tuning)
+        # the policy here (what checkpoints are written from, unless the learner writes its own: Ray)
         self.model, self.tokenizer = model, tokenizer
-        self.released = False  # the model's weights were let go (`learner.saves_own_weights`)
         self.run_dir = Path(run_dir)
         self.layout = RunLayout(run_dir)
         self.step = 0
@@ -244,12 +243,10 @@ class RLTrainer:
         merged = self.config.model.lora.save_merged
         return save_checkpoint(
             self.layout.step_checkpoint(self.step),
-            self.model,
-            self.tokenizer,
+            partial(self.learner.save_model, self.model, self.tokenizer, merged=merged),
             state,
             keep_last=self.config.checkpoint.keep_last,
             parts={"learner": self.learner.training_state},  # the Ray ranks write their own shares there
-            write_model=partial(self.learner.save_model, self.model, self.tokenizer, merged=merged),
         )
 
     def _last_checkpoint(self) -> str:
@@ -270,7 +267,8 @@ class RLTrainer:
         end the current step, write a checkpoint and raise StopRequested (exit 130 / 143). `hooks`: each is
         told when the first step starts and after every step (its metrics logged, its checkpoint written),
         and may end the run there, as `rl.steps` would (a wall-clock budget, snapshots: `StepHook`)."""
-        if self.config.rollout.parity_threshold > 0 and not self.released:
+        released = next(self.model.parameters()).is_meta  # by an earlier `train` (below)
+        if self.config.rollout.parity_threshold > 0 and not released:
             self.startup_metrics.update(
                 check_parity(
                     self.model,
@@ -283,11 +281,10 @@ class RLTrainer:
                 "startup parity: engine vs trainer mean |dlogp| %.2e",
                 self.startup_metrics["parity/logp_abs_diff"],
             )
-        if self.learner.saves_own_weights and not self.released:
+        if self.learner.saves_own_weights:
             # nothing reads this copy's weights from now on (the learner writes the checkpoints): its
             # memory goes back; the model keeps its structure and config on the meta device
             self.model.to("meta")
-            self.released = True
         logger = MetricsLogger(
             self.run_dir,
             self.rl.steps,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import signal
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -14,6 +15,7 @@ from everyprompt.data.datasets import DataError
 from everyprompt.data.formatting import PlainFormat
 from everyprompt.devices import release_freed_memory
 from everyprompt.devices.memory import memory_metrics
+from everyprompt.models.io import save_pretrained
 from everyprompt.models.precision import autocast
 from everyprompt.processes import GracefulStop, StopRequested
 from everyprompt.run.layout import RunLayout
@@ -120,8 +122,7 @@ def run_sft(
                     }
                     save_checkpoint(
                         RunLayout(run_dir).sft_step_checkpoint(step),
-                        model,
-                        tokenizer,
+                        partial(save_pretrained, model, tokenizer),
                         state,
                         keep_last=1,
                         latest=False,

@@ -36,7 +36,7 @@ from everyprompt.config import Config
 from everyprompt.devices.memory import memory_metrics
 from everyprompt.models.compiled_layers import compiled_metrics
 from everyprompt.models.gathering import gathered_weights
-from everyprompt.models.io import weights_as_held
+from everyprompt.models.io import save_pretrained, weights_as_held
 from everyprompt.models.lora import is_lora, merged_state_dict, weights_nbytes
 from everyprompt.rollout import derive_seed
 from everyprompt.trainer.checkpoint import SHARDS, load_optimizer_state, portable_optimizer_state
@@ -113,11 +113,11 @@ class Learner(LearnerSide):
             return gathered_weights(self.model, keep=self.parallel.rank == 0, dtypes=dtypes)
         return weights_as_held(merged_state_dict(self.model), dtypes)
 
-    def sync_model(self, model) -> None:
-        """Bring `model` (what a checkpoint is written from) to the learner's weights: one process trains
-        it in place, so only a different copy needs loading."""
+    def save_model(self, model, tokenizer, directory: Path, merged: bool = False) -> None:
+        """Writes `model`, brought to the learner's weights (trained in place: only another copy loads)."""
         if model is not self.model:
             model.load_state_dict(self.model.state_dict())
+        save_pretrained(model, tokenizer, directory, merged=merged)
 
     def training_state(self, directory: Path | None = None) -> dict:
         """Counters, schedule and optimizer state (by parameter name: it resumes on any number of ranks), whole
