@@ -7,8 +7,8 @@ widened to about 57M parameters (217 MiB in float32, 434 MiB of AdamW state) on 
 and learner state are written as a run writes them now (`RankedLearner.save_model` and
 `training_state(directory)`: rank 0 writes the weights, each rank its share of the optimizer state),
 against the reference measured in the same run: as they were written before, gathered through Ray into
-the driver (`LearnerSide.save_model`, the local learner's way: the weights loaded into the driver's copy,
-saved from it; the whole optimizer state sent to the driver and saved in trainer_state.pt). Each way is written once to warm up,
+the driver (rank 0's whole weights sent and loaded into the driver's copy, saved from it, the whole
+optimizer state sent to the driver and saved in trainer_state.pt: a checkpoint before 2026-11-29). Each way is written once to warm up,
 then `--repeats` times; reported: the median time, the bytes that came through Ray to the driver, and
 how far the driver's and rank 0's private memory (RssAnon, sampled every 2 ms after returning freed
 heap to the OS) rose. Then what the driver's memory gives back when it lets its copy of the weights go,
@@ -71,13 +71,17 @@ def _write(learner, driver, tokenizer, directory: Path, gathered: bool) -> int:
     """One checkpoint's model and learner state into `directory`; the bytes that came to the driver."""
     import torch
 
-    from everyprompt.trainer.interface import LearnerSide
+    from everyprompt.models.io import save_pretrained
 
     directory.mkdir(parents=True)
     if gathered:  # the weights into the driver's copy and saved from it; the whole optimizer state here
-        LearnerSide.save_model(learner, driver, tokenizer, directory)
+        weights = learner._all([r.model_weights.remote() for r in learner.ranks], "checkpoint")[0]
+        driver.load_state_dict(weights)
+        arrived = _nbytes(weights)
+        del weights  # let go once loaded, as the run did
+        save_pretrained(driver, tokenizer, directory)
         state = learner.training_state()
-        arrived = learner.last_checkpoint_bytes + _nbytes(state)
+        arrived += _nbytes(state)
     else:
         learner.save_model(driver, tokenizer, directory)
         state = learner.training_state(directory)
@@ -168,12 +172,10 @@ def measure(sharding: str, model: list[str], repeats: int, root: Path) -> dict:
     libc = ctypes.CDLL("libc.so.6")
     libc.malloc_trim(0)
     held = status_kib(("RssAnon",))["RssAnon"]
+    weights = _nbytes(dict(policy.named_parameters()))
     policy.to("meta")
     libc.malloc_trim(0)
     released = (held - status_kib(("RssAnon",))["RssAnon"]) / 1024
-    weights = sum(
-        p.numel() * p.element_size() for p in load_model_and_tokenizer(config.model, 0)[0].parameters()
-    )
     return {
         "weights_mib": round(weights / 2**20, 1),
         **rows,
