@@ -264,8 +264,8 @@ class RankedLearner(LearnerSide):
 
     def save_model(self, model, tokenizer, directory: Path, merged: bool = False) -> None:
         """Rank 0 writes the policy into the checkpoint itself (a LoRA policy's adapter, and with `merged`
-        the merged model), so that its weights do not come through Ray into `model`, the driver's copy,
-        which is left as it was; this process writes the tokenizer."""
+        the merged model), so that its weights do not come through Ray; `model`, the driver's copy, is not
+        read (`saves_own_weights`). This process writes the tokenizer."""
         merged = merged and self.config.model.lora.enabled
         files = self._all([r.save_model.remote(str(directory), merged) for r in self.ranks], "checkpoint")[0]
         _seen_here(directory, files, 0)

@@ -84,8 +84,8 @@ def lora_base_dtype(config, device: torch.device) -> torch.dtype:
     """What a run's LoRA policy holds its frozen base in on `device`: `model.frozen_dtype`
     (models/precision.py). Under the Ray backend with GPUs for its actors (`cluster.num_gpus` > 0) the
     driver's copy, on its CPU, is held as the learner ranks hold theirs on their GPUs: the ranks rebuild
-    from it, and a checkpoint brings their base back into it, so it was a float32 copy of a bf16 base
-    (for Qwen3-30B-A3B, 122 GB of the driver's memory where 61 hold it)."""
+    from it (the driver lets it go once the run has started), and it had been a float32 copy of a bf16
+    base (for Qwen3-30B-A3B, 122 GB of the driver's memory where 61 hold it)."""
     if config.cluster.backend == "ray" and config.cluster.num_gpus > 0:
         device = torch.device("cuda")  # the learner ranks' device
     return frozen_dtype(config.model, device)
