@@ -59,7 +59,11 @@ def test_rl_on_episodes_trains_on_the_model_tokens_with_the_environments_reward(
     assert "RL prompt 1 as the model sees it (env.name=test-answer-once):" in shown
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert len(lines) == 2
-    assert any(line["rollout/environment_tokens"] > 0 for line in lines)  # observations were fed
+    assert any(line["rollout/environment_tokens"] > 0 for line in lines)  # observations were fed ...
+    # ... each step's in a forward or a few (one for the rows whose environments answered together)
+    fed = [line for line in lines if line["rollout/environment_tokens"] > 0]
+    assert all(0 < line["rollout/extends"] <= line["rollout/environment_tokens"] for line in fed)
+    assert all(line["rollout/extend_s"] > 0 for line in fed)
     assert all(line["rollout/environment_tokens"] < line["rollout/tokens"] for line in lines)
     # the environment's reward (0 or 0.01 an episode), not the math reward's 0 or 1
     assert all(0.0 <= line["reward/mean"] <= AnswerOnce.REWARD for line in lines)

@@ -117,12 +117,20 @@ class Completion:
     turns: list[Completion] | None = None
 
 
-# an engine's per-call figures that add up over the calls of a step (the native engine's CUDA graphs), where
+# an engine's per-call figures that add up over the calls of a step (the native engine's CUDA graphs and the
+# forwards that fed episodes' observations, rollout/native/extend.py), where
 # an engine reports them: summed by the step's tally and by the Ray engine over its workers; and those whose
 # largest stands for the step: flags that hold if they hold for any call (a capture that failed: its steps
 # ran eagerly; a compile given up: the step decoded eager), and the largest difference a trusted graph's
 # first replay showed
-SUMMED_STATS = ("graph_replays", "graph_eager_steps", "graph_captures", "graph_capture_s")
+SUMMED_STATS = (
+    "graph_replays",
+    "graph_eager_steps",
+    "graph_captures",
+    "graph_capture_s",
+    "extends",
+    "extend_s",
+)
 MAX_STATS = ("graph_failed", "graph_replay_eps", "compile_failed")
 
 

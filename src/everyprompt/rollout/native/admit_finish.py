@@ -91,7 +91,7 @@ def finish(
                 timing={"finished_s": time.perf_counter() - began},
             )
         )
-        state.request[slot], state.observation[slot], state.observed[slot] = -1, [], []
+        state.request[slot], state.observed[slot] = -1, []
 
     def completions() -> list[Completion]:
         recorded = routes() if routes is not None else [{}] * len(made)

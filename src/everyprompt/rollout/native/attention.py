@@ -4,6 +4,9 @@ cache holds per token, and runs a prefill or a decode step against its cache.
 
 Prefill (`bias` None): right-padded prompts attend causally among themselves (a real token never sees
 the padding after it); what the cache keeps goes to slots [0, T) of cache rows `rows`.
+Extend (`bias` None, `extend` given: extend.py): right-padded tokens continue cache rows `rows`, each from
+its own length; the real tokens' entries go to the cache, and each token attends to its row's cache up to
+its own position.
 Decode (T == 1): row b's entry goes to slot positions[b] of cache row rows[b], and it attends to the
 cache's first S slots with the additive mask `bias` [B * mask_heads, group, S] (0 where visible, -inf
 elsewhere; built by the engine from `mask_layout`).
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from everyprompt.rollout.native.extend import Extend
 from everyprompt.rollout.native.families import Family, rope_tables
 from everyprompt.rollout.native.weights import FP8Weight, Projection, StateDict, linear
 
@@ -114,7 +118,9 @@ class GroupedQueryAttention:
             )
         return attn
 
-    def __call__(self, w: GroupedWeights, x, rope, cache, rows, positions, bias) -> torch.Tensor:
+    def __call__(
+        self, w: GroupedWeights, x, rope, cache, rows, positions, bias, extend: Extend | None = None
+    ) -> torch.Tensor:
         """Self-attention of x [B, T, H] against cache rows `rows` (see the module docstring)."""
         batch, length, _ = x.shape
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
@@ -129,10 +135,22 @@ class GroupedQueryAttention:
         q, k = qk[:, :, :heads], qk[:, :, heads:]
         k_cache, v_cache = cache
         if bias is None:
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, T, D]
-            k_cache[rows, :, :length] = k
-            v_cache[rows, :, :length] = v
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            if extend is None:  # a prefill: the new tokens are the whole sequence
+                k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, T, D]
+                k_cache[rows, :, :length] = k
+                v_cache[rows, :, :length] = v
+                keys, values, mask = k, v, None
+            else:  # an extend: the new tokens after each row's cached ones
+                extend.write(k_cache, k)
+                extend.write(v_cache, v)
+                keys, values, mask = (
+                    k_cache[rows, :, : extend.width],
+                    v_cache[rows, :, : extend.width],
+                    extend.mask,
+                )
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), keys, values, attn_mask=mask, is_causal=mask is None, enable_gqa=True
+            )
             return _output(w, out.transpose(1, 2).reshape(batch, length, -1))
         k_cache[rows, :, positions] = k[:, 0]
         v_cache[rows, :, positions] = v[:, 0]
@@ -267,7 +285,9 @@ class LatentAttention:
             return torch.arange(dim)
         return torch.cat([torch.arange(0, dim, 2), torch.arange(1, dim, 2)])
 
-    def __call__(self, w: LatentWeights, x, rope, cache, rows, positions, bias) -> torch.Tensor:
+    def __call__(
+        self, w: LatentWeights, x, rope, cache, rows, positions, bias, extend: Extend | None = None
+    ) -> torch.Tensor:
         """Self-attention of x [B, T, H] against cache rows `rows` (see the module and class docstrings)."""
         batch, length, _ = x.shape
         heads, nope, rank = self.heads, self.nope, self.kv_rank
@@ -284,15 +304,25 @@ class LatentAttention:
             dim=-1,
         )
         (cache,) = cache
-        if bias is None:
-            cache[rows, 0, :length] = latent
+        if (
+            bias is None
+        ):  # a prefill (the new tokens are the whole sequence), or an extend (after the cache's)
+            if extend is None:
+                cache[rows, 0, :length] = latent
+                mask = None
+            else:
+                extend.write(cache, latent)
+                latent, mask = cache[rows, 0, : extend.width], extend.mask
+            keys = latent.shape[1]
             k_nope, v = (
-                (latent[..., :rank] @ w.kv_b).view(batch, length, heads, -1).split([nope, self.v_dim], dim=-1)
+                (latent[..., :rank] @ w.kv_b).view(batch, keys, heads, -1).split([nope, self.v_dim], dim=-1)
             )
             k_rot = latent[:, :, None, rank:].expand(-1, -1, heads, -1)
             q = torch.cat([q_nope, q_rot], dim=-1).transpose(1, 2)  # [B, heads, T, nope + rope]
             k = torch.cat([k_nope, k_rot], dim=-1).transpose(1, 2)
-            out = F.scaled_dot_product_attention(q, k, v.transpose(1, 2), is_causal=True, scale=self.scale)
+            out = F.scaled_dot_product_attention(
+                q, k, v.transpose(1, 2), attn_mask=mask, is_causal=mask is None, scale=self.scale
+            )
             return _output(w, out.transpose(1, 2).reshape(batch, length, -1))
         cache[rows, 0, positions] = latent[:, 0]
         width = bias.shape[-1]

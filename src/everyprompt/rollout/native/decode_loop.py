@@ -24,13 +24,15 @@ from everyprompt.devices.sdpa import attention_kernels
 from everyprompt.rollout.base import Completion, SamplingParams, call_stats
 from everyprompt.rollout.native.admit_finish import finish, prefill
 from everyprompt.rollout.native.cache import compact
+from everyprompt.rollout.native.extend import extend
 from everyprompt.rollout.native.queue import LiveRequests, Queue
-from everyprompt.rollout.native.sequences import Turns, force, observation_tokens, take_tokens
+from everyprompt.rollout.native.sequences import Turns, take_tokens
 from everyprompt.rollout.native.slots import Record, on_device
 from everyprompt.rollout.native.step import DecodeStep
 from everyprompt.rollout.stops import StopStrings
 
-COUNTS = ("decode_steps", "sample_steps", "busy", "tokens", "shrinks", "admissions")
+TIMES = ("prefill_s", "decode_s", "sample_s", "extend_s")
+COUNTS = ("decode_steps", "sample_steps", "busy", "tokens", "shrinks", "admissions", "extends", "observed")
 
 
 class DecodeCall:
@@ -51,7 +53,7 @@ class DecodeCall:
         self.layers = engine.call_layers(stepper.static)
         stepper.start(self.caches, self.layers, self.pool)
         self.record = Record.start(engine, params, self.pool, width)
-        self.clock = dict.fromkeys(("prefill_s", "decode_s", "sample_s"), 0.0) | dict.fromkeys(COUNTS, 0)
+        self.clock = dict.fromkeys(TIMES, 0.0) | dict.fromkeys(COUNTS, 0)
         self.rows: tuple[list[int], torch.Tensor] = (
             [],
             torch.zeros(0, dtype=torch.long, device=engine.device),
@@ -62,7 +64,7 @@ class DecodeCall:
     def __iter__(self) -> Iterator[Completion]:
         state, source, turns = self.state, self.source, self.turns
         while True:
-            if turns.pending and (ended := turns.resolve(state, self.requests)):
+            if turns.pending and (ended := self._resolve()):
                 yield from self._finish(ended)
             self._admit()
             active = state.active
@@ -77,13 +79,10 @@ class DecodeCall:
             index = self._index(active)
             tick = time.perf_counter()
             with phase("sample"):  # the profiler's ranges (devices/phases.py): nothing otherwise
-                sampled, logprobs, entropies = self._sample(active, index)
-                # an episode's observation tokens are fed in place of samples (known before the sample)
-                forced = observation_tokens(active, state)
-                fed = force(sampled, forced) if forced else sampled
+                fed, logprobs, entropies = self._sample(active, index)
                 # the decode step's one read back: its tokens with their log-probs and entropies (float64
                 # holds each exactly), so that a finished row's completion needs no read of its own
-                read = read_later(torch.stack([sampled.double(), logprobs, entropies]))
+                read = read_later(torch.stack([fed.double(), logprobs, entropies]))
             sampling = time.perf_counter() - tick
             # overlapping, every active row is fed before the host reads: it judges while the device computes
             if self.overlap:
@@ -117,6 +116,22 @@ class DecodeCall:
                 stepped = self._feed(running, None, fed)
                 if not (self.stepper.compiled or self.stepper.static):
                     engine.compiler.add_eager(sampling + stepped)
+
+    def _resolve(self) -> list[int]:
+        """The episodes whose environment answered: their observations fed (extend.py); returns the slots
+        that ended (no observation, an error, the time limit, or the token cap reached by the observation)."""
+        ended, answered = self.turns.resolve(self.state, self.requests)
+        if answered:
+            tick = time.perf_counter()
+            with phase("extend"):
+                capped, observed, ran = extend(
+                    self.engine, self.layers, answered, self.state, self.caches, self.record
+                )
+            ended += capped
+            self.clock["extend_s"] += time.perf_counter() - tick
+            self.clock["extends"] += ran
+            self.clock["observed"] += observed
+        return ended
 
     def _admit(self) -> None:
         """Free rows filled from the source: the admitted prompts prefilled."""
@@ -203,6 +218,10 @@ class DecodeCall:
         stats = call_stats(clock, time.perf_counter() - self.began, self.pool)
         stats["sample_ms"] = 1000 * clock["sample_s"] / max(clock["sample_steps"], 1)
         stats["overlapped"] = float(self.overlap)
+        if any(request.episode is not None for request in self.requests):
+            # episodes' observations (extend.py): the forwards that fed them, their seconds and tokens
+            stats["extends"], stats["extend_s"] = float(clock["extends"]), clock["extend_s"]
+            stats["observation_tokens"] = float(clock["observed"])
         stats.update(self.engine.compiler.stats())
         stats.update(self.stepper.stats())
         return stats

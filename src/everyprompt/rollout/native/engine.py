@@ -13,8 +13,8 @@ step runs every row at once, each at its own position, attending to its position
 sequence finishes, its row is refilled from the queue before the next step; once the queue is empty,
 the running rows move to the front and the pool shrinks to them. A multi-turn request (its `episode`)
 stays in its row across turns: at a turn's end its environment answers in a thread of its own while the
-other rows decode, and the observation is fed into the same sequence, one token a decode step in place of
-the sample (sequences.py). The loop itself, and how it sends a step's forward ahead of reading the step's
+other rows decode (sequences.py), and the observation continues the same sequence in one forward from
+the row's length (extend.py). The loop itself, and how it sends a step's forward ahead of reading the step's
 tokens on a GPU: decode_loop.py.
 """
 
@@ -245,10 +245,11 @@ class NativeEngine:
         return swiglu(layer.mlp, x)
 
     def forward(
-        self, layers, tokens, positions, caches, rows, bias, last, routes: list | None = None
+        self, layers, tokens, positions, caches, rows, bias, last, routes: list | None = None, extend=None
     ) -> torch.Tensor:
-        """Logits [B, V] at position `last` [B] of each row, the last position if None (attention.py: prefill
-        vs decode), through `layers` (the call's dequantised `self.layers`).
+        """Logits [B, V] at position `last` [B] of each row, the last position if None (attention.py: prefill,
+        extend (`extend`: its layout, extend.py) or decode), through `layers` (the call's dequantised
+        `self.layers`).
 
         With `routes` (a list), appends each MoE layer's (expert indices [B, T, k], router logits [B, T, E]).
         """
@@ -256,7 +257,7 @@ class NativeEngine:
         rope = self.attention.rotary(positions)
         for layer, cache in zip(layers, caches):
             normed = rms_norm(x, layer.input_norm, self.eps)
-            x = x + self.attention(layer.attention, normed, rope, cache, rows, positions[:, -1], bias)
+            x = x + self.attention(layer.attention, normed, rope, cache, rows, positions[:, -1], bias, extend)
             x = x + self._mlp(layer, rms_norm(x, layer.post_norm, self.eps), routes)
         x = x[:, -1] if last is None else x[torch.arange(x.shape[0], device=x.device), last]
         return (rms_norm(x, self.final_norm, self.eps) @ self.lm_head).float()

@@ -1,9 +1,9 @@
 """What a decode step's sampled tokens do to each sequence, on the host: append, stop, or, for a multi-turn
 episode (rollout.base.Episode), end the model's turn. The episode's `turn_ended` (its environment's step)
 then runs in a thread of its own while the other rows decode; the row sits out, its cache kept, until the
-answer comes (`Turns`). The environment's observation is then fed one token a step in place of the
-samples (fed like any token, so the cache, the routes and the positions stay those of one sequence) and
-masked out of the completion. An episode whose `time_limit` (seconds) passes first ends with an error."""
+answer comes (`Turns`). The environment's observation then continues the same sequence in one forward
+(extend.py), masked out of the completion. An episode whose `time_limit` (seconds) passes first ends with
+an error."""
 
 from __future__ import annotations
 
@@ -14,36 +14,21 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 import torch
 
 from everyprompt.rollout.base import TIME_LIMIT, end_episode
-from everyprompt.rollout.native.slots import Slots, on_device
-
-
-def observation_tokens(active: list[int], state: Slots) -> list[tuple[int, int]]:
-    """The (position among the `active` slots, token) pairs this step feeds in place of a sample: each
-    observing slot's next observation token (taken from it by `take_tokens`)."""
-    return [
-        (position, state.observation[slot][0])
-        for position, slot in enumerate(active)
-        if state.observation[slot]
-    ]
+from everyprompt.rollout.native.slots import Slots
 
 
 def take_tokens(sampled, active: list[int], state: Slots, requests, stop_ids, stops, turns) -> list[int]:
     """Append the step's `sampled` (tokens, log-probs, entropies: lists over the `active` slots, in order)
-    to their sequences, an observing slot's next observation token in place of its sample (log-prob and
-    entropy 0: not the model's); returns the slots that finished. A slot whose episode's turn ended is
-    handed to `turns` (it decodes this step's token, then waits)."""
+    to their sequences; returns the slots that finished. A slot whose episode's turn ended is handed to
+    `turns` (it decodes this step's token, then waits)."""
     finished = []
     for slot, token, logprob, entropy in zip(active, *sampled):
-        observing = bool(state.observation[slot])
-        if observing:  # an environment's observation: its next token replaces the sample
-            token, logprob, entropy = state.observation[slot].pop(0), 0.0, 0.0
-            state.observed[slot].append(len(state.tokens[slot]))
         state.tokens[slot].append(token)
         state.token_logprobs[slot].append(logprob)
         state.token_entropies[slot].append(entropy)
         if len(state.tokens[slot]) >= state.limit[slot]:
             finished.append(slot)
-        elif not observing and (token in stop_ids or stops.hit(state.tokens[slot])):
+        elif token in stop_ids or stops.hit(state.tokens[slot]):
             episode = requests[state.request[slot]].episode
             if episode is None:
                 finished.append(slot)
@@ -75,10 +60,11 @@ class Turns:
         self.pending[slot] = (future, None if limit is None else time.monotonic() + limit, limit)
         state.paused.add(slot)
 
-    def resolve(self, state: Slots, requests) -> list[int]:
-        """Resume the slots whose environment answered (their observation queued to be fed); returns the
-        slots whose episode ended (no observation, a failure, or past its time limit)."""
-        finished, now = [], time.monotonic()
+    def resolve(self, state: Slots, requests) -> tuple[list[int], dict[int, list[int]]]:
+        """Resume the slots whose environment answered; returns the slots whose episode ended (no
+        observation, a failure, or past its time limit) and the others' observations (slot -> tokens),
+        to be fed (extend.py)."""
+        finished, answered, now = [], {}, time.monotonic()
         for slot, (future, deadline, limit) in list(self.pending.items()):
             episode = requests[state.request[slot]].episode
             if future.done():
@@ -98,10 +84,10 @@ class Turns:
             del self.pending[slot]
             state.paused.discard(slot)
             if observation:
-                state.observation[slot] = list(observation)
+                answered[slot] = list(observation)
             else:
                 finished.append(slot)
-        return finished
+        return finished, answered
 
     def wait(self) -> None:
         """Nothing decodes: sleep until an environment answers or the nearest time limit passes."""
@@ -110,13 +96,6 @@ class Turns:
         deadlines = [deadline for _, deadline, _ in self.pending.values() if deadline is not None]
         timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
         wait([future for future, _, _ in self.pending.values()], timeout, FIRST_COMPLETED)
-
-
-def force(sampled: torch.Tensor, forced: list[tuple[int, int]]) -> torch.Tensor:
-    """The step's tokens to feed: a copy of `sampled` with the observation tokens in place of the samples
-    at their positions among the active rows (`sampled` itself is left as sampled, for the read back)."""
-    where, tokens = on_device(forced, sampled.device).T  # one host-to-device copy
-    return sampled.index_put((where,), tokens)
 
 
 def ending(token_ids: list[int], observed: list[int], stop_ids, stops) -> tuple[str, torch.Tensor | None]:

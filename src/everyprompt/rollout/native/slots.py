@@ -58,14 +58,25 @@ class Record:
         """Write one forward's (experts, logits) per MoE layer, each [B, T, .], into cache rows `rows` at
         positions `columns`: every position of a prefill ([T] columns, step None), or each row's one fed
         token of a decode step ([len(rows)] columns, step 0: rows index the forward's batch too)."""
-        values = [
-            None if buffer is None else torch.stack([layer[field] for layer in captured], dim=2)
-            for field, buffer in enumerate((self.routes, self.logits))
-        ]  # [B, T, L_moe, k or E]; only what was asked for is stacked (a replay run records routes alone)
+        values = self._stacked(captured)
         if step is None:
             self.put(*values, rows[:, None], columns[None, :])
         else:
             self.put(*(None if v is None else v[rows, step] for v in values), rows, columns)
+
+    def store_tokens(self, captured: list, extend) -> None:
+        """Write an extend forward's (experts, logits) per MoE layer, each [B, T, .], for its real tokens
+        only, at their rows and positions (`extend`: extend.Extend)."""
+        values = [None if v is None else v.flatten(0, 1)[extend.real] for v in self._stacked(captured)]
+        self.put(*values, extend.token_rows, extend.token_columns)
+
+    def _stacked(self, captured: list) -> list[torch.Tensor | None]:
+        """Each recorded kind stacked over the MoE layers, [B, T, L_moe, k or E]; only what was asked for
+        (a replay run records routes alone)."""
+        return [
+            None if buffer is None else torch.stack([layer[field] for layer in captured], dim=2)
+            for field, buffer in enumerate((self.routes, self.logits))
+        ]
 
     def put(self, routes, logits, rows: torch.Tensor, columns: torch.Tensor) -> None:
         """Write experts and router logits (already stacked over MoE layers, [..., L_moe, k or E]; None
@@ -111,7 +122,6 @@ class Slots:
         "tokens",
         "token_logprobs",
         "token_entropies",
-        "observation",
         "observed",
     )
 
@@ -129,15 +139,13 @@ class Slots:
         # the host mirror: index into the call's requests (-1: free), cache length, token limit, the
         # completion's tokens so far with each one's log-prob and entropy (0 for an observation token: not
         # the model's), as the steps' reads brought them, and, for episodes (GenerationRequest.episode), the
-        # observation tokens still to feed and the indices of the completion's tokens that are observation
-        # tokens
+        # indices of the completion's tokens that are observation tokens (extend.py)
         self.request = [-1] * slots
         self.host_length = [0] * slots
         self.limit = [0] * slots
         self.tokens: list[list[int]] = [[] for _ in range(slots)]
         self.token_logprobs: list[array] = [array("f") for _ in range(slots)]  # float32, as sampled
         self.token_entropies: list[array] = [array("f") for _ in range(slots)]
-        self.observation: list[list[int]] = [[] for _ in range(slots)]
         self.observed: list[list[int]] = [[] for _ in range(slots)]
         self.paused: set[int] = set()  # slots whose episode's environment is answering (turns.Turns)
 
