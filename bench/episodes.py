@@ -155,7 +155,7 @@ def compare(rows: list[dict], reference: list[dict]) -> list[dict]:
     for length in sorted({row["observation"] for row in rows}):
         mine = [row for row in rows if row["observation"] == length]
         theirs = [row for row in reference if row["observation"] == length]
-        wall, against = (statistics.median(r["wall_s"] for r in side) for side in (mine, theirs))
+        wall, against = (round(statistics.median(r["wall_s"] for r in side), 3) for side in (mine, theirs))
         out.append({
             "observation": length,
             "wall_s": wall,

@@ -193,6 +193,29 @@ def test_the_overlapped_loop_on_cuda_gives_the_plain_steps_completions():
             assert torch.equal(got[request_id].routed_experts, reference.routed_experts)
 
 
+def test_an_episodes_observation_fed_in_one_forward_on_cuda_gives_transformers_log_probs():
+    """The extend forward (rollout/native/extend.py) on CUDA, with the overlapped static step and its
+    graphs around it: the model's tokens after an observation have a transformers forward's log-probs."""
+    from tests.rollout.test_episodes import Scripted
+
+    model, tokenizer = make_tiny_model()
+    model.to(CUDA)
+    prompt = tokenizer(PROMPTS[0]).input_ids
+    engine = NativeEngine.from_model(model, tokenizer, 4, device=CUDA, cuda_graphs="on")
+    (first,) = engine.generate([GenerationRequest(0, prompt)], SamplingParams(4, greedy=True))
+    stop = tokenizer.decode(first.token_ids[1:2])  # ends the first turn at its second token
+    observation = tokenizer("=85+17*3=136").input_ids
+    params = SamplingParams(32, greedy=True, stop=(stop,))
+    (done,) = engine.generate([GenerationRequest(0, prompt, episode=Scripted(observation))], params)
+    mask = done.completion_mask
+    assert engine.stats["extends"] == 1 and mask is not None and (~mask).sum() == len(observation)
+    ids = torch.tensor([prompt + done.token_ids], device=CUDA)
+    with torch.no_grad():
+        expected, _ = token_logprobs(model, ids)
+    expected = expected[0, len(prompt) - 1 :].cpu()
+    torch.testing.assert_close(done.logprobs[mask], expected[mask], atol=1e-4, rtol=0)
+
+
 def _cuda_kernels(fn) -> tuple[list[str], object]:
     """The names of the CUDA kernels `fn()` runs (torch's profiler), and what it returns."""
     from torch.profiler import ProfilerActivity, profile

@@ -1,6 +1,6 @@
 """Named phases of a loop for torch's profiler: `phase("prefill")` marks the code inside it as the range
 `everyprompt/prefill` while a profiler records, and costs nothing otherwise (a check of the profiler's
-state, no operator dispatched). The native engine's decode loop marks its phases (prefill, sample,
+state, no operator dispatched). The native engine's decode loop marks its phases (prefill, extend, sample,
 forward, and read: waiting for a step's tokens), so a profile of a rollout can say during which phase the device was idle
 (bench/throughput/timeline.py)."""
 
