@@ -1,5 +1,6 @@
 """bench/episodes.py: what an environment's observation costs a multi-turn rollout, and the same workload
-on another git revision's engine (a temporary worktree) as the reference."""
+on another git revision's engine (a temporary worktree) as the reference; bench/stepwise.py: step-wise
+episodes scheduled continuously against round by round."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import json
 import subprocess
 
 import pytest
-
 from bench import episodes
 
 
@@ -35,3 +35,13 @@ def test_against_a_revision_the_bench_measures_its_engine_too_and_removes_the_wo
     assert result["reference"] == "HEAD" and len(result["reference_rows"]) == 1
     assert compared["same_tokens"] and compared["ratio"] > 0
     assert subprocess.run(["git", "worktree", "list"], capture_output=True, text=True).stdout == worktrees
+
+
+def test_the_stepwise_bench_compares_both_schedules_on_the_same_turns(tmp_path):
+    from bench import stepwise
+
+    out = tmp_path / "stepwise.json"
+    stepwise.main(["--tiny", "--turns", "2", "--latency", "0.05", "--rounds", "1", "--out", str(out)])
+    (compared,) = json.loads(out.read_text())["compared"]
+    assert compared["latency_s"] == 0.05 and compared["same_turns"] and compared["turns"] > 8  # past turn 1
+    assert compared["continuous_wall_s"] > 0 and compared["rounds_wall_s"] > 0 and compared["ratio"] > 0

@@ -188,6 +188,14 @@ class EnvConfig(Section):
         description="Seconds the environment may take to answer one model turn; past them its episode ends "
         "with a recorded error (no reward) and the run goes on. None: no limit.",
     )
+    stepwise_schedule: Literal["auto", "continuous", "rounds"] = Field(
+        "auto",
+        description="How step-wise episodes' turns are scheduled: continuous (each episode's next turn joins "
+        "the running generate call as soon as its environment answers: no episode waits for another's turn "
+        "or environment; needs an engine that takes requests while a call runs, the native one), rounds "
+        "(every episode's turn t, then every environment, then turn t + 1), or auto: continuous where the "
+        "engine can, else rounds. Both sample the same turns (docs/environments.md).",
+    )
 
 
 class ExternalConfig(Section):

@@ -107,8 +107,10 @@ class Episodes:
         time_limit: float | None = None,
         turn_rewards: str = "last",
         trajectory: str = "auto",
+        stepwise_schedule: str = "auto",
     ):
         self.name, self.options, self.max_turns = name, dict(options), max_turns
+        self.stepwise_schedule = stepwise_schedule
         self.time_limit, self.turn_rewards = time_limit, turn_rewards
         self.tokenizer, self.template_kwargs = tokenizer, dict(template_kwargs or {})
         self.stop: tuple[str, ...] = tuple(getattr(probe_environment(name, self.options), "stop", ()))
@@ -157,7 +159,13 @@ class Episodes:
             env.time_limit_s,
             env.turn_rewards,
             env.trajectory,
+            env.stepwise_schedule,
         )
+        if episodes.stepwise and env.stepwise_schedule == "continuous" and not offers(engine, "live"):
+            raise EnvironmentSetupError(
+                "env.stepwise_schedule=continuous needs a rollout engine that takes requests while a call runs "
+                f"(the native one); this run's is {type(engine).__name__}: set env.stepwise_schedule=auto or rounds"
+            )
         if env.turn_rewards == "turn" and not episodes.stepwise:
             raise EnvironmentSetupError(
                 "env.turn_rewards=turn trains each turn on its own reward, which needs step-wise episodes: this "
@@ -175,7 +183,15 @@ class Episodes:
         """A new episode on data row `row`, fed as one sequence or step-wise (`stepwise`);
         EnvironmentSetupError if the environment cannot start from it."""
         env = make_environment(self.name, **self.options)
-        kind = StepwiseEpisode if self.stepwise else TokenEpisode
-        return kind(
-            env, self.tokenizer, row, self.template_kwargs, self.max_turns, self.time_limit, self.turn_rewards
+        args = (
+            env,
+            self.tokenizer,
+            row,
+            self.template_kwargs,
+            self.max_turns,
+            self.time_limit,
+            self.turn_rewards,
         )
+        if self.stepwise:
+            return StepwiseEpisode(*args, schedule=self.stepwise_schedule)
+        return TokenEpisode(*args)

@@ -9,10 +9,13 @@ engine saw it, never re-tokenised, and becomes one row of the batch, every token
 rows of one episode share its reward and its advantage (computed once per episode, trainer side).
 SkyRL, ROLL and prime-rl train multi-turn episodes this way.
 
-`generate_stepwise` runs a call's episodes turn by turn: each round sends every live episode's prompt to
-the engine, then steps the environments of the turns that ended (concurrently, each within the
-episode's `time_limit`), and yields an episode's `Completion` (its `turns` the per-turn completions) when
-it ends.
+`generate_stepwise` runs a call's episodes turn by turn and yields an episode's `Completion` (its `turns`
+the per-turn completions) when it ends. On an engine that takes requests while a call runs (`offers(engine,
+"live")`: the native engine) each episode goes at its own pace: its next turn joins the running call the
+moment its environment answers (envs/turns.py), so no episode waits for another's turn or environment. On
+another engine it goes round by round: each round sends every live episode's prompt to the engine, then
+steps the environments of the turns that ended (concurrently, each within the episode's `time_limit`).
+Either way turn t of a request is sampled with the same seed, so both give the same turns.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import torch
 
 from everyprompt.envs.base import Environment
 from everyprompt.envs.template import EpisodeState, render
+from everyprompt.envs.turns import generate_continuously
 from everyprompt.rollout.base import (
     TIME_LIMIT,
     Completion,
@@ -35,6 +39,7 @@ from everyprompt.rollout.base import (
     RolloutEngine,
     SamplingParams,
     end_episode,
+    offers,
 )
 from everyprompt.rollout.sampling import derive_seed
 
@@ -47,8 +52,10 @@ class StepwiseEpisode(EpisodeState):
 
     stepwise = True
 
-    def __init__(self, env: Environment, tokenizer, row: dict, *args, **kwargs):
+    def __init__(self, env: Environment, tokenizer, row: dict, *args, schedule: str = "auto", **kwargs):
+        """`schedule` (`env.stepwise_schedule`): auto, continuous or rounds (`generate_stepwise`)."""
         super().__init__(env, tokenizer, row, *args, **kwargs)
+        self.schedule = schedule
         self.turn_rewards: list[float] = []  # the reward each turn was given (0 where none)
         self.prompt_ids = self._render()
         self.turns: list[Completion] = []
@@ -134,7 +141,11 @@ def generate_stepwise(
     engine: RolloutEngine, requests: Sequence[GenerationRequest], params: SamplingParams
 ) -> Iterator[Completion]:
     """The completions of `requests`, each carrying a `StepwiseEpisode`, as their episodes end. Turn t of
-    a request is sampled with the seed derive_seed(request seed, t), its cap the request's."""
+    a request is sampled with the seed derive_seed(request seed, t), its cap the request's. Continuously
+    where the engine takes live requests, unless the episodes' `schedule` says rounds."""
+    if offers(engine, "live") and all(r.episode.schedule != "rounds" for r in requests):
+        yield from generate_continuously(engine, requests, params)
+        return
     live = {r.request_id: r for r in requests}
     turn = 0
     while live:

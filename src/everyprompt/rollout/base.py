@@ -181,7 +181,8 @@ class RolloutEngine(Protocol):
     # `cuda_graphs` (with `graph_buckets`: its decode step captured), `episodes` (multi-turn requests),
     # `decode_state` (`decode_state()` and `load_decode_state(state)`: how it has been decoding, such as
     # a compile switch made mid-run, kept in a checkpoint so that a resumed run decodes the same way),
-    # `weight_dtypes` (`weight_dtypes()`: below)
+    # `weight_dtypes` (`weight_dtypes()`: below), `live` (`generate` over a `LiveRequests` source: requests
+    # that join a call while it runs, rollout/native/queue.py)
     offers: frozenset[str]
 
     @classmethod
@@ -224,7 +225,7 @@ class RolloutEngine(Protocol):
 
 
 # what an engine may offer beyond the protocol's required members, each named by the setting or feature
-ENGINE_OFFERS = ("device", "compile", "cuda_graphs", "episodes", "decode_state", "weight_dtypes")
+ENGINE_OFFERS = ("device", "compile", "cuda_graphs", "episodes", "decode_state", "weight_dtypes", "live")
 
 
 def offers(engine, what: str) -> bool:

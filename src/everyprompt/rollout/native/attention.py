@@ -304,13 +304,11 @@ class LatentAttention:
             dim=-1,
         )
         (cache,) = cache
-        if (
-            bias is None
-        ):  # a prefill (the new tokens are the whole sequence), or an extend (after the cache's)
-            if extend is None:
+        if bias is None:
+            if extend is None:  # a prefill: the new tokens are the whole sequence
                 cache[rows, 0, :length] = latent
                 mask = None
-            else:
+            else:  # an extend: the new tokens after each row's cached ones, which it reads back
                 extend.write(cache, latent)
                 latent, mask = cache[rows, 0, : extend.width], extend.mask
             keys = latent.shape[1]

@@ -53,8 +53,10 @@ class NativeEngine:
     PRECISIONS = tuple(PRECISIONS)
     # `device`: weights, cache and state there; `compile`: the decode step through torch.compile; `cuda_graphs`:
     # the static step captured (graphs.py); `episodes`: multi-turn requests (sequences.py); `decode_state`:
-    # the compile switch through a checkpoint (compiled.py)
-    offers = frozenset({"device", "compile", "cuda_graphs", "episodes", "decode_state", "weight_dtypes"})
+    # the compile switch through a checkpoint (compiled.py); `live`: requests that join a running call (queue.py)
+    offers = frozenset(
+        {"device", "compile", "cuda_graphs", "episodes", "decode_state", "weight_dtypes", "live"}
+    )
 
     def __init__(
         self,
