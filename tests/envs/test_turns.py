@@ -115,6 +115,14 @@ def test_a_turn_whose_prompt_outgrew_the_call_waits_for_the_next_and_nothing_cha
     _assert_same_turns(got, expected)
 
 
+def test_a_call_holds_as_many_cache_rows_as_episodes_are_left(chat_model, monkeypatch):
+    model, tokenizer = chat_model
+    monkeypatch.setattr(continuous, "GROWTH", 8)  # one call
+    engine = NativeEngine.from_model(model, tokenizer, 64)  # a server's pool would be all 64 rows
+    _run(engine, _episodes(tokenizer, [Replies(2) for _ in range(3)]))
+    assert engine.stats["slots"] == 3
+
+
 @pytest.mark.parametrize("growth", [8, 0], ids=["one-call", "a-call-a-turn"])
 def test_a_slow_environment_holds_no_other_episode_up(chat_model, monkeypatch, growth):
     """Episode 0's environment answers only once episode 1 has ended: episode 1 goes through its three

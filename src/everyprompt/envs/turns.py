@@ -51,6 +51,7 @@ class Turns:
         self.running = 0  # turns submitted to it and not yet sampled
         self.requests: dict[int, GenerationRequest] = {}  # its index -> the episode's request
         self.ended: list[GenerationRequest] = []  # episodes over, to be yielded by the caller's thread
+        self.left = len(requests)  # episodes not over
 
     def run(self) -> Iterator[Completion]:
         while True:
@@ -61,7 +62,9 @@ class Turns:
                 if not self.waiting and not self.answering:
                     break
                 longest = max(len(request.episode.prompt_ids) for request in self.waiting)
-                self.live, self.running = LiveRequests(longest + GROWTH * self.params.max_new_tokens), 0
+                # as many rows as episodes are left: at most one turn of each runs at a time
+                self.live = LiveRequests(longest + GROWTH * self.params.max_new_tokens, rows=self.left)
+                self.running = 0
                 waiting, self.waiting = self.waiting, []
                 for request in waiting:
                     self._submit(request)  # each fits: the call is as wide as the longest
@@ -91,6 +94,8 @@ class Turns:
 
     def _completions(self, ended: list[GenerationRequest]) -> Iterator[Completion]:
         for request in ended:
+            with self.changed:
+                self.left -= 1
             yield request.episode.completion(request.request_id)
 
     def _submit(self, request: GenerationRequest) -> None:

@@ -81,12 +81,14 @@ class LiveRequests:
     """Requests submitted from other threads while a generate call runs (`engine.generate(live, params)`
     with `params.max_new_tokens` the largest any request may ask). Each request has its own temperature,
     top-p and greedy setting and cap; `cancel` frees its row at the next step; `close` ends the call once
-    the running requests finish. `max_prompt_tokens` bounds the prompts (the cache's width)."""
+    the running requests finish. `max_prompt_tokens` bounds the prompts (the cache's width); `rows`, where
+    the caller knows how many requests can run at once, bounds the call's cache rows (else the engine's
+    batch size)."""
 
     live = True
 
-    def __init__(self, max_prompt_tokens: int):
-        self.max_prompt_tokens = max_prompt_tokens
+    def __init__(self, max_prompt_tokens: int, rows: int | None = None):
+        self.max_prompt_tokens, self.rows = max_prompt_tokens, rows
         self.requests: list[GenerationRequest] = []
         self.entries: list[LiveRequest] = []
         self._arrived: deque[int] = deque()
@@ -142,7 +144,7 @@ class LiveRequests:
 
     # ------------------------------------------------------------ the engine's loop
     def pool(self, batch_size: int) -> int:
-        return batch_size
+        return batch_size if self.rows is None else min(batch_size, self.rows)
 
     def width(self, params: SamplingParams) -> int:
         return self.max_prompt_tokens + params.max_new_tokens
