@@ -224,3 +224,22 @@ def test_on_fake_cuda_an_observation_is_fed_without_a_read_back_or_a_blocking_up
     )
     torch.testing.assert_close(done.logprobs, expected.logprobs, atol=1e-5, rtol=0)
     assert torch.equal(done.routed_experts, expected.routed_experts)
+
+
+@pytest.mark.slow  # a compile of the decode step (~15 s)
+def test_the_compiled_step_continues_after_an_observation_as_the_eager_one(qwen3_moe):
+    model, tokenizer = qwen3_moe
+    prompt, stop = _turn_ending(model, tokenizer)
+    observation = _observation(tokenizer, "=85+17*3")
+    params = SamplingParams(32, greedy=True, stop=(stop,), record_routes=True)
+    done = {}
+    for mode in ("off", "on"):  # the compiled step reads the call's whole cache width, masked
+        engine = NativeEngine.from_model(model, tokenizer, 2, compile=mode)
+        (done[mode],) = engine.generate([GenerationRequest(0, prompt, episode=Scripted(observation))], params)
+        assert engine.stats["compiled"] == float(mode == "on") and engine.stats["extends"] == 1
+    eager, compiled = done["off"], done["on"]
+    assert compiled.token_ids == eager.token_ids and torch.equal(
+        compiled.completion_mask, eager.completion_mask
+    )
+    torch.testing.assert_close(compiled.logprobs, eager.logprobs, atol=1e-5, rtol=0)
+    assert torch.equal(compiled.routed_experts, eager.routed_experts)
