@@ -45,21 +45,14 @@ TINY_OVERRIDES = [
 
 MEASURED = ("time/", "memory/")  # what the clock and the kernel measure, never what a run computed
 MEASURED_ENDINGS = ("_s", "_ms", "per_s", "occupancy")
-# what depends on when threads ran: the forwards that fed observations (rows answered together share one)
-SCHEDULED = ("rollout/extends",)
 
 
 def computed_figures(run_dir) -> list[dict]:
     """A run's `metrics.jsonl` rows without the figures that differ between two runs of the same
-    computation (timings, memory, how threads fell): what two runs of one seed must agree on bit for
-    bit."""
+    computation (timings, memory): what two runs of one seed must agree on bit for bit."""
     rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
     return [
-        {
-            k: v
-            for k, v in row.items()
-            if not k.startswith(MEASURED) and not k.endswith(MEASURED_ENDINGS) and k not in SCHEDULED
-        }
+        {k: v for k, v in row.items() if not k.startswith(MEASURED) and not k.endswith(MEASURED_ENDINGS)}
         for row in rows
     ]
 

@@ -7,6 +7,7 @@ refused before any work."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 import pytest
@@ -181,8 +182,15 @@ def test_a_resumed_run_on_an_openenv_server_equals_an_uninterrupted_one(tmp_path
     def figures(run):  # a resumed run checks the engine against the trainer again on its first step
         return [{k: v for k, v in r.items() if not k.startswith("parity/")} for r in computed_figures(run)]
 
-    assert figures(tmp_path / "straight") == figures(tmp_path / "split")
-    assert any(r["rollout/environment_tokens"] > 0 for r in figures(tmp_path / "straight"))
+    # equal, each float to its last bits: which rows decode in one step depends on when the server answered
+    # each episode, and a matmul's last bits on how many rows it has (a run without environments repeats
+    # bit for bit: tests/trainer/test_rl.py)
+    straight, split = figures(tmp_path / "straight"), figures(tmp_path / "split")
+    assert [r.keys() for r in straight] == [r.keys() for r in split]
+    for mine, theirs in zip(straight, split):
+        for key, value in mine.items():
+            assert math.isclose(value, theirs[key], rel_tol=1e-5, abs_tol=1e-9), (mine["step"], key)
+    assert any(r["rollout/environment_tokens"] > 0 for r in straight)
 
 
 def test_a_reset_the_server_refuses_stops_the_run_with_a_clear_error(server):

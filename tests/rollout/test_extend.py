@@ -1,9 +1,9 @@
 """An episode's observation enters its row in one forward from the row's length (rollout/native/extend.py):
 on every family the native engine runs (grouped-query and latent attention, dense and MoE), the model's
 tokens after an observation have a transformers forward's log-probs over the whole sequence and a fresh
-prefill's routes; rows answered together share one padded forward and each gets what it gets alone; an
-observation costs one forward, not a decode step a token; and a row whose observation reached its token cap
-stays inside the cache as an idle row beside rows that go on."""
+prefill's routes; rows answered together each take a forward of their own, and a call gives the same bits
+whenever its environments answer; an observation costs one forward, not a decode step a token; and a row
+whose observation reached its token cap stays inside the cache as an idle row beside rows that go on."""
 
 from __future__ import annotations
 
@@ -114,13 +114,13 @@ def _answer_together(monkeypatch) -> None:
     monkeypatch.setattr(Turns, "resolve", together)
 
 
-def test_rows_answered_together_share_one_padded_forward_and_each_gets_what_it_gets_alone(
+def test_rows_answered_together_each_take_a_forward_of_their_own_and_get_what_they_get_alone(
     qwen3_moe, monkeypatch
 ):
     model, tokenizer = qwen3_moe
     prompt, stop = _turn_ending(model, tokenizer)
     params = SamplingParams(40, greedy=True, stop=(stop,), record_routes=True)
-    texts = ["+1", "=1368, the sum of the three", "=7"]  # different lengths: the forward is padded
+    texts = ["+1", "=1368, the sum of the three", "=7"]  # different lengths
 
     def requests():  # the same prompt: every turn ends at the same step
         return [
@@ -136,7 +136,7 @@ def test_rows_answered_together_share_one_padded_forward_and_each_gets_what_it_g
     _answer_together(monkeypatch)
     engine = NativeEngine.from_model(model, tokenizer, 3)
     together = {c.request_id: c for c in engine.generate(requests(), params)}
-    assert engine.stats["extends"] == 1  # the three observations, one forward
+    assert engine.stats["extends"] == 3  # a forward a row: its bits never depend on who answered with it
     assert engine.stats["observation_tokens"] == sum(len(_observation(tokenizer, t)) for t in texts)
     for request_id, expected in alone.items():
         got = together[request_id]
@@ -144,6 +144,31 @@ def test_rows_answered_together_share_one_padded_forward_and_each_gets_what_it_g
             got.completion_mask, expected.completion_mask
         )
         torch.testing.assert_close(got.logprobs, expected.logprobs, atol=1e-5, rtol=0)
+        assert torch.equal(got.routed_experts, expected.routed_experts)
+
+
+def test_a_call_gives_the_same_bits_whenever_its_environments_answer(qwen3_moe, monkeypatch):
+    """Environments answering at once (each as its thread finishes) or all together: which rows are fed by
+    the same point of the loop changes, the completions' bits do not (a resumed run must equal one
+    that ran through)."""
+    model, tokenizer = qwen3_moe
+    prompt, stop = _turn_ending(model, tokenizer)
+    params = SamplingParams(40, stop=(stop,), record_routes=True)
+    texts = ["+1", "=1368, the sum of the three", "=7", "=22 and more"]
+
+    def run():
+        requests = [GenerationRequest(i, prompt, seed=i, episode=Scripted(_observation(tokenizer, text)))
+                    for i, text in enumerate(texts)]  # fmt: skip
+        return {
+            c.request_id: c for c in NativeEngine.from_model(model, tokenizer, 4).generate(requests, params)
+        }
+
+    at_once = run()
+    _answer_together(monkeypatch)
+    together = run()
+    for request_id, expected in at_once.items():
+        got = together[request_id]
+        assert got.token_ids == expected.token_ids and torch.equal(got.logprobs, expected.logprobs)
         assert torch.equal(got.routed_experts, expected.routed_experts)
 
 

@@ -4,9 +4,8 @@ cache holds per token, and runs a prefill or a decode step against its cache.
 
 Prefill (`bias` None): right-padded prompts attend causally among themselves (a real token never sees
 the padding after it); what the cache keeps goes to slots [0, T) of cache rows `rows`.
-Extend (`bias` None, `extend` given: extend.py): right-padded tokens continue cache rows `rows`, each from
-its own length; the real tokens' entries go to the cache, and each token attends to its row's cache up to
-its own position.
+Extend (`bias` None, `extend` given: extend.py): one row's new tokens continue its cache from its length;
+their entries go to the cache, and each attends to the row's cache up to its own position.
 Decode (T == 1): row b's entry goes to slot positions[b] of cache row rows[b], and it attends to the
 cache's first S slots with the additive mask `bias` [B * mask_heads, group, S] (0 where visible, -inf
 elsewhere; built by the engine from `mask_layout`).
@@ -143,11 +142,7 @@ class GroupedQueryAttention:
             else:  # an extend: the new tokens after each row's cached ones
                 extend.write(k_cache, k)
                 extend.write(v_cache, v)
-                keys, values, mask = (
-                    k_cache[rows, :, : extend.width],
-                    v_cache[rows, :, : extend.width],
-                    extend.mask,
-                )
+                keys, values, mask = extend.read(k_cache), extend.read(v_cache), extend.mask
             out = F.scaled_dot_product_attention(
                 q.transpose(1, 2), keys, values, attn_mask=mask, is_causal=mask is None, enable_gqa=True
             )
@@ -310,7 +305,7 @@ class LatentAttention:
                 mask = None
             else:  # an extend: the new tokens after each row's cached ones, which it reads back
                 extend.write(cache, latent)
-                latent, mask = cache[rows, 0, : extend.width], extend.mask
+                latent, mask = extend.read(cache)[:, 0], extend.mask
             keys = latent.shape[1]
             k_nope, v = (
                 (latent[..., :rank] @ w.kv_b).view(batch, keys, heads, -1).split([nope, self.v_dim], dim=-1)

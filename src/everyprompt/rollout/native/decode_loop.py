@@ -124,12 +124,12 @@ class DecodeCall:
         if answered:
             tick = time.perf_counter()
             with phase("extend"):
-                capped, observed, ran = extend(
+                capped, observed, forwards = extend(
                     self.engine, self.layers, answered, self.state, self.caches, self.record
                 )
             ended += capped
             self.clock["extend_s"] += time.perf_counter() - tick
-            self.clock["extends"] += ran
+            self.clock["extends"] += forwards
             self.clock["observed"] += observed
         return ended
 

@@ -65,10 +65,10 @@ class Record:
             self.put(*(None if v is None else v[rows, step] for v in values), rows, columns)
 
     def store_tokens(self, captured: list, extend) -> None:
-        """Write an extend forward's (experts, logits) per MoE layer, each [B, T, .], for its real tokens
-        only, at their rows and positions (`extend`: extend.Extend)."""
-        values = [None if v is None else v.flatten(0, 1)[extend.real] for v in self._stacked(captured)]
-        self.put(*values, extend.token_rows, extend.token_columns)
+        """Write an extend forward's (experts, logits) per MoE layer, each [1, T, .], at its row's new
+        positions (`extend`: extend.Extend)."""
+        values = [None if v is None else v[0] for v in self._stacked(captured)]
+        self.put(*values, extend.slot, slice(extend.start, extend.width))
 
     def _stacked(self, captured: list) -> list[torch.Tensor | None]:
         """Each recorded kind stacked over the MoE layers, [B, T, L_moe, k or E]; only what was asked for
@@ -78,9 +78,10 @@ class Record:
             for field, buffer in enumerate((self.routes, self.logits))
         ]
 
-    def put(self, routes, logits, rows: torch.Tensor, columns: torch.Tensor) -> None:
+    def put(self, routes, logits, rows, columns) -> None:
         """Write experts and router logits (already stacked over MoE layers, [..., L_moe, k or E]; None
-        where not recorded) at cache rows `rows` and positions `columns` (broadcast together)."""
+        where not recorded) at cache rows `rows` and positions `columns` (device indices broadcast
+        together, or a row and a slice of positions)."""
         for values, buffer in ((routes, self.routes), (logits, self.logits)):
             if buffer is not None:
                 buffer[rows, columns] = values.to(buffer.dtype)
