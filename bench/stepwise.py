@@ -32,17 +32,11 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from bench.common import RESULTS, repo_path, write_results
 from everyprompt.envs import StepResult
 from everyprompt.envs.stepwise import StepwiseEpisode, generate_stepwise
-from everyprompt.models.tokenizer import build_chat_tokenizer
+from everyprompt.models.tokenizer import DROPS_THINKING_TEMPLATE, build_chat_tokenizer
 from everyprompt.rollout import GenerationRequest, SamplingParams
 from everyprompt.rollout.native import NativeEngine
 
 CORPUS = ["<think> so 6 times 7 </think> The answer is 42. Try again. user assistant"] * 20
-DROPS_THINKING = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
-    "{% if m['role'] == 'assistant' %}{{ m['content'].split('</think>')[-1].lstrip() }}"
-    "{% else %}{{ m['content'] }}{% endif %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 MODEL = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
              intermediate_size=512, moe_intermediate_size=256, num_experts=8, num_experts_per_tok=2)  # fmt: skip
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -68,7 +62,7 @@ class Delayed:
 
 def build(shape: dict, rows: int):
     tokenizer = build_chat_tokenizer(CORPUS, vocab_size=300)
-    tokenizer.chat_template = DROPS_THINKING
+    tokenizer.chat_template = DROPS_THINKING_TEMPLATE
     config = AutoConfig.for_model("qwen3_moe", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
                                   bos_token_id=None, eos_token_id=tokenizer.eos_token_id, norm_topk_prob=True,
                                   **shape)  # fmt: skip

@@ -15,7 +15,7 @@ from everyprompt.config import load_config
 from everyprompt.envs import EnvironmentSetupError, StepResult
 from everyprompt.envs.episode import Episodes
 from everyprompt.envs.stepwise import StepwiseEpisode, generate_stepwise
-from everyprompt.models.tokenizer import build_chat_tokenizer
+from everyprompt.models.tokenizer import DROPS_THINKING_TEMPLATE, build_chat_tokenizer
 from everyprompt.pipeline import train
 from everyprompt.rollout.base import Completion, GenerationRequest, SamplingParams
 from everyprompt.trainer.learner_side.signal import batch_advantages
@@ -26,13 +26,7 @@ from tests.envs.test_env_runs import EPISODES
 from tests.envs.test_episode import _Graded
 
 CORPUS = ["<think> so 6 times 7 </think> The answer is 42. Try again. user assistant"] * 20
-# ChatML that writes a past assistant turn without its thinking, as reasoning models' templates do
-DROPS_THINKING = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
-    "{% if m['role'] == 'assistant' %}{{ m['content'].split('</think>')[-1].lstrip() }}"
-    "{% else %}{{ m['content'] }}{% endif %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+DROPS_THINKING = DROPS_THINKING_TEMPLATE  # a past assistant turn written without its thinking
 
 
 @pytest.fixture(scope="module")

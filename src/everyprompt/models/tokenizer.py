@@ -48,6 +48,16 @@ CHAT_TEMPLATE = (
     "{% endif %}"
 )
 
+# ChatML that writes a past assistant turn without its thinking, as reasoning models' templates do (Qwen3's):
+# a conversation's renderings then do not extend each other, and its episodes train step-wise
+# (envs/stepwise.py); what tests and benches of that path give `build_chat_tokenizer`'s tokenizer
+DROPS_THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['role'] == 'assistant' %}{{ m['content'].split('</think>')[-1].lstrip() }}"
+    "{% else %}{{ m['content'] }}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
 
 def build_chat_tokenizer(corpus: Iterable[str], vocab_size: int = 512) -> PreTrainedTokenizerFast:
     """A byte-level BPE of `vocab_size` tokens trained on `corpus`, with ChatML specials (EOS
