@@ -32,7 +32,7 @@ from everyprompt.rollout.native.step import DecodeStep
 from everyprompt.rollout.stops import StopStrings
 
 TIMES = ("prefill_s", "decode_s", "sample_s", "extend_s")
-COUNTS = ("decode_steps", "sample_steps", "busy", "tokens", "shrinks", "admissions", "extends", "observed")
+COUNTS = ("decode_steps", "sample_steps", "busy", "tokens", "shrinks", "admissions", "extends")
 
 
 class DecodeCall:
@@ -124,13 +124,12 @@ class DecodeCall:
         if answered:
             tick = time.perf_counter()
             with phase("extend"):
-                capped, observed, forwards = extend(
+                capped, forwards = extend(
                     self.engine, self.layers, answered, self.state, self.caches, self.record
                 )
             ended += capped
             self.clock["extend_s"] += time.perf_counter() - tick
             self.clock["extends"] += forwards
-            self.clock["observed"] += observed
         return ended
 
     def _admit(self) -> None:
@@ -219,9 +218,8 @@ class DecodeCall:
         stats["sample_ms"] = 1000 * clock["sample_s"] / max(clock["sample_steps"], 1)
         stats["overlapped"] = float(self.overlap)
         if any(request.episode is not None for request in self.requests):
-            # episodes' observations (extend.py): the forwards that fed them, their seconds and tokens
+            # episodes' observations (extend.py): the forwards that fed them and their seconds
             stats["extends"], stats["extend_s"] = float(clock["extends"]), clock["extend_s"]
-            stats["observation_tokens"] = float(clock["observed"])
         stats.update(self.engine.compiler.stats())
         stats.update(self.stepper.stats())
         return stats

@@ -48,14 +48,11 @@ class Extend:
         return cache[self.slot : self.slot + 1, :, : self.width]
 
 
-def extend(
-    engine, layers, answered: dict[int, list[int]], state, caches, record
-) -> tuple[list[int], int, int]:
+def extend(engine, layers, answered: dict[int, list[int]], state, caches, record) -> tuple[list[int], int]:
     """Feed each answered slot's observation (`answered`: slot -> its tokens) into its row, a forward a row
-    (module docstring); returns the slots whose token cap the observation reached (their completion ends),
-    the observation tokens added to the completions, and the forwards that fed them (one a row, none for a
-    row whose observation filled its last position alone)."""
-    slots, fed, capped, added = [], [], [], 0
+    (module docstring); returns the slots whose token cap the observation reached (their completion ends)
+    and the forwards run (none for a row whose observation filled its last position alone)."""
+    capped, forwards = [], 0
     for slot in sorted(answered):  # in slot order: each row's forward is its own (module docstring)
         count = len(state.tokens[slot])
         tokens = answered[slot][: state.limit[slot] - count]  # a turn never ends at the cap: room >= 1
@@ -63,41 +60,28 @@ def extend(
         state.tokens[slot].extend(tokens)
         state.token_logprobs[slot].extend([0.0] * len(tokens))
         state.token_entropies[slot].extend([0.0] * len(tokens))
-        added += len(tokens)
         if len(state.tokens[slot]) >= state.limit[slot]:
             # the completion ends: its last token is not fed (as a sampled last token is not), so that
             # the row, idle from now, stays inside the cache's width
             capped.append(slot)
             tokens = tokens[:-1]
         if tokens:
-            slots.append(slot)
-            fed.append(tokens)
-    for slot, tokens in zip(slots, fed):
-        _feed(engine, layers, slot, tokens, state, caches, record)
-    return capped, added, len(slots)
+            _feed(engine, layers, slot, tokens, state, caches, record)
+            forwards += 1
+    return capped, forwards
 
 
 def _feed(engine, layers, slot: int, tokens: list[int], state, caches, record) -> None:
     """`tokens` through the model from row `slot`'s length; its pending logits and lengths moved on."""
     start, length, device = state.host_length[slot], len(tokens), engine.device
+    row, fed = on_device([slot, *tokens], device).split([1, length])  # one host-to-device copy
     positions = torch.arange(start, start + length, device=device)
-    visible = torch.arange(start + length, device=device)[None, :] <= positions[:, None]
-    layout = Extend(slot, start, visible)
+    layout = Extend(slot, start, torch.arange(start + length, device=device)[None, :] <= positions[:, None])
     routes: list | None = [] if record is not None else None
     with attention_kernels(device):  # as the prefill's: not cuDNN's (devices/sdpa.py)
-        logits = engine.forward(
-            layers,
-            on_device([tokens], device),
-            positions[None],
-            caches,
-            None,
-            None,
-            None,
-            routes,
-            extend=layout,
-        )
-    if record is not None:
-        record.store_tokens(routes, layout)
+        logits = engine.forward(layers, fed[None], positions[None], caches, row, None, None, routes, layout)
+    if record is not None:  # every fed position's routes, as a prefill's
+        record.store(routes, row, positions)
     state.logits[slot] = logits[0]
     state.length[slot] = start + length
     state.step[slot] += length

@@ -58,30 +58,18 @@ class Record:
         """Write one forward's (experts, logits) per MoE layer, each [B, T, .], into cache rows `rows` at
         positions `columns`: every position of a prefill ([T] columns, step None), or each row's one fed
         token of a decode step ([len(rows)] columns, step 0: rows index the forward's batch too)."""
-        values = self._stacked(captured)
+        values = [
+            None if buffer is None else torch.stack([layer[field] for layer in captured], dim=2)
+            for field, buffer in enumerate((self.routes, self.logits))
+        ]  # [B, T, L_moe, k or E]; only what was asked for is stacked (a replay run records routes alone)
         if step is None:
             self.put(*values, rows[:, None], columns[None, :])
         else:
             self.put(*(None if v is None else v[rows, step] for v in values), rows, columns)
 
-    def store_tokens(self, captured: list, extend) -> None:
-        """Write an extend forward's (experts, logits) per MoE layer, each [1, T, .], at its row's new
-        positions (`extend`: extend.Extend)."""
-        values = [None if v is None else v[0] for v in self._stacked(captured)]
-        self.put(*values, extend.slot, slice(extend.start, extend.width))
-
-    def _stacked(self, captured: list) -> list[torch.Tensor | None]:
-        """Each recorded kind stacked over the MoE layers, [B, T, L_moe, k or E]; only what was asked for
-        (a replay run records routes alone)."""
-        return [
-            None if buffer is None else torch.stack([layer[field] for layer in captured], dim=2)
-            for field, buffer in enumerate((self.routes, self.logits))
-        ]
-
-    def put(self, routes, logits, rows, columns) -> None:
+    def put(self, routes, logits, rows: torch.Tensor, columns: torch.Tensor) -> None:
         """Write experts and router logits (already stacked over MoE layers, [..., L_moe, k or E]; None
-        where not recorded) at cache rows `rows` and positions `columns` (device indices broadcast
-        together, or a row and a slice of positions)."""
+        where not recorded) at cache rows `rows` and positions `columns` (broadcast together)."""
         for values, buffer in ((routes, self.routes), (logits, self.logits)):
             if buffer is not None:
                 buffer[rows, columns] = values.to(buffer.dtype)
