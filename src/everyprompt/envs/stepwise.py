@@ -21,11 +21,9 @@ Either way turn t of a request is sampled with the same seed, so both give the s
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Iterator, Sequence
-from concurrent.futures import Future
-from concurrent.futures import wait as wait_all
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
+from functools import partial
 
 import torch
 
@@ -33,13 +31,12 @@ from everyprompt.envs.base import Environment
 from everyprompt.envs.template import EpisodeState, render
 from everyprompt.envs.turns import generate_continuously
 from everyprompt.rollout.base import (
-    TIME_LIMIT,
     Completion,
     GenerationRequest,
     RolloutEngine,
     SamplingParams,
-    end_episode,
     offers,
+    past_time_limit,
 )
 from everyprompt.rollout.sampling import derive_seed
 
@@ -87,6 +84,40 @@ class StepwiseEpisode(EpisodeState):
         if self.answered(result, len(self.turns)):
             self.prompt_ids = self._render()  # the template's rendering now, earlier turns as it writes them
 
+    def answer_later(self, action: str, lock, settled: Callable[[], None]) -> None:
+        """The environment answers `action` in a thread of its own (a daemon: one that never answers cannot
+        hold the process at exit), within the episode's time limit. Under `lock` the episode takes the
+        answer, its failure or the limit's end, whichever comes first, and `settled()` is called, once; a
+        late answer is dropped."""
+        over, limit = threading.Event(), self.time_limit
+
+        def settle(outcome: Callable[[], None]) -> None:
+            with lock:
+                if over.is_set():
+                    return
+                over.set()
+                if timer is not None:
+                    timer.cancel()
+                outcome()
+                settled()
+
+        def answer() -> None:
+            try:
+                result = self.env.step(action)
+            except BaseException as err:  # noqa: BLE001 (reported as the episode's error)
+                settle(partial(self.failed, "step", err))
+                return
+            settle(partial(self.answer, result))
+
+        def expire() -> None:
+            settle(lambda: (past_time_limit(self, limit), self.end()))
+
+        timer = None if limit is None else threading.Timer(limit, expire)
+        threading.Thread(target=answer, name="everyprompt-env-step", daemon=True).start()
+        if timer is not None:
+            timer.daemon = True
+            timer.start()
+
     def end(self) -> None:
         self.done = True
         super().end()
@@ -108,33 +139,18 @@ class StepwiseEpisode(EpisodeState):
 
 def _step_all(pending: list[tuple[StepwiseEpisode, str]]) -> None:
     """Each episode's environment answers its action, concurrently, each within its episode's time limit
-    (a daemon thread: an environment that never answers cannot hold the process at exit)."""
-    futures: list[tuple[StepwiseEpisode, Future, float | None]] = []
+    (`answer_later`); returns once every one has settled."""
+    settled, left = threading.Condition(), [len(pending)]
+
+    def one() -> None:  # under the condition's lock
+        left[0] -= 1
+        settled.notify_all()
+
     for episode, action in pending:
-        future: Future = Future()
-
-        def step(episode=episode, action=action, future=future):
-            try:
-                future.set_result(episode.env.step(action))
-            except BaseException as err:  # noqa: BLE001 (reported as the episode's error)
-                future.set_exception(err)
-
-        threading.Thread(target=step, name="everyprompt-env-step", daemon=True).start()
-        limit = episode.time_limit
-        futures.append((episode, future, None if limit is None else time.monotonic() + limit))
-    for episode, future, deadline in futures:
-        wait_all([future], None if deadline is None else max(0.0, deadline - time.monotonic()))
-        if not future.done():
-            end_episode(
-                episode,
-                TIME_LIMIT,
-                f"the environment took longer than its time limit of {episode.time_limit:g} s",
-            )
-            episode.end()
-        elif future.exception() is not None:
-            episode.failed("step", future.exception())
-        else:
-            episode.answer(future.result())
+        episode.answer_later(action, settled, one)
+    with settled:
+        while left[0]:
+            settled.wait()
 
 
 def generate_stepwise(
@@ -147,12 +163,11 @@ def generate_stepwise(
         yield from generate_continuously(engine, requests, params)
         return
     live = {r.request_id: r for r in requests}
-    turn = 0
     while live:
         ids = list(live)
         calls = [
             replace(live[i], request_id=n, prompt_ids=live[i].episode.prompt_ids,
-                    seed=derive_seed(live[i].seed, turn), episode=None)
+                    seed=derive_seed(live[i].seed, len(live[i].episode.turns)), episode=None)
             for n, i in enumerate(ids)
         ]  # fmt: skip
         pending = []
@@ -167,4 +182,3 @@ def generate_stepwise(
             if episode.done:
                 del live[i]
                 yield episode.completion(i)
-        turn += 1

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
-from everyprompt.rollout.base import TIME_LIMIT, Completion, GenerationRequest, SamplingParams, end_episode
+from everyprompt.rollout.base import Completion, GenerationRequest, SamplingParams
 from everyprompt.rollout.native.queue import LiveRequest, LiveRequests
 from everyprompt.rollout.sampling import derive_seed
 
@@ -44,7 +44,6 @@ class Turns:
     def __init__(self, engine, params: SamplingParams, requests: Sequence[GenerationRequest]):
         self.engine, self.params = engine, params
         self.changed = threading.Condition()
-        self.turns = {request.request_id: 0 for request in requests}  # turns sampled so far, per request
         self.waiting: list[GenerationRequest] = list(requests)  # next turns that wait for a (wider) call
         self.answering = 0  # environments answering
         self.live: LiveRequests | None = None  # the running call's source
@@ -83,7 +82,6 @@ class Turns:
             episode = request.episode
             action = episode.take(replace(completion, request_id=request.request_id))
             with self.changed:
-                self.turns[request.request_id] += 1
                 if action is None:  # the cap cut the turn: the episode is over
                     self.ended.append(request)
                 else:
@@ -105,7 +103,7 @@ class Turns:
         if live is None or live.closed or len(prompt) > live.max_prompt_tokens:
             self.waiting.append(request)
             return
-        seed = derive_seed(request.seed, self.turns[request.request_id])
+        seed = derive_seed(request.seed, len(request.episode.turns))  # turn t: as round by round
         params = self.params
         turn = LiveRequest(GenerationRequest(0, prompt, seed, request.max_new_tokens),
                            params.temperature, params.top_p, params.greedy)  # fmt: skip
@@ -131,42 +129,6 @@ class Turns:
 
     def _answer(self, request: GenerationRequest, action: str) -> None:
         """The episode's environment answers `action` in a thread of its own, within the time limit (under
-        the lock)."""
-        episode, settled = request.episode, threading.Event()  # answered, failed or past the limit
-        limit = episode.time_limit
-        timer = None if limit is None else threading.Timer(limit, lambda: expire())
+        the lock; stepwise.py: `answer_later`)."""
         self.answering += 1
-
-        def answer() -> None:
-            try:
-                result, error = episode.env.step(action), None
-            except BaseException as err:  # noqa: BLE001 (reported as the episode's error)
-                result, error = None, err
-            with self.changed:
-                if settled.is_set():  # past the time limit: the episode has ended already
-                    return
-                settled.set()
-                if timer is not None:
-                    timer.cancel()
-                if error is not None:
-                    episode.failed("step", error)
-                else:
-                    episode.answer(result)
-                self._settled(request)
-
-        def expire() -> None:
-            with self.changed:
-                if settled.is_set():
-                    return
-                settled.set()
-                end_episode(
-                    episode, TIME_LIMIT, f"the environment took longer than its time limit of {limit:g} s"
-                )
-                episode.end()
-                self._settled(request)
-
-        # daemon threads: an environment that never answers cannot hold the process at exit
-        threading.Thread(target=answer, name="everyprompt-env-step", daemon=True).start()
-        if timer is not None:
-            timer.daemon = True
-            timer.start()
+        request.episode.answer_later(action, self.changed, lambda: self._settled(request))

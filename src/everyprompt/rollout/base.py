@@ -73,6 +73,11 @@ def end_episode(episode: Episode, reason: str, error: str) -> None:
     episode.error, episode.error_reason = error, reason
 
 
+def past_time_limit(episode: Episode, limit: float) -> None:
+    """End `episode` early: its environment took longer than its time limit of `limit` seconds."""
+    end_episode(episode, TIME_LIMIT, f"the environment took longer than its time limit of {limit:g} s")
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     request_id: int

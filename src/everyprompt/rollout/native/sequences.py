@@ -13,7 +13,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 import torch
 
-from everyprompt.rollout.base import TIME_LIMIT, end_episode
+from everyprompt.rollout.base import end_episode, past_time_limit
 from everyprompt.rollout.native.slots import Slots
 
 
@@ -75,9 +75,7 @@ class Turns:
                         episode, type(error).__name__, f"turn_ended raised {type(error).__name__}: {error}"
                     )
             elif deadline is not None and now >= deadline:
-                end_episode(
-                    episode, TIME_LIMIT, f"the environment took longer than its time limit of {limit:g} s"
-                )
+                past_time_limit(episode, limit)
                 observation = None
             else:
                 continue
