@@ -28,12 +28,18 @@ class _RunWarnings(logging.FileHandler):
             logging.lastResort.handle(record)
 
 
-def record_warnings(path: str | Path) -> None:
-    """From now on everyprompt's warnings go to `path` too (one run directory at a time)."""
+def stop_recording_warnings() -> None:
+    """Warnings are no longer written to a run directory's file (it is closed)."""
     logger = logging.getLogger("everyprompt")
     for handler in [h for h in logger.handlers if isinstance(h, _RunWarnings)]:
         logger.removeHandler(handler)
         handler.close()
+
+
+def record_warnings(path: str | Path) -> None:
+    """From now on everyprompt's warnings go to `path` too (one run directory at a time)."""
+    stop_recording_warnings()
+    logger = logging.getLogger("everyprompt")
     handler = _RunWarnings(path, encoding="utf-8", delay=True)
     handler.setLevel(logging.WARNING)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))

@@ -1,28 +1,17 @@
 """The RL math: advantage estimators, policy losses and their aggregation, as pure tensor functions.
 
 Everything is registered by name; the trainer calls only :func:`compute_advantages` and
-:func:`policy_loss`, never an implementation directly.
+:func:`policy_loss`, never an implementation directly. Importing the package loads only the registry
+and the option schemas (no torch: a config is checked without it); the tensor functions load on first
+use of their name.
 """
 
-from everyprompt.algorithms import advantages as _advantages  # noqa: F401  (registers estimators)
-from everyprompt.algorithms import gated as _gated  # noqa: F401  (registers SAPO and DPPO)
-from everyprompt.algorithms import losses as _losses  # noqa: F401  (registers losses)
-from everyprompt.algorithms.advantages import zvp_token_advantages
-from everyprompt.algorithms.aggregation import AGGREGATIONS, aggregate
-from everyprompt.algorithms.corrections import (
-    CORRECTION_LEVELS,
-    CORRECTIONS,
-    KL_ESTIMATORS,
-    kl_penalty,
-    rollout_correction,
-)
-from everyprompt.algorithms.distill import distillation_advantages, distillation_metrics, distillation_sums
-from everyprompt.algorithms.losses import entropy_groups
+from importlib import import_module
+
+from everyprompt.algorithms import catalog as _catalog  # noqa: F401  (registers the built-ins)
+from everyprompt.algorithms.options import AGGREGATIONS, CORRECTION_LEVELS, CORRECTIONS, KL_ESTIMATORS
 from everyprompt.algorithms.registry import (
     advantage_needs_components,
-    compute_advantages,
-    host_floats,
-    policy_loss,
     policy_loss_spec,
     register_advantage,
     register_policy_loss,
@@ -30,26 +19,37 @@ from everyprompt.algorithms.registry import (
     registered_policy_losses,
 )
 
+_TENSOR_FUNCTIONS = {  # name -> its module (torch), imported on first access
+    "aggregate": "aggregation",
+    "compute_advantages": "objective",
+    "distillation_advantages": "distill",
+    "distillation_metrics": "distill",
+    "distillation_sums": "distill",
+    "entropy_groups": "losses",
+    "host_floats": "objective",
+    "kl_penalty": "corrections",
+    "policy_loss": "objective",
+    "rollout_correction": "corrections",
+    "zvp_token_advantages": "advantages",
+}
+
+
+def __getattr__(name: str):
+    if name in _TENSOR_FUNCTIONS:
+        return getattr(import_module(f"{__name__}.{_TENSOR_FUNCTIONS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
-    "advantage_needs_components",
     "AGGREGATIONS",
     "CORRECTIONS",
     "CORRECTION_LEVELS",
     "KL_ESTIMATORS",
-    "aggregate",
-    "compute_advantages",
-    "distillation_advantages",
-    "distillation_metrics",
-    "distillation_sums",
-    "entropy_groups",
-    "host_floats",
-    "kl_penalty",
-    "policy_loss",
+    "advantage_needs_components",
     "policy_loss_spec",
     "register_advantage",
     "register_policy_loss",
     "registered_advantages",
     "registered_policy_losses",
-    "rollout_correction",
-    "zvp_token_advantages",
+    *_TENSOR_FUNCTIONS,
 ]

@@ -10,8 +10,6 @@ import math
 
 import torch
 
-from everyprompt.algorithms.registry import register_advantage
-
 
 def _group_stats(rewards: torch.Tensor, group_index: torch.Tensor):
     """Per-completion group count, mean and unbiased std over the valid (non-NaN) rewards of its group."""
@@ -27,7 +25,6 @@ def _group_stats(rewards: torch.Tensor, group_index: torch.Tensor):
     return valid, count[group_index], mean[group_index], std[group_index], total[group_index]
 
 
-@register_advantage("grpo")
 def grpo_advantages(
     rewards: torch.Tensor,
     group_index: torch.Tensor,
@@ -48,7 +45,6 @@ def grpo_advantages(
     return torch.where(keep, advantages, torch.zeros_like(advantages)).to(rewards.dtype)
 
 
-@register_advantage("dr_grpo")
 def dr_grpo_advantages(
     rewards: torch.Tensor, group_index: torch.Tensor, dead_zone: float = 0.0
 ) -> torch.Tensor:
@@ -56,7 +52,6 @@ def dr_grpo_advantages(
     return grpo_advantages(rewards, group_index, normalize_std=False, dead_zone=dead_zone)
 
 
-@register_advantage("rloo")
 def rloo_advantages(rewards: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
     """A_i = R_i - mean_{j != i} R_j  (leave-one-out baseline; 0 for a group of one valid reward)."""
     valid, count, _, _, total = _group_stats(rewards, group_index)
@@ -66,7 +61,6 @@ def rloo_advantages(rewards: torch.Tensor, group_index: torch.Tensor) -> torch.T
     return advantages.to(rewards.dtype)
 
 
-@register_advantage("gdpo", needs_components=True)
 def gdpo_advantages(
     rewards: torch.Tensor,
     group_index: torch.Tensor,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+from everyprompt.algorithms.options import AGGREGATIONS
 
 
 def aggregate(

@@ -27,10 +27,7 @@ import math
 
 import torch
 
-KL_ESTIMATORS = ("k1", "k2", "k3")
-CORRECTIONS = ("tis", "mis", "icepop")
-ICEPOP_BAND = (0.5, 5.0)  # OpenRLHF's, AReaL's, verl's and NeMo-RL's default
-CORRECTION_LEVELS = ("token", "sequence", "geometric")
+from everyprompt.algorithms.options import CORRECTION_LEVELS, CORRECTIONS, ICEPOP_BAND, KL_ESTIMATORS
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:

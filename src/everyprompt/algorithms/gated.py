@@ -22,37 +22,13 @@ A move back toward the anchor is never masked.
 from __future__ import annotations
 
 import torch
-from pydantic import Field
 
 from everyprompt.algorithms.losses import masked_mean, ratio_metrics
-from everyprompt.algorithms.registry import LossOptions, register_policy_loss
 
 LOG_RATIO_BOUND = 20.0  # log-ratios clamped to +-20 before exp, as the other losses do
 PROBABILITY_FLOOR = 1e-8  # 1 - p and 1 - q in the binary KL
 
 
-class SAPOOptions(LossOptions):
-    tau_pos: float = Field(1.0, gt=0, description="Gate temperature of positive-advantage tokens.")
-    tau_neg: float = Field(
-        1.05, gt=0, description="Gate temperature of the others (larger: their gradient fades faster)."
-    )
-
-
-class DPPOTVOptions(LossOptions):
-    delta_low: float = Field(0.2, gt=0, description="Mask where p - q < -delta_low (A <= 0).")
-    delta_high: float = Field(0.2, gt=0, description="Mask where p - q > delta_high (A > 0).")
-
-
-class DPPOKLOptions(LossOptions):
-    delta_low: float = Field(
-        0.05, gt=0, description="Mask where p < q and KL(Bern(q) || Bern(p)) > it (A <= 0)."
-    )
-    delta_high: float = Field(
-        0.05, gt=0, description="Mask where p > q and KL(Bern(q) || Bern(p)) > it (A > 0)."
-    )
-
-
-@register_policy_loss("sapo", default_agg="seq-mean-token-mean", options=SAPOOptions)
 def sapo_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -130,5 +106,5 @@ def _dppo_loss(divergence_mask):
     return loss
 
 
-dppo_tv_loss = register_policy_loss("dppo_tv", options=DPPOTVOptions)(_dppo_loss(_binary_tv))
-dppo_kl_loss = register_policy_loss("dppo_kl", options=DPPOKLOptions)(_dppo_loss(_binary_kl))
+dppo_tv_loss = _dppo_loss(_binary_tv)
+dppo_kl_loss = _dppo_loss(_binary_kl)

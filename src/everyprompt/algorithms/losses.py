@@ -9,41 +9,8 @@ that `seq-mean-token-mean` reduces to exactly that objective, and declares it as
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import torch
-from pydantic import Field
-
-from everyprompt.algorithms.registry import LossOptions, register_policy_loss
-
-
-class PPOClipOptions(LossOptions):
-    clip_low: float = Field(0.2, ge=0, lt=1, description="Lower ratio epsilon: clip at 1 - clip_low.")
-    clip_high: float = Field(0.28, ge=0, description="Upper ratio epsilon (DAPO clip-higher: > clip_low).")
-    dual_clip: float | None = Field(
-        None, gt=1, description="Dual-clip constant c: caps a negative-advantage token's loss at -c A."
-    )
-
-
-class GSPOOptions(LossOptions):
-    clip_low: float = Field(3e-4, ge=0, lt=1, description="Sequence-ratio lower epsilon.")
-    clip_high: float = Field(4e-4, ge=0, description="Sequence-ratio upper epsilon.")
-
-
-class CISPOOptions(LossOptions):
-    clip_low: float = Field(1.0, ge=0, le=1, description="IS-weight lower epsilon (1: no lower bound).")
-    clip_high: float = Field(0.28, ge=0, description="IS-weight upper epsilon: weight <= 1 + clip_high.")
-
-
-class ESPOOptions(LossOptions):
-    alpha: float = Field(0.02, gt=0, description="Clip scale: eps = alpha * mean group entropy / log|V|.")
-    num_groups: int = Field(2, ge=1, description="Entropy groups per sequence.")
-    high_frac: float = Field(
-        0.2, gt=0, lt=1, description="K = 2: share of a sequence's tokens in the high-entropy group."
-    )
-    ratio_denominator: Literal["current", "old"] = Field(
-        "current", description="Token ratio sg[s]*pi/sg[pi] ('current') or sg[s]*pi/pi_old ('old')."
-    )
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -76,7 +43,6 @@ def _sequence_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Te
     return (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1)
 
 
-@register_policy_loss("ppo_clip", options=PPOClipOptions)
 def ppo_clip_loss(
     logp: torch.Tensor,  # [B, T]
     old_logp: torch.Tensor,  # [B, T]
@@ -107,7 +73,6 @@ def ppo_clip_loss(
     return loss, metrics
 
 
-@register_policy_loss("gspo", default_agg="seq-mean-token-mean", options=GSPOOptions)
 def gspo_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -144,7 +109,6 @@ def _gspo_token_ratio(logp: torch.Tensor, group_log_ratio: torch.Tensor) -> torc
     return group_log_ratio.detach().exp() * (logp - logp.detach()).exp()
 
 
-@register_policy_loss("gspo_token", default_agg="seq-mean-token-mean", options=GSPOOptions)
 def gspo_token_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -173,7 +137,6 @@ def gspo_token_loss(
     return loss, metrics
 
 
-@register_policy_loss("cispo", options=CISPOOptions)
 def cispo_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -235,9 +198,6 @@ def entropy_groups(
     return torch.where(valid, group, torch.full_like(group, -1))
 
 
-@register_policy_loss(
-    "espo", default_agg="seq-mean-token-mean", needs_entropy=True, needs_vocab_size=True, options=ESPOOptions
-)
 def espo_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,

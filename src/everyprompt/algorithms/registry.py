@@ -1,44 +1,48 @@
-"""Name -> function registries for advantage estimators and policy losses, and the two entry points.
+"""Name -> function registries for advantage estimators and policy losses (the entry points that run
+them: objective.py).
 
 A policy loss registers with its option schema (a `LossOptions` model): each option's type, default and
 description live there and nowhere else; `policy_loss` fills unset options from it and rejects unknown
-ones by name.
+ones by name. A registered function is a callable, or the `module:name` of one (the built-ins, catalog.py):
+the registry, and with it every config check, is torch-free, and a function's module loads at its first
+call.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
-from everyprompt.algorithms.aggregation import AGGREGATIONS, aggregate
-from everyprompt.algorithms.corrections import kl_penalty, off_policy_sequence_mask, rollout_correction
+from everyprompt.algorithms.options import AGGREGATIONS, LossOptions, NoOptions  # noqa: F401  (re-exported)
 
-_ADVANTAGES: dict[str, Callable] = {}
+_ADVANTAGES: dict[str, Callable | str] = {}
 _NEEDS_COMPONENTS: set[str] = set()  # estimators given each reward component ([N, K]) as `components`
 _POLICY_LOSSES: dict[str, LossSpec] = {}
 
 
-class LossOptions(BaseModel):
-    """Base of a loss's option schema: typed fields with defaults and descriptions, unknown keys refused."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class NoOptions(LossOptions):
-    """A loss without options."""
+def resolve(target: Callable | str) -> Callable:
+    """The function `target` names: itself, or the attribute of a `module:name` path (imported once)."""
+    if callable(target):
+        return target
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 @dataclass(frozen=True)
 class LossSpec:
-    fn: Callable
+    target: Callable | str  # the loss function, or its `module:name`
     default_agg: str = "token-mean"
     needs_entropy: bool = False
     needs_vocab_size: bool = False  # the loss is given the model's vocabulary size (vocab_size=...)
     options: type[LossOptions] | None = None  # None: options are passed through unchecked
+
+    @property
+    def fn(self) -> Callable:
+        return resolve(self.target)
 
     def resolve_options(self, given: dict[str, Any]) -> dict[str, Any]:
         """`given` checked against the schema, unset options at their defaults."""
@@ -65,7 +69,7 @@ def register_advantage(name: str, *, needs_components: bool = False) -> Callable
     """Decorator: register `fn(rewards [N], group_index [N], **options) -> advantages [N]` as `name`;
     `needs_components`: it is also given the reward's components (`components` [N, K], `weights` [K])."""
 
-    def decorate(fn: Callable) -> Callable:
+    def decorate(fn: Callable | str) -> Callable | str:
         if name in _ADVANTAGES:
             raise ValueError(f"advantage estimator {name!r} is already registered")
         _ADVANTAGES[name] = fn
@@ -74,6 +78,11 @@ def register_advantage(name: str, *, needs_components: bool = False) -> Callable
         return fn
 
     return decorate
+
+
+def advantage_function(name: str) -> Callable:
+    """The estimator registered as `name`."""
+    return resolve(_lookup(_ADVANTAGES, "advantage estimator", name))
 
 
 def advantage_needs_components(name: str) -> bool:
@@ -99,7 +108,7 @@ def register_policy_loss(
     if default_agg not in AGGREGATIONS:
         raise ValueError(f"default_agg {default_agg!r} is not one of {', '.join(AGGREGATIONS)}")
 
-    def decorate(fn: Callable) -> Callable:
+    def decorate(fn: Callable | str) -> Callable | str:
         if name in _POLICY_LOSSES:
             raise ValueError(f"policy loss {name!r} is already registered")
         _POLICY_LOSSES[name] = LossSpec(fn, default_agg, needs_entropy, needs_vocab_size, options)
@@ -119,102 +128,3 @@ def registered_policy_losses() -> list[str]:
 def policy_loss_spec(name: str) -> LossSpec:
     """How the loss `name` was registered (its default aggregation, whether it needs entropies)."""
     return _lookup(_POLICY_LOSSES, "policy loss", name)
-
-
-def compute_advantages(
-    name: str,
-    rewards: torch.Tensor,  # [N] float, NaN where the reward is None
-    group_index: torch.Tensor,  # [N] long, the prompt group of each completion
-    **options,
-) -> torch.Tensor:  # [N]
-    """Per-completion advantages from the estimator registered as `name`."""
-    return _lookup(_ADVANTAGES, "advantage estimator", name)(rewards, group_index, **options)
-
-
-def policy_loss(
-    name: str,
-    logp: torch.Tensor,  # [B, T] log-probs under the policy being trained
-    old_logp: torch.Tensor,  # [B, T] log-probs under the policy that sampled (detached)
-    advantages: torch.Tensor,  # [B] or [B, T]
-    mask: torch.Tensor,  # [B, T] 1 on completion tokens
-    *,
-    entropy: torch.Tensor | None = None,  # [B, T] token entropies under the sampling policy
-    agg: str | None = None,
-    max_length: int | None = None,
-    num_tokens: float | None = None,
-    num_sequences: float | None = None,
-    ref_logp: torch.Tensor | None = None,  # [B, T] reference-model log-probs (KL penalty)
-    kl: str | None = None,
-    kl_coef: float = 0.0,
-    rollout_logp: torch.Tensor | None = None,  # [B, T] engine log-probs (mismatch correction)
-    correction: str | None = None,
-    correction_level: str = "token",
-    correction_cap: float = 2.0,
-    correction_band: tuple[float, float] | None = None,
-    off_policy_mask: float | None = None,  # its KL threshold (None: off)
-    vocab_size: int | None = None,
-    host_metrics: bool = True,
-    **options,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Scalar loss and detached metrics: floats (`host_metrics`, read back in one go), or 0-dim tensors on
-    the loss's device for a caller that sums them over micro-batches and reads them back once.
-
-    The registered per-token objective, times the rollout-correction weights when `correction` is
-    "tis", "mis" or "icepop" (`correction_band`: MIS's or IcePop's ratio band), times the off-policy
-    sequence mask when `off_policy_mask` gives its threshold (against `rollout_logp`, else `old_logp`),
-    plus `kl_coef` times the `kl` estimator against `ref_logp`, reduced by `agg` (the
-    loss's own default when None). `num_tokens` / `num_sequences` are the whole mini-batch's
-    denominators when this call sees one micro-batch of it (see :func:`aggregate`). `options` are the
-    loss's own (its registered schema fills the unset ones); `vocab_size` reaches losses that need it.
-    """
-    spec = policy_loss_spec(name)
-    if spec.needs_entropy and entropy is None:
-        raise ValueError(f"policy loss {name!r} needs per-token entropies (entropy=...)")
-    options = spec.resolve_options(options)
-    if spec.needs_vocab_size:
-        options["vocab_size"] = vocab_size
-    if advantages.dim() == 1:
-        advantages = advantages[:, None].expand_as(logp)
-    token_loss, metrics = spec.fn(logp, old_logp, advantages, mask, entropy=entropy, **options)
-    if correction is not None:
-        if rollout_logp is None:
-            raise ValueError(
-                f"rollout correction {correction!r} needs the engine's log-probs (rollout_logp=...)"
-            )
-        weight, correction_metrics = rollout_correction(
-            old_logp, rollout_logp, mask, correction, correction_level, correction_cap, correction_band
-        )
-        token_loss = token_loss * weight
-        metrics.update(correction_metrics)
-    if off_policy_mask is not None:
-        behaviour = rollout_logp if rollout_logp is not None else old_logp
-        keep, mask_metrics = off_policy_sequence_mask(logp, behaviour, advantages, mask, off_policy_mask)
-        token_loss = token_loss * keep
-        metrics.update(mask_metrics)
-    if kl is not None:
-        if ref_logp is None:
-            raise ValueError(f"KL estimator {kl!r} needs the reference model's log-probs (ref_logp=...)")
-        penalty = kl_penalty(logp, ref_logp, kl)
-        token_loss = token_loss + kl_coef * penalty
-        with torch.no_grad():
-            m = mask.to(penalty.dtype)
-            metrics["actor/kl_ref"] = (penalty * m).sum() / m.sum().clamp(min=1)
-    loss = aggregate(
-        token_loss,
-        mask,
-        agg or spec.default_agg,
-        max_length=max_length,
-        num_tokens=num_tokens,
-        num_sequences=num_sequences,
-    )
-    return loss, (host_floats(metrics) if host_metrics else metrics)
-
-
-def host_floats(values: dict[str, torch.Tensor | float]) -> dict[str, float]:
-    """Metrics as floats: the tensors among them read back from their device in one copy."""
-    tensors = {key: value for key, value in values.items() if isinstance(value, torch.Tensor)}
-    out = {key: float(value) for key, value in values.items() if key not in tensors}
-    if tensors:
-        read = torch.stack([value.detach().double().reshape(()) for value in tensors.values()]).tolist()
-        out.update(zip(tensors, read))
-    return {key: out[key] for key in values}

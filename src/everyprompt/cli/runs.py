@@ -17,39 +17,43 @@ def _on_its_malloc(config):
     return config
 
 
+# Each command reads its config before it imports the pipeline (torch, transformers: seconds), so a
+# config error answers at once.
+
+
 def cmd_demo(args) -> int:
+    config = _on_its_malloc(config_from(args.config, [f"seed={args.seed}"] if args.seed is not None else []))
     from everyprompt.pipeline import demo
 
-    config = config_from(args.config, [f"seed={args.seed}"] if args.seed is not None else [])
-    demo(_on_its_malloc(config), args.run_dir)
+    demo(config, args.run_dir)
     return 0
 
 
 def cmd_train(args) -> int:
-    from everyprompt.pipeline import train
-
     if args.resume:
         saved = RunLayout(args.resume).config
         if not saved.is_file():
             raise ConfigError(f"--resume {args.resume}: no {saved.name} there; is it a run directory?")
-        config = load_config(saved, split_config_args(args.config)[1])
-        train(_on_its_malloc(config), run_dir=args.resume, resume=True)
+        config = _on_its_malloc(load_config(saved, split_config_args(args.config)[1]))
     else:
-        train(_on_its_malloc(config_from(args.config)), run_dir=args.run_dir)
+        config = _on_its_malloc(config_from(args.config))
+    from everyprompt.pipeline import train
+
+    train(config, run_dir=args.resume or args.run_dir, resume=bool(args.resume))
     return 0
 
 
 def cmd_sft(args) -> int:
+    config = _on_its_malloc(config_from(args.config))
     from everyprompt.pipeline import warm_start
 
-    warm_start(_on_its_malloc(config_from(args.config)), args.run_dir)
+    warm_start(config, args.run_dir)
     return 0
 
 
 def cmd_eval(args) -> int:
     from rich.console import Console
 
-    from everyprompt.pipeline import evaluate_checkpoint
     from everyprompt.report.console import eval_table
 
     data, values = args.data, list(args.config)
@@ -58,6 +62,8 @@ def cmd_eval(args) -> int:
     config = _eval_config(args.checkpoint, values)
     given = {"prompt": args.prompt_field, "answer": args.answer_field}
     fields = {field: name for field, name in given.items() if name}
+    from everyprompt.pipeline import evaluate_checkpoint
+
     results = evaluate_checkpoint(config, args.checkpoint, data, fields, args.run_dir)
     Console().print(eval_table(results, config.eval.pass_k))
     return 0

@@ -7,8 +7,15 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from everyprompt.algorithms import policy_loss_spec, registered_advantages, registered_policy_losses
-from everyprompt.algorithms.gated import DPPOKLOptions, DPPOTVOptions, SAPOOptions
-from everyprompt.algorithms.losses import CISPOOptions, ESPOOptions, GSPOOptions, PPOClipOptions
+from everyprompt.algorithms.options import (
+    CISPOOptions,
+    DPPOKLOptions,
+    DPPOTVOptions,
+    ESPOOptions,
+    GSPOOptions,
+    PPOClipOptions,
+    SAPOOptions,
+)
 from everyprompt.config.base import YAML_WORDS, Section
 from everyprompt.config.teacher import TeacherConfig
 

@@ -6,9 +6,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from everyprompt import devices
 from everyprompt.choices import GRAPH_BUCKETS, Decoding, check_buckets, decoding, engine_choices
 from everyprompt.config.base import YAML_WORDS, Section
-from everyprompt.devices import check_device_setting, resolve_device
+from everyprompt.devices import check_device_setting
 
 
 class RolloutConfig(Section):
@@ -127,7 +128,7 @@ class RolloutConfig(Section):
 
     def decoding(self, device=None) -> Decoding:
         """How the native engine decodes on `device` (by default `device` resolved): choices.decoding."""
-        device = device or resolve_device(self.device, "rollout.device")
+        device = device or devices.resolve_device(self.device, "rollout.device")
         return decoding(self.compile, self.cuda_graphs, device.type)
 
     def sleeps(self, device=None) -> bool:

@@ -8,26 +8,11 @@ to the model's own, and code that asks `tensor.device == device` means what it s
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
 import torch
 
-from everyprompt.errors import InputError
-
-DEVICE_SETTINGS = ("auto", "cpu", "cuda", "cuda:N")
-_SETTING = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
-
-
-class DeviceError(InputError):
-    """A device setting this machine cannot honour (CUDA asked for, none present) or cannot parse."""
-
-
-def check_device_setting(setting: str) -> str:
-    """`setting` if it is a device setting (a config validator: the key is named by the caller)."""
-    if not isinstance(setting, str) or not _SETTING.match(setting):
-        raise ValueError(f"expected one of {', '.join(DEVICE_SETTINGS)}, got {setting!r}")
-    return setting
+from everyprompt.devices.settings import DEVICE_SETTINGS, DeviceError, check_device_setting  # noqa: F401
 
 
 def resolve_device(setting: str, key: str = "model.device") -> torch.device:

@@ -29,12 +29,13 @@ def train(config: Config, run_dir: str | Path | None = None, resume: bool = Fals
     """SFT warm start (if configured), then RL, then the held-out evaluation (`eval.json`); returns the
     trainer after its last step, closed (its workers have ended)."""
     run = Run(config, run_dir)
-    trainer = run.trainer(resume=resume)
-    try:
-        trainer.train(evaluate_fn=lambda engine: run.evaluate(engine, trainer.tokenizer))
-        results = run.evaluate(trainer.engine, trainer.tokenizer)  # held-out, after the last step
-    finally:
-        trainer.close()  # reward workers, and with cluster.backend=ray the actors and the Ray session
+    with run.removed_on_failure():
+        trainer = run.trainer(resume=resume)
+        try:
+            trainer.train(evaluate_fn=lambda engine: run.evaluate(engine, trainer.tokenizer))
+            results = run.evaluate(trainer.engine, trainer.tokenizer)  # held-out, after the last step
+        finally:
+            trainer.close()  # reward workers, and with cluster.backend=ray the actors and the Ray session
     write_json_atomic(run.layout.eval_results, {"step": trainer.step, **results})
     pass_key = f"pass@{config.eval.pass_k}"
     sampled = (
@@ -52,15 +53,16 @@ def demo(config: Config, run_dir: str | Path | None = None, console: Console | N
     """SFT warm start, held-out eval, RL, held-out eval; prints the table and writes the demo summary."""
     started = time.perf_counter()
     run = Run(config, run_dir, console)
-    trainer = run.trainer()
-    try:
-        before = run.evaluate(trainer.engine, trainer.tokenizer)
-        start = "after SFT" if config.sft.steps else "before RL"
-        run.console.print(f"{start}: greedy accuracy {before['greedy_accuracy']:.1%}")
-        trainer.train(evaluate_fn=lambda engine: run.evaluate(engine, trainer.tokenizer))
-        after = run.evaluate(trainer.engine, trainer.tokenizer)
-    finally:
-        trainer.close()  # reward workers, and with cluster.backend=ray the actors and the Ray session
+    with run.removed_on_failure():
+        trainer = run.trainer()
+        try:
+            before = run.evaluate(trainer.engine, trainer.tokenizer)
+            start = "after SFT" if config.sft.steps else "before RL"
+            run.console.print(f"{start}: greedy accuracy {before['greedy_accuracy']:.1%}")
+            trainer.train(evaluate_fn=lambda engine: run.evaluate(engine, trainer.tokenizer))
+            after = run.evaluate(trainer.engine, trainer.tokenizer)
+        finally:
+            trainer.close()  # reward workers, and with cluster.backend=ray the actors and the Ray session
     summary = {
         "accuracy_before_rl": before["greedy_accuracy"],
         "accuracy_after_rl": after["greedy_accuracy"],
@@ -86,7 +88,8 @@ def demo(config: Config, run_dir: str | Path | None = None, console: Console | N
 def warm_start(config: Config, run_dir: str | Path | None = None) -> Path:
     """The SFT stage alone (reused or continued when the run directory holds it); its checkpoint."""
     run = Run(config, run_dir)
-    run.warm_started_model()
+    with run.removed_on_failure():
+        run.warm_started_model()
     run.console.print(f"SFT checkpoint: {run.layout.sft_checkpoint}")
     return run.layout.sft_checkpoint
 

@@ -4,6 +4,7 @@ file holds what is `run/layout.py`'s."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -28,7 +29,7 @@ from everyprompt.devices.malloc import malloc_note
 from everyprompt.envs.episode import probe_environment
 from everyprompt.evaluate import evaluate_config, held_out_rewards
 from everyprompt.hub import check_model_name, pinned
-from everyprompt.logs import quiet_libraries, record_warnings
+from everyprompt.logs import quiet_libraries, record_warnings, stop_recording_warnings
 from everyprompt.models.catalog import fetch_hint
 from everyprompt.models.io import config_tokenizer, load_model_and_tokenizer, load_pretrained, save_pretrained
 from everyprompt.models.kernels import check_kernels
@@ -162,7 +163,31 @@ class Run:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         self.run_dir = Path(run_dir or config.run_dir or f"runs/{config.name}-{stamp}")
         self.config = config = pin_hub_names(config, self.console)  # before anything is written
+        self.created = not self.run_dir.exists()  # by this start: removed again if it fails before a step
         self.layout = open_run_dir(self.run_dir)
+        with self.removed_on_failure():
+            self._set_up(config)
+        self._shown: set[str] = set()  # stages whose first rendered prompt was printed
+
+    @contextlib.contextmanager
+    def removed_on_failure(self):
+        """Within it, a failure (or a stop) before any stage made a result removes the run directory this
+        start created, and says so: a failed start leaves nothing in runs/. A directory that existed
+        before (a resume, a sweep's cell, `--run-dir` of an earlier run), or one holding any result, stays."""
+        try:
+            yield
+        except BaseException:
+            if self.created and self.run_dir.is_dir() and not self.layout.holds_results():
+                stop_recording_warnings()
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+                self.console.print(
+                    f"removed {self.run_dir}: the run stopped before its first step, nothing to keep",
+                    markup=False,
+                    highlight=False,
+                )
+            raise
+
+    def _set_up(self, config: Config) -> None:
         if config.logging.wandb.enabled:  # a missing extra fails now, not when the first step logs
             require_wandb()
         if config.threads:
@@ -187,7 +212,6 @@ class Run:
         random.seed(config.seed)
         torch.manual_seed(config.seed)
         self.rows = ConfigRows(config)
-        self._shown: set[str] = set()  # stages whose first rendered prompt was printed
 
     # ------------------------------------------------------------ model
     def warm_started_model(self):

@@ -133,6 +133,13 @@ class RunLayout(_Folder):
         """A run has started here before (its config is saved first thing)."""
         return self.config.is_file()
 
+    def holds_results(self) -> bool:
+        """Anything a stage made is here: a checkpoint, an SFT or RL step's metrics, the offline filter's
+        result, an evaluation (what a start writes before its first step, config.yaml, the warnings and the
+        pass-rate store, is not)."""
+        made = (self.sft.root, self.metrics, self.filter_result, self.eval_results, self.demo_summary)
+        return any(path.exists() for path in made) or any(self.checkpoints.glob("*"))
+
 
 def numbered(root: Path, prefix: str) -> list[Path]:
     """The `<prefix>N` entries under `root`, by N (oldest first)."""

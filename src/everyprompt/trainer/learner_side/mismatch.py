@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from everyprompt.algorithms.registry import host_floats
+from everyprompt.algorithms.objective import host_floats
 from everyprompt.batch import RolloutBatch
 from everyprompt.models.replay import same_expert_sets
 
