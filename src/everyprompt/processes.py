@@ -46,11 +46,58 @@ class StopRequested(Exception):  # noqa: N818  (a request, not an error)
         self.exit_code = 128 + signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
 
 
+class StoppedAtOnce(BaseException):  # noqa: N818  (a request, not an error; not caught by `except Exception`)
+    """A signal asked the run to stop now: a second one during a step, or the first one where there is no
+    step to finish (loading, evaluating). Its checkpoints are those already written."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped at once by {signal.Signals(signum).name}")
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
+# what a run's children do with the signals a terminal, `timeout`, Slurm or `kill -- -PGID` send to the
+# whole process group: nothing. The run decides (it finishes its step and stops them itself), and a run
+# that dies takes them with it (die_with_parent)
+GROUP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def ignore_group_signals() -> None:
+    """Call first thing in a child process of a run: SIGINT and SIGTERM sent to the run's group do not end
+    it (its parent stops it, or the kernel does when the parent dies)."""
+    for signum in GROUP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
+class StopAtOnce:
+    """Within it, SIGINT / SIGTERM raise StoppedAtOnce in the main thread: where a command has no step to
+    finish (loading a model, evaluating), it stops at once without a traceback. A GracefulStop inside it
+    takes over while a loop runs."""
+
+    def __init__(self) -> None:
+        self._previous: dict[int, object] = {}
+
+    @staticmethod
+    def _handle(signum, _frame) -> None:
+        raise StoppedAtOnce(signum)
+
+    def __enter__(self) -> StopAtOnce:
+        if threading.current_thread() is threading.main_thread():
+            for signum in GROUP_SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+
 class GracefulStop:
     """Within it, the first SIGINT / SIGTERM only sets `signum`: the loop finishes its step, writes a
-    checkpoint and raises StopRequested. A second signal stops at once (KeyboardInterrupt / SystemExit)."""
+    checkpoint and raises StopRequested. A second signal stops at once (StoppedAtOnce)."""
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    SIGNALS = GROUP_SIGNALS
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -58,9 +105,7 @@ class GracefulStop:
 
     def _handle(self, signum, _frame) -> None:
         if self.signum is not None:  # asked twice: do not wait for the step
-            if signum == signal.SIGINT:
-                raise KeyboardInterrupt
-            raise SystemExit(128 + signum)
+            raise StoppedAtOnce(signum)
         self.signum = signum
         print(
             f"\n{signal.Signals(signum).name}: stopping after this step (a checkpoint is written); "

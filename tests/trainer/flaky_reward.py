@@ -46,3 +46,12 @@ def scattered(completions, **columns):
     import zlib
 
     return [zlib.crc32(text.encode()) / 2**32 for text in completions]
+
+
+def slow_scattered(completions, **columns):
+    """`scattered`, taking 50 ms a completion: a step spends a while with rewards in flight (a signal then
+    lands while completions are still being sent to and scored by the workers)."""
+    import time
+
+    time.sleep(0.05 * len(completions))
+    return scattered(completions, **columns)

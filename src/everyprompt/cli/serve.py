@@ -52,4 +52,4 @@ def add_parsers(sub) -> None:
     p.add_argument("--max-n", type=int, default=8, help="most choices (n) a request may ask")
     p.add_argument("--precision", choices=("fp32", "bf16", "fp8"), default="fp32", help="engine weights")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda:N (default auto)")
-    p.set_defaults(func=cmd_serve)
+    p.set_defaults(func=cmd_serve, own_signals=True)  # uvicorn finishes the open responses

@@ -55,4 +55,4 @@ def add_parsers(sub) -> None:
     p.add_argument("--parallel", type=int, default=1, help="cells run at a time (they share the cores)")
     p.add_argument("--run-dir", default=None, help="the sweep directory (default: runs/sweep-<name>-<time>)")
     p.add_argument("--resume", default=None, metavar="SWEEP_DIR", help="continue a sweep: skip done cells")
-    p.set_defaults(func=cmd_sweep)
+    p.set_defaults(func=cmd_sweep, own_signals=True)  # it tells each cell, which checkpoints

@@ -138,6 +138,9 @@ class LocalServer:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
         self.process = subprocess.Popen(  # noqa: S603 (the interpreter itself, with uvicorn's own arguments)
             command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+            # its own session: a signal to the run's group (Ctrl-C, `timeout`) is the run's to act on, and
+            # the server answers the step's last calls; the run stops it, or the kernel when the run dies
+            start_new_session=True,
             preexec_fn=lambda: die_with_parent(parent),  # noqa: PLW1509 (nothing else runs in the child)
         )  # fmt: skip
         self.url = f"http://127.0.0.1:{port}"

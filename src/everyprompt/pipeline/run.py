@@ -37,6 +37,7 @@ from everyprompt.models.lora import load_adapter, lora_base_dtype
 from everyprompt.models.precision import emulates_bf16, training_dtype, training_kernels
 from everyprompt.pipeline.backends import build_trainer
 from everyprompt.pipeline.resume import rl_start, sft_start
+from everyprompt.processes import StoppedAtOnce
 from everyprompt.rewards import build_reward
 from everyprompt.rollout import resolve_engine
 from everyprompt.rollout.stops import stop_token_ids
@@ -176,15 +177,17 @@ class Run:
         before (a resume, a sweep's cell, `--run-dir` of an earlier run), or one holding any result, stays."""
         try:
             yield
-        except BaseException:
+        except BaseException as err:
             if self.created and self.run_dir.is_dir() and not self.layout.holds_results():
                 stop_recording_warnings()
                 shutil.rmtree(self.run_dir, ignore_errors=True)
-                self.console.print(
-                    f"removed {self.run_dir}: the run stopped before its first step, nothing to keep",
-                    markup=False,
-                    highlight=False,
-                )
+                said = f"removed {self.run_dir}: the run stopped before its first step, nothing to keep"
+            elif isinstance(err, StoppedAtOnce) and self.layout.latest.exists():
+                said = f"kept {self.run_dir}: `everyprompt train --resume {self.run_dir}` continues from its last checkpoint"
+            else:
+                said = ""
+            if said:
+                self.console.print(said, markup=False, highlight=False)
             raise
 
     def _set_up(self, config: Config) -> None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue
-import signal
 import sys
 import threading
 import time
@@ -34,7 +33,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from everyprompt.processes import die_with_parent
+from everyprompt.processes import die_with_parent, ignore_group_signals
 from everyprompt.rewards.base import RewardError, RewardFailure, get_reward, reward_columns, score_completions
 
 # a worker's first message: (READY, None) once the reward's prepare() finished, or (FAILED, why)
@@ -44,8 +43,8 @@ READY, FAILED = "ready", "failed"
 def _serve(conn: Connection, fn: Callable, parent_pid: int) -> None:
     """Worker loop: first READY (or a load failure), then [(key, completion, row), ...] in and
     ([(key, (reward, components)), ...], failures) out."""
+    ignore_group_signals()  # Ctrl-C, `timeout` or Slurm signal the whole group: the run decides
     die_with_parent(parent_pid)  # a killed run leaves no reward worker behind
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the run decides
     if "torch" in sys.modules:
         # torch's intra-op thread pool does not survive fork: a forked child that runs a parallel op
         # with the parent's thread count hangs (seen with torch 2.13). One thread per worker, as
@@ -175,6 +174,10 @@ class RewardPool:
                     return [reward for reward, _ in scored]
                 if self._inline is not None:
                     raise KeyError(f"wait() for rewards never submitted: {missing[:3]}")
+                if not self._thread.is_alive():  # nothing will score them: say so rather than wait forever
+                    raise RewardError(
+                        f"the reward pool's dispatcher ended with {len(missing)} rewards unscored"
+                    )
                 state.done.wait(timeout=0.5)
 
     def take_failures(self) -> list[RewardFailure]:
@@ -309,11 +312,15 @@ class _Dispatcher:
                     wait([self.wake_read])
                     os.read(self.wake_read, 4096)
                     continue
-                for worker in self.workers:
+                for index, worker in enumerate(list(self.workers)):
                     if worker.ready and worker.tasks is None and backlog:
                         worker.tasks = [backlog.popleft() for _ in range(min(self.batch_size, len(backlog)))]
                         worker.started = time.perf_counter()
-                        worker.conn.send(worker.tasks)
+                        try:
+                            worker.conn.send(worker.tasks)
+                        except OSError:  # it died since it last answered: its tasks go to a new worker
+                            self.stats.crashes += 1
+                            self.replace(index, f"crashed (exit code {worker.process.exitcode})", retry=True)
                 busy = [w for w in self.workers if w.tasks is not None or not w.ready]
                 deadline = min(map(self.deadline, busy)) - time.perf_counter() if busy else None
                 ready = wait(
