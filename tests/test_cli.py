@@ -174,15 +174,15 @@ def test_a_config_path_holding_an_equals_sign_is_a_file_not_an_override(tmp_path
 
 
 def test_a_start_that_fails_before_its_first_step_leaves_no_run_directory(tmp_path, capsys, monkeypatch):
-    """A bad data row stops the start (exit 2) after the run directory was made: it is removed again and
-    the message says so; a directory that existed before (an earlier run's, a sweep's cell) is kept."""
+    """A bad data row stops the start (exit 2, one line) after the run directory was made: it is removed
+    again; a directory that existed before (an earlier run's, a sweep's cell) is kept."""
     monkeypatch.chdir(tmp_path)
     bad = tmp_path / "train.jsonl"
     bad.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "no answer"\n')
     argv = ["train", *TINY_OVERRIDES, f"data.train_file={bad}", f"data.eval_file={bad}"]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "train.jsonl:2:" in err and "removed runs/" in " ".join(err.split())
+    assert err.strip().count("\n") == 0 and "train.jsonl:2:" in err
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
     kept = tmp_path / "earlier"
     kept.mkdir()

@@ -5,8 +5,13 @@ global level of its curriculum (every attribute at that level, as the library's 
 it). Items are made from the run's `data.split_seed`: the held-out items of each task first, at the task's
 `level`, then the training items of each level in use, skipping any question already dealt, so the splits
 are disjoint by construction and the held-out split does not change with `num_train` or the levels
-trained on. Each row carries what the task's own scorer needs (`gym`: the task, the config it was made
-with and the item itself), which the `reasoning_gym` reward hands to `score_answer`.
+trained on. Each row carries what the task's own scorer needs (`gym`: how its config was made, the task,
+its level and settings, the seed and size, and the item's index in that dataset), from which the
+`reasoning_gym` reward makes the config and the item again, exactly as the library made them, and hands
+them to `score_answer`. A config or an item read back from JSON would not always do: some hold enums
+(word_sorting, aiw), dates and times (time_intervals), nested configs or tuple grids (arc_agi, rearc),
+which JSON turns into text and lists their scorers refuse or misread. The row also holds the item in
+JSON (`entry`) for a person to read.
 
 The library is imported only here and in the reward (an extra: `pip install 'everyprompt[tasks]'`).
 """
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import enum
 import zlib
 from collections.abc import Iterable
 from typing import Any
@@ -126,28 +132,76 @@ def task_config(name: str, task: GymTaskConfig, level: int | None, key: str = KE
     return config
 
 
+NONSENSE = "zq-not-an-answer"  # an answer no task's question has
+
+
+def check_scorer(name: str, config, level: int | None) -> None:
+    """A ConfigError naming the task when its scorer gives full marks to a nonsense answer: such a reward
+    carries no signal (reasoning-gym 0.1.25's game_of_life_halting compares bool(answer), True for any
+    text, with bool of its own answer, True for "True" and "False" alike)."""
+    datasets, _ = _registry()
+    dataset = datasets[name][0](config=config)
+    item = dataset[0]
+    try:
+        scored = dataset.score_answer(NONSENSE, item)
+    except Exception:  # noqa: BLE001  (a scorer that cannot read the answer does not accept it)
+        return
+    if scored >= 1.0:
+        where = f"level {level}" if level is not None else "its settings"
+        raise ConfigError(
+            f"config key '{KEY}.{name}': reasoning-gym's scorer of {name} ({where}) gives full marks to a "
+            f"nonsense answer ({NONSENSE!r}), so it carries no learning signal; use another task"
+        )
+
+
 def _seed(split_seed: int, *parts: object) -> int:
     return zlib.crc32("/".join(map(str, (split_seed, *parts))).encode()) & 0x7FFFFFFF
 
 
 def _json_copy(value: Any) -> Any:
-    """Tuples as lists, as JSON, Parquet and the reward's row all hold them."""
+    """`value` as JSON holds it: tuples and sets as lists, an enum as its value, anything else JSON has no
+    type for (dates, times, a library's objects) as its text."""
     if isinstance(value, dict):
         return {str(k): _json_copy(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple, set, frozenset)):
         return [_json_copy(v) for v in value]
-    return value
+    if isinstance(value, enum.Enum):
+        return _json_copy(value.value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return value.isoformat() if hasattr(value, "isoformat") else str(value)
 
 
-def make_items(
-    name: str, config, seed: int, count: int, dealt: set[str], level: int | None, read: str = "auto"
-) -> list[dict]:
-    """`count` rows of task `name` made with `config` from `seed`, none whose question is in `dealt`
-    (those made are added to it); `read`: how the reward reads the model's answer."""
-    datasets, _ = _registry()
-    made = dataclasses.replace(config, seed=seed, size=max(count, 1)) if hasattr(config, "seed") else config
-    dataset = datasets[name][0](config=made)
-    settings = _json_copy(dataclasses.asdict(made))  # what the reward rebuilds the task's scorer from
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """How a task's items are made: its config from the level and settings (`task_config`), then the
+    seed and size. JSON in a row (`as_json`), and made again from it in a reward worker."""
+
+    task: str
+    level: int | None
+    settings: dict
+    seed: int
+    size: int
+
+    def config(self):
+        made = task_config(self.task, GymTaskConfig(settings=self.settings), self.level)
+        if not hasattr(made, "seed"):
+            return made
+        return dataclasses.replace(made, seed=self.seed, size=self.size)
+
+    def dataset(self):
+        datasets, _ = _registry()
+        return datasets[self.task][0](config=self.config())
+
+    def as_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def make_items(recipe: Recipe, count: int, dealt: set[str], read: str = "auto") -> list[dict]:
+    """`count` rows of `recipe`'s task, none whose question is in `dealt` (those made are added to it);
+    `read`: how the reward reads the model's answer."""
+    name, level = recipe.task, recipe.level
+    dataset = recipe.dataset()
     rows: list[dict] = []
     index, limit = 0, 50 * count + 1000
     while len(rows) < count:
@@ -162,14 +216,14 @@ def make_items(
         if item["question"] in dealt:
             continue
         dealt.add(item["question"])
-        entry = _json_copy(item)
+        gym = {**recipe.as_json(), "index": index - 1, "entry": _json_copy(item), "read": read}
         rows.append(
             {
                 "prompt": item["question"],
                 "answer": "" if item.get("answer") is None else str(item["answer"]),
                 "level": level,
                 "task": name,
-                "gym": {"task": name, "config": settings, "entry": entry, "read": read},
+                "gym": gym,
             }
         )
     return rows
@@ -184,11 +238,9 @@ class GymRows:
         self.read = config.data.reasoning_gym.answer
         # every task's config at its held-out level and each training level: every name, setting and level
         # checked here, before any work
-        self.configs = {
-            (name, level): task_config(name, task, level)
-            for name, task in self.tasks.items()
-            for level in {task.level, *self.training_levels(name)}
-        }
+        for name, task in self.tasks.items():
+            for level in {task.level, *self.training_levels(name)}:
+                check_scorer(name, task_config(name, task, level), level)
         self._dealt: set[str] = set()
         self._held_out: list[dict] | None = None
         self._train: list[dict] | None = None
@@ -214,6 +266,9 @@ class GymRows:
             )
         return list(range(levels.start, top + 1))
 
+    def recipe(self, name: str, level: int | None, seed: int, count: int) -> Recipe:
+        return Recipe(name, level, dict(self.tasks[name].settings), seed, max(count, 1))
+
     def _shares(self, count: int) -> dict[str, int]:
         return split_counts(count, {name: task.weight for name, task in self.tasks.items()})
 
@@ -223,9 +278,7 @@ class GymRows:
             for name, count in self._shares(data.num_eval).items():
                 level = self.tasks[name].level
                 seed = _seed(data.split_seed, name, "held-out")
-                rows += make_items(
-                    name, self.configs[name, level], seed, count, self._dealt, level, self.read
-                )
+                rows += make_items(self.recipe(name, level, seed, count), count, self._dealt, self.read)
             self._held_out = rows
         return self._held_out
 
@@ -236,9 +289,7 @@ class GymRows:
             for name, count in self._shares(data.num_train).items():
                 for level in self.training_levels(name):
                     seed = _seed(data.split_seed, name, "train", level)
-                    rows += make_items(
-                        name, self.configs[name, level], seed, count, self._dealt, level, self.read
-                    )
+                    rows += make_items(self.recipe(name, level, seed, count), count, self._dealt, self.read)
             self._train = rows
         return self._train
 

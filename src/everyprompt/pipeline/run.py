@@ -27,6 +27,7 @@ from everyprompt.devices import keep_freed_memory, resolve_device
 from everyprompt.devices.bf16 import slow_bf16_note
 from everyprompt.devices.malloc import malloc_note
 from everyprompt.envs.episode import probe_environment
+from everyprompt.errors import InputError
 from everyprompt.evaluate import evaluate_config, held_out_rewards
 from everyprompt.hub import check_model_name, pinned
 from everyprompt.logs import quiet_libraries, record_warnings, stop_recording_warnings
@@ -173,7 +174,8 @@ class Run:
     @contextlib.contextmanager
     def removed_on_failure(self):
         """Within it, a failure (or a stop) before any stage made a result removes the run directory this
-        start created, and says so: a failed start leaves nothing in runs/. A directory that existed
+        start created (saying so unless the failure is bad input, which says its own one line): a failed
+        start leaves nothing in runs/. A directory that existed
         before (a resume, a sweep's cell, `--run-dir` of an earlier run), or one holding any result, stays."""
         try:
             yield
@@ -181,7 +183,8 @@ class Run:
             if self.created and self.run_dir.is_dir() and not self.layout.holds_results():
                 stop_recording_warnings()
                 shutil.rmtree(self.run_dir, ignore_errors=True)
-                said = f"removed {self.run_dir}: the run stopped before its first step, nothing to keep"
+                # bad input is said in its one line; a stop or a failure of the run says where its files went
+                said = "" if isinstance(err, InputError) else f"removed {self.run_dir}: nothing to keep"
             elif isinstance(err, StoppedAtOnce) and self.layout.latest.exists():
                 said = f"kept {self.run_dir}: `everyprompt train --resume {self.run_dir}` continues from its last checkpoint"
             else:
