@@ -16,9 +16,14 @@ PIP := $(BIN)/pip install --quiet --no-compile --disable-pip-version-check
 
 .PHONY: demo test test-long test-slow test-gpu lint bench install chromium smollm2 smollm2-moe
 
+# torch from pip's configured index, or from TORCH_INDEX (the CPU build on Linux, where pip's default index
+# serves the CUDA build: make test TORCH_INDEX=https://download.pytorch.org/whl/cpu)
+TORCH := torch==2.13.0
+TORCH_INDEX ?=
+
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
-	$(PIP) torch==2.13.0
+	$(PIP) $(TORCH) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PIP) -e ".[dev]"
 	touch $(STAMP)
 

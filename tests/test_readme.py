@@ -42,3 +42,41 @@ def test_every_command_on_the_first_screen_parses_and_names_recipes_that_ship():
         config = [value for value in getattr(args, "config", []) if "=" not in value]
         for name in config:
             assert find_config(name).is_file(), command
+
+
+def _pyproject() -> dict:
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_the_install_section_names_every_extra_with_what_it_brings_and_no_other():
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("<!-- extras -->", 1)[1].split("<!-- /extras -->", 1)[0]
+    named = re.findall(r"`(\w+)`\s+\(([^)]+)\)", section)
+    assert {name for name, _ in named} == set(_pyproject()["project"]["optional-dependencies"])
+    assert all(len(what) > 3 for _, what in named)
+
+
+def test_the_install_lines_are_those_of_a_clone_and_the_makefile_agrees():
+    screen = _first_screen()
+    installs = [
+        line.split("#", 1)[0].strip() for line in screen.splitlines() if line.startswith("pip install")
+    ]
+    assert installs and all(line.startswith("pip install -e ") for line in installs), installs
+    makefile = (ROOT / "Makefile").read_text()
+    pin = re.search(r"^TORCH := (torch==[\d.]+)$", makefile, re.M).group(1)
+    assert pin in screen  # the torch the Makefile installs is the one the README says
+    assert re.search(r"^TORCH_INDEX \?=", makefile, re.M) and "TORCH_INDEX=" in screen
+    assert "--index-url" in screen  # how a user gets the CPU build themselves
+    lower = _pyproject()["project"]["dependencies"]
+    assert any(dep.startswith("torch>=") and "<" in dep for dep in lower)  # a range, not a pin
+
+
+def test_each_accuracy_on_the_first_screen_is_the_results_tables():
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split("<!-- smollm2-results -->", 1)[1].split("<!-- /smollm2-results -->", 1)[0]
+    before = set(re.findall(r"^\| \d+ \| ([\d.]+%) \|", table, re.M))
+    assert len(before) == 1
+    said = re.search(r"held-out accuracy before RL: ([\d.]+%)", _first_screen()).group(1)
+    assert {said} == before

@@ -92,3 +92,11 @@ def test_a_data_file_in_the_working_directory_comes_before_one_beside_the_config
 def test_a_config_argument_that_is_neither_is_a_config_error():
     with pytest.raises(ConfigError, match="config file not found: elsewhere/demo.yaml"):
         find_config("elsewhere/demo.yaml")  # a name with a folder is a path, not a recipe
+
+
+def test_each_recipe_summary_is_a_whole_line_not_a_sentence_cut_short():
+    """`everyprompt recipes` shows each recipe's first comment line: the line after it starts anew."""
+    for name in recipe_names():
+        lines = (recipes_dir() / f"{name}.yaml").read_text().splitlines()
+        second = lines[1]
+        assert second.startswith("#   ") or (second.startswith("# ") and second[2].isupper()), (name, second)

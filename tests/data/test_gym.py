@@ -258,3 +258,18 @@ def test_filter_takes_the_tasks_and_its_kept_rows_stay_scorable(tmp_path, capsys
     capsys.readouterr()
     line = one_line_error(capsys, ["eval", model, "--data", "reasoning-gym:leg_counting@x"])
     assert "--data=reasoning-gym:leg_counting@x: expected reasoning-gym:TASK[@LEVEL]" in line
+
+
+def test_the_library_imports_without_its_dependencies_compile_warnings():
+    """cellpylib (a reasoning-gym dependency) compiles with SyntaxWarnings where no bytecode is cached:
+    they are not printed at every start."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    env.pop("PYTHONPYCACHEPREFIX", None)
+    done = subprocess.run(
+        [sys.executable, "-c", "from everyprompt.data.gym import library; library()"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0 and "SyntaxWarning" not in done.stderr, done.stderr

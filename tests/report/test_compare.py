@@ -239,3 +239,40 @@ def test_every_summary_row_and_table_column_names_a_known_figure():
     values = [1.0, float("nan"), 3.0, 2.0]
     expected = {"mean": 2.0, "median": 2.0, "max": 3.0, "min": 1.0, "any": 3.0, "sum": 6.0, "last tenth": 2.0}
     assert {name: reduce(values) for name, reduce in REDUCTIONS.items()} == expected
+
+
+def test_a_demo_s_accuracy_before_rl_stands_beside_the_after(tmp_path):
+    """A run that evaluated before RL (a demo's summary.json) shows that figure in its own column."""
+    from everyprompt.report.compare import figures
+
+    runs = []
+    for seed, (before, after) in enumerate([(0.40, 0.60), (0.50, 0.70)]):
+        run = _run(tmp_path, f"demo-{seed}", "ppo_clip", seed, final=None)
+        summary_json = {
+            "eval_before_rl": {"greedy_accuracy": before},
+            "eval_after_rl": {"greedy_accuracy": after},
+        }
+        (run / "summary.json").write_text(json.dumps(summary_json))
+        runs.append(run)
+    arms = arms_of(load_runs(runs))
+    columns, table = summary(arms)
+    labels = [c.label for c in columns]
+    assert labels[:2] == ["held-out greedy before RL", "held-out greedy"]
+    assert table[0][0].spread.mean == pytest.approx(0.45) and table[0][1].spread.mean == pytest.approx(0.65)
+    # reward/mean and reward/accuracy are the same series here (a 0/1 reward): one panel, not two
+    (title, png), *_ = figures(arms)
+    assert title == "training reward"
+    page = render(load_runs(runs), arms, "t")
+    assert "held-out greedy before RL" in page and "reward/mean" not in page.split("training reward")[0]
+
+
+def test_a_reward_whose_mean_differs_from_its_accuracy_keeps_both_panels(tmp_path):
+    from everyprompt.report.compare import _seeds_series
+    from everyprompt.report.summary import distinct
+
+    extra = {step: {"reward/mean": 0.05 * step} for step in range(1, 11)}
+    arms = arms_of(load_runs([_run(tmp_path, "r", "ppo_clip", 0, extra=extra)]))
+    keys = ["reward/mean", "reward/accuracy"]
+    assert distinct(keys, lambda key: _seeds_series(arms, key)) == keys
+    same = arms_of(load_runs([_run(tmp_path, "s", "ppo_clip", 0)]))
+    assert distinct(keys, lambda key: _seeds_series(same, key)) == ["reward/mean"]

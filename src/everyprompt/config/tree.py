@@ -84,6 +84,13 @@ class Config(Section):
         description="torch CPU threads (0: torch's default; an asynchronous run's two sides then take half "
         "each, docs/asynchrony.md).",
     )
+    cpu_threads: Literal["adaptive", "fixed"] = Field(
+        "adaptive",
+        description="On the CPU, a synchronous run's torch threads before each rollout and each update: "
+        "adaptive fits them to the cores other processes left free in the phase before (one busy process "
+        "on 2 cores made a step 10x slower with 2 threads, about 1x with 1: devices/cores.py); fixed keeps "
+        "`threads` (or torch's default).",
+    )
     keep_freed_memory: bool = Field(
         True,
         description="Large CPU tensors reuse the process's freed memory within a step instead of fresh "

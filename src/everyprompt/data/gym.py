@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import warnings
 import zlib
 from collections.abc import Iterable
 from typing import Any
@@ -40,7 +41,11 @@ class MissingExtra(InputError):
 def library():
     """The `reasoning_gym` module, or MissingExtra naming the extra that installs it."""
     try:
-        import reasoning_gym
+        with warnings.catch_warnings():
+            # cellpylib, which reasoning-gym imports, compiles with four SyntaxWarnings ("is" with a
+            # literal) wherever Python writes no bytecode cache: printed at every start, not ours to fix
+            warnings.simplefilter("ignore", SyntaxWarning)
+            import reasoning_gym
     except ImportError as err:
         raise MissingExtra(
             f"data.task=reasoning-gym needs the reasoning-gym package, which is not installed ({err}); "

@@ -9,9 +9,10 @@ from dataclasses import dataclass, replace
 
 from everyprompt.report.runs import Arm, RunRecord
 from everyprompt.report.stats import Difference, Spread, bootstrap_difference, finite
-from everyprompt.report.summary import REDUCTIONS, finite_mean, moving_average
+from everyprompt.report.summary import REDUCTIONS, distinct, finite_mean, moving_average
 
 FINAL = "final"  # a column's figure from the held-out eval after the last step
+INITIAL = "initial"  # from the held-out eval before the first RL step (where the run made one: a demo)
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,7 @@ class Column:
 
 
 COLUMNS = (
+    Column("held-out greedy before RL", "greedy_accuracy", INITIAL, percent=True),
     Column("held-out greedy", "greedy_accuracy", FINAL, percent=True, compare=True),
     Column("held-out pass@k", "pass@k", FINAL, percent=True, compare=True),
     Column("training accuracy (last tenth)", "reward/accuracy", "last tenth", percent=True),
@@ -65,9 +67,10 @@ def pass_key(runs: list[RunRecord]) -> str | None:
 
 def run_value(run: RunRecord, column: Column, pass_name: str | None) -> float:
     """One run's figure for a column (NaN when it has none)."""
-    if column.how == FINAL:
+    if column.how in (FINAL, INITIAL):
         key = pass_name if column.key == "pass@k" else column.key
-        return run.final.get(key, float("nan")) if key else float("nan")
+        held_out = run.final if column.how == FINAL else run.initial
+        return held_out.get(key, float("nan")) if key else float("nan")
     values = finite(run.series(column.key)[1])
     return REDUCTIONS[column.how](values) if values else float("nan")
 
@@ -191,6 +194,11 @@ def png_of(figure, dpi: int = 110) -> bytes:
     return buffer.getvalue()
 
 
+def _seeds_series(arms: list[Arm], key: str) -> list:
+    """Every run's series of `key` (equal for two keys only when each run logged the same values)."""
+    return [run.series(key) for arm in arms for run in arm.runs]
+
+
 def figures(arms: list[Arm]) -> list[tuple[str, bytes]]:
     """(title, PNG) of every FIGURES entry some run logged: one panel per key, one line per arm with its
     seeds' range shaded."""
@@ -204,6 +212,7 @@ def figures(arms: list[Arm]) -> list[tuple[str, bytes]]:
     for title, keys in FIGURES:
         curves = {key: [(arm, arm_curve(arm, key)) for arm in arms] for key in keys}
         curves = {key: found for key, found in curves.items() if any(c for _, c in found)}
+        curves = {key: curves[key] for key in distinct(list(curves), lambda key: _seeds_series(arms, key))}
         if not curves:
             continue
         figure, axes = plt.subplots(1, len(curves), figsize=(4.6 * len(curves), 3.2), squeeze=False)

@@ -14,16 +14,31 @@ def _levels(results: dict[str, float]) -> list[str]:
 
 
 def eval_table(results: dict[str, float], pass_k: int) -> Table:
-    """`everyprompt eval`: greedy pass@1 and sampled pass@k, overall and per level."""
+    """`everyprompt eval`: greedy pass@1, overall and per split of the held-out prompts (their level, or
+    their reasoning-gym task), and sampled pass@k where the evaluation sampled (`eval.num_samples` > 0);
+    the caption says what the rows are and why a column is absent."""
     table = Table(title=f"Held-out evaluation ({int(results['num_prompts'])} prompts)")
+    key = f"pass@{pass_k}"
+    sampled = key in results
     table.add_column("split")
     table.add_column("greedy pass@1", justify="right")
-    table.add_column(f"pass@{pass_k}", justify="right")
-    for label, suffix in [("overall", "")] + [(lvl, "/" + lvl) for lvl in _levels(results)]:
-        sampled = results.get(f"pass@{pass_k}{suffix}")
-        table.add_row(
-            label, f"{results['greedy_accuracy' + suffix]:.1%}", "-" if sampled is None else f"{sampled:.1%}"
+    if sampled:
+        table.add_column(key, justify="right")
+    notes = []
+    splits = _levels(results)
+    if splits:
+        notes.append(
+            "the splits are the held-out prompts by level or task (the config's data.levels or tasks)"
         )
+    if not sampled:
+        notes.append(f"no {key}: the config samples none (eval.num_samples=0); greedy only")
+    table.caption = "; ".join(notes) or None
+    for label, suffix in [("overall", "")] + [(split.replace("_", " "), "/" + split) for split in splits]:
+        cells = [label, f"{results['greedy_accuracy' + suffix]:.1%}"]
+        if sampled:
+            value = results.get(key + suffix)
+            cells.append("-" if value is None else f"{value:.1%}")
+        table.add_row(*cells)
     return table
 
 

@@ -50,6 +50,7 @@ class RunRecord:
     rl: Metrics | None
     sft: Metrics | None
     final: dict[str, float]  # the held-out evaluation after the last step ({} when there is none)
+    initial: dict[str, float] = field(default_factory=dict)  # before the first RL step, where it was made
     state: str = "done"  # done | incomplete | failed | stopped (a sweep's status) ...
     warnings: list[str] = field(default_factory=list)
     errors: dict[str, float] = field(default_factory=dict)
@@ -80,6 +81,18 @@ def _final_eval(run_dir: Path, rl: Metrics | None) -> dict[str, float]:
             if "eval/greedy_accuracy" in record:
                 return {k.removeprefix("eval/"): v for k, v in record.items() if k.startswith("eval/")}
     return {}
+
+
+def _initial_eval(run_dir: Path) -> dict[str, float]:
+    """The held-out evaluation before RL: a demo's summary.json has it ({} for a run without one)."""
+    path = RunLayout(run_dir).demo_summary
+    if not path.is_file():
+        return {}
+    try:
+        loaded = json.loads(path.read_text(encoding="utf-8")).get("eval_before_rl", {})
+    except json.JSONDecodeError as err:
+        raise ReportError(f"{path}: not valid JSON ({err.msg})") from None
+    return {k: float(v) for k, v in loaded.items() if isinstance(v, (int, float))}
 
 
 def _warnings(run_dir: Path) -> list[str]:
@@ -122,6 +135,7 @@ def load_run(run_dir: Path, name: str | None = None, state: str | None = None) -
         rl=rl,
         sft=sft,
         final=final,
+        initial=_initial_eval(run_dir),
         state=state or ("done" if final else "incomplete"),
         warnings=_warnings(run_dir),
         errors=_errors(rl),

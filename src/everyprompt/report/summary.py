@@ -197,6 +197,16 @@ def moving_average(values: list[float], window: int) -> list[float]:
     return [finite_mean(values[i - window : i]) for i in range(window, len(values) + 1)]
 
 
+def distinct(keys: list[str], series: Callable[[str], object]) -> list[str]:
+    """`keys` without those whose series equals an earlier key's (`reward/mean` and `reward/accuracy` under
+    a reward of 0 or 1: one curve, not two drawn on top of each other)."""
+    kept: list[str] = []
+    for key in keys:
+        if not any(series(key) == series(other) for other in kept):
+            kept.append(key)
+    return kept
+
+
 def plot(metrics: Metrics, path: Path, title: str) -> list[str]:
     """Draw PANELS (those the run logged) into one PNG; returns the panel titles drawn."""
     import matplotlib
@@ -204,7 +214,9 @@ def plot(metrics: Metrics, path: Path, title: str) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [(name, [k for k in keys if metrics.series(k)[1]]) for name, keys in PANELS]
+    panels = [
+        (name, distinct([k for k in keys if metrics.series(k)[1]], metrics.series)) for name, keys in PANELS
+    ]
     panels = [(name, keys) for name, keys in panels if keys]
     if not panels:
         return []

@@ -34,6 +34,7 @@ import torch
 
 from everyprompt.config import Config
 from everyprompt.devices import release_freed_memory
+from everyprompt.devices.cores import CoreShare
 from everyprompt.errors import ClusterError
 from everyprompt.processes import GracefulStop, StopRequested
 from everyprompt.run.layout import RunLayout
@@ -94,6 +95,7 @@ class RLTrainer:
         self.restored: dict = {}  # batches made ahead by an asynchronous run, from its checkpoint
         self.weights = None  # async: the last update's weights (an own copy), handed over at its step's end
         self.published = 0  # async: the version last handed to the producer
+        self.cores: CoreShare | None = None  # the threads fitted to the free cores (`_fits_threads`)
 
     @property
     def engine(self):
@@ -112,11 +114,32 @@ class RLTrainer:
                 self.closers.pop()()
 
     # ------------------------------------------------------------ one step
+    def _fits_threads(self) -> bool:
+        """Whether this step's phases fit torch's threads to the free cores: `cpu_threads=adaptive`, a
+        synchronous run in this process (an asynchronous one splits the cores between its two threads),
+        and both sides on the CPU."""
+        devices = (self.config.model.device, self.config.rollout.device)
+        on_cpu = all(d == "cpu" or (d == "auto" and not torch.cuda.is_available()) for d in devices)
+        return (
+            self.config.cpu_threads == "adaptive"
+            and self._in_process
+            and not self.rl.max_staleness
+            and on_cpu
+        )
+
+    def _fit_threads(self, phase: str) -> dict[str, float]:
+        if self.cores is None:
+            return {}
+        threads = self.cores.fit()
+        return {f"cpu/threads_{phase}": float(threads), f"cpu/other_cores_before_{phase}": self.cores.others}
+
     def train_step(self) -> dict[str, float]:
+        fitted = self._fit_threads("rollout") if self.pipeline is None else {}
         batch, waits = self._next_batch()
         if self.pipeline is None:  # idle until the weight sync below: its memory is the learner's
             self.rollout.sleep()
-        metrics = self.learner.update(batch)
+            fitted.update(self._fit_threads("update"))
+        metrics = {**fitted, **self.learner.update(batch)}
         synced = time.perf_counter()
         weights = self.learner.state_dict(streamed=self.pipeline is None)  # loaded at once, below
         self.step += 1
@@ -267,6 +290,8 @@ class RLTrainer:
         end the current step, write a checkpoint and raise StopRequested (exit 130 / 143). `hooks`: each is
         told when the first step starts and after every step (its metrics logged, its checkpoint written),
         and may end the run there, as `rl.steps` would (a wall-clock budget, snapshots: `StepHook`)."""
+        if self.cores is None and self._fits_threads():  # measuring from here: the first step fits too
+            self.cores = CoreShare(torch.get_num_threads())
         released = next(self.model.parameters()).is_meta  # by an earlier `train` (below)
         if self.config.rollout.parity_threshold > 0 and not released:
             self.startup_metrics.update(
@@ -302,6 +327,8 @@ class RLTrainer:
                 self._run(logger, evaluate_fn, history, hooks)
         finally:
             logger.close()
+            if self.cores is not None:  # the threads the run was given, for what follows it
+                torch.set_num_threads(self.cores.limit)
         return history
 
     def _run(self, logger: MetricsLogger, evaluate_fn, history: list, hooks: Sequence[StepHook]) -> None:
