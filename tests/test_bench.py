@@ -305,3 +305,15 @@ def test_a_probe_returns_its_json_and_shows_what_it_warned_of(tmp_path, capsys):
     with pytest.raises(common.ProbeFailed, match="exit 3") as failed:
         common.run_probe(script, "--probe", [])
     assert "it broke" in str(failed.value)
+
+
+@pytest.mark.long  # three tiny runs, one beside a spinning process (~50 s)
+def test_contention_bench_smoke(tmp_path, capsys):
+    from bench import contention
+
+    out = tmp_path / "contention.json"
+    assert contention.main(["--smoke", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["loaded"]["threads"] == [1.0]  # a core taken: one thread
+    assert result["loaded_ratio"] > 0 and result["loaded_fixed_ratio"] > 0
+    assert "its quiet time" in capsys.readouterr().out

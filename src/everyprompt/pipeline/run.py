@@ -25,6 +25,7 @@ from everyprompt.data.passrate import PassRateStore
 from everyprompt.data.rows import ConfigRows
 from everyprompt.devices import keep_freed_memory, resolve_device
 from everyprompt.devices.bf16 import slow_bf16_note
+from everyprompt.devices.cores import CoreShare
 from everyprompt.devices.malloc import malloc_note
 from everyprompt.envs.episode import probe_environment
 from everyprompt.errors import InputError
@@ -423,4 +424,20 @@ class Run:
         that receives the greedy completions' records; `progress`: a progress bar (not while training,
         whose own bar is live)."""
         rows = rows if rows is not None else self.rows.held_out()
-        return evaluate_config(self.config, engine, tokenizer, rows, completions, progress)
+        with self.threads_fitted():
+            return evaluate_config(self.config, engine, tokenizer, rows, completions, progress)
+
+    @contextlib.contextmanager
+    def threads_fitted(self):
+        """Within it, torch's threads fitted to the cores other processes leave free (`cpu_threads`, as
+        the trainer's steps do: devices/cores.py), then those the run was given again."""
+        adaptive = self.config.cpu_threads == "adaptive"
+        if not adaptive or resolve_device(self.config.rollout.device, "rollout.device").type != "cpu":
+            yield
+            return
+        share = CoreShare(torch.get_num_threads())
+        share.fit()
+        try:
+            yield
+        finally:
+            torch.set_num_threads(share.limit)
