@@ -43,7 +43,8 @@ TINY_OVERRIDES = [
 ]
 
 
-MEASURED = ("time/", "memory/")  # what the clock and the kernel measure, never what a run computed
+# what the clock, the kernel and the load (cpu/) measure, never what a run computed
+MEASURED = ("time/", "memory/", "cpu/")
 MEASURED_ENDINGS = ("_s", "_ms", "per_s", "occupancy")
 
 

@@ -15,9 +15,12 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from everyprompt.cli import main
 from everyprompt.config import ConfigError, load_config
 from everyprompt.config.model import ModelConfig
-from everyprompt.models import compiled_layers
+from everyprompt.models import (
+    compiled_layers,
+    precision,  # noqa: F401  (registers every entry)
+)
 from everyprompt.models.compiled_layers import compile_layers, compiled_layer_count, compiled_parts
-from everyprompt.models.kernels import KernelsError, registered_kernels
+from everyprompt.models.kernels import KERNELS, KernelsError
 from everyprompt.models.lora import apply_lora
 from everyprompt.models.precision import training_kernels
 from everyprompt.trainer import Learner
@@ -41,7 +44,7 @@ def _graphs() -> int:
 
 
 def test_the_layer_kernels_the_config_accepts_are_the_registrys():
-    assert set(typing.get_args(ModelConfig.model_fields["kernels"].annotation)) == set(registered_kernels())
+    assert set(typing.get_args(ModelConfig.model_fields["kernels"].annotation)) == set(KERNELS)
 
 
 def test_a_layer_with_a_router_compiles_its_parts_without_one(tiny_model):

@@ -231,10 +231,10 @@ def test_every_summary_row_and_table_column_names_a_known_figure():
     """A `how` is a REDUCTIONS entry (or one of the two-figure rows, or the final eval): a misspelt one
     fails here, not as a KeyError in a user's report."""
     from everyprompt.report import REDUCTIONS, ROWS
-    from everyprompt.report.compare import FINAL
+    from everyprompt.report.compare import FINAL, INITIAL
 
     assert {how for _, _, how in ROWS} - set(REDUCTIONS) == {"ends", "evals"}
-    assert {c.how for c in COLUMNS} <= {FINAL, *REDUCTIONS}
+    assert {c.how for c in COLUMNS} <= {FINAL, INITIAL, *REDUCTIONS}
     # each reduction by hand on [1, nan, 3, 2]: non-finite values are skipped
     values = [1.0, float("nan"), 3.0, 2.0]
     expected = {"mean": 2.0, "median": 2.0, "max": 3.0, "min": 1.0, "any": 3.0, "sum": 6.0, "last tenth": 2.0}
@@ -254,7 +254,8 @@ def test_a_demo_s_accuracy_before_rl_stands_beside_the_after(tmp_path):
         }
         (run / "summary.json").write_text(json.dumps(summary_json))
         runs.append(run)
-    arms = arms_of(load_runs(runs))
+    loaded = load_runs(runs)
+    arms = arms_of(loaded)
     columns, table = summary(arms)
     labels = [c.label for c in columns]
     assert labels[:2] == ["held-out greedy before RL", "held-out greedy"]
@@ -262,7 +263,7 @@ def test_a_demo_s_accuracy_before_rl_stands_beside_the_after(tmp_path):
     # reward/mean and reward/accuracy are the same series here (a 0/1 reward): one panel, not two
     (title, png), *_ = figures(arms)
     assert title == "training reward"
-    page = render(load_runs(runs), arms, "t")
+    page = render(loaded, arms, "t")
     assert "held-out greedy before RL" in page and "reward/mean" not in page.split("training reward")[0]
 
 

@@ -6,8 +6,6 @@ and the option schemas (no torch: a config is checked without it); the tensor fu
 use of their name.
 """
 
-from importlib import import_module
-
 from everyprompt.algorithms import catalog as _catalog  # noqa: F401  (registers the built-ins)
 from everyprompt.algorithms.options import AGGREGATIONS, CORRECTION_LEVELS, CORRECTIONS, KL_ESTIMATORS
 from everyprompt.algorithms.registry import (
@@ -18,6 +16,24 @@ from everyprompt.algorithms.registry import (
     registered_advantages,
     registered_policy_losses,
 )
+
+
+def _module(name: str):
+    """The tensor module `name` (each imported here by its own statement, on first use)."""
+    if name == "objective":
+        from everyprompt.algorithms import objective as module
+    elif name == "aggregation":
+        from everyprompt.algorithms import aggregation as module
+    elif name == "advantages":
+        from everyprompt.algorithms import advantages as module
+    elif name == "corrections":
+        from everyprompt.algorithms import corrections as module
+    elif name == "distill":
+        from everyprompt.algorithms import distill as module
+    else:
+        from everyprompt.algorithms import losses as module
+    return module
+
 
 _TENSOR_FUNCTIONS = {  # name -> its module (torch), imported on first access
     "aggregate": "aggregation",
@@ -36,7 +52,7 @@ _TENSOR_FUNCTIONS = {  # name -> its module (torch), imported on first access
 
 def __getattr__(name: str):
     if name in _TENSOR_FUNCTIONS:
-        return getattr(import_module(f"{__name__}.{_TENSOR_FUNCTIONS[name]}"), name)
+        return getattr(_module(_TENSOR_FUNCTIONS[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -1,6 +1,6 @@
-"""The built-in estimators and losses, registered by the path of their function: naming them costs no
-torch import (the config checks `rl.loss` and `rl.advantage` against the registry before any model
-library loads); each function's module loads when it is first run."""
+"""The built-in estimators and losses, registered as Deferred functions: naming them costs no torch import
+(the config checks `rl.loss` and `rl.advantage` against the registry before any model library loads);
+each function's module loads when it is first run."""
 
 from __future__ import annotations
 
@@ -13,27 +13,47 @@ from everyprompt.algorithms.options import (
     PPOClipOptions,
     SAPOOptions,
 )
-from everyprompt.algorithms.registry import register_advantage, register_policy_loss
+from everyprompt.algorithms.registry import Deferred, register_advantage, register_policy_loss
 
-_ADVANTAGES = "everyprompt.algorithms.advantages"
-_LOSSES = "everyprompt.algorithms.losses"
-_GATED = "everyprompt.algorithms.gated"
 SEQUENCE_MEAN = "seq-mean-token-mean"
 
-register_advantage("grpo")(f"{_ADVANTAGES}:grpo_advantages")
-register_advantage("dr_grpo")(f"{_ADVANTAGES}:dr_grpo_advantages")
-register_advantage("rloo")(f"{_ADVANTAGES}:rloo_advantages")
-register_advantage("gdpo", needs_components=True)(f"{_ADVANTAGES}:gdpo_advantages")
 
-register_policy_loss("ppo_clip", options=PPOClipOptions)(f"{_LOSSES}:ppo_clip_loss")
-register_policy_loss("gspo", default_agg=SEQUENCE_MEAN, options=GSPOOptions)(f"{_LOSSES}:gspo_loss")
-register_policy_loss("gspo_token", default_agg=SEQUENCE_MEAN, options=GSPOOptions)(
-    f"{_LOSSES}:gspo_token_loss"
+def _advantages():
+    from everyprompt.algorithms import advantages
+
+    return advantages
+
+
+def _losses():
+    from everyprompt.algorithms import losses
+
+    return losses
+
+
+def _gated():
+    from everyprompt.algorithms import gated
+
+    return gated
+
+
+register_advantage("grpo")(Deferred(lambda: _advantages().grpo_advantages))
+register_advantage("dr_grpo")(Deferred(lambda: _advantages().dr_grpo_advantages))
+register_advantage("rloo")(Deferred(lambda: _advantages().rloo_advantages))
+register_advantage("gdpo", needs_components=True)(Deferred(lambda: _advantages().gdpo_advantages))
+
+register_policy_loss("ppo_clip", options=PPOClipOptions)(Deferred(lambda: _losses().ppo_clip_loss))
+register_policy_loss("gspo", default_agg=SEQUENCE_MEAN, options=GSPOOptions)(
+    Deferred(lambda: _losses().gspo_loss)
 )
-register_policy_loss("cispo", options=CISPOOptions)(f"{_LOSSES}:cispo_loss")
+register_policy_loss("gspo_token", default_agg=SEQUENCE_MEAN, options=GSPOOptions)(
+    Deferred(lambda: _losses().gspo_token_loss)
+)
+register_policy_loss("cispo", options=CISPOOptions)(Deferred(lambda: _losses().cispo_loss))
 register_policy_loss(
     "espo", default_agg=SEQUENCE_MEAN, needs_entropy=True, needs_vocab_size=True, options=ESPOOptions
-)(f"{_LOSSES}:espo_loss")
-register_policy_loss("sapo", default_agg=SEQUENCE_MEAN, options=SAPOOptions)(f"{_GATED}:sapo_loss")
-register_policy_loss("dppo_tv", options=DPPOTVOptions)(f"{_GATED}:dppo_tv_loss")
-register_policy_loss("dppo_kl", options=DPPOKLOptions)(f"{_GATED}:dppo_kl_loss")
+)(Deferred(lambda: _losses().espo_loss))
+register_policy_loss("sapo", default_agg=SEQUENCE_MEAN, options=SAPOOptions)(
+    Deferred(lambda: _gated().sapo_loss)
+)
+register_policy_loss("dppo_tv", options=DPPOTVOptions)(Deferred(lambda: _gated().dppo_tv_loss))
+register_policy_loss("dppo_kl", options=DPPOKLOptions)(Deferred(lambda: _gated().dppo_kl_loss))

@@ -3,14 +3,12 @@ them: objective.py).
 
 A policy loss registers with its option schema (a `LossOptions` model): each option's type, default and
 description live there and nowhere else; `policy_loss` fills unset options from it and rejects unknown
-ones by name. A registered function is a callable, or the `module:name` of one (the built-ins, catalog.py):
-the registry, and with it every config check, is torch-free, and a function's module loads at its first
-call.
+ones by name. A registered function is a callable, or a `Deferred` one (the built-ins, catalog.py) whose
+module loads at its first call: the registry, and with it every config check, is torch-free.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,22 +17,26 @@ from pydantic import ValidationError
 
 from everyprompt.algorithms.options import AGGREGATIONS, LossOptions, NoOptions  # noqa: F401  (re-exported)
 
-_ADVANTAGES: dict[str, Callable | str] = {}
+_ADVANTAGES: dict[str, Callable | Deferred] = {}
 _NEEDS_COMPONENTS: set[str] = set()  # estimators given each reward component ([N, K]) as `components`
 _POLICY_LOSSES: dict[str, LossSpec] = {}
 
 
-def resolve(target: Callable | str) -> Callable:
-    """The function `target` names: itself, or the attribute of a `module:name` path (imported once)."""
-    if callable(target):
-        return target
-    module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
+@dataclass(frozen=True)
+class Deferred:
+    """A registered function not loaded yet: `load()` imports its module and returns it."""
+
+    load: Callable[[], Callable]
+
+
+def resolve(target: Callable | Deferred) -> Callable:
+    """The function `target` is, or the one a Deferred loads."""
+    return target.load() if isinstance(target, Deferred) else target
 
 
 @dataclass(frozen=True)
 class LossSpec:
-    target: Callable | str  # the loss function, or its `module:name`
+    target: Callable | Deferred  # the loss function, or one loaded at its first use
     default_agg: str = "token-mean"
     needs_entropy: bool = False
     needs_vocab_size: bool = False  # the loss is given the model's vocabulary size (vocab_size=...)
@@ -69,7 +71,7 @@ def register_advantage(name: str, *, needs_components: bool = False) -> Callable
     """Decorator: register `fn(rewards [N], group_index [N], **options) -> advantages [N]` as `name`;
     `needs_components`: it is also given the reward's components (`components` [N, K], `weights` [K])."""
 
-    def decorate(fn: Callable | str) -> Callable | str:
+    def decorate(fn: Callable | Deferred) -> Callable | Deferred:
         if name in _ADVANTAGES:
             raise ValueError(f"advantage estimator {name!r} is already registered")
         _ADVANTAGES[name] = fn
@@ -108,7 +110,7 @@ def register_policy_loss(
     if default_agg not in AGGREGATIONS:
         raise ValueError(f"default_agg {default_agg!r} is not one of {', '.join(AGGREGATIONS)}")
 
-    def decorate(fn: Callable | str) -> Callable | str:
+    def decorate(fn: Callable | Deferred) -> Callable | Deferred:
         if name in _POLICY_LOSSES:
             raise ValueError(f"policy loss {name!r} is already registered")
         _POLICY_LOSSES[name] = LossSpec(fn, default_agg, needs_entropy, needs_vocab_size, options)

@@ -3,8 +3,6 @@ device, of moving a batch's tensors (`to_device`), and of the host allocator's s
 `fake_cuda` checks device discipline on a machine without a GPU (fake_cuda.py). The settings' check
 (settings.py) imports no torch; the rest loads on first use of its name."""
 
-from importlib import import_module
-
 from everyprompt.devices.host import heap_usage, keep_freed_memory, release_freed_memory
 from everyprompt.devices.settings import DEVICE_SETTINGS, DeviceError, check_device_setting
 
@@ -13,7 +11,9 @@ _PLACEMENT = ("default_dtype", "resolve_device", "to_device")  # torch: imported
 
 def __getattr__(name: str):
     if name in _PLACEMENT:
-        return getattr(import_module(f"{__name__}.placement"), name)
+        from everyprompt.devices import placement
+
+        return getattr(placement, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -9,7 +9,7 @@ learner's forwards and backwards.
 Each entry checks, before any work, that it can run on the learner's device (a `KernelsError` naming the
 key otherwise: exit 2 at the CLI) and applies itself to a model already on that device. The config's
 `model.kernels` choices are these names (a test checks the two agree); an entry registers itself here
-when its module is imported, and those modules are imported at the first lookup (`_entry`).
+when its module is imported (models/precision.py, which applies them, imports them).
 """
 
 from __future__ import annotations
@@ -47,15 +47,8 @@ def _nothing(_) -> None:
 register_kernels("torch", _nothing, _nothing)
 
 
-def registered_kernels() -> list[str]:
-    """Every entry's name (the modules that register one imported first)."""
-    from everyprompt.models import compiled_layers, liger  # noqa: F401  (they register themselves)
-
-    return list(KERNELS)
-
-
 def _entry(name: str) -> LayerKernels:
-    if name not in registered_kernels():
+    if name not in KERNELS:
         raise KernelsError(f"config key 'model.kernels': {name!r} is not one of {', '.join(KERNELS)}")
     return KERNELS[name]
 

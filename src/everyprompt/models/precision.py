@@ -32,6 +32,7 @@ from torch import nn
 from everyprompt.devices import default_dtype
 from everyprompt.devices.bf16 import SLOW, cpu_bf16_slowdown
 from everyprompt.errors import InputError
+from everyprompt.models import compiled_layers, liger  # noqa: F401  (they register their layer kernels)
 from everyprompt.models.attention import cuda_attention_without_cudnn
 from everyprompt.models.emulated_bf16 import emulated_if, recompute_context
 from everyprompt.models.experts import select_moe_kernel

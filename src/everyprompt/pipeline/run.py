@@ -30,14 +30,13 @@ from everyprompt.devices.malloc import malloc_note
 from everyprompt.envs.episode import probe_environment
 from everyprompt.errors import InputError
 from everyprompt.evaluate import evaluate_config, held_out_rewards
-from everyprompt.hub import check_model_name, pinned
 from everyprompt.logs import quiet_libraries, record_warnings, stop_recording_warnings
-from everyprompt.models.catalog import fetch_hint
 from everyprompt.models.io import config_tokenizer, load_model_and_tokenizer, load_pretrained, save_pretrained
 from everyprompt.models.kernels import check_kernels
 from everyprompt.models.lora import load_adapter, lora_base_dtype
 from everyprompt.models.precision import emulates_bf16, training_dtype, training_kernels
 from everyprompt.pipeline.backends import build_trainer
+from everyprompt.pipeline.hub_names import pin_hub_names
 from everyprompt.pipeline.resume import rl_start, sft_start
 from everyprompt.processes import StoppedAtOnce
 from everyprompt.rewards import build_reward
@@ -100,47 +99,6 @@ def learner_device(config: Config) -> torch.device:
                 "set cluster.address to a cluster that has them, or num_gpus to 0"
             )
     return torch.device("cpu") if cluster.backend == "ray" else device
-
-
-# the keys that may name a Hub model id or dataset file, and whether a model name that is neither a path nor an
-# id is refused here (a judge or reward model, which would fail later in a reward worker) or left to its
-# loader (model.path: it fails in the run directory, where a sweep's report finds the failed cell)
-HUB_NAMED = {
-    "model.path": "loaded",
-    "data.train_file": "data",
-    "data.eval_file": "data",
-    "rewards.genrm.model": "checked",
-    "rewards.scalar_rm.model": "checked",
-    "rl.teacher.model": "checked",
-    "rl.teacher.models": "checked",  # value -> teacher: each checked under rl.teacher.models.VALUE
-}
-
-
-def pin_hub_names(config: Config, console: Console) -> Config:
-    """`config` with each Hub name it holds fetched (or found in the cache) and written with its commit
-    (`ORG/NAME@COMMIT`, `hf://datasets/ORG/NAME@COMMIT/PATH`), so the run's config.yaml repeats it
-    exactly; a name that does not resolve exits 2 now, naming its key, before the run writes anything."""
-    tree = config.model_dump(mode="json")
-    changed = False
-    for key, kind in HUB_NAMED.items():
-        *sections, field = key.split(".")
-        node = tree
-        for section in sections:
-            node = node[section]
-        named = node[field] if isinstance(node[field], dict) else {field: node[field]}
-        holder = node[field] if isinstance(node[field], dict) else node
-        for name_key, name in named.items():
-            if name is None:
-                continue
-            where = key if holder is node else f"{key}.{name_key}"
-            hint = "" if kind == "data" else fetch_hint(Path(name))
-            if kind == "checked":
-                check_model_name(name, where, hint)
-            holder[name_key] = pinned(name, where, hint)
-            if holder[name_key] != name:
-                changed = True
-                console.print(f"{where}: {name} -> {holder[name_key]} (kept in config.yaml)", markup=False)
-    return Config.model_validate(tree) if changed else config
 
 
 def bf16_on_cpu(config: Config, device: torch.device) -> list[str]:
@@ -429,8 +387,7 @@ class Run:
 
     @contextlib.contextmanager
     def threads_fitted(self):
-        """Within it, torch's threads fitted to the cores other processes leave free (`cpu_threads`, as
-        the trainer's steps do: devices/cores.py), then those the run was given again."""
+        """Within it, torch's threads fitted to the free cores (`cpu_threads`: devices/cores.py)."""
         adaptive = self.config.cpu_threads == "adaptive"
         if not adaptive or resolve_device(self.config.rollout.device, "rollout.device").type != "cpu":
             yield
