@@ -69,21 +69,21 @@ def ignore_group_signals() -> None:
         signal.signal(signum, signal.SIG_IGN)
 
 
-class StopAtOnce:
-    """Within it, SIGINT / SIGTERM raise StoppedAtOnce in the main thread: where a command has no step to
-    finish (loading a model, evaluating), it stops at once without a traceback. A GracefulStop inside it
-    takes over while a loop runs."""
+class _Handlers:
+    """SIGINT and SIGTERM handled by `_handle` within the block, the previous handlers back after it (only
+    the main thread may set handlers: elsewhere the block changes nothing)."""
+
+    SIGNALS = GROUP_SIGNALS
 
     def __init__(self) -> None:
         self._previous: dict[int, object] = {}
 
-    @staticmethod
-    def _handle(signum, _frame) -> None:
-        raise StoppedAtOnce(signum)
+    def _handle(self, signum, _frame) -> None:
+        raise NotImplementedError
 
-    def __enter__(self) -> StopAtOnce:
+    def __enter__(self):
         if threading.current_thread() is threading.main_thread():
-            for signum in GROUP_SIGNALS:
+            for signum in self.SIGNALS:
                 self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
@@ -93,15 +93,22 @@ class StopAtOnce:
         self._previous.clear()
 
 
-class GracefulStop:
+class StopAtOnce(_Handlers):
+    """Within it, SIGINT / SIGTERM raise StoppedAtOnce in the main thread: where a command has no step to
+    finish (loading a model, evaluating), it stops at once without a traceback. A GracefulStop inside it
+    takes over while a loop runs."""
+
+    def _handle(self, signum, _frame) -> None:
+        raise StoppedAtOnce(signum)
+
+
+class GracefulStop(_Handlers):
     """Within it, the first SIGINT / SIGTERM only sets `signum`: the loop finishes its step, writes a
     checkpoint and raises StopRequested. A second signal stops at once (StoppedAtOnce)."""
 
-    SIGNALS = GROUP_SIGNALS
-
     def __init__(self) -> None:
+        super().__init__()
         self.signum: int | None = None
-        self._previous: dict[int, object] = {}
 
     def _handle(self, signum, _frame) -> None:
         if self.signum is not None:  # asked twice: do not wait for the step
@@ -112,17 +119,6 @@ class GracefulStop:
             "send it again to stop at once",
             file=sys.stderr,
         )
-
-    def __enter__(self) -> GracefulStop:
-        if threading.current_thread() is threading.main_thread():  # only the main thread may set handlers
-            for signum in self.SIGNALS:
-                self._previous[signum] = signal.signal(signum, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-        self._previous.clear()
 
 
 def _proc_table() -> dict[int, tuple[int, str]]:
