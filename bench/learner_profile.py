@@ -190,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [name for name in names if name not in ATTENTION]
     if unknown:
         parser.error(f"--attention {', '.join(unknown)}: expected some of {', '.join(ATTENTION)}")
+    from everyprompt.models import precision  # noqa: F401  (it registers every entry of the table)
     from everyprompt.models.kernels import KERNELS
 
     kernels = [name for name in args.kernels.split(",") if name]
