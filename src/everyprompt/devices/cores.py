@@ -94,6 +94,8 @@ class CoreShare:
         """Set torch's threads (in the calling thread) for the free cores; returns the count."""
         import torch
 
+        if self.limit == 1:  # nothing to fit: no measuring, no first window's wait
+            return 1
         wanted = self.threads(self.measure())
         if torch.get_num_threads() != wanted:
             torch.set_num_threads(wanted)

@@ -33,7 +33,7 @@ from typing import Protocol
 import torch
 
 from everyprompt.config import Config
-from everyprompt.devices import release_freed_memory
+from everyprompt.devices import release_freed_memory, resolve_device
 from everyprompt.devices.cores import CoreShare
 from everyprompt.errors import ClusterError
 from everyprompt.processes import GracefulStop, StopRequested
@@ -118,8 +118,8 @@ class RLTrainer:
         """Whether this step's phases fit torch's threads to the free cores: `cpu_threads=adaptive`, a
         synchronous run in this process (an asynchronous one splits the cores between its two threads),
         and both sides on the CPU."""
-        devices = (self.config.model.device, self.config.rollout.device)
-        on_cpu = all(d == "cpu" or (d == "auto" and not torch.cuda.is_available()) for d in devices)
+        settings = {"model.device": self.config.model.device, "rollout.device": self.config.rollout.device}
+        on_cpu = all(resolve_device(value, key).type == "cpu" for key, value in settings.items())
         return (
             self.config.cpu_threads == "adaptive"
             and self._in_process
