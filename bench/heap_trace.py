@@ -109,9 +109,10 @@ def _phases(sampler: Sampler) -> list[int]:
     follows (the engine loading the new weights), and the rollout (everything else). With `+trim` in the
     environment, the heap is trimmed before each micro-batch; the count of trims done, as a one-item list."""
     from everyprompt.trainer.learner_side.learner import Learner
+    from everyprompt.trainer.learner_side.step import MiniBatchStep
     from everyprompt.trainer.rollout_side import RolloutSide
 
-    update, micro_batch, load_weights = Learner.update, Learner._micro_batch, RolloutSide.load_weights
+    update, micro_batch, load_weights = Learner.update, MiniBatchStep._micro_batch, RolloutSide.load_weights
     count, trims = [0], [0]
 
     def traced_update(self, batch):
@@ -140,7 +141,7 @@ def _phases(sampler: Sampler) -> list[int]:
         finally:
             sampler.enter("rollout")
 
-    Learner.update, Learner._micro_batch = traced_update, traced_micro_batch
+    Learner.update, MiniBatchStep._micro_batch = traced_update, traced_micro_batch
     RolloutSide.load_weights = traced_load_weights
     return trims
 

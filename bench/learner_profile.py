@@ -149,7 +149,7 @@ def _profile(learner, batches: list, attention: str) -> tuple[dict, str]:
             }
             for e in top
         ],
-        "optimizer_fused": bool(learner.optimizer.defaults.get("fused")),
+        "optimizer_fused": bool(learner.optimization.optimizer.defaults.get("fused")),
         # the profiled update's device timeline: how much of it the card was busy (bench/throughput/timeline.py)
         "timeline": timeline(prof, profiled_s, device),
     }

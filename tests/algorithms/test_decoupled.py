@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from everyprompt.algorithms import policy_loss
+from everyprompt.algorithms import LossBatch, LossSettings, RolloutCorrection, policy_loss
 from everyprompt.algorithms.corrections import rollout_correction
 
 
@@ -19,15 +19,8 @@ def test_the_decoupled_ppo_loss_on_three_tokens_by_hand():
     mask = torch.ones(1, 3)
     loss, metrics = policy_loss(
         "ppo_clip",
-        logp,
-        prox,
-        advantages,
-        mask,
-        agg="token-mean",
-        rollout_logp=behaviour,
-        correction="tis",
-        correction_level="token",
-        correction_cap=2.0,
+        LossBatch(logp, prox, advantages, mask, rollout_logp=behaviour),
+        LossSettings(agg="token-mean", correction=RolloutCorrection(mode="tis", level="token", cap=2.0)),
         clip_low=0.2,
         clip_high=0.28,
     )
@@ -52,14 +45,8 @@ def test_the_clip_is_taken_around_the_proximal_policy_not_the_behaviour_one():
     behaviour = torch.log(torch.tensor([[0.1, 0.3]]))
     loss, metrics = policy_loss(
         "ppo_clip",
-        logp,
-        logp,
-        torch.ones(1, 2),
-        torch.ones(1, 2),
-        agg="token-mean",
-        rollout_logp=behaviour,
-        correction="tis",
-        correction_cap=2.0,
+        LossBatch(logp, logp, torch.ones(1, 2), torch.ones(1, 2), rollout_logp=behaviour),
+        LossSettings(agg="token-mean", correction=RolloutCorrection(mode="tis", cap=2.0)),
         clip_low=0.2,
         clip_high=0.28,
     )

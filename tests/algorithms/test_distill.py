@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from everyprompt.algorithms import (
+    LossBatch,
+    LossSettings,
     distillation_advantages,
     distillation_metrics,
     distillation_sums,
@@ -81,7 +83,9 @@ def test_through_ppo_clip_on_policy_the_gradient_is_minus_the_advantage_per_toke
     teacher = torch.tensor([[-0.5, -3.0, -0.5]], dtype=torch.float64)
     logp = old.clone().requires_grad_()
     advantages = distillation_advantages(old, teacher, torch.tensor([True]), coef=2.0)  # [1, -2, 0]
-    loss, _ = policy_loss("ppo_clip", logp, old, advantages, torch.ones_like(old), agg="token-mean")
+    loss, _ = policy_loss(
+        "ppo_clip", LossBatch(logp, old, advantages, torch.ones_like(old)), LossSettings(agg="token-mean")
+    )
     loss.backward()
     assert logp.grad.tolist() == [pytest.approx([-1 / 3, 2 / 3, 0.0])]
     # lowering the log-prob of a token the teacher finds less likely lowers the loss: descent moves the

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from everyprompt.algorithms import LossBatch
 from everyprompt.algorithms.gated import dppo_kl_loss, dppo_tv_loss, sapo_loss
 
 
@@ -16,7 +17,7 @@ def _per_token(loss_fn, log_ratios, advantages, old_logp=None, **options):
     old = torch.tensor([old_logp or [-1.0] * len(log_ratios)], dtype=torch.float64)
     logp = (old + torch.tensor([log_ratios], dtype=torch.float64)).requires_grad_()
     adv = torch.tensor([advantages], dtype=torch.float64)
-    loss, metrics = loss_fn(logp, old, adv, torch.ones_like(adv), **options)
+    loss, metrics = loss_fn(LossBatch(logp, old, adv, torch.ones_like(adv)), **options)
     loss.sum().backward()
     return loss.detach()[0].tolist(), logp.grad[0].tolist(), metrics
 

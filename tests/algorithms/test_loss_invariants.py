@@ -5,7 +5,12 @@ import math
 import pytest
 import torch
 
-from everyprompt.algorithms import policy_loss, registered_policy_losses
+from everyprompt.algorithms import (
+    LossBatch,
+    LossSettings,
+    policy_loss,
+    registered_policy_losses,
+)
 
 VOCAB = 100
 
@@ -28,7 +33,7 @@ def _options(name: str) -> dict:
         "gspo": {"clip_low": 0.05, "clip_high": 0.05},
         "gspo_token": {"clip_low": 0.05, "clip_high": 0.05},
         "cispo": {"clip_high": 0.28},
-        "espo": {"vocab_size": VOCAB, "alpha": 0.5},
+        "espo": {"alpha": 0.5},
         "sapo": {"tau_pos": 1.0, "tau_neg": 1.05},
         "dppo_tv": {"delta_low": 0.05, "delta_high": 0.05},  # narrow bands: masked and kept tokens both occur
         "dppo_kl": {"delta_low": 0.01, "delta_high": 0.01},
@@ -47,17 +52,23 @@ def test_all_registered_losses_are_covered():
 @pytest.mark.parametrize("name", LOSSES)
 def test_masked_positions_change_nothing(name, agg):
     logp, old, advantages, mask, entropy = _inputs(1)
-    kwargs = dict(agg=agg, max_length=7, entropy=entropy, **_options(name))
-    base, _ = policy_loss(name, logp, old, advantages, mask, **kwargs)
+    settings = LossSettings(agg=agg, max_length=7, vocab_size=VOCAB)
+    base, _ = policy_loss(
+        name, LossBatch(logp, old, advantages, mask, entropy=entropy), settings, **_options(name)
+    )
     off = ~mask.bool()
-    noisy = dict(kwargs, entropy=torch.where(off, torch.full_like(entropy, 50.0), entropy))
+    noisy = torch.where(off, torch.full_like(entropy, 50.0), entropy)
     shifted, _ = policy_loss(
         name,
-        torch.where(off, torch.full_like(logp, 5.0), logp),
-        torch.where(off, torch.full_like(old, -40.0), old),
-        advantages,
-        mask,
-        **noisy,
+        LossBatch(
+            torch.where(off, torch.full_like(logp, 5.0), logp),
+            torch.where(off, torch.full_like(old, -40.0), old),
+            advantages,
+            mask,
+            entropy=noisy,
+        ),
+        settings,
+        **_options(name),
     )
     torch.testing.assert_close(base, shifted)
 
@@ -66,22 +77,27 @@ def test_masked_positions_change_nothing(name, agg):
 @pytest.mark.parametrize("name", LOSSES)
 def test_micro_batches_give_the_mini_batch_gradient(name, agg):
     logp, old, advantages, mask, entropy = _inputs(2)
-    kwargs = dict(agg=agg, max_length=7, **_options(name))
+    settings = LossSettings(agg=agg, max_length=7, vocab_size=VOCAB)
     whole = logp.clone().requires_grad_(True)
-    loss, _ = policy_loss(name, whole, old, advantages, mask, entropy=entropy, **kwargs)
+    loss, _ = policy_loss(
+        name, LossBatch(whole, old, advantages, mask, entropy=entropy), settings, **_options(name)
+    )
     loss.backward()
     split = logp.clone().requires_grad_(True)
     for part in (slice(0, 2), slice(2, 3), slice(3, 6)):
         micro, _ = policy_loss(
             name,
-            split[part],
-            old[part],
-            advantages[part],
-            mask[part],
-            entropy=entropy[part],
-            num_tokens=float(mask.sum()),
-            num_sequences=6,
-            **kwargs,
+            LossBatch(
+                split[part],
+                old[part],
+                advantages[part],
+                mask[part],
+                entropy=entropy[part],
+                num_tokens=float(mask.sum()),
+                num_sequences=6,
+            ),
+            settings,
+            **_options(name),
         )
         micro.backward()
     assert whole.grad.abs().sum() > 0
@@ -95,11 +111,15 @@ def test_espo_with_one_group_and_a_fixed_epsilon_is_gspo():
     for eps in (0.01, 0.1):
         a = logp.clone().requires_grad_(True)
         espo, _ = policy_loss(
-            "espo", a, old, advantages, mask, entropy=entropy, vocab_size=VOCAB, alpha=eps, num_groups=1
+            "espo",
+            LossBatch(a, old, advantages, mask, entropy=entropy),
+            LossSettings(vocab_size=VOCAB),
+            alpha=eps,
+            num_groups=1,
         )
         espo.backward()
         b = logp.clone().requires_grad_(True)
-        gspo, _ = policy_loss("gspo", b, old, advantages, mask, clip_low=eps, clip_high=eps)
+        gspo, _ = policy_loss("gspo", LossBatch(b, old, advantages, mask), clip_low=eps, clip_high=eps)
         gspo.backward()
         torch.testing.assert_close(espo, gspo)
         torch.testing.assert_close(a.grad, b.grad)
@@ -136,12 +156,8 @@ def test_vectorised_espo_equals_a_plain_loop(num_groups, high_frac):
     logp, old, advantages, mask, entropy = _inputs(4, rows=9, width=11)
     loss, _ = policy_loss(
         "espo",
-        logp,
-        old,
-        advantages,
-        mask,
-        entropy=entropy,
-        vocab_size=VOCAB,
+        LossBatch(logp, old, advantages, mask, entropy=entropy),
+        LossSettings(vocab_size=VOCAB),
         alpha=0.5,
         num_groups=num_groups,
         high_frac=high_frac,
@@ -152,7 +168,7 @@ def test_vectorised_espo_equals_a_plain_loop(num_groups, high_frac):
 
 def test_gspo_equals_a_plain_loop():
     logp, old, advantages, mask, _ = _inputs(5)
-    loss, _ = policy_loss("gspo", logp, old, advantages, mask, clip_low=0.05, clip_high=0.05)
+    loss, _ = policy_loss("gspo", LossBatch(logp, old, advantages, mask), clip_low=0.05, clip_high=0.05)
     expected = 0.0
     for i in range(logp.shape[0]):
         tokens = [float(logp[i, t] - old[i, t]) for t in range(logp.shape[1]) if mask[i, t] > 0]

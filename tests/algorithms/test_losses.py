@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from everyprompt.algorithms import aggregate, policy_loss
+from everyprompt.algorithms import LossBatch, LossSettings, aggregate, policy_loss
 
 
 def test_ppo_clip_hand_computed():
@@ -15,7 +15,9 @@ def test_ppo_clip_hand_computed():
     old = torch.zeros(1, 3)
     advantages = torch.tensor([[1.0, -1.0, 2.0]])
     mask = torch.ones(1, 3)
-    loss, metrics = policy_loss("ppo_clip", logp, old, advantages, mask, clip_low=0.2, clip_high=0.28)
+    loss, metrics = policy_loss(
+        "ppo_clip", LossBatch(logp, old, advantages, mask), clip_low=0.2, clip_high=0.28
+    )
     # token-mean: (-1.28 + 0.8 - 2.2103) / 3 = -0.89678
     assert loss.item() == pytest.approx((-1.28 + 0.8 - 2 * math.exp(0.1)) / 3, abs=1e-5)
     assert metrics["actor/clip_fraction"] == pytest.approx(2 / 3)
@@ -24,7 +26,9 @@ def test_ppo_clip_hand_computed():
 def test_dual_clip_caps_negative_advantage_loss():
     # r = e^2 = 7.389, A = -1: PPO loss = max(7.389, clip 1.28) = 7.389; dual clip c = 3 caps it at 3
     logp, old = torch.tensor([[2.0]]), torch.zeros(1, 1)
-    loss, _ = policy_loss("ppo_clip", logp, old, torch.tensor([[-1.0]]), torch.ones(1, 1), dual_clip=3.0)
+    loss, _ = policy_loss(
+        "ppo_clip", LossBatch(logp, old, torch.tensor([[-1.0]]), torch.ones(1, 1)), dual_clip=3.0
+    )
     assert loss.item() == pytest.approx(3.0)
 
 
@@ -49,10 +53,14 @@ def test_masked_positions_change_nothing(agg):
     advantages = torch.randn(4, generator=generator)
     mask = (torch.rand(4, 6, generator=generator) > 0.3).float()
     mask[:, 0] = 1
-    base, _ = policy_loss("ppo_clip", logp, old, advantages, mask, agg=agg, max_length=6)
+    base, _ = policy_loss(
+        "ppo_clip", LossBatch(logp, old, advantages, mask), LossSettings(agg=agg, max_length=6)
+    )
     noisy_logp = torch.where(mask.bool(), logp, torch.full_like(logp, 55.0))
     noisy_old = torch.where(mask.bool(), old, torch.full_like(old, -40.0))
-    shifted, _ = policy_loss("ppo_clip", noisy_logp, noisy_old, advantages, mask, agg=agg, max_length=6)
+    shifted, _ = policy_loss(
+        "ppo_clip", LossBatch(noisy_logp, noisy_old, advantages, mask), LossSettings(agg=agg, max_length=6)
+    )
     torch.testing.assert_close(base, shifted)
 
 
@@ -65,7 +73,9 @@ def test_micro_batches_give_the_mini_batch_gradient(agg):
     mask = (torch.rand(6, 5, generator=generator) > 0.25).float()
 
     whole = base.clone().requires_grad_(True)
-    loss, _ = policy_loss("ppo_clip", whole, old, advantages, mask, agg=agg, max_length=5)
+    loss, _ = policy_loss(
+        "ppo_clip", LossBatch(whole, old, advantages, mask), LossSettings(agg=agg, max_length=5)
+    )
     loss.backward()
 
     split = base.clone().requires_grad_(True)
@@ -73,14 +83,10 @@ def test_micro_batches_give_the_mini_batch_gradient(agg):
     for part in (slice(0, 2), slice(2, 3), slice(3, 6)):
         micro, _ = policy_loss(
             "ppo_clip",
-            split[part],
-            old[part],
-            advantages[part],
-            mask[part],
-            agg=agg,
-            max_length=5,
-            num_tokens=tokens,
-            num_sequences=6,
+            LossBatch(
+                split[part], old[part], advantages[part], mask[part], num_tokens=tokens, num_sequences=6
+            ),
+            LossSettings(agg=agg, max_length=5),
         )
         micro.backward()
     torch.testing.assert_close(split.grad, whole.grad)
@@ -88,4 +94,4 @@ def test_micro_batches_give_the_mini_batch_gradient(agg):
 
 def test_unknown_loss_lists_valid_names():
     with pytest.raises(KeyError, match="unknown policy loss 'ppo'; valid: .*ppo_clip"):
-        policy_loss("ppo", torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), torch.ones(1, 1))
+        policy_loss("ppo", LossBatch(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), torch.ones(1, 1)))

@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from everyprompt.algorithms import policy_loss
+from everyprompt.algorithms import LossBatch, LossSettings, RolloutCorrection, policy_loss
 from everyprompt.algorithms.corrections import off_policy_sequence_mask, rollout_correction
 
 
@@ -57,9 +57,11 @@ def test_the_masks_compose_with_the_loss_and_tis():
     old = torch.zeros(2, 2)
     rollout = torch.tensor([[0.5, 0.5], [0.5, 0.5]])  # the engine drifted 0.5 a token from both rows
     advantages = torch.tensor([-1.0, 1.0])
-    common = dict(agg="token-mean", rollout_logp=rollout, correction="tis", correction_cap=2.0)
+    settings = LossSettings(
+        agg="token-mean", correction=RolloutCorrection(mode="tis", cap=2.0), off_policy_mask=0.1
+    )
     loss, metrics = policy_loss(
-        "ppo_clip", logp, old, advantages, torch.ones(2, 2), off_policy_mask=0.1, **common
+        "ppo_clip", LossBatch(logp, old, advantages, torch.ones(2, 2), rollout_logp=rollout), settings
     )
     loss.backward()
     # tis weight min(e^-0.5, 2) = 0.6065 on every token; the negative row masked: gradient only on row 2

@@ -6,6 +6,9 @@ import pytest
 import torch
 
 from everyprompt.algorithms import (
+    LossBatch,
+    LossSettings,
+    RolloutCorrection,
     entropy_groups,
     kl_penalty,
     policy_loss,
@@ -23,10 +26,7 @@ def test_gspo_hand_computed():
     logp = torch.tensor([[0.2, 0.4], [0.0, -0.3]])
     loss, metrics = policy_loss(
         "gspo",
-        logp,
-        torch.zeros(2, 2),
-        torch.tensor([1.0, -1.0]),
-        torch.ones(2, 2),
+        LossBatch(logp, torch.zeros(2, 2), torch.tensor([1.0, -1.0]), torch.ones(2, 2)),
         clip_low=0.2,
         clip_high=0.2,
     )
@@ -38,7 +38,9 @@ def test_gspo_hand_computed():
 def test_gspo_default_clip_is_the_papers_tight_range():
     # e^0.3 with A = +1 is clipped at 1 + 4e-4; e^-0.15 with A = -1 at 1 - 3e-4: (-1.0004 + 0.9997) / 2
     logp = torch.tensor([[0.2, 0.4], [0.0, -0.3]])
-    loss, _ = policy_loss("gspo", logp, torch.zeros(2, 2), torch.tensor([1.0, -1.0]), torch.ones(2, 2))
+    loss, _ = policy_loss(
+        "gspo", LossBatch(logp, torch.zeros(2, 2), torch.tensor([1.0, -1.0]), torch.ones(2, 2))
+    )
     assert loss.item() == pytest.approx((-1.0004 + 0.9997) / 2, abs=1e-7)
 
 
@@ -52,7 +54,7 @@ def test_gspo_token_equals_gspo_in_value_and_gradient():
     grads, values = [], []
     for name in ("gspo", "gspo_token"):
         logp = base.clone().requires_grad_(True)
-        loss, _ = policy_loss(name, logp, old, advantages, mask, clip_low=0.2, clip_high=0.2)
+        loss, _ = policy_loss(name, LossBatch(logp, old, advantages, mask), clip_low=0.2, clip_high=0.2)
         loss.backward()
         grads.append(logp.grad)
         values.append(loss.detach())
@@ -65,7 +67,7 @@ def test_cispo_hand_computed():
     # token loss -w A logp: -1.28*1*0.5 = -0.64; -0.6065*(-1)*(-0.5) = -0.30327; -1.1052*2*0.1 = -0.22103
     logp = torch.tensor([[0.5, -0.5, 0.1]], requires_grad=True)
     advantages = torch.tensor([[1.0, -1.0, 2.0]])
-    loss, metrics = policy_loss("cispo", logp, torch.zeros(1, 3), advantages, torch.ones(1, 3))
+    loss, metrics = policy_loss("cispo", LossBatch(logp, torch.zeros(1, 3), advantages, torch.ones(1, 3)))
     expected = (-1.28 * 0.5 - math.exp(-0.5) * 0.5 - math.exp(0.1) * 0.2) / 3
     assert loss.item() == pytest.approx(expected, abs=1e-6)
     loss.backward()
@@ -104,7 +106,9 @@ def test_espo_hand_computed():
     log_ratio, entropy, mask, advantages = _espo_inputs()
     logp = log_ratio.clone().requires_grad_(True)
     loss, metrics = policy_loss(
-        "espo", logp, torch.zeros(2, 6), advantages, mask, entropy=entropy, vocab_size=100
+        "espo",
+        LossBatch(logp, torch.zeros(2, 6), advantages, mask, entropy=entropy),
+        LossSettings(vocab_size=100),
     )
     eps_h = 0.02 * 0.9 / math.log(100)
     eps_l = 0.02 * 0.275 / math.log(100)
@@ -134,12 +138,8 @@ def test_espo_old_denominator_multiplies_the_token_ratio():
     log_ratio, entropy, mask, _ = _espo_inputs()
     loss, _ = policy_loss(
         "espo",
-        log_ratio[:1],
-        torch.zeros(1, 6),
-        torch.tensor([-1.0]),
-        mask[:1],
-        entropy=entropy[:1],
-        vocab_size=100,
+        LossBatch(log_ratio[:1], torch.zeros(1, 6), torch.tensor([-1.0]), mask[:1], entropy=entropy[:1]),
+        LossSettings(vocab_size=100),
         ratio_denominator="old",
     )
     eps_l = 0.02 * 0.275 / math.log(100)
@@ -150,7 +150,9 @@ def test_espo_old_denominator_multiplies_the_token_ratio():
 def test_espo_without_entropy_is_a_clear_error():
     log_ratio, _, mask, advantages = _espo_inputs()
     with pytest.raises(ValueError, match="needs per-token entropies"):
-        policy_loss("espo", log_ratio, torch.zeros(2, 6), advantages, mask, vocab_size=100)
+        policy_loss(
+            "espo", LossBatch(log_ratio, torch.zeros(2, 6), advantages, mask), LossSettings(vocab_size=100)
+        )
 
 
 def test_kl_estimators_hand_computed():
@@ -169,13 +171,8 @@ def test_kl_term_is_added_to_the_loss():
     logp = torch.tensor([[0.5, -0.5]])
     loss, metrics = policy_loss(
         "ppo_clip",
-        logp,
-        logp,
-        torch.zeros(1),
-        torch.ones(1, 2),
-        ref_logp=torch.zeros(1, 2),
-        kl="k2",
-        kl_coef=0.1,
+        LossBatch(logp, logp, torch.zeros(1), torch.ones(1, 2), ref_logp=torch.zeros(1, 2)),
+        LossSettings(kl="k2", kl_coef=0.1),
     )
     assert loss.item() == pytest.approx(0.0125)
     assert metrics["actor/kl_ref"] == pytest.approx(0.125)
@@ -203,12 +200,8 @@ def test_correction_weights_scale_the_token_loss():
     logp = torch.zeros(1, 3)
     loss, _ = policy_loss(
         "ppo_clip",
-        logp,
-        logp,
-        torch.ones(1),
-        torch.ones(1, 3),
-        rollout_logp=torch.tensor([[0.0, -1.0, 0.0]]),
-        correction="mis",
+        LossBatch(logp, logp, torch.ones(1), torch.ones(1, 3), rollout_logp=torch.tensor([[0.0, -1.0, 0.0]])),
+        LossSettings(correction=RolloutCorrection(mode="mis")),
     )
     assert loss.item() == pytest.approx(-2 / 3)
 
@@ -219,7 +212,7 @@ def test_registry_rejects_duplicates_and_names_the_valid_losses():
     with pytest.raises(
         KeyError, match="valid: cispo, dppo_kl, dppo_tv, espo, gspo, gspo_token, ppo_clip, sapo"
     ):
-        policy_loss("nope", torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), torch.ones(1, 1))
+        policy_loss("nope", LossBatch(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), torch.ones(1, 1)))
 
 
 def test_gspo_takes_the_mean_of_token_advantages_as_the_sequence_advantage():
@@ -229,19 +222,22 @@ def test_gspo_takes_the_mean_of_token_advantages_as_the_sequence_advantage():
     logp = torch.zeros(2, 3)
     advantages = torch.tensor([[0.1, 0.3, 9.0], [-0.2, -0.2, -0.2]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])  # the 9.0 sits off the mask
-    loss, _ = policy_loss("gspo", logp, logp, advantages, mask)
+    loss, _ = policy_loss("gspo", LossBatch(logp, logp, advantages, mask))
     assert loss.item() == pytest.approx(0.0, abs=1e-7)
-    constant, _ = policy_loss("gspo", logp, logp, torch.tensor([0.4, -0.2]), mask)
+    constant, _ = policy_loss("gspo", LossBatch(logp, logp, torch.tensor([0.4, -0.2]), mask))
     assert constant.item() == pytest.approx(-(0.4 - 0.2) / 2)
 
 
 def test_loss_options_are_checked_against_the_losss_schema():
     logp = torch.zeros(1, 2)
     with pytest.raises(ValueError, match=r"loss option 'clip_lo'.*options of this loss: clip_low, clip_high"):
-        policy_loss("ppo_clip", logp, logp, torch.ones(1), torch.ones(1, 2), clip_lo=0.1)
+        policy_loss("ppo_clip", LossBatch(logp, logp, torch.ones(1), torch.ones(1, 2)), clip_lo=0.1)
     with pytest.raises(ValueError, match="loss option 'alpha'"):
         policy_loss(
-            "espo", logp, logp, torch.ones(1), torch.ones(1, 2), entropy=logp, vocab_size=10, alpha=-1
+            "espo",
+            LossBatch(logp, logp, torch.ones(1), torch.ones(1, 2), entropy=logp),
+            LossSettings(vocab_size=10),
+            alpha=-1,
         )
 
 
@@ -257,8 +253,8 @@ def test_a_user_loss_gets_its_options_from_loss_options_through_its_schema():
         scale: float = Field(2.0, gt=0, description="Multiplies the advantage.")
 
     @register_policy_loss("test_scaled", options=ScaleOptions)
-    def scaled(logp, old_logp, advantages, mask, *, scale, entropy=None):
-        return -scale * advantages * logp, {}
+    def scaled(batch, *, scale):
+        return -scale * batch.advantages * batch.logp, {}
 
     try:
         assert tiny_config("rl.loss=test_scaled").rl.loss_kwargs() == {"scale": 2.0}

@@ -25,14 +25,14 @@ def _record_gradients(learner) -> list[dict[str, torch.Tensor]]:
     so tiny gradients, as a router's under replay, turn last-bit differences into visible weight
     differences: the gradients are what the two devices must agree on)."""
     seen: list[dict[str, torch.Tensor]] = []
-    step = learner.optimizer.step
+    step = learner.optimization.optimizer.step
 
     def recording(*args, **kwargs):
         named = learner.model.named_parameters()
         seen.append({name: real(p.grad).clone() for name, p in named if p.grad is not None})
         return step(*args, **kwargs)
 
-    learner.optimizer.step = recording
+    learner.optimization.optimizer.step = recording
     return seen
 
 

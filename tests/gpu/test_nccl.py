@@ -121,7 +121,7 @@ def _shard_rank(rank: int, port: int, out: str, backend: str = "nccl", device: s
         learner = Learner(config, model.to(device), tokenizer.pad_token_id, parallel=DataParallel("fsdp2"))
         learner.update(hand_batch(_model(config)[0], tokenizer, REWARDS[0]))
         state = learner.training_state(Path(out))
-        whole = portable_optimizer_state(learner.model, learner.optimizer, sharded=True)
+        whole = portable_optimizer_state(learner.model, learner.optimization.optimizer, sharded=True)
         learner.model.save_pretrained(Path(out) / "model", state_dict=full_weights(learner.model))
         torch.save({"state": state, "whole": whole, "shards": str(Path(out) / SHARDS)}, Path(out) / "rank.pt")
     finally:

@@ -206,7 +206,7 @@ def test_every_method_trains_through_the_config(tmp_path, overrides):
 @pytest.mark.parametrize("old_logprobs", ["recompute", "rollout"])
 def test_espo_uses_the_sampling_policys_entropies(tmp_path, monkeypatch, old_logprobs):
     """The entropies the loss receives are the pre-update ones, in every mini-batch, not the live model's."""
-    import everyprompt.trainer.learner_side.learner as learner_module
+    import everyprompt.trainer.learner_side.step as step_module
     from everyprompt.trainer.learner_side.logprobs import token_logprobs
 
     config = tiny_config("rl.loss=espo", "rl.lr=1e-2", f"rl.old_logprobs={old_logprobs}")
@@ -217,13 +217,13 @@ def test_espo_uses_the_sampling_policys_entropies(tmp_path, monkeypatch, old_log
     with torch.no_grad():
         _, before = token_logprobs(trainer.model, data["input_ids"], with_entropy=True)
     seen = []
-    real_policy_loss = learner_module.policy_loss
+    real_policy_loss = step_module.policy_loss
 
-    def spy(*args, entropy=None, **kwargs):
-        seen.append((entropy.detach().clone(), kwargs["rollout_logp"]))
-        return real_policy_loss(*args, entropy=entropy, **kwargs)
+    def spy(name, inputs, *args, **kwargs):
+        seen.append((inputs.entropy.detach().clone(), inputs.rollout_logp))
+        return real_policy_loss(name, inputs, *args, **kwargs)
 
-    monkeypatch.setattr(learner_module, "policy_loss", spy)
+    monkeypatch.setattr(step_module, "policy_loss", spy)
     trainer.learner.update(batch)
     assert len(seen) == len(batch) // trainer.rl.micro_batch_size  # every micro-batch of both mini-batches
     # rows are matched by their engine log-probs (distinct per completion); padding widths may differ
@@ -243,7 +243,7 @@ def test_rollout_logprobs_stand_for_the_recomputed_old_ones(tmp_path):
     batch = trainer.rollout.next_batch(0)
     trainer.learner.old_logprobs(batch)
     recomputed = torch.cat(batch.old_logprobs), torch.cat(batch.old_entropies)
-    trainer.learner._rollout_as_old(batch)
+    trainer.learner.old_policy.from_rollout(batch)
     assert batch.old_logprobs is batch.rollout_logprobs
     torch.testing.assert_close(torch.cat(batch.old_logprobs), recomputed[0], atol=1e-5, rtol=0)
     torch.testing.assert_close(torch.cat(batch.old_entropies), recomputed[1], atol=1e-5, rtol=0)
@@ -330,8 +330,8 @@ def test_a_step_without_signal_makes_no_update(tmp_path):
     trainer.train()
     trainer.close()
     torch.testing.assert_close(_parameters(trainer.model), before, rtol=0, atol=0)
-    assert not learner.optimizer.state  # Adam never stepped: no moments to replay
-    assert learner.scheduler.last_epoch == 0  # no schedule tick either
+    assert not learner.optimization.optimizer.state  # Adam never stepped: no moments to replay
+    assert learner.optimization.scheduler.last_epoch == 0  # no schedule tick either
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [line["actor/no_signal_update"] for line in lines] == [1.0, 1.0]
     assert all("loss/policy" not in line and "actor/skipped_updates" not in line for line in lines)
@@ -344,7 +344,10 @@ def test_a_step_with_signal_updates_and_ticks_the_schedule(tmp_path):
     trainer.train()
     trainer.close()
     assert any(not torch.equal(before[k], v) for k, v in _parameters(trainer.model).items())
-    assert trainer.learner.scheduler.last_epoch == 1 and trainer.learner.optimizer.state
+    assert (
+        trainer.learner.optimization.scheduler.last_epoch == 1
+        and trainer.learner.optimization.optimizer.state
+    )
     line = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
     assert line["actor/no_signal_update"] == 0.0 and "loss/policy" in line
 

@@ -8,14 +8,15 @@ import math
 import pytest
 import torch
 
-import everyprompt.trainer.learner_side.learner as learner_module
+import everyprompt.trainer.learner_side.step as step_module
 from everyprompt.batch import RolloutBatch
 from everyprompt.data.passrate import PassRateStore
 from everyprompt.models import load_model_and_tokenizer
 from everyprompt.rewards.pool import RewardPool
-from everyprompt.rollout import build_engine
+from everyprompt.rollout import build_engine, derive_seed
 from everyprompt.trainer import Learner, RolloutSide
 from everyprompt.trainer.learner_side.logprobs import token_logprobs
+from everyprompt.trainer.learner_side.optim import NumericsError
 from tests.conftest import tiny_config
 
 # (prompt, completion) per row; rows 2k and 2k+1 form group k
@@ -94,7 +95,7 @@ def test_a_checkpoint_before_the_first_step_leaves_the_optimizer_as_it_was():
     plain, model, tokenizer = _learner(*settings)
     saved, _, _ = _learner(*settings)
     state = saved.training_state()
-    assert state["optimizer"] == {} and not saved.optimizer.state
+    assert state["optimizer"] == {} and not saved.optimization.optimizer.state
     resumed, _, _ = _learner(*settings)
     resumed.load_training_state(state)
     for learner in (plain, saved, resumed):
@@ -102,7 +103,7 @@ def test_a_checkpoint_before_the_first_step_leaves_the_optimizer_as_it_was():
     for key, value in plain.state_dict().items():
         assert torch.equal(saved.state_dict()[key], value), key
         assert torch.equal(resumed.state_dict()[key], value), key
-    steps = {int(s["step"]) for s in saved.optimizer.state.values()}
+    steps = {int(s["step"]) for s in saved.optimization.optimizer.state.values()}
     assert steps == {2}  # two mini-batch steps, none of them a zero step
     assert saved.training_state()["optimizer"]["state"]  # once stepped, the state is saved
 
@@ -178,13 +179,13 @@ def test_drop_zero_variance_drops_what_stays_zero_variance_after_every_stage(mon
     # group 2 all-correct with lengths 4 and 6: reshaping makes it informative
     batch = hand_batch(model, tokenizer, [1.0, 0.0, 1.0, 1.0, 1.0, 1.0])
     rows_seen = []
-    real_policy_loss = learner_module.policy_loss
+    real_policy_loss = step_module.policy_loss
 
-    def spy(name, logp, *args, **kwargs):
-        rows_seen.append(logp.shape[0])
-        return real_policy_loss(name, logp, *args, **kwargs)
+    def spy(name, batch, *args, **kwargs):
+        rows_seen.append(batch.logp.shape[0])
+        return real_policy_loss(name, batch, *args, **kwargs)
 
-    monkeypatch.setattr(learner_module, "policy_loss", spy)
+    monkeypatch.setattr(step_module, "policy_loss", spy)
     metrics = learner.update(batch)
     assert metrics["zve/reshaped_groups"] == 1 and metrics["zve/zero_variance_rate_final"] == pytest.approx(
         1 / 3
@@ -244,10 +245,8 @@ def test_a_non_finite_gradient_norm_skips_the_update():
     metrics = learner.update(batch)
     assert metrics["actor/skipped_updates"] == 1.0 and "loss/policy" not in metrics
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # no step was taken
-    assert all(not state for state in learner.optimizer.state.values())  # nor any moment updated
-    with pytest.raises(
-        learner_module.NumericsError, match=r"2 updates in a row were skipped.*gradient norm = inf"
-    ):
+    assert all(not state for state in learner.optimization.optimizer.state.values())  # nor any moment updated
+    with pytest.raises(NumericsError, match=r"2 updates in a row were skipped.*gradient norm = inf"):
         learner.update(hand_batch(model, tokenizer, [1.0, 0.0] * 3))
 
 
@@ -255,9 +254,9 @@ def test_a_good_update_resets_the_skip_count():
     learner, model, tokenizer = _learner(
         "rl.mini_batches=1", "rl.old_logprobs=recompute", "rl.max_skipped_updates=2"
     )
-    learner.consecutive_skips = 1
+    learner.optimization.consecutive_skips = 1
     metrics = learner.update(hand_batch(model, tokenizer, [1.0, 0.0] * 3))
-    assert metrics["actor/skipped_updates"] == 0 and learner.consecutive_skips == 0
+    assert metrics["actor/skipped_updates"] == 0 and learner.optimization.consecutive_skips == 0
 
 
 @pytest.mark.parametrize("replay", ["off", "r2", "r3"])
@@ -282,10 +281,10 @@ def test_the_first_mini_batch_as_its_own_old_policy_equals_a_full_old_policy_pas
     metrics = fast.update(batch)
     # the simple path, by hand: the same mini-batch order, the old policy over all rows first
     batch_advantages(simple_batch, simple.rl, simple.zve)
-    seed = learner_module.derive_seed(simple.config.seed, 0, 7)
+    seed = derive_seed(simple.config.seed, 0, 7)
     order = torch.randperm(len(simple_batch), generator=torch.Generator().manual_seed(seed))
     simple.old_logprobs(simple_batch)
-    steps = [simple._mini_batch_step(simple_batch, m.tolist(), own_old=False) for m in order.chunk(2)]
+    steps = [simple.step(simple_batch, m.tolist(), False, 0) for m in order.chunk(2)]
     for key in ("loss/policy", "actor/grad_norm", "actor/ratio_mean", "actor/clip_fraction"):
         assert metrics[key] == pytest.approx(sum(step[key] for step in steps) / 2, rel=1e-5, abs=1e-7), key
     # the weights agree up to rounding that AdamW's first steps amplify (sign(g) where g ~ 0): a wrong old

@@ -7,6 +7,7 @@ use of their name.
 """
 
 from everyprompt.algorithms import catalog as _catalog  # noqa: F401  (registers the built-ins)
+from everyprompt.algorithms.loss_batch import LossBatch, LossSettings, RolloutCorrection
 from everyprompt.algorithms.options import AGGREGATIONS, CORRECTION_LEVELS, CORRECTIONS, KL_ESTIMATORS
 from everyprompt.algorithms.registry import (
     advantage_needs_components,
@@ -61,6 +62,9 @@ __all__ = [
     "CORRECTIONS",
     "CORRECTION_LEVELS",
     "KL_ESTIMATORS",
+    "LossBatch",
+    "LossSettings",
+    "RolloutCorrection",
     "advantage_needs_components",
     "policy_loss_spec",
     "register_advantage",

@@ -1,6 +1,7 @@
 """Policy losses that replace PPO's hard ratio clip (docs/algorithms.md): SAPO's soft gate and DPPO's
-divergence mask. Same signature as the losses of losses.py: log-probs under the policy being trained and
-under the old policy, advantages and the completion mask, all [B, T]; (per-token loss, detached metrics).
+divergence mask. Same signature as the losses of losses.py: a `LossBatch` (log-probs under the policy being
+trained and under the old policy, advantages and the completion mask, all [B, T]) and the loss's options;
+(per-token loss, detached metrics).
 
 SAPO (Soft Adaptive Policy Optimization, arXiv:2511.20347): with r = exp(logp - old_logp),
     f(r) = sigmoid(tau (r - 1)) * 4 / tau,  loss_t = -f(r_t) A_t,  tau = tau_pos if A > 0 else tau_neg.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from everyprompt.algorithms.loss_batch import LossBatch
 from everyprompt.algorithms.losses import masked_mean, ratio_metrics
 
 LOG_RATIO_BOUND = 20.0  # log-ratios clamped to +-20 before exp, as the other losses do
@@ -30,17 +32,11 @@ PROBABILITY_FLOOR = 1e-8  # 1 - p and 1 - q in the binary KL
 
 
 def sapo_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    tau_pos: float,
-    tau_neg: float,
-    entropy: torch.Tensor | None = None,
+    batch: LossBatch, *, tau_pos: float, tau_neg: float
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """SAPO per token: -sigmoid(tau (r - 1)) * 4 / tau * A (module docstring)."""
-    mask = mask.to(logp.dtype)
+    logp, old_logp, advantages = batch.logp, batch.old_logp, batch.advantages  # [B, T] each
+    mask = batch.mask.to(logp.dtype)
     log_ratio = (logp - old_logp).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     ratio = log_ratio.exp()
     tau = torch.full_like(logp, tau_neg).masked_fill(advantages > 0, tau_pos).detach()
@@ -97,10 +93,11 @@ def _binary_kl(logp, old_logp, advantages, delta_low, delta_high) -> torch.Tenso
 def _dppo_loss(divergence_mask):
     """A DPPO loss with the trust-region mask `divergence_mask` (the registered signature)."""
 
-    def loss(logp, old_logp, advantages, mask, *, delta_low: float, delta_high: float, entropy=None):
+    def loss(batch: LossBatch, *, delta_low: float, delta_high: float):
+        logp, old_logp, advantages = batch.logp, batch.old_logp, batch.advantages  # [B, T] each
         with torch.no_grad():
             masked = divergence_mask(logp, old_logp, advantages, delta_low, delta_high)
-        return _dppo(logp, old_logp, advantages, mask, masked)
+        return _dppo(logp, old_logp, advantages, batch.mask, masked)
 
     loss.__doc__ = f"DPPO with the mask of `{divergence_mask.__name__}` (module docstring)."
     return loss

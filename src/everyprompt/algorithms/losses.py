@@ -1,16 +1,19 @@
 """Per-token policy objectives (docs/algorithms.md).
 
-Each loss takes log-probs under the policy being trained and under the policy that sampled, advantages
-and the completion mask, all [B, T], and returns (per-token loss [B, T], detached metrics); the registry
-then aggregates. A loss whose objective is a mean over sequences (GSPO, ESPO) returns per-token values
+Each loss takes a `LossBatch` (loss_batch.py: log-probs under the policy being trained and under the policy
+that sampled, advantages and the completion mask, all [B, T], and the sampling policy's entropies) and its
+own options, and returns (per-token loss [B, T], detached metrics); `policy_loss` then aggregates. A loss whose objective is a mean over sequences (GSPO, ESPO) returns per-token values
 that `seq-mean-token-mean` reduces to exactly that objective, and declares it as its default aggregation.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
+
+from everyprompt.algorithms.loss_batch import LossBatch
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -44,22 +47,15 @@ def _sequence_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Te
 
 
 def ppo_clip_loss(
-    logp: torch.Tensor,  # [B, T]
-    old_logp: torch.Tensor,  # [B, T]
-    advantages: torch.Tensor,  # [B, T]
-    mask: torch.Tensor,  # [B, T]
-    *,
-    clip_low: float,
-    clip_high: float,
-    dual_clip: float | None,
-    entropy: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+    batch: LossBatch, *, clip_low: float, clip_high: float, dual_clip: float | None
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO-clip per token: -min(r A, clip(r, 1 - clip_low, 1 + clip_high) A), r = exp(logp - old_logp).
 
     With `dual_clip` = c > 1, a negative-advantage token's loss is further capped at -c A (dual-clip PPO).
     clip_high > clip_low is DAPO's clip-higher.
     """
-    mask = mask.to(logp.dtype)
+    logp, old_logp, advantages = batch.logp, batch.old_logp, batch.advantages  # [B, T] each
+    mask = batch.mask.to(logp.dtype)
     log_ratio = (logp - old_logp).clamp(-20.0, 20.0)
     ratio = log_ratio.exp()
     loss, was_clipped = _clipped_objective(ratio, advantages, 1.0 - clip_low, 1.0 + clip_high)
@@ -74,15 +70,8 @@ def ppo_clip_loss(
 
 
 def gspo_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    clip_low: float,
-    clip_high: float,
-    entropy: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+    batch: LossBatch, *, clip_low: float, clip_high: float
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GSPO: one ratio per sequence, s_i = exp(mean_t (logp - old_logp)), clipped to [1 - lo, 1 + hi].
 
     The sequence loss -min(s A_i, clip(s) A_i) is written on every completion token of the sequence, so
@@ -92,15 +81,10 @@ def gspo_loss(
     advantage on every token: same values, same gradient, and a clip fraction over tokens that is
     comparable with the token-level losses'.
     """
-    mask = mask.to(logp.dtype)
-    sequence_advantage = (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    mask = batch.mask.to(batch.logp.dtype)
+    sequence_advantage = (batch.advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [B]
     return gspo_token_loss(
-        logp,
-        old_logp,
-        sequence_advantage[:, None].expand_as(logp),
-        mask,
-        clip_low=clip_low,
-        clip_high=clip_high,
+        replace(batch, advantages=sequence_advantage), clip_low=clip_low, clip_high=clip_high
     )
 
 
@@ -110,21 +94,15 @@ def _gspo_token_ratio(logp: torch.Tensor, group_log_ratio: torch.Tensor) -> torc
 
 
 def gspo_token_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    clip_low: float,
-    clip_high: float,
-    entropy: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+    batch: LossBatch, *, clip_low: float, clip_high: float
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GSPO-token: s_{i,t} = sg[s_i] exp(logp - sg[logp]); per token -min(s A_{i,t}, clip(s) A_{i,t}).
 
     Same forward values as GSPO and, with one advantage per sequence, the same gradient; it also
     accepts per-token advantages.
     """
-    mask = mask.to(logp.dtype)
+    logp, old_logp, advantages = batch.logp, batch.old_logp, batch.advantages  # [B, T] each
+    mask = batch.mask.to(logp.dtype)
     log_ratio = ((logp - old_logp) * mask).clamp(-20.0, 20.0)
     sequence_log_ratio = _sequence_log_ratio(log_ratio, mask)[:, None]
     ratio = _gspo_token_ratio(logp, sequence_log_ratio.expand_as(logp))
@@ -138,21 +116,15 @@ def gspo_token_loss(
 
 
 def cispo_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    clip_low: float,
-    clip_high: float,
-    entropy: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+    batch: LossBatch, *, clip_low: float, clip_high: float
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """CISPO (MiniMax-M1): -sg[clip(r, 1 - clip_low, 1 + clip_high)] * A * logp per token.
 
     The importance weight is clipped and detached instead of the update being dropped, so every token
     keeps a gradient. clip_low = 1 leaves the weight unbounded below (the paper's setting).
     """
-    mask = mask.to(logp.dtype)
+    logp, old_logp, advantages = batch.logp, batch.old_logp, batch.advantages  # [B, T] each
+    mask = batch.mask.to(logp.dtype)
     log_ratio = (logp - old_logp).clamp(-20.0, 20.0)
     ratio = log_ratio.detach().exp()
     weight = ratio.clamp(max(0.0, 1.0 - clip_low), 1.0 + clip_high)
@@ -199,18 +171,14 @@ def entropy_groups(
 
 
 def espo_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
+    batch: LossBatch,
     *,
-    entropy: torch.Tensor | None,
     vocab_size: int | None,
     alpha: float,
     num_groups: int,
     high_frac: float,
     ratio_denominator: str,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """ESPO (docs/algorithms.md): entropy-grouped sequence ratios with entropy-adaptive clipping.
 
     Per sequence i and entropy group tau (see :func:`entropy_groups`; entropies of the sampling policy):
@@ -223,13 +191,14 @@ def espo_loss(
     then over sequences. Returned per-token values are loss_t * n_i / (|tau| * K_i), so that
     `seq-mean-token-mean` (sum_t / n_i, then mean over sequences) is exactly that three-level mean.
     """
+    logp, old_logp, advantages, entropy = batch.logp, batch.old_logp, batch.advantages, batch.entropy
     if entropy is None:
-        raise ValueError("the ESPO loss needs per-token entropies of the sampling policy (entropy=...)")
+        raise ValueError("the ESPO loss needs per-token entropies of the sampling policy (LossBatch.entropy)")
     if not vocab_size or vocab_size < 2:
         raise ValueError(f"the ESPO loss needs the vocabulary size (vocab_size >= 2), got {vocab_size}")
     if ratio_denominator not in ("current", "old"):
         raise ValueError(f"ESPO ratio_denominator must be 'current' or 'old', got {ratio_denominator!r}")
-    mask = mask.to(logp.dtype)
+    mask = batch.mask.to(logp.dtype)
     entropy = entropy.detach().to(logp.dtype)
     group = entropy_groups(entropy, mask, num_groups, high_frac)
     # a comparison, not F.one_hot: on a GPU one_hot checks its input's range, a device sync

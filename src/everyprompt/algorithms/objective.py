@@ -7,7 +7,10 @@ import torch
 
 from everyprompt.algorithms.aggregation import aggregate
 from everyprompt.algorithms.corrections import kl_penalty, off_policy_sequence_mask, rollout_correction
+from everyprompt.algorithms.loss_batch import LossBatch, LossSettings
 from everyprompt.algorithms.registry import advantage_function, policy_loss_spec
+
+DEFAULT_SETTINGS = LossSettings()  # the loss's default aggregation, no correction, penalty or mask
 
 
 def compute_advantages(
@@ -22,79 +25,71 @@ def compute_advantages(
 
 def policy_loss(
     name: str,
-    logp: torch.Tensor,  # [B, T] log-probs under the policy being trained
-    old_logp: torch.Tensor,  # [B, T] log-probs under the policy that sampled (detached)
-    advantages: torch.Tensor,  # [B] or [B, T]
-    mask: torch.Tensor,  # [B, T] 1 on completion tokens
+    batch: LossBatch,
+    settings: LossSettings = DEFAULT_SETTINGS,
     *,
-    entropy: torch.Tensor | None = None,  # [B, T] token entropies under the sampling policy
-    agg: str | None = None,
-    max_length: int | None = None,
-    num_tokens: float | None = None,
-    num_sequences: float | None = None,
-    ref_logp: torch.Tensor | None = None,  # [B, T] reference-model log-probs (KL penalty)
-    kl: str | None = None,
-    kl_coef: float = 0.0,
-    rollout_logp: torch.Tensor | None = None,  # [B, T] engine log-probs (mismatch correction)
-    correction: str | None = None,
-    correction_level: str = "token",
-    correction_cap: float = 2.0,
-    correction_band: tuple[float, float] | None = None,
-    off_policy_mask: float | None = None,  # its KL threshold (None: off)
-    vocab_size: int | None = None,
     host_metrics: bool = True,
     **options,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Scalar loss and detached metrics: floats (`host_metrics`, read back in one go), or 0-dim tensors on
-    the loss's device for a caller that sums them over micro-batches and reads them back once.
+    """The scalar loss of `batch` under the loss registered as `name`, and its detached metrics: floats
+    (`host_metrics`, read back in one go), or 0-dim tensors on the loss's device for a caller that sums
+    them over micro-batches and reads them back once.
 
-    The registered per-token objective, times the rollout-correction weights when `correction` is
-    "tis", "mis" or "icepop" (`correction_band`: MIS's or IcePop's ratio band), times the off-policy
-    sequence mask when `off_policy_mask` gives its threshold (against `rollout_logp`, else `old_logp`),
-    plus `kl_coef` times the `kl` estimator against `ref_logp`, reduced by `agg` (the
-    loss's own default when None). `num_tokens` / `num_sequences` are the whole mini-batch's
-    denominators when this call sees one micro-batch of it (see :func:`aggregate`). `options` are the
-    loss's own (its registered schema fills the unset ones); `vocab_size` reaches losses that need it.
+    The registered per-token objective, times the rollout-correction weights (`settings.correction`),
+    times the off-policy sequence mask when `settings.off_policy_mask` gives its threshold (against
+    `batch.rollout_logp`, else `batch.old_logp`), plus `settings.kl_coef` times the `settings.kl`
+    estimator against `batch.ref_logp`, reduced by `settings.agg` (the loss's own default when None) over
+    the batch's denominators (see :func:`aggregate`). `options` are the loss's own (its registered schema
+    fills the unset ones).
     """
     spec = policy_loss_spec(name)
-    if spec.needs_entropy and entropy is None:
-        raise ValueError(f"policy loss {name!r} needs per-token entropies (entropy=...)")
+    if spec.needs_entropy and batch.entropy is None:
+        raise ValueError(f"policy loss {name!r} needs per-token entropies (LossBatch.entropy)")
     options = spec.resolve_options(options)
     if spec.needs_vocab_size:
-        options["vocab_size"] = vocab_size
-    if advantages.dim() == 1:
-        advantages = advantages[:, None].expand_as(logp)
-    token_loss, metrics = spec.fn(logp, old_logp, advantages, mask, entropy=entropy, **options)
-    if correction is not None:
-        if rollout_logp is None:
+        options["vocab_size"] = settings.vocab_size
+    token_loss, metrics = spec.fn(batch, **options)  # [B, T]
+    correction = settings.correction
+    if correction.mode is not None:
+        if batch.rollout_logp is None:
             raise ValueError(
-                f"rollout correction {correction!r} needs the engine's log-probs (rollout_logp=...)"
+                f"rollout correction {correction.mode!r} needs the engine's log-probs (LossBatch.rollout_logp)"
             )
         weight, correction_metrics = rollout_correction(
-            old_logp, rollout_logp, mask, correction, correction_level, correction_cap, correction_band
+            batch.old_logp,
+            batch.rollout_logp,
+            batch.mask,
+            correction.mode,
+            correction.level,
+            correction.cap,
+            correction.band,
         )
         token_loss = token_loss * weight
         metrics.update(correction_metrics)
-    if off_policy_mask is not None:
-        behaviour = rollout_logp if rollout_logp is not None else old_logp
-        keep, mask_metrics = off_policy_sequence_mask(logp, behaviour, advantages, mask, off_policy_mask)
+    if settings.off_policy_mask is not None:
+        behaviour = batch.rollout_logp if batch.rollout_logp is not None else batch.old_logp
+        keep, mask_metrics = off_policy_sequence_mask(
+            batch.logp, behaviour, batch.advantages, batch.mask, settings.off_policy_mask
+        )
         token_loss = token_loss * keep
         metrics.update(mask_metrics)
-    if kl is not None:
-        if ref_logp is None:
-            raise ValueError(f"KL estimator {kl!r} needs the reference model's log-probs (ref_logp=...)")
-        penalty = kl_penalty(logp, ref_logp, kl)
-        token_loss = token_loss + kl_coef * penalty
+    if settings.kl is not None:
+        if batch.ref_logp is None:
+            raise ValueError(
+                f"KL estimator {settings.kl!r} needs the reference model's log-probs (LossBatch.ref_logp)"
+            )
+        penalty = kl_penalty(batch.logp, batch.ref_logp, settings.kl)
+        token_loss = token_loss + settings.kl_coef * penalty
         with torch.no_grad():
-            m = mask.to(penalty.dtype)
+            m = batch.mask.to(penalty.dtype)
             metrics["actor/kl_ref"] = (penalty * m).sum() / m.sum().clamp(min=1)
     loss = aggregate(
         token_loss,
-        mask,
-        agg or spec.default_agg,
-        max_length=max_length,
-        num_tokens=num_tokens,
-        num_sequences=num_sequences,
+        batch.mask,
+        settings.agg or spec.default_agg,
+        max_length=settings.max_length,
+        num_tokens=batch.num_tokens,
+        num_sequences=batch.num_sequences,
     )
     return loss, (host_floats(metrics) if host_metrics else metrics)
 

@@ -101,10 +101,11 @@ def register_policy_loss(
     needs_vocab_size: bool = False,
     options: type[LossOptions] | None = None,
 ) -> Callable[[Callable], Callable]:
-    """Decorator: register `fn(logp, old_logp, advantages, mask, *, entropy=None, **options)` as `name`.
+    """Decorator: register `fn(batch: LossBatch, **options)` as `name` (loss_batch.py: the micro-batch's
+    log-probs, old log-probs, advantages, mask and entropies, [B, T] each).
 
     The function returns (per-token loss [B, T], detached metrics). `default_agg` is the aggregation used
-    when the caller names none; `needs_entropy` makes a call without entropies an error;
+    when the caller names none; `needs_entropy` makes a batch without entropies an error;
     `needs_vocab_size` passes `vocab_size`; `options` is the schema of the loss's keyword options.
     """
     if default_agg not in AGGREGATIONS:

@@ -14,6 +14,11 @@
      mini-batch's forward, at no extra cost.
 `state_dict()` is the weights hand-off to the rollout side. Nothing here reads the rollout side.
 
+The learner is the update's recipe; its collaborators own the state: `Optimization` (optim.py) the optimizer,
+schedule and skip count; `PolicyForward` (forward.py) the policy's, the reference's and the router's passes;
+`OldPolicy` (old_policy.py) the old values; `MiniBatchStep` (step.py) a step's micro-batches and loss;
+the advantage term (distill.py) a teacher's share; `BehaviourReplica` (replica.py) the asynchronous mismatch.
+
 In a data-parallel group (`trainer/learner_side/data_parallel.py`) every rank runs `update` on the same
 batch, each its share of every pass's micro-batches; the update equals the single process's.
 """
@@ -21,16 +26,13 @@ batch, each its share of every pass's micro-batches; the update equals the singl
 from __future__ import annotations
 
 import copy
-import logging
-import math
 import time
-import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import torch
 
-from everyprompt.algorithms import host_floats, policy_loss, policy_loss_spec, zvp_token_advantages
+from everyprompt.algorithms import policy_loss_spec
 from everyprompt.batch import RolloutBatch
 from everyprompt.config import Config
 from everyprompt.devices.memory import memory_metrics
@@ -39,29 +41,21 @@ from everyprompt.models.gathering import gathered_weights
 from everyprompt.models.io import save_pretrained, weights_as_held
 from everyprompt.models.lora import is_lora, merged_state_dict, weights_nbytes
 from everyprompt.rollout import derive_seed
-from everyprompt.trainer.checkpoint import SHARDS, load_optimizer_state, portable_optimizer_state
+from everyprompt.trainer.checkpoint import SHARDS
 from everyprompt.trainer.interface import LearnerSide
 from everyprompt.trainer.learner_side.data_parallel import DataParallel
 from everyprompt.trainer.learner_side.distill import advantage_term
 from everyprompt.trainer.learner_side.forward import PolicyForward, policy_router
-from everyprompt.trainer.learner_side.mismatch import (
-    batch_mismatch,
-    batch_mismatch_values,
-    fed_tokens,
-    finish_mismatch,
-)
-from everyprompt.trainer.learner_side.optim import NumericsError, build_optimizer, build_scheduler
+from everyprompt.trainer.learner_side.old_policy import OldPolicy
+from everyprompt.trainer.learner_side.optim import Optimization
+from everyprompt.trainer.learner_side.passes import Passes
 from everyprompt.trainer.learner_side.replica import BehaviourReplica
 from everyprompt.trainer.learner_side.signal import batch_advantages, carries_signal, drop_zero_variance
-
-log = logging.getLogger(__name__)
-
-# which routes the update passes replay, per rl.router_replay (a `RolloutBatch.padded` key; off: none)
-REPLAYED_ROUTES = {"off": None, "r2": "old_routes", "r3": "routes"}
+from everyprompt.trainer.learner_side.step import MiniBatchStep
 
 
 class Learner(LearnerSide):
-    """Owns the policy's optimizer, schedule, router replay and KL reference."""
+    """The policy's update: advantages and zero-variance elimination, the old policy, the mini-batch steps."""
 
     in_process = True
 
@@ -74,26 +68,25 @@ class Learner(LearnerSide):
         # the KL term's reference: the starting policy, frozen (a copy of `model` unless given); a LoRA
         # policy's is its own base, adapters disabled (no second copy)
         self.reference = None
-        self.base_as_reference = self.rl.kl.estimator is not None and is_lora(model)
-        if self.rl.kl.estimator is not None and not self.base_as_reference:
+        base_as_reference = self.rl.kl.estimator is not None and is_lora(model)
+        if self.rl.kl.estimator is not None and not base_as_reference:
             self.reference = (reference or copy.deepcopy(model)).eval().requires_grad_(False)
         self.model = self.parallel.shard(model)  # fsdp2: sharded in place, before the optimizer sees it
         self.device = next(self.model.parameters()).device  # batches come to the model's device
-        self.caps = self.rl.micro_batching(self.device.type)  # a micro-batch's sequences and tokens
         self.compiled_metrics = compiled_metrics(self.model)  # model.kernels=compiled: its layers' count
-        self.optimizer = build_optimizer(self.model, self.rl.lr, self.rl.weight_decay)
-        self.scheduler = build_scheduler(
-            self.optimizer, self.rl.warmup_steps, self.rl.steps, self.rl.lr_schedule
-        )
+        self.optimization = Optimization(self.model, self.rl)
         self.router = policy_router(self.model, self.rl.router_replay)
         self.forward = PolicyForward(
-            self.model, self.router, self.reference, self.base_as_reference, config, pad_token_id
+            self.model, self.router, self.reference, base_as_reference, config, pad_token_id
         )
+        passes = Passes(
+            self.forward, self.parallel, self.rl.micro_batching(self.device.type), pad_token_id, self.device
+        )
+        needs_entropy = policy_loss_spec(self.rl.loss).needs_entropy
+        self.old_policy = OldPolicy(passes, self.rl.loss, needs_entropy, self.rl.router_replay)
         # a term added to the estimator's advantages: rl.teacher's teachers (on this device), or none
         self.term = advantage_term(config, self.device)
-        self.loss_spec = policy_loss_spec(self.rl.loss)
-        self.loss_options = self.rl.loss_kwargs()
-        self.consecutive_skips = 0  # mini-batch updates skipped in a row for non-finite numbers
+        self.step = MiniBatchStep(passes, self.optimization, self.term, config)
         self._forwards_checked = False
         self._replica: BehaviourReplica | None = None  # asynchronous runs: measures the behaviour mismatch
 
@@ -123,18 +116,11 @@ class Learner(LearnerSide):
         """Counters, schedule and optimizer state (by parameter name: it resumes on any number of ranks), whole
         or, in a group given `directory`, each rank's share written there. In a group every rank calls."""
         shards = directory / SHARDS if directory is not None and self.parallel.distributed else None
-        return {
-            "version": self.version,
-            "consecutive_skips": self.consecutive_skips,
-            "optimizer": portable_optimizer_state(self.model, self.optimizer, self.parallel.sharded, shards),
-            "scheduler": self.scheduler.state_dict(),
-        }
+        return {"version": self.version, **self.optimization.state(self.parallel.sharded, shards)}
 
     def load_training_state(self, state: dict) -> None:
         self.version = state["version"]
-        self.consecutive_skips = state["consecutive_skips"]
-        load_optimizer_state(self.model, self.optimizer, state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        self.optimization.load(state)
 
     # ------------------------------------------------------------ the update
     def update(self, batch: RolloutBatch) -> dict[str, float]:
@@ -169,88 +155,24 @@ class Learner(LearnerSide):
         order = torch.randperm(len(batch), generator=generator)
         minis = [mini.tolist() for mini in order.chunk(self.rl.mini_batches)]
         if self.rl.old_logprobs == "rollout":
-            self._rollout_as_old(batch)
+            self.old_policy.from_rollout(batch)
         elif len(minis) > 1:  # the later mini-batches' rows, before the first update changes the policy
             self.old_logprobs(batch, sorted(row for mini in minis[1:] for row in mini))
         stats: dict[str, list[float]] = {}
         for number, mini in enumerate(minis):
             # the first mini-batch's forward is the old policy itself: its old values and its mismatch
             # come from it (`own_old`), at no extra cost
-            for key, value in self._mini_batch_step(batch, mini, own_old=number == 0).items():
+            for key, value in self.step(batch, mini, number == 0, self.version).items():
                 stats.setdefault(key, []).append(value)
-        self._advance_schedule()
+        self.optimization.advance_schedule()
         return {key: sum(values) / len(values) for key, values in stats.items()}
 
-    def _advance_schedule(self) -> None:
-        """One schedule step per update with signal, also when its optimizer step was skipped (non-finite)."""
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler")
-            self.scheduler.step()
-
-    def _skip(self, what: str, value: float) -> dict[str, float]:
-        """Drop this mini-batch's update (its gradient is not finite); stop after too many in a row."""
-        self.optimizer.zero_grad(set_to_none=True)
-        self.consecutive_skips += 1
-        log.warning("update %d: %s is %s; this mini-batch's update is skipped", self.version, what, value)
-        if self.consecutive_skips >= self.rl.max_skipped_updates:
-            raise NumericsError(
-                f"{self.consecutive_skips} updates in a row were skipped for a non-finite loss or gradient norm "
-                f"(last: {what} = {value}; rl.max_skipped_updates={self.rl.max_skipped_updates}); lower rl.lr "
-                "or look for the batch that produces it"
-            )
-        return {"actor/skipped_updates": 1.0}
-
-    def _rollout_as_old(self, batch: RolloutBatch) -> None:
-        """`rl.old_logprobs=rollout`: the engine's log-probs (and entropies) stand for the old policy's."""
-        batch.old_logprobs = batch.rollout_logprobs
-        if self.loss_spec.needs_entropy:
-            if batch.rollout_entropies is None:
-                raise RuntimeError(
-                    f"rl.loss={self.rl.loss} needs the old policy's token entropies, which this rollout "
-                    "engine does not return; set rl.old_logprobs=recompute"
-                )
-            batch.old_entropies = batch.rollout_entropies
-
-    @torch.no_grad()
     def old_logprobs(self, batch: RolloutBatch, rows: list[int] | None = None) -> dict[str, float]:
-        """The trainer's pre-update log-probs, entropies (when the loss needs them) and routes of `rows` of
-        `batch` (all by default), stored on it (None for the other rows); returns their mismatch metrics.
-        Only r3 replays here: r2 records the trainer's own routes, which the update passes then replay."""
-        rows = list(range(len(batch))) if rows is None else rows
-        logprobs: list[tuple[int, list[torch.Tensor]]] = []
-        entropies: list[tuple[int, list[torch.Tensor]]] = []
-        routes: list[tuple[int, list[torch.Tensor]]] = []
-        routes_key = "routes" if self.rl.router_replay == "r3" else None
-        for key, chunk in self.parallel.micro_batches(rows, *self.caps, batch.token_counts(rows)):
-            padding = chunk is None  # fsdp2: a pass that keeps the ranks' collectives in step
-            chunk = rows[:1] if padding else chunk
-            data = batch.padded(chunk, self.pad_id, self.device)
-            needs_entropy = self.loss_spec.needs_entropy
-            recorded = [] if self.router is not None else None
-            logp, entropy = self.forward(data, slice(None), needs_entropy, recorded, routes_key)
-            if padding:
-                continue
-            routes.append((key, fed_tokens(batch, chunk, recorded or [])))
-            logprobs.append((key, batch.completion_values(chunk, logp)))
-            if entropy is not None:
-                entropies.append((key, batch.completion_values(chunk, entropy)))
-        order = self.parallel.in_order
-        every = len(batch)
+        """The trainer's pre-update log-probs, entropies and routes of `rows` of `batch` (all by default),
+        stored on it; their mismatch metrics (old_policy.py)."""
+        return self.old_policy.recompute(batch, rows)
 
-        def spread(values: list) -> list | None:  # per-row values of `rows` -> one entry per batch row
-            if not values:
-                return None
-            out: list = [None] * every
-            for row, value in zip(rows, values):
-                out[row] = value
-            return out
-
-        logprobs, routes = order(logprobs), order(routes)
-        batch.old_logprobs = spread(logprobs)
-        batch.old_entropies = spread(order(entropies))
-        batch.old_routes = spread(routes)
-        return batch_mismatch(batch, rows, logprobs, routes or None)
-
+    # ------------------------------------------------------------ the behaviour mismatch (asynchronous runs)
     def make_replica(self) -> None:
         """The plain copy of the policy that `behaviour_mismatch` loads sampling weights into. Call it while
         nothing trains (a copy taken during an update could catch a router mid-replay)."""
@@ -267,134 +189,3 @@ class Learner(LearnerSide):
                 "behaviour_mismatch needs make_replica() first, called while the learner is idle"
             )
         return self._replica.mismatch(batch, weights, rows)
-
-    def _mini_batch_step(self, batch: RolloutBatch, rows: list[int], own_old: bool) -> dict[str, float]:
-        """One optimizer step over `rows`. `own_old`: the policy has not moved since the batch was handed
-        over, so this forward is the old policy: it stands for the old values (unless the engine's do:
-        `rl.old_logprobs=rollout`) and gives the old policy's mismatch on these rows."""
-        measure = own_old
-        data = batch.padded(rows, self.pad_id, self.device)
-        if own_old:  # the old values of these rows are this forward's own (r2 then routes by itself)
-            for key in ("old_logp", "old_entropy", "old_routes"):
-                if self.rl.old_logprobs == "recompute":
-                    data.pop(key, None)
-        advantages = batch.advantages[rows].to(self.device, non_blocking=True)
-        num_tokens = float(max(batch.trained_tokens(rows), 1))  # the mask's sum
-        routes_key = REPLAYED_ROUTES[self.rl.router_replay]
-        self.optimizer.zero_grad(set_to_none=True)
-        # gradient checkpointing re-runs the routers in the backward pass: replay must still be in force
-        held: list | None = [] if self.config.model.gradient_checkpointing else None
-        try:
-            return self._accumulate(batch, rows, data, advantages, num_tokens, routes_key, measure, held)
-        finally:
-            for release in held or []:
-                release()
-
-    def _accumulate(self, batch, rows, data, advantages, num_tokens, routes_key, measure, held):
-        """The micro-batches' forward and backward passes of a mini-batch step (this rank's share of
-        them), the gradients' reduction across ranks, then the optimizer step. The step's figures stay on
-        the device until one read back, with the finite flag and the gradient norm that decide whether the
-        step is taken."""
-        zero = torch.zeros((), device=self.device)
-        sums: dict[str, torch.Tensor] = {"loss/policy": zero, "entropy_sum": zero}
-        measured: list[tuple[int, list]] = []
-        used: list[tuple[int, list]] = []
-        finite = torch.ones((), dtype=torch.bool, device=self.device)
-        for key, chunk in self.parallel.micro_batches(range(len(rows)), *self.caps, batch.token_counts(rows)):
-            padding = chunk is None  # fsdp2: a zero-weighted pass that keeps the collectives in step
-            part = slice(0, 1) if padding else slice(chunk[0], chunk[-1] + 1)
-            used_routes = [] if measure else None
-            loss, logp, entropy, metrics = self._micro_batch(
-                batch, rows, data, part, advantages, num_tokens, routes_key, used_routes, held
-            )
-            if padding:
-                loss = loss * 0.0
-            else:
-                finite = finite & torch.isfinite(loss.detach())
-            loss.backward()
-            while held:  # this micro-batch's replay, kept through its backward's recomputation
-                held.pop()()
-            if padding:
-                continue
-            mask = data["mask"][part]
-            if measure:
-                measured.append((key, batch.completion_values(rows[part], logp)))
-                used.append((key, fed_tokens(batch, rows[part], used_routes)))
-            weight = batch.trained_tokens(rows[part]) / num_tokens
-            part_sums = {"loss/policy": loss.detach(), "entropy_sum": (entropy * mask).sum(), **metrics}
-            for name, value in part_sums.items():  # sums (*_sum) add up; per-token means by their weight
-                value = value if name == "loss/policy" or name.endswith("_sum") else value * weight
-                sums[name] = sums.get(name, zero) + value
-        # one read back from the device for the whole step: whether every loss was finite, the gradient
-        # norm (together they decide whether the step is taken), the step's figures and its mismatch
-        self.parallel.reduce_gradients(self.model)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.rl.max_grad_norm)
-        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-        mismatch = {}
-        if measure:
-            order = self.parallel.in_order
-            mismatch = batch_mismatch_values(batch, rows, order(measured), order(used) or None)
-        read = host_floats({"learner:finite": finite, "learner:grad_norm": grad_norm, **sums, **mismatch})
-        finite_here = read.pop("learner:finite") >= 1.0
-        if self.parallel.any(not finite_here):
-            return self._skip("loss" if not finite_here else "another rank's loss", read["loss/policy"])
-        grad_norm = read.pop("learner:grad_norm")
-        if not math.isfinite(grad_norm):
-            return self._skip("gradient norm", grad_norm)
-        self.optimizer.step()
-        self.consecutive_skips = 0
-        stats = self.parallel.sum({name: read[name] for name in sums})
-        self.term.finish(stats, num_tokens)
-        stats.update(finish_mismatch(read))
-        return {  # the entropy's sum taken out before the rest is copied in: it is not a metric itself
-            "actor/entropy": stats.pop("entropy_sum") / num_tokens,
-            **stats,
-            "actor/grad_norm": grad_norm,
-            "actor/lr": self.scheduler.get_last_lr()[0],
-            "actor/skipped_updates": 0.0,
-        }
-
-    def _micro_batch(self, batch, rows, data, part, advantages, num_tokens, routes_key, used_routes, held):
-        """One micro-batch's loss (divided by the whole mini-batch's counts), log-probs, entropies and
-        the loss's metrics."""
-        mask = data["mask"][part]
-        extra = self.forward.reference_logprobs(data, part)  # first: no replay of the policy's is in force
-        scores = self.term.scores(self.forward, data, part, rows[part], batch)  # a teacher's, unreplayed
-        logp, entropy = self.forward(data, part, True, used_routes, routes_key, held)
-        part_advantages = advantages[part]
-        if batch.zvp_sign is not None:  # RL-ZVP: token advantages from the current policy's entropies
-            sign = batch.zvp_sign[rows][part].to(self.device)
-            token_advantages = zvp_token_advantages(entropy, mask, sign, self.zve.zvp.alpha)
-            part_advantages = torch.where(
-                (sign != 0)[:, None], token_advantages, part_advantages[:, None].expand_as(logp)
-            )
-        # without old-policy values (recompute, one mini-batch) this forward *is* the old policy
-        old_logp = data["old_logp"][part] if "old_logp" in data else logp.detach()
-        old_entropy = data["old_entropy"][part] if "old_entropy" in data else entropy
-        # the term's share (a teacher's), from the policy that sampled (the old one)
-        part_advantages, added = self.term.advantages(scores, old_logp, part_advantages, mask)
-        loss, metrics = policy_loss(
-            self.rl.loss,
-            logp,
-            old_logp,
-            part_advantages,
-            mask,
-            entropy=old_entropy,
-            agg=self.rl.loss_agg,
-            max_length=self.config.rollout.max_new_tokens,
-            num_tokens=num_tokens,
-            num_sequences=len(rows),
-            kl=self.rl.kl.estimator,
-            kl_coef=self.rl.kl.coef,
-            rollout_logp=data["rollout_logp"][part],
-            correction=self.rl.rollout_correction.mode,
-            correction_level=self.rl.rollout_correction.level,
-            correction_cap=self.rl.rollout_correction.cap,
-            correction_band=self.rl.rollout_correction.band,
-            off_policy_mask=self.rl.off_policy_mask,
-            vocab_size=self.model.config.vocab_size,
-            host_metrics=False,
-            **extra,
-            **self.loss_options,
-        )
-        return loss, logp, entropy, {**metrics, **added}
