@@ -14,7 +14,7 @@ TEST_WORKERS ?= 2
 # No .pyc precompilation of every installed file: imports compile what they use (saves ~40 s).
 PIP := $(BIN)/pip install --quiet --no-compile --disable-pip-version-check
 
-.PHONY: demo test test-long test-slow test-gpu lint bench install chromium smollm2 smollm2-moe
+.PHONY: demo test test-long test-slow test-gpu lint docs bench install chromium smollm2 smollm2-moe
 
 # torch from pip's configured index, or from TORCH_INDEX (the CPU build on Linux, where pip's default index
 # serves the CUDA build: make test TORCH_INDEX=https://download.pytorch.org/whl/cpu)
@@ -46,6 +46,9 @@ test-slow: $(STAMP)
 
 test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -q -m gpu -rs
+
+docs: $(STAMP)  # docs/architecture.md's module index, from each module's docstring
+	$(BIN)/python -m tests.test_architecture --write
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

@@ -110,9 +110,9 @@ def _phases(sampler: Sampler) -> list[int]:
     environment, the heap is trimmed before each micro-batch; the count of trims done, as a one-item list."""
     from everyprompt.trainer.learner_side.learner import Learner
     from everyprompt.trainer.learner_side.step import MiniBatchStep
-    from everyprompt.trainer.rollout_side import RolloutSide
+    from everyprompt.trainer.rollout_side import LocalRolloutSide
 
-    update, micro_batch, load_weights = Learner.update, MiniBatchStep._micro_batch, RolloutSide.load_weights
+    update, micro_batch, load_weights = Learner.update, MiniBatchStep._micro_batch, LocalRolloutSide.load_weights
     count, trims = [0], [0]
 
     def traced_update(self, batch):
@@ -142,7 +142,7 @@ def _phases(sampler: Sampler) -> list[int]:
             sampler.enter("rollout")
 
     Learner.update, MiniBatchStep._micro_batch = traced_update, traced_micro_batch
-    RolloutSide.load_weights = traced_load_weights
+    LocalRolloutSide.load_weights = traced_load_weights
     return trims
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from everyprompt.devices.bf16 import cpu_bf16_slowdown, slow_bf16_note
-from everyprompt.pipeline.run import bf16_on_cpu
+from everyprompt.pipeline.process import bf16_on_cpu
 from tests.conftest import tiny_config
 
 

@@ -13,7 +13,7 @@ from everyprompt.rollout import GenerationRequest, SamplingParams
 from everyprompt.rollout.hf import HFEngine
 from everyprompt.rollout.native import NativeEngine
 from everyprompt.rollout.native import engine as engine_module
-from everyprompt.rollout.native import slots as slots_module
+from everyprompt.rollout.native import rows as rows_module
 from everyprompt.rollout.native import weights as weights_module
 from tests.conftest import make_tiny_model
 from tests.rollout.test_fp8_matmul import needs_scaled_mm
@@ -168,14 +168,14 @@ def _plant_decode_mask(monkeypatch):
 
 
 def _plant_route_buffer(monkeypatch):
-    start = slots_module.Record.start.__func__
+    start = rows_module.Record.start.__func__
 
     def on_host(cls, engine, params, slots, width):
         record = start(cls, engine, params, slots, width)
         record.routes = real(record.routes).clone()  # the replay buffer left on the host
         return record
 
-    monkeypatch.setattr(slots_module.Record, "start", classmethod(on_host))
+    monkeypatch.setattr(rows_module.Record, "start", classmethod(on_host))
     return "buffer[rows, columns] = values.to(buffer.dtype)"
 
 

@@ -9,7 +9,7 @@ from everyprompt.data.passrate import PassRateStore
 from everyprompt.distributed.rollout import RayEngine
 from everyprompt.rewards.pool import RewardPool
 from everyprompt.rollout import build_engine, offers
-from everyprompt.trainer import RolloutSide
+from everyprompt.trainer import LocalRolloutSide
 from tests.conftest import tiny_config
 from tests.distributed.conftest import actors_left
 from tests.trainer.test_sides import _model
@@ -27,9 +27,11 @@ def _reward(completions, **_):
     return [float(len(text) % 2) for text in completions]
 
 
-def _side(config, engine, model, tokenizer) -> RolloutSide:
+def _side(config, engine, model, tokenizer) -> LocalRolloutSide:
     prompts = [{"prompt": f"{a}+{a + 3}=", "answer": str(2 * a + 3), "level": 1} for a in range(1, 20)]
-    return RolloutSide(config, engine, tokenizer, prompts, RewardPool(_reward, workers=0), PassRateStore())
+    return LocalRolloutSide(
+        config, engine, tokenizer, prompts, RewardPool(_reward, workers=0), PassRateStore()
+    )
 
 
 def _assert_same_batch(mine, theirs) -> None:

@@ -142,7 +142,7 @@ def test_only_adapters_train_and_the_engine_runs_the_merged_policy(tmp_path):
     fresh, _ = load_model_and_tokenizer(trainer.config.model, trainer.config.seed)
     base_state = {k.replace(".base_layer", ""): v for k, v in policy.get_base_model().state_dict().items()}
     assert all(torch.equal(base_state[k].cpu(), v.cpu()) for k, v in fresh.state_dict().items())
-    assert trainer.learner.reference is None and trainer.learner.base_as_reference  # no second copy
+    assert trainer.learner.reference is None and trainer.learner.forward.base_as_reference  # no second copy
     # the engine decodes with the merged weights: its log-probs are the adapted policy's
     tokenizer = trainer.tokenizer
     requests = [GenerationRequest(i, tokenizer(p).input_ids, seed=i) for i, p in enumerate(["1+2=", "34+5="])]

@@ -175,7 +175,7 @@ def test_low_precision_engines_sample_close_to_fp32(tiny_model, precision):
         n = min(len(low.token_ids), len(high.token_ids))
         gaps.append((low.logprobs[:n] - high.logprobs[:n]).abs())
     gap = float(torch.cat(gaps).mean())
-    # different arithmetic, same network (the fixture's weights are sharpened, so gaps exceed FACTS.md's)
+    # different arithmetic, same network (the fixture's weights are sharpened, so gaps exceed a real model's)
     assert 0 < gap < (0.05 if precision == "bf16" else 0.5), gap
 
 

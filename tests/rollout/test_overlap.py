@@ -146,11 +146,11 @@ def test_a_finished_rows_routes_are_read_after_the_next_step_is_sent(tiny, monke
     (their copy queued behind the forward just sent) and read a step later, once the next forward is sent
     too: reading them at once would keep the host waiting for that first forward with nothing queued
     after it. The completions, routes included, are the CPU's."""
-    from everyprompt.rollout.native import slots as slots_module
+    from everyprompt.rollout.native import rows as rows_module
 
     model, tokenizer = tiny
     seen = _order(monkeypatch)
-    monkeypatch.setattr(slots_module, "copy_later", _logged(slots_module.copy_later, seen, "take", "routes"))
+    monkeypatch.setattr(rows_module, "copy_later", _logged(rows_module.copy_later, seen, "take", "routes"))
     params = SamplingParams(12, record_routes=True, record_router_logits=True)
     expected = _by_id(NativeEngine.from_model(model, tokenizer, 4).generate(_requests(tokenizer), params))
     seen.clear()
@@ -171,7 +171,7 @@ def test_a_rollout_sides_batch_from_the_overlapped_engine_is_the_cpu_engines():
     completions, the engine's log-probs and the routes router replay trains with."""
     from everyprompt.data.passrate import PassRateStore
     from everyprompt.rewards.pool import RewardPool
-    from everyprompt.trainer import RolloutSide
+    from everyprompt.trainer import LocalRolloutSide
     from tests.conftest import tiny_config
     from tests.trainer.test_sides import _model
 
@@ -181,7 +181,9 @@ def test_a_rollout_sides_batch_from_the_overlapped_engine_is_the_cpu_engines():
 
     def batch(engine):
         reward = lambda completions, **_: [float(len(t) % 2) for t in completions]  # noqa: E731
-        side = RolloutSide(config, engine, tokenizer, prompts, RewardPool(reward, workers=0), PassRateStore())
+        side = LocalRolloutSide(
+            config, engine, tokenizer, prompts, RewardPool(reward, workers=0), PassRateStore()
+        )
         try:
             return side.next_batch(0)
         finally:

@@ -12,7 +12,7 @@ import torch
 from everyprompt.config import ConfigError
 from everyprompt.pipeline import Run, train
 from everyprompt.trainer.learner_side.learner import Learner
-from everyprompt.trainer.rollout_side import RolloutSide
+from everyprompt.trainer.rollout_side import LocalRolloutSide
 from tests.conftest import tiny_config
 
 ASYNC = ["rl.old_logprobs=recompute", "rl.rollout_correction.mode=tis"]
@@ -55,7 +55,7 @@ def test_max_staleness_0_is_the_two_sides_composed_by_hand(tmp_path):
 def test_tokens_are_never_staler_than_the_bound_and_no_batch_is_thrown_away(tmp_path, monkeypatch, k):
     seen: list[tuple[int, set[int]]] = []  # (learner version, token versions) per update
     made: list[int] = []
-    update, next_batch = Learner.update, RolloutSide.next_batch
+    update, next_batch = Learner.update, LocalRolloutSide.next_batch
 
     def record_update(self, batch):
         seen.append((self.version, {int(v) for row in batch.versions for v in row}))
@@ -66,7 +66,7 @@ def test_tokens_are_never_staler_than_the_bound_and_no_batch_is_thrown_away(tmp_
         return next_batch(self, step)
 
     monkeypatch.setattr(Learner, "update", record_update)
-    monkeypatch.setattr(RolloutSide, "next_batch", record_batch)
+    monkeypatch.setattr(LocalRolloutSide, "next_batch", record_batch)
     trainer = train(tiny_config("rl.steps=5", f"rl.max_staleness={k}", *ASYNC, *SIGNAL), run_dir=tmp_path)
     # batch b is sampled by version max(0, b - k) exactly, every token of it
     assert seen == [(b, {max(0, b - k)}) for b in range(5)]
@@ -160,7 +160,7 @@ def test_the_two_sides_share_the_cores_unless_threads_is_set(tmp_path, monkeypat
     """threads: 0 (torch's default): each side computes with half the threads during the asynchronous
     phase, and the process gets all of them back after it; an explicit `threads` is left as set."""
     seen: dict[str, set[int]] = {"rollout": set(), "learner": set()}
-    next_batch, update = RolloutSide.next_batch, Learner.update
+    next_batch, update = LocalRolloutSide.next_batch, Learner.update
 
     def sampling(self, step):
         seen["rollout"].add(torch.get_num_threads())
@@ -170,7 +170,7 @@ def test_the_two_sides_share_the_cores_unless_threads_is_set(tmp_path, monkeypat
         seen["learner"].add(torch.get_num_threads())
         return update(self, batch)
 
-    monkeypatch.setattr(RolloutSide, "next_batch", sampling)
+    monkeypatch.setattr(LocalRolloutSide, "next_batch", sampling)
     monkeypatch.setattr(Learner, "update", updating)
     before = torch.get_num_threads()
     torch.set_num_threads(2)

@@ -118,7 +118,7 @@ def test_sft_losses_do_not_depend_on_packing(tmp_path):
             SFTConfig(steps=3, batch_size=8),
             0,
             tmp_path / str(packed),
-            LoggingConfig(progress=False, tensorboard=False),
+            logging=LoggingConfig(progress=False, tensorboard=False),
             pack_sequences=packed,
         )
         losses[packed] = [h["sft/loss"] for h in history]

@@ -110,11 +110,11 @@ def test_tokens_of_a_partial_sequence_stay_within_the_bound(tmp_path, monkeypatc
 
 
 def test_a_prompt_in_flight_is_neither_drawn_again_nor_recorded_twice(tmp_path, monkeypatch):
-    from everyprompt.trainer.rollout_side import RolloutSide
+    from everyprompt.trainer.rollout_side import LocalRolloutSide
 
     in_flight_when_drawn: list[set[int]] = []
     recorded: list[int] = []
-    take, record, next_batch = PromptSource.take, PassRateStore.record, RolloutSide.next_batch
+    take, record, next_batch = PromptSource.take, PassRateStore.record, LocalRolloutSide.next_batch
     sides: list = []
 
     refused: list[int] = []  # in-flight prompts the source came to and passed over
@@ -145,7 +145,7 @@ def test_a_prompt_in_flight_is_neither_drawn_again_nor_recorded_twice(tmp_path, 
     spy_batch.groups = 0
     monkeypatch.setattr(PromptSource, "take", spy_take)
     monkeypatch.setattr(PassRateStore, "record", spy_record)
-    monkeypatch.setattr(RolloutSide, "next_batch", spy_batch)
+    monkeypatch.setattr(LocalRolloutSide, "next_batch", spy_batch)
     # 9 RL prompts, 3 a step, groups in flight for two steps: the source comes round to busy prompts
     overrides = ["rl.steps=6", "data.num_train=24", "rl.prompts_per_step=3", "zve.enabled=true"]
     overrides.append("rollout.max_versions_per_sequence=3")

@@ -14,7 +14,7 @@ from everyprompt.data.passrate import PassRateStore
 from everyprompt.models import load_model_and_tokenizer
 from everyprompt.rewards.pool import RewardPool
 from everyprompt.rollout import build_engine, derive_seed
-from everyprompt.trainer import Learner, RolloutSide
+from everyprompt.trainer import Learner, LocalRolloutSide
 from everyprompt.trainer.learner_side.logprobs import token_logprobs
 from everyprompt.trainer.learner_side.optim import NumericsError
 from tests.conftest import tiny_config
@@ -204,9 +204,9 @@ def test_the_rollout_side_with_a_stub_reward():
         calls.append(len(completions))
         return [float(len(text) % 2) for text in completions]
 
-    def side() -> RolloutSide:
+    def side() -> LocalRolloutSide:
         pool = RewardPool(stub, workers=0)
-        return RolloutSide(
+        return LocalRolloutSide(
             config, build_engine(config.rollout, model, tokenizer), tokenizer, prompts, pool, PassRateStore()
         )
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from everyprompt.distributed.learner import RankedLearner
 from everyprompt.distributed.rollout import RayEngine
 from everyprompt.distributed.runtime import RaySession
-from everyprompt.trainer.rollout_side import RolloutSide
+from everyprompt.trainer.rollout_side import LocalRolloutSide
 
 
 def ray_sides(config, model, tokenizer, prompts, run_dir, store, reference):
@@ -24,7 +24,7 @@ def ray_sides(config, model, tokenizer, prompts, run_dir, store, reference):
         learner = RankedLearner(config, model, tokenizer.pad_token_id, reference)
         closers.append(learner.close)
         learner.send_as(engine.weight_dtypes)
-        rollout = RolloutSide.build(config, model, tokenizer, prompts, run_dir, store, engine=engine)
+        rollout = LocalRolloutSide.build(config, model, tokenizer, prompts, run_dir, store, engine=engine)
     except BaseException:
         while closers:
             closers.pop()()

@@ -17,7 +17,7 @@ from pathlib import Path
 from everyprompt.config import Config
 from everyprompt.data.passrate import PassRateStore
 from everyprompt.models.lora import apply_lora, is_lora, lora_base_dtype
-from everyprompt.trainer import Learner, RLTrainer, RolloutSide
+from everyprompt.trainer import Learner, LocalRolloutSide, RLTrainer
 
 
 def local_sides(config: Config, model, tokenizer, prompts, run_dir, store, reference):
@@ -28,7 +28,7 @@ def local_sides(config: Config, model, tokenizer, prompts, run_dir, store, refer
         from everyprompt.serve.driven import DrivenRolloutSide
 
         return DrivenRolloutSide(config, model, tokenizer, prompts, run_dir), learner, []
-    return RolloutSide.build(config, model, tokenizer, prompts, run_dir, store), learner, []
+    return LocalRolloutSide.build(config, model, tokenizer, prompts, run_dir, store), learner, []
 
 
 def ray_sides(config: Config, model, tokenizer, prompts, run_dir, store, reference):
@@ -59,4 +59,4 @@ def build_trainer(
         model = apply_lora(model, config.model.lora, base_dtype)
     build = BACKENDS[config.cluster.backend]
     rollout, learner, closers = build(config, model, tokenizer, prompts, run_dir, store, reference)
-    return RLTrainer(config, rollout, learner, model, tokenizer, run_dir, closers)
+    return RLTrainer(config, rollout, learner, model, tokenizer, run_dir, closers=closers)

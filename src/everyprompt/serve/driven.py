@@ -20,6 +20,7 @@ from everyprompt.data.formatting import prompt_format_of
 from everyprompt.errors import RunError
 from everyprompt.run.layout import RunLayout
 from everyprompt.serve.intake import Group, Intake
+from everyprompt.trainer.interface import RolloutSide
 
 
 def assemble(groups: list[Group], tokenizer, version: int, max_new_tokens: int) -> RolloutBatch:
@@ -60,7 +61,7 @@ def batch_stats(batch: RolloutBatch, correct: float) -> dict[str, float]:
     }
 
 
-class DrivenRolloutSide:
+class DrivenRolloutSide(RolloutSide):
     """The rollout side of a run driven from outside: the server over the policy's native engine, the
     groups posted to it, and the weights it serves (`load_weights` after each update)."""
 

@@ -3,14 +3,14 @@
 from everyprompt.trainer.checkpoint import CheckpointError, save_checkpoint
 from everyprompt.trainer.learner_side.learner import Learner
 from everyprompt.trainer.loop import RLTrainer, StepHook
-from everyprompt.trainer.rollout_side import RolloutSide
+from everyprompt.trainer.rollout_side import LocalRolloutSide
 from everyprompt.trainer.sft import run_sft
 
 __all__ = [
     "CheckpointError",
     "Learner",
     "RLTrainer",
-    "RolloutSide",
+    "LocalRolloutSide",
     "StepHook",
     "run_sft",
     "save_checkpoint",

@@ -91,6 +91,7 @@ class RolloutPipeline:
         self,
         rollout,
         max_staleness: int,
+        *,
         stop_at: int,
         version: int,
         weights,

@@ -1,7 +1,12 @@
-"""What the RL loop asks of a learner side (DESIGN: the two sides of the loop). `trainer/learner_side/learner.py`'s
-`Learner` implements it in this process; the Ray backend's `RankedLearner` (`distributed/learner.py`)
-implements it over a group of learner ranks. The loop calls nothing else, so a backend plugs in here
-without the trainer knowing it.
+"""What the RL loop asks of each of its two sides: `RolloutSide`, prompts in and a scored batch out, and
+`LearnerSide`, a batch in and an update out.
+
+The rollout side: `trainer/rollout_side/side.py`'s `LocalRolloutSide` samples with the run's own engine and
+reward (over Ray workers too: `distributed/backend.py`); `serve/driven.py`'s `DrivenRolloutSide` serves the
+policy and takes the groups a user's own loop posts. The learner side: `trainer/learner_side/learner.py`'s
+`Learner` in this process; the Ray backend's `RankedLearner` (`distributed/learner.py`) over a group of
+learner ranks. The loop (`trainer/loop.py`) calls nothing else, so a backend plugs in here without the
+trainer knowing it.
 """
 
 from __future__ import annotations
@@ -12,6 +17,50 @@ from pathlib import Path
 import torch
 
 from everyprompt.batch import RolloutBatch
+
+
+class RolloutSide(ABC):
+    """Scored `RolloutBatch`es out, one a step, from the weights the learner hands over."""
+
+    version: int = 0  # the policy version (updates behind it) of the weights the side samples with
+    episodes = None  # multi-turn environments (`envs/`): their episodes, or None (single-turn prompts)
+
+    @property
+    @abstractmethod
+    def engine(self):
+        """A rollout engine on the side's current weights (the run's evaluations decode with it)."""
+
+    @abstractmethod
+    def next_batch(self, step: int) -> RolloutBatch:
+        """Step `step`'s scored groups, with `stats` and `timing` filled in."""
+
+    @abstractmethod
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """The learner's weights after `version` updates (the weight sync): later samples carry that version."""
+
+    @abstractmethod
+    def sleep(self) -> None:
+        """The learner trains now: free what the next `load_weights` brings back (or nothing)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Stop what the side started (reward workers, servers, environments); it is not used after this."""
+
+    @abstractmethod
+    def state_dict(self) -> dict:
+        """What a checkpoint needs to resume the side where it stopped."""
+
+    @abstractmethod
+    def load_state_dict(self, state: dict) -> None:
+        """Resume from `state_dict()`'s dict."""
+
+    @abstractmethod
+    def first_prompts(self, count: int) -> list[list[int]]:
+        """The first `count` prompts' token ids as the model is given them (the startup parity check's)."""
+
+    @abstractmethod
+    def settings(self) -> dict:
+        """This step's sampling settings by config key (the run's log and the curriculum's overrides)."""
 
 
 class LearnerSide(ABC):

@@ -6,7 +6,7 @@ One step is the rollout side's batch, the learner's update on it, and the weight
     metrics = self.learner.update(batch)
     self.rollout.load_weights(self.learner.state_dict(), self.step)
 
-The two sides share nothing but the `RolloutBatch` and the weights (DESIGN: the two sides of the loop),
+The two sides (trainer/interface.py) share nothing but the `RolloutBatch` and the weights (docs/architecture.md),
 so either can move to another process. The loop also owns the run's counters, the metrics log and the
 checkpoints (both sides' state, the RNG streams and the model, written atomically).
 
@@ -47,11 +47,10 @@ from everyprompt.trainer.asynchrony import (
     threads_per_side,
 )
 from everyprompt.trainer.checkpoint import save_checkpoint
-from everyprompt.trainer.interface import LearnerSide
+from everyprompt.trainer.interface import LearnerSide, RolloutSide
 from everyprompt.trainer.learner_side.optim import NumericsError
 from everyprompt.trainer.metrics import MetricsLogger
 from everyprompt.trainer.parity import check_parity
-from everyprompt.trainer.rollout_side import RolloutSide
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +67,8 @@ class StepHook(Protocol):
 
 
 class RLTrainer:
-    """Runs `rl.steps` steps of a `RolloutSide` and a `Learner`; logs, evaluates and checkpoints."""
+    """Runs `rl.steps` steps of a rollout side and a learner side (trainer/interface.py); logs, evaluates and
+    checkpoints."""
 
     def __init__(
         self,
@@ -78,6 +78,7 @@ class RLTrainer:
         model,
         tokenizer,
         run_dir,
+        *,
         closers=(),
     ):
         self.config, self.rl = config, config.rl

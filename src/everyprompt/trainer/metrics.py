@@ -48,6 +48,7 @@ class MetricsLogger:
         run_dir: str | Path,
         total_steps: int,
         description: str,
+        *,
         start_step: int = 0,
         progress: bool = True,
         tensorboard: bool = True,

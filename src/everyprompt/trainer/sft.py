@@ -52,6 +52,7 @@ def run_sft(
     sft: SFTConfig,
     seed: int,
     run_dir: str | Path,
+    *,
     logging: LoggingConfig,
     pack_sequences: bool = True,
     resume: dict | None = None,

@@ -5,7 +5,6 @@ finished rows (their recorded routes brought to the host in one copy per kind)."
 from __future__ import annotations
 
 import time
-from array import array
 from collections.abc import Callable
 
 import torch
@@ -13,14 +12,17 @@ import torch
 from everyprompt.devices.placement import upload
 from everyprompt.rollout.base import Completion
 from everyprompt.rollout.native.cache import copy_rows
+from everyprompt.rollout.native.call import Call
+from everyprompt.rollout.native.rows import Admission, on_device
 from everyprompt.rollout.native.sequences import ending
-from everyprompt.rollout.native.slots import on_device
+from everyprompt.rollout.native.site import Site
 
 
-def prefill(engine, layers, requests, admitted, slots: list[int], state, caches, params, record) -> None:
-    """Run the admitted prompts (right-padded) into cache rows `slots`; their next-token logits become
-    the rows' pending logits (and their routes go into `record`, when the call records). A prompt
+def prefill(call: Call, admitted: list[int], slots: list[int]) -> None:
+    """Run the admitted requests' prompts (right-padded) into cache rows `slots`; their next-token logits
+    become the rows' pending logits (and their routes go into the call's record, when it records). A prompt
     admitted more than once (a group's samples) is computed once and its cache rows copied."""
+    engine, requests, params, record = call.engine, call.requests, call.params, call.record
     prompts = [requests[i].prompt_ids for i in admitted]
     lengths = [len(p) for p in prompts]
     forward_row: dict[tuple[int, ...], int] = {}  # each distinct prompt's row of the forward
@@ -41,34 +43,34 @@ def prefill(engine, layers, requests, admitted, slots: list[int], state, caches,
     computed, computed_lengths = flat[4 * n :].view(2, len(unique))
     positions = torch.arange(tokens.shape[1], device=engine.device)
     routes: list | None = [] if record is not None else None
+    site = Site(computed, positions[-1:].expand(len(unique)), None)
     logits = engine.forward(
-        layers, tokens, positions.expand_as(tokens), caches, computed, None, computed_lengths - 1, routes
+        call.layers,
+        tokens,
+        positions.expand_as(tokens),
+        call.caches,
+        site,
+        last=computed_lengths - 1,
+        routes=routes,
     )
     if len(unique) < len(prompts):  # copies of the computed prompts' rows for the repeated ones
-        copy_rows(caches, computed[shared_], rows, tokens.shape[1])
+        copy_rows(call.caches, computed[shared_], rows, tokens.shape[1])
         logits = logits[shared_]
         routes = None if routes is None else [tuple(t[shared_] for t in layer) for layer in routes]
     if record is not None:
         record.store(routes, rows, positions)
-    state.length[rows] = lengths_
-    state.step[rows] = 0
-    state.logits[rows] = logits
-    state.seed[rows] = seeds
-    for slot, request, length in zip(slots, admitted, lengths):
-        state.request[slot], state.host_length[slot], state.tokens[slot] = request, length, []
-        state.token_logprobs[slot], state.token_entropies[slot] = array("f"), array("f")
-        state.limit[slot] = min(
-            params.max_new_tokens, requests[request].max_new_tokens or params.max_new_tokens
-        )
+    limits = [
+        min(params.max_new_tokens, requests[i].max_new_tokens or params.max_new_tokens) for i in admitted
+    ]
+    call.rows.admit(Admission(slots, admitted, lengths, limits, (rows, lengths_, seeds)), logits)
 
 
-def finish(
-    engine, requests, state, finished: list[int], record, began, stops
-) -> Callable[[], list[Completion]]:
+def finish(call: Call, finished: list[int], began: float, stops) -> Callable[[], list[Completion]]:
     """Free the `finished` slots; returns the function that makes their completions. Their tokens, log-probs
     and entropies are on the host already (each step's read brought them); recorded routes are taken from
     the device now and copied over in one copy per kind, which the function waits for (on a GPU, not for
     work sent after: the loop may call it a step later, devices/placement.py: `copy_later`)."""
+    engine, requests, state, record = call.engine, call.requests, call.rows, call.record
     routes = None
     if record is not None:  # the last sampled token is not the model's input, so it has no route
         counts = [len(state.tokens[slot]) for slot in finished]
@@ -91,7 +93,7 @@ def finish(
                 timing={"finished_s": time.perf_counter() - began},
             )
         )
-        state.request[slot], state.observed[slot] = -1, []
+        state.free_row(slot)
 
     def completions() -> list[Completion]:
         recorded = routes() if routes is not None else [{}] * len(made)

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from everyprompt.rollout.native.extend import Extend
 from everyprompt.rollout.native.families import Family, rope_tables
+from everyprompt.rollout.native.site import Site
 from everyprompt.rollout.native.weights import FP8Weight, Projection, StateDict, linear
 
 
@@ -117,10 +117,9 @@ class GroupedQueryAttention:
             )
         return attn
 
-    def __call__(
-        self, w: GroupedWeights, x, rope, cache, rows, positions, bias, extend: Extend | None = None
-    ) -> torch.Tensor:
-        """Self-attention of x [B, T, H] against cache rows `rows` (see the module docstring)."""
+    def __call__(self, w: GroupedWeights, x, rope, cache, site: Site) -> torch.Tensor:
+        """Self-attention of x [B, T, H] against the cache rows of `site` (see the module docstring)."""
+        rows, positions, bias, extend = site
         batch, length, _ = x.shape
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
         qkv = linear(x, w.qkv)
@@ -280,10 +279,10 @@ class LatentAttention:
             return torch.arange(dim)
         return torch.cat([torch.arange(0, dim, 2), torch.arange(1, dim, 2)])
 
-    def __call__(
-        self, w: LatentWeights, x, rope, cache, rows, positions, bias, extend: Extend | None = None
-    ) -> torch.Tensor:
-        """Self-attention of x [B, T, H] against cache rows `rows` (see the module and class docstrings)."""
+    def __call__(self, w: LatentWeights, x, rope, cache, site: Site) -> torch.Tensor:
+        """Self-attention of x [B, T, H] against the cache rows of `site` (see the module and class
+        docstrings)."""
+        rows, positions, bias, extend = site
         batch, length, _ = x.shape
         heads, nope, rank = self.heads, self.nope, self.kv_rank
         if w.q_a is not None:

@@ -24,10 +24,11 @@ from everyprompt.devices.sdpa import attention_kernels
 from everyprompt.rollout.base import Completion, SamplingParams, call_stats
 from everyprompt.rollout.native.admit_finish import finish, prefill
 from everyprompt.rollout.native.cache import compact
+from everyprompt.rollout.native.call import Call
 from everyprompt.rollout.native.extend import extend
 from everyprompt.rollout.native.queue import LiveRequests, Queue
+from everyprompt.rollout.native.rows import Record, on_device
 from everyprompt.rollout.native.sequences import Turns, take_tokens
-from everyprompt.rollout.native.slots import Record, on_device
 from everyprompt.rollout.native.step import DecodeStep
 from everyprompt.rollout.stops import StopStrings
 
@@ -47,12 +48,13 @@ class DecodeCall:
         self.pool, width = source.pool(engine.batch_size), source.width(params)
         self.overlap = engine.decoding.overlap and stepper.static
         self.stops = StopStrings(engine.tokenizer, params.stop)
-        self.state = stepper.slots(self.pool)
+        self.state = stepper.rows(self.pool)
         # overlapping, a row that finishes at its limit has its last token fed too: one position more
-        self.caches = stepper.views(self.pool, width + self.overlap, shared)
-        self.layers = engine.call_layers(stepper.static)
-        stepper.start(self.caches, self.layers, self.pool)
+        caches = stepper.views(self.pool, width + self.overlap, shared)
+        layers = engine.call_layers(stepper.static)
+        stepper.start(caches, layers, self.pool)
         self.record = Record.start(engine, params, self.pool, width)
+        self.call = Call(engine, layers, caches, self.state, self.record, self.requests, params)
         self.clock = dict.fromkeys(TIMES, 0.0) | dict.fromkeys(COUNTS, 0)
         self.rows: tuple[list[int], torch.Tensor] = (
             [],
@@ -99,9 +101,7 @@ class DecodeCall:
             cancelled = source.sampled(active, tokens, logprobs, state)  # live: streamed, given up
             engine = self.engine
             sampled_now = (tokens, logprobs, entropies)
-            finished = take_tokens(
-                sampled_now, active, state, self.requests, engine.stop_ids, self.stops, turns
-            )
+            finished = take_tokens(self.call, sampled_now, active, self.stops, turns)
             finished += [slot for slot in cancelled if slot not in finished]
             if finished:
                 yield from self._finish(finished)
@@ -124,9 +124,7 @@ class DecodeCall:
         if answered:
             tick = time.perf_counter()
             with phase("extend"):
-                capped, forwards = extend(
-                    self.engine, self.layers, answered, self.state, self.caches, self.record
-                )
+                capped, forwards = extend(self.call, answered)
             ended += capped
             self.clock["extend_s"] += time.perf_counter() - tick
             self.clock["extends"] += forwards
@@ -140,8 +138,7 @@ class DecodeCall:
             return
         tick = time.perf_counter()
         with phase("prefill"), attention_kernels(self.engine.device):  # not cuDNN's: devices/sdpa.py
-            prefill(self.engine, self.layers, self.requests, admitted, free[: len(admitted)], self.state,
-                    self.caches, self.params, self.record)  # fmt: skip
+            prefill(self.call, admitted, free[: len(admitted)])
         self.clock["prefill_s"] += time.perf_counter() - tick
         self.clock["admissions"] += 1
 
@@ -157,7 +154,7 @@ class DecodeCall:
         state = self.state
         settings = self.source.sampling(active, state, self.params)
         sampled, logprobs, entropies = self.stepper.sample(state, active, index, settings)
-        state.step[index] += 1
+        state.count_sampled(index)
         return sampled, logprobs, entropies
 
     def _feed(self, running: list[int], index: torch.Tensor | None, fed: torch.Tensor) -> float:
@@ -166,10 +163,8 @@ class DecodeCall:
         tick, state = time.perf_counter(), self.state
         index = self._index(running) if index is None else index
         with phase("forward"):  # attention: torch's choice of kernel (devices/sdpa.py says why)
-            self.stepper.forward(self.layers, state, running, index, fed, self.caches, self.record)
-        state.length[index] += 1
-        for slot in running:
-            state.host_length[slot] += 1
+            logits = self.stepper.forward(self.call, running, index, fed)
+        state.fed(running, index, logits)
         stepped = time.perf_counter() - tick
         self.clock["decode_s"] += stepped
         self.clock["decode_steps"] += 1
@@ -179,12 +174,10 @@ class DecodeCall:
         """With nothing left to admit, the running rows moved to the front and the idle ones dropped where
         that makes the steps cheaper (step.py: `compacts`); the running rows then."""
         state, source = self.state, self.source
-        if not (
-            source.drained and not self.turns.pending and self.stepper.compacts(running, len(state.request))
-        ):
+        if not (source.drained and not self.turns.pending and self.stepper.compacts(running, state.pool)):
             return running
         kept = on_device(running, self.engine.device)
-        self.caches = compact(self.caches, kept)
+        self.call.caches = compact(self.call.caches, kept)
         state.select(running, kept)
         if self.record is not None:
             self.record.select(kept)
@@ -195,7 +188,7 @@ class DecodeCall:
         """Free `slots` and yield their completions; overlapping with routes recorded, a step later (after
         the next read, by when the routes' copy has arrived without the host waiting for the forward
         already sent): `_ready`."""
-        made = finish(self.engine, self.requests, self.state, slots, self.record, self.began, self.stops)
+        made = finish(self.call, slots, self.began, self.stops)
         if self.overlap and self.record is not None:
             self.pending.append(made)
             return

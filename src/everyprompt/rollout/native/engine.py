@@ -36,6 +36,7 @@ from everyprompt.rollout.native.graphs import StepGraphs
 from everyprompt.rollout.native.moe import MixtureOfExperts, swiglu
 from everyprompt.rollout.native.plain_step import PlainStep
 from everyprompt.rollout.native.queue import LiveRequests, Queue
+from everyprompt.rollout.native.site import Site
 from everyprompt.rollout.native.static_step import StaticStep, StepBuffers
 from everyprompt.rollout.native.step import DecodeStep, StepModel
 from everyprompt.rollout.native.weights import Layer, StateDict, copy_into, fp8_matmuls, read_layer
@@ -65,6 +66,7 @@ class NativeEngine:
         eos_token_id: int | Iterable[int],
         pad_token_id: int,
         batch_size: int = 256,
+        *,
         dtype: torch.dtype = torch.float32,
         precision: str | None = None,
         tokenizer=None,
@@ -140,6 +142,7 @@ class NativeEngine:
         tokenizer,
         batch_size: int = 256,
         precision: str = "fp32",
+        *,
         compile: str = "off",
         device: torch.device | str = "cpu",
         fp8_matmul: bool | None = None,
@@ -247,11 +250,11 @@ class NativeEngine:
         return swiglu(layer.mlp, x)
 
     def forward(
-        self, layers, tokens, positions, caches, rows, bias, last, routes: list | None = None, extend=None
+        self, layers, tokens, positions, caches, site: Site, *, last=None, routes: list | None = None
     ) -> torch.Tensor:
-        """Logits [B, V] at position `last` [B] of each row, the last position if None (attention.py: prefill,
-        extend (`extend`: its layout, extend.py) or decode), through `layers` (the call's dequantised
-        `self.layers`).
+        """Logits [B, V] at position `last` [B] of each row, the last position if None, of `tokens` [B, T] at
+        `positions` [B, T] written where `site` says (attention.py: a prefill, an extend or a decode step),
+        through `layers` (the call's dequantised `self.layers`).
 
         With `routes` (a list), appends each MoE layer's (expert indices [B, T, k], router logits [B, T, E]).
         """
@@ -259,7 +262,7 @@ class NativeEngine:
         rope = self.attention.rotary(positions)
         for layer, cache in zip(layers, caches):
             normed = rms_norm(x, layer.input_norm, self.eps)
-            x = x + self.attention(layer.attention, normed, rope, cache, rows, positions[:, -1], bias, extend)
+            x = x + self.attention(layer.attention, normed, rope, cache, site)
             x = x + self._mlp(layer, rms_norm(x, layer.post_norm, self.eps), routes)
         x = x[:, -1] if last is None else x[torch.arange(x.shape[0], device=x.device), last]
         return (rms_norm(x, self.final_norm, self.eps) @ self.lm_head).float()
@@ -325,5 +328,6 @@ class NativeEngine:
         bias = decode_bias(positions, caches[0][0].shape[2], self.dtype, self.attention.mask_layout)
         routes: list | None = [] if record else None
         rows = torch.arange(tokens.shape[0], device=tokens.device)
-        logits = self.forward(layers, tokens[:, None], positions[:, None], caches, rows, bias, None, routes)
+        site = Site(rows, positions, bias)
+        logits = self.forward(layers, tokens[:, None], positions[:, None], caches, site, routes=routes)
         return logits, routes

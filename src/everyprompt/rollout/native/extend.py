@@ -10,79 +10,51 @@ row and attend to the row's cache up to their own (`Extend.mask`). The row's nex
 its pending logits; its count of sampled tokens (the sampler's noise counter) moves on by the
 observation's length, as feeding it a token a step did, so the model's later tokens are drawn with the
 same noise. Observation tokens are not the model's: they carry log-prob and entropy 0 and are masked out
-of the completion (`Slots.observed`). An observation longer than the room left under the row's token cap
+of the completion (`Rows.observed`). An observation longer than the room left under the row's token cap
 is cut there, and the completion ends at "length" (its last token not fed, as a sampled last one is not).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from everyprompt.devices.sdpa import attention_kernels
-from everyprompt.rollout.native.slots import on_device
+from everyprompt.rollout.native.call import Call
+from everyprompt.rollout.native.rows import on_device
+from everyprompt.rollout.native.site import Extend, Site
 
 
-@dataclass(frozen=True)
-class Extend:
-    """One row's extend forward: T new tokens at positions [start, start + T) of cache row `slot`, query t
-    seeing the row's positions up to start + t (`mask` [T, start + T], True where visible)."""
-
-    slot: int
-    start: int
-    mask: torch.Tensor
-
-    @property
-    def width(self) -> int:
-        return self.mask.shape[1]
-
-    def write(self, cache: torch.Tensor, values: torch.Tensor) -> None:
-        """The new tokens' `values` [1, T, ...] into the row of a layer's `cache` [rows, heads, positions, dim]."""
-        length = values.shape[1]
-        per_head = values[0].reshape(length, cache.shape[1], cache.shape[3]).transpose(0, 1)
-        cache[self.slot, :, self.start : self.start + length] = per_head
-
-    def read(self, cache: torch.Tensor) -> torch.Tensor:
-        """The row's positions up to the last new token's, [1, heads, width, dim] (a view)."""
-        return cache[self.slot : self.slot + 1, :, : self.width]
-
-
-def extend(engine, layers, answered: dict[int, list[int]], state, caches, record) -> tuple[list[int], int]:
+def extend(call: Call, answered: dict[int, list[int]]) -> tuple[list[int], int]:
     """Feed each answered slot's observation (`answered`: slot -> its tokens) into its row, a forward a row
     (module docstring); returns the slots whose token cap the observation reached (their completion ends)
     and the forwards run (none for a row whose observation filled its last position alone)."""
-    capped, forwards = [], 0
+    capped, forwards, state = [], 0, call.rows
     for slot in sorted(answered):  # in slot order: each row's forward is its own (module docstring)
         count = len(state.tokens[slot])
         tokens = answered[slot][: state.limit[slot] - count]  # a turn never ends at the cap: room >= 1
-        state.observed[slot].extend(range(count, count + len(tokens)))
-        state.tokens[slot].extend(tokens)
-        state.token_logprobs[slot].extend([0.0] * len(tokens))
-        state.token_entropies[slot].extend([0.0] * len(tokens))
+        state.observe(slot, tokens)
         if len(state.tokens[slot]) >= state.limit[slot]:
             # the completion ends: its last token is not fed (as a sampled last token is not), so that
             # the row, idle from now, stays inside the cache's width
             capped.append(slot)
             tokens = tokens[:-1]
         if tokens:
-            _feed(engine, layers, slot, tokens, state, caches, record)
+            _feed(call, slot, tokens)
             forwards += 1
     return capped, forwards
 
 
-def _feed(engine, layers, slot: int, tokens: list[int], state, caches, record) -> None:
+def _feed(call: Call, slot: int, tokens: list[int]) -> None:
     """`tokens` through the model from row `slot`'s length; its pending logits and lengths moved on."""
-    start, length, device = state.host_length[slot], len(tokens), engine.device
+    engine, record = call.engine, call.record
+    start, length, device = call.rows.host_length[slot], len(tokens), engine.device
     row, fed = on_device([slot, *tokens], device).split([1, length])  # one host-to-device copy
     positions = torch.arange(start, start + length, device=device)
     layout = Extend(slot, start, torch.arange(start + length, device=device)[None, :] <= positions[:, None])
     routes: list | None = [] if record is not None else None
     with attention_kernels(device):  # as the prefill's: not cuDNN's (devices/sdpa.py)
-        logits = engine.forward(layers, fed[None], positions[None], caches, row, None, None, routes, layout)
+        site = Site(row, positions[-1:], None, layout)
+        logits = engine.forward(call.layers, fed[None], positions[None], call.caches, site, routes=routes)
     if record is not None:  # every fed position's routes, as a prefill's
         record.store(routes, row, positions)
-    state.logits[slot] = logits[0]
-    state.length[slot] = start + length
-    state.step[slot] += length
-    state.host_length[slot] += length
+    call.rows.extended(slot, length, logits[0])

@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 
 from everyprompt.rollout.native.cache import readable
-from everyprompt.rollout.native.slots import Slots
+from everyprompt.rollout.native.call import Call
+from everyprompt.rollout.native.rows import Rows
 from everyprompt.rollout.native.step import DecodeStep
 
 
@@ -20,12 +21,12 @@ class PlainStep(DecodeStep):
         # layout for the whole call
         return self.model.cache.views(pool, width, shared, exact=self.compiled)
 
-    def sample(self, state: Slots, active: list[int], index: torch.Tensor, settings):
+    def sample(self, state: Rows, active: list[int], index: torch.Tensor, settings):
         """The active rows' samples, from their pending logits, seeds and counts of sampled tokens."""
         return self.model.sample(state.logits[index], state.seed[index], state.step[index], *settings)
 
-    def forward(self, layers, state: Slots, running: list[int], running_index, fed, caches, record) -> None:
-        model = self.model
+    def forward(self, call: Call, running: list[int], running_index, fed):
+        model, state, caches, record = self.model, call.rows, call.caches, call.record
         if len(running) == len(state.request):  # every row runs (slots ascend): fed is in row order
             tokens = fed
         else:
@@ -38,10 +39,10 @@ class PlainStep(DecodeStep):
             top = running[-1] + 1  # past the last running one are left out (a live pool keeps them)
             seen = readable(caches, max(state.host_length[:top]) + 1, top)
             tokens, positions = tokens[:top], positions[:top]
-        logits, routes = self.model.decode(layers, tokens, positions, seen, record is not None)
-        state.logits[running_index] = logits[running_index]
+        logits, routes = self.model.decode(call.layers, tokens, positions, seen, record is not None)
         if record is not None:
             record.store(routes, running_index, state.length[running_index], step=0)
+        return logits[running_index]
 
     def stats(self) -> dict[str, float]:
         return {"static_step": 0.0}

@@ -14,22 +14,21 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 import torch
 
 from everyprompt.rollout.base import end_episode, past_time_limit
-from everyprompt.rollout.native.slots import Slots
+from everyprompt.rollout.native.call import Call
+from everyprompt.rollout.native.rows import Rows
 
 
-def take_tokens(sampled, active: list[int], state: Slots, requests, stop_ids, stops, turns) -> list[int]:
+def take_tokens(call: Call, sampled, active: list[int], stops, turns: Turns) -> list[int]:
     """Append the step's `sampled` (tokens, log-probs, entropies: lists over the `active` slots, in order)
     to their sequences; returns the slots that finished. A slot whose episode's turn ended is handed to
     `turns` (it decodes this step's token, then waits)."""
-    finished = []
+    finished, state, stop_ids = [], call.rows, call.engine.stop_ids
     for slot, token, logprob, entropy in zip(active, *sampled):
-        state.tokens[slot].append(token)
-        state.token_logprobs[slot].append(logprob)
-        state.token_entropies[slot].append(entropy)
+        state.append(slot, token, logprob, entropy)
         if len(state.tokens[slot]) >= state.limit[slot]:
             finished.append(slot)
         elif token in stop_ids or stops.hit(state.tokens[slot]):
-            episode = requests[state.request[slot]].episode
+            episode = call.requests[state.request[slot]].episode
             if episode is None:
                 finished.append(slot)
             else:
@@ -39,12 +38,12 @@ def take_tokens(sampled, active: list[int], state: Slots, requests, stop_ids, st
 
 class Turns:
     """The episodes whose model turn ended, waiting for their environment (slot -> its answer's future
-    and deadline). A waiting slot is in `state.paused`: it is neither sampled nor fed."""
+    and deadline). A waiting slot is paused (`Rows.pause`): it is neither sampled nor fed."""
 
     def __init__(self):
         self.pending: dict[int, tuple[Future, float | None, float | None]] = {}
 
-    def start(self, slot: int, episode, state: Slots) -> None:
+    def start(self, slot: int, episode, state: Rows) -> None:
         future: Future = Future()
         token_ids = list(state.tokens[slot])
 
@@ -58,9 +57,9 @@ class Turns:
         threading.Thread(target=step, name="everyprompt-env-step", daemon=True).start()
         limit = getattr(episode, "time_limit", None)
         self.pending[slot] = (future, None if limit is None else time.monotonic() + limit, limit)
-        state.paused.add(slot)
+        state.pause(slot)
 
-    def resolve(self, state: Slots, requests) -> tuple[list[int], dict[int, list[int]]]:
+    def resolve(self, state: Rows, requests) -> tuple[list[int], dict[int, list[int]]]:
         """Resume the slots whose environment answered; returns the slots whose episode ended (no
         observation, a failure, or past its time limit) and the others' observations (slot -> tokens),
         to be fed (extend.py)."""
@@ -80,7 +79,7 @@ class Turns:
             else:
                 continue
             del self.pending[slot]
-            state.paused.discard(slot)
+            state.resume(slot)
             if observation:
                 answered[slot] = list(observation)
             else:

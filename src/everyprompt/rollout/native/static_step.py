@@ -28,8 +28,9 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from everyprompt.rollout.native.call import Call
 from everyprompt.rollout.native.graphs import StepGraphs
-from everyprompt.rollout.native.slots import Slots
+from everyprompt.rollout.native.rows import Rows
 from everyprompt.rollout.native.step import DecodeStep, StepModel
 from everyprompt.rollout.native.trust import Output
 
@@ -89,7 +90,7 @@ class StepBuffers:
 
 
 class StaticStep(DecodeStep):
-    """The static step of one engine (step.py's interface): its buffers back the call's `Slots`, its cache
+    """The static step of one engine (step.py's interface): its buffers back the call's `Rows`, its cache
     is the engine's whole storage, and each phase runs through its graphs."""
 
     static = True
@@ -109,9 +110,9 @@ class StaticStep(DecodeStep):
         self.caches = whole
         return [tuple(t[:pool] for t in entry) for entry in whole]
 
-    def slots(self, pool: int) -> Slots:
+    def rows(self, pool: int) -> Rows:
         model = self.model
-        return Slots(pool, model.vocab_size, model.device, self.buffers)
+        return Rows(pool, model.vocab_size, model.device, self.buffers)
 
     def start(self, caches, layers, pool: int) -> None:
         """A call's decode layers (graphs are dropped if they moved); every row's length starts at 0 (a
@@ -130,7 +131,7 @@ class StaticStep(DecodeStep):
         padded = self.graphs.padded
         return padded(len(running)) < padded(running[-1] + 1)
 
-    def sample(self, state: Slots, active: list[int], index: torch.Tensor, settings):
+    def sample(self, state: Rows, active: list[int], index: torch.Tensor, settings):
         """The sample phase for rows `active` (host) / `index` (device): their tokens, log-probs and
         entropies. `settings`: the call's (temperature, top_p, greedy), or each active row's tensors; the
         phase reads every row's count of sampled tokens from the buffers."""
@@ -165,11 +166,11 @@ class StaticStep(DecodeStep):
         self.graphs.run("sample", "rows" if per_row else tuple(settings), active[-1] + 1, body, outputs)
         return buffers.sampled[index], buffers.logprobs[index], buffers.entropies[index]
 
-    def forward(self, layers, state: Slots, running: list[int], running_index, fed, caches, record) -> None:
+    def forward(self, call: Call, running: list[int], running_index, fed) -> None:
         """The forward phase: `fed` [n] into rows `running` (host, ascending) / `running_index` (device),
-        the bucket's other rows fed the pad token; their next-token logits go to the pending logits, their
-        routes into `record` when the call records."""
-        buffers = self.buffers
+        the bucket's other rows fed the pad token; their next-token logits go to the buffers the rows'
+        pending logits view (so None is returned), their routes into the call's record when it records."""
+        buffers, record = self.buffers, call.record
         routes = record is not None and record.routes is not None
         router_logits = record is not None and record.logits is not None
         # the recorded buffers, by the field of each MoE layer's (experts, router logits) they take
@@ -203,6 +204,7 @@ class StaticStep(DecodeStep):
                 running_index,
                 buffers.length[running_index],
             )
+        return None
 
     def stats(self) -> dict[str, float]:
         return {"static_step": 1.0, **self.graphs.stats()}

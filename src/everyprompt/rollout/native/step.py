@@ -4,10 +4,11 @@ torch.compile: compiled.py) and the static step (static_step.py; its buffers all
 CUDA graphs: graphs.py). Which one a call gets is decided once, by how the engine decodes
 (choices.decoding).
 
-A call runs: `slots` (its decoding state), `views` (its cache), `start`; then, each decode step, `sample`
-(the active rows' next tokens from their pending logits) and `forward` (the running rows' fed tokens through
-the model, writing their next pending logits; on a CUDA device the static step's is sent before the
-step's tokens are read, for every active row); and `stats` once the call ends.
+A call runs: `rows` (its decoding state, rows.py), `views` (its cache), `start`; then, each decode step,
+`sample` (the active rows' next tokens from their pending logits) and `forward` (the running rows' fed
+tokens through the model, giving their next pending logits, which the loop hands to the rows; on a CUDA
+device the static step's is sent before the step's tokens are read, for every active row); and `stats`
+once the call ends. A step reads the rows and never writes them.
 """
 
 from __future__ import annotations
@@ -15,11 +16,15 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from everyprompt.rollout.native.cache import KVCache
-from everyprompt.rollout.native.slots import Record, Slots
+from everyprompt.rollout.native.rows import Rows
+
+if TYPE_CHECKING:
+    from everyprompt.rollout.native.call import Call
 
 
 @dataclass(frozen=True)
@@ -53,10 +58,10 @@ class DecodeStep(ABC):
     def compiled(self) -> bool:
         return self.model.compiled
 
-    def slots(self, pool: int) -> Slots:
+    def rows(self, pool: int) -> Rows:
         """The call's decoding state: `pool` rows."""
         model = self.model
-        return Slots(pool, model.vocab_size, model.device)
+        return Rows(pool, model.vocab_size, model.device)
 
     @abstractmethod
     def views(self, pool: int, width: int, shared: bool) -> list[tuple[torch.Tensor, ...]]:
@@ -74,7 +79,7 @@ class DecodeStep(ABC):
 
     @abstractmethod
     def sample(
-        self, state: Slots, active: list[int], index: torch.Tensor, settings
+        self, state: Rows, active: list[int], index: torch.Tensor, settings
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The tokens, log-probs and entropies [n] the rows `active` (host) / `index` (device) sample from
         their pending logits (`state.step`: their counts of sampled tokens, the noise's counter);
@@ -82,17 +87,12 @@ class DecodeStep(ABC):
 
     @abstractmethod
     def forward(
-        self,
-        layers,
-        state: Slots,
-        running: list[int],
-        running_index: torch.Tensor,
-        fed: torch.Tensor,
-        caches,
-        record: Record | None,
-    ) -> None:
-        """`fed` [n] into rows `running` (host, ascending) / `running_index` (device) at their lengths;
-        their next-token logits become their pending logits, their routes go into `record`."""
+        self, call: Call, running: list[int], running_index: torch.Tensor, fed: torch.Tensor
+    ) -> torch.Tensor | None:
+        """`fed` [n] into rows `running` (host, ascending) / `running_index` (device) at their lengths, through
+        the call's layers and cache; their routes go into the call's record. Returns their next-token logits
+        [n, V] for the rows (`Rows.fed`), or None where the step wrote them into the buffers the rows' pending
+        logits view (the static step's graph)."""
 
     @abstractmethod
     def stats(self) -> dict[str, float]:

@@ -41,7 +41,16 @@ class PolicyForward:
         (`model.dtype`): it replays `data[routes_key]` when given (kept in force until the callables put in
         `hold` run, when given: see token_logprobs) and records the routes it used into `recorded` (a list)
         when given."""
-        return self._logprobs(self.model, data, rows, with_entropy, recorded, routes_key, hold, policy=True)
+        return self._logprobs(
+            self.model,
+            data,
+            rows,
+            with_entropy=with_entropy,
+            recorded=recorded,
+            routes_key=routes_key,
+            hold=hold,
+            policy=True,
+        )
 
     def check(self, batch) -> bool:
         """Before the first training forward: packed and one-by-one log-probs agree for this model, and so
@@ -81,11 +90,11 @@ class PolicyForward:
         model,
         data,
         rows,
+        *,
         with_entropy=False,
         recorded=None,
         routes_key=None,
         hold=None,
-        *,
         policy: bool,
     ):
         with autocast(model, self.config.model.dtype, self.config.model.cpu_bf16):

@@ -118,6 +118,7 @@ def token_logprobs(
     model,
     input_ids: torch.Tensor,
     temperature: float = 1.0,
+    *,
     with_entropy: bool = False,
     lengths: list[int] | None = None,
     pad_id: int = 0,
@@ -157,7 +158,9 @@ def token_logprobs(
     inputs = {"input_ids": forward_ids, "position_ids": positions, "use_cache": False}
     if mask is not None:
         inputs["attention_mask"] = mask
-    with _routing(router, routes, recorded, forward_ids.shape, rows, offsets, lengths_, hold):
+    with _routing(
+        router, routes, recorded, forward_ids.shape, rows=rows, offsets=offsets, lengths=lengths_, hold=hold
+    ):
         if chunk:
             with hidden_states_of(model) as captured:
                 model(**inputs)
@@ -184,7 +187,7 @@ def token_logprobs(
 
 
 @contextmanager
-def _routing(router, routes, recorded, shape, rows, offsets, lengths, hold=None):
+def _routing(router, routes, recorded, shape, *, rows, offsets, lengths, hold=None):
     """Replay `routes` / record into `recorded` for a forward over `shape` = [R, W] token rows (the
     replay ended by the callable put in `hold` instead, when given)."""
     if router is None or (routes is None and recorded is None):

@@ -1,6 +1,6 @@
 """Train-inference mismatch: how far the trainer's old policy is from the engine that sampled.
 
-DESIGN's rule is that the two implementations' disagreement is measured, not hidden; docs/metrics.md
+The two implementations' disagreement is measured, not hidden; docs/metrics.md
 explains each `mismatch/*` metric, docs/algorithms.md what router replay and the rollout corrections do
 about it.
 """

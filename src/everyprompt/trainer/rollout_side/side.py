@@ -35,6 +35,7 @@ from everyprompt.rollout import (
     saved_decode_state,
 )
 from everyprompt.rollout.scheduler import LengthPredictor, admission_order
+from everyprompt.trainer.interface import RolloutSide
 from everyprompt.trainer.rollout_side.assemble import assemble_batch
 from everyprompt.trainer.rollout_side.partial import PartialRollouts, tag
 from everyprompt.trainer.rollout_side.plan import PromptPlan
@@ -45,7 +46,7 @@ from everyprompt.zve.expansion import InFlight
 log = logging.getLogger(__name__)
 
 
-class RolloutSide:
+class LocalRolloutSide(RolloutSide):
     """Owns the engine, the reward pool, the prompt plan (source, curriculum, task mix), the length
     predictor and the pass-rate store's updates."""
 
@@ -58,7 +59,7 @@ class RolloutSide:
         rewards: RewardPool,
         store: PassRateStore,
     ):
-        self.config, self.engine, self.tokenizer = config, engine, tokenizer
+        self.config, self._engine, self.tokenizer = config, engine, tokenizer
         self.prompts, self.rewards, self.store = prompts, rewards, store
         self.plan = PromptPlan(config, prompts, store.pass_rate)
         self.lengths = LengthPredictor(store, default=config.rollout.max_new_tokens)
@@ -82,8 +83,8 @@ class RolloutSide:
 
     @classmethod
     def build(
-        cls, config: Config, model, tokenizer, prompts, run_dir, store: PassRateStore, engine=None
-    ) -> RolloutSide:
+        cls, config: Config, model, tokenizer, prompts, run_dir, store: PassRateStore, *, engine=None
+    ) -> LocalRolloutSide:
         """The configured reward in its worker pool, and `engine` or else the configured engine over
         `model`'s weights."""
         rewards = config.rewards
@@ -95,6 +96,10 @@ class RolloutSide:
         )
         engine = engine if engine is not None else build_engine(config.rollout, model, tokenizer)
         return cls(config, engine, tokenizer, prompts, pool, store)
+
+    @property
+    def engine(self) -> RolloutEngine:
+        return self._engine
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """The learner's weights after `version` updates (weight sync): later tokens carry that version."""

@@ -1,17 +1,24 @@
-"""The state of one native `generate` call besides the KV cache: each slot's decoding state (`Slots`) and
-what the call records per fed position (`Record`: routed experts, router logits). Row i of every tensor
-is cache row i; `select(rows)` keeps rows as the pool shrinks.
+"""The state of one native `generate` call besides the KV cache, and its one owner: each cache row's
+decoding state (`Rows`), and what the call records per fed position (`Record`: routed experts, router
+logits). Row i of every array is cache row i; `select(rows)` keeps rows as the pool shrinks.
+
+`Rows` holds every per-row array and is the only code that writes them: the loop (decode_loop.py) and
+what it calls (admit_finish.py, sequences.py, extend.py) change a row through its operations (admit,
+count a sample, take a step's tokens, take fed logits, observe, extend, pause, free, select); the decode
+steps and the queue read the arrays and never write them. (The static step's graph writes each row's
+pending logits into the buffers the rows' tensors view: the captured forward's output, static_step.py.)
 
 The tensors live on the engine's device. The loop decides (who is admitted, who finished, how wide a
-step reads the cache) from a host-side mirror in `Slots` that it keeps in step itself, so that a decode
-step reads back from the device only its sampled tokens with their log-probs and entropies (one copy,
-one sync), never the state it wrote; a finished row's completion is made from the mirror.
+step reads the cache) from a host-side mirror kept in step with them, so that a decode step reads back
+from the device only its sampled tokens with their log-probs and entropies (one copy, one sync), never
+the state it wrote; a finished row's completion is made from the mirror.
 """
 
 from __future__ import annotations
 
 from array import array
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -98,21 +105,24 @@ class Record:
         return fields
 
 
-class Slots:
-    """Per-slot decoding state of one `generate` call (row i of every tensor is cache row i): tensors on
-    `device` for the step, and their host mirror for the loop's decisions."""
+@dataclass(frozen=True)
+class Admission:
+    """Prompts entering free rows: host lists by admitted row, and the same on the device."""
+
+    slots: list[int]  # the rows they enter
+    requests: list[int]  # each one's index into the call's requests
+    lengths: list[int]  # its prompt's tokens
+    limits: list[int]  # its cap on sampled tokens
+    on_device: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (rows, lengths, seeds) [n] each
+
+
+class Rows:
+    """Per-row decoding state of one `generate` call (row i of every array is cache row i): tensors on
+    `device` for the step, and their host mirror for the loop's decisions. Read anywhere; written only here."""
 
     STEP = ("length", "step", "seed", "logits")  # what a decode step reads (static.StepBuffers has them)
     # the host mirror, a list each (`__init__` says what): `select` keeps their rows as it keeps STEP's
-    HOST = (
-        "request",
-        "host_length",
-        "limit",
-        "tokens",
-        "token_logprobs",
-        "token_entropies",
-        "observed",
-    )
+    HOST = ("request", "host_length", "limit", "tokens", "token_logprobs", "token_entropies", "observed")
 
     def __init__(self, slots: int, vocab_size: int, device: torch.device, buffers=None):
         """`buffers` (static.StepBuffers): the step tensors are views of the engine's static buffers (whose
@@ -136,8 +146,9 @@ class Slots:
         self.token_logprobs: list[array] = [array("f") for _ in range(slots)]  # float32, as sampled
         self.token_entropies: list[array] = [array("f") for _ in range(slots)]
         self.observed: list[list[int]] = [[] for _ in range(slots)]
-        self.paused: set[int] = set()  # slots whose episode's environment is answering (turns.Turns)
+        self.paused: set[int] = set()  # rows whose episode's environment is answering (sequences.Turns)
 
+    # ------------------------------------------------------------ reading
     @property
     def free(self) -> list[int]:
         return [slot for slot, request in enumerate(self.request) if request < 0]
@@ -145,6 +156,75 @@ class Slots:
     @property
     def active(self) -> list[int]:
         return [slot for slot, request in enumerate(self.request) if request >= 0 and slot not in self.paused]
+
+    @property
+    def pool(self) -> int:
+        return len(self.request)
+
+    # ------------------------------------------------------------ a row's life
+    def admit(self, admission: Admission, logits: torch.Tensor) -> None:
+        """Prompts prefilled into free rows: their lengths, seeds and pending logits [n, V], no token yet."""
+        rows, lengths, seeds = admission.on_device
+        self.length[rows] = lengths
+        self.step[rows] = 0
+        self.logits[rows] = logits
+        self.seed[rows] = seeds
+        for slot, request, length, limit in zip(
+            admission.slots, admission.requests, admission.lengths, admission.limits
+        ):
+            self.request[slot], self.host_length[slot], self.limit[slot] = request, length, limit
+            self.tokens[slot], self.token_logprobs[slot], self.token_entropies[slot] = (
+                [],
+                array("f"),
+                array("f"),
+            )
+
+    def count_sampled(self, index: torch.Tensor) -> None:
+        """Rows `index` (device) sampled a token: the sampler's noise counter moves on."""
+        self.step[index] += 1
+
+    def append(self, slot: int, token: int, logprob: float, entropy: float) -> None:
+        """A token the step sampled for row `slot`, as the step's read brought it."""
+        self.tokens[slot].append(token)
+        self.token_logprobs[slot].append(logprob)
+        self.token_entropies[slot].append(entropy)
+
+    def fed(self, running: list[int], index: torch.Tensor, logits: torch.Tensor | None) -> None:
+        """Rows `running` (host) / `index` (device) were fed a token: one position more each, and their next
+        pending logits [n, V] (None: the static step's graph wrote them into the buffers these view)."""
+        if logits is not None:
+            self.logits[index] = logits
+        self.length[index] += 1
+        for slot in running:
+            self.host_length[slot] += 1
+
+    def observe(self, slot: int, tokens: list[int]) -> None:
+        """An environment's observation `tokens` joins row `slot`'s completion: not the model's tokens
+        (log-prob and entropy 0, masked out: `observed`)."""
+        count = len(self.tokens[slot])
+        self.observed[slot].extend(range(count, count + len(tokens)))
+        self.tokens[slot].extend(tokens)
+        self.token_logprobs[slot].extend([0.0] * len(tokens))
+        self.token_entropies[slot].extend([0.0] * len(tokens))
+
+    def extended(self, slot: int, fed: int, logits: torch.Tensor) -> None:
+        """Row `slot` was fed `fed` observation tokens in one forward: its length and its count of sampled
+        tokens move on by them (the sampler's noise, as a token a step would have), its pending logits [V]."""
+        self.logits[slot] = logits
+        self.length[slot] = self.host_length[slot] + fed
+        self.step[slot] += fed
+        self.host_length[slot] += fed
+
+    def pause(self, slot: int) -> None:
+        """Row `slot`'s episode waits for its environment: it is neither sampled nor fed."""
+        self.paused.add(slot)
+
+    def resume(self, slot: int) -> None:
+        self.paused.discard(slot)
+
+    def free_row(self, slot: int) -> None:
+        """Row `slot`'s completion is made: the row is free for the next prompt."""
+        self.request[slot], self.observed[slot] = -1, []
 
     def select(self, rows: list[int], index: torch.Tensor) -> None:
         """Keep `rows` (host indices; `index`: the same on the device), in that order, as rows [0, len(rows))."""
