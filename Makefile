@@ -56,7 +56,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PIP) -e ".[bench]"
-	$(BIN)/python -m bench.algorithms
+	$(BIN)/python -m bench.quality.algorithms
 
 # Debian's Chromium, for the HTML report's browser test (tests/report/test_html.py skips without it)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)

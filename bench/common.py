@@ -66,7 +66,7 @@ class ProbeFailed(RuntimeError):
 
 
 def module_of(script: str | Path) -> str:
-    """The module `python -m` runs a file of bench/ as (`bench/rl_step.py`: bench.rl_step; a package's
+    """The module `python -m` runs a file of bench/ as (`bench/learner/rl_step.py`: bench.learner.rl_step; a package's
     `__main__.py`: the package)."""
     path = Path(script).resolve().relative_to(ROOT).with_suffix("")
     return ".".join(path.parts[:-1] if path.name == "__main__" else path.parts)

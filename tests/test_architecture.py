@@ -127,6 +127,30 @@ def test_no_function_of_the_engine_or_the_trainer_takes_more_than_six_positional
     assert not found, "more than 6 positional parameters:\n" + "\n".join(found)
 
 
+BENCH = ROOT / "bench"
+# what bench/'s top level holds besides its rooms: the index and the helpers the rooms share
+BENCH_TOP = {"__init__.py", "common.py", "setups.py"}
+
+
+def test_bench_has_rooms_and_no_loose_script_at_its_top_level():
+    loose = sorted(p.name for p in BENCH.glob("*.py") if p.name not in BENCH_TOP)
+    assert not loose, f"bench/'s top level holds scripts outside the rooms: {loose}"
+    runnable = [p.name for p in BENCH.glob("*.py") if '__name__ == "__main__"' in p.read_text()]
+    assert not runnable, f"bench/'s shared modules are not benchmarks: {runnable}"
+    index = ast.get_docstring(ast.parse((BENCH / "__init__.py").read_text()))
+    rooms = sorted(p.name for p in BENCH.iterdir() if p.is_dir() and (p / "__init__.py").exists())
+    assert set(rooms) >= {"engine", "learner", "quality", "evidence", "environments", "distributed", "gpu"}
+    for room in rooms:
+        assert f"`{room}/`" in index, f"bench/__init__.py's index does not name {room}/"
+        listed = ast.get_docstring(ast.parse((BENCH / room / "__init__.py").read_text())) or ""
+        for script in sorted((BENCH / room).glob("*.py")):
+            if script.name.startswith("__") or '__name__ == "__main__"' not in script.read_text():
+                continue
+            assert f"bench.{room}.{script.stem}" in listed or (BENCH / room / "__main__.py").exists(), (
+                f"bench/{room}/__init__.py does not list {script.name}"
+            )
+
+
 if __name__ == "__main__":
     if sys.argv[1:] != ["--write"]:
         sys.exit("usage: python -m tests.test_architecture --write")

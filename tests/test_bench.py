@@ -30,7 +30,7 @@ def _saved_tiny_model(directory: Path) -> Path:
 # ~22 s; the losses it runs are tested in tests/algorithms/, the sweep behind it in tests/sweep/
 @pytest.mark.long  # tens of seconds: `make test-long` (.ci/run runs it after `make test`)
 def test_algorithms_bench_smoke(tmp_path, capsys):
-    bench = _load("algorithms")
+    bench = _load("quality.algorithms")
     args = "--tiny --steps 2 --evals 1 --workers 1 --seeds 0".split() + ["--out", str(tmp_path)]
     signal = ["--set", "rewards.function=tests.trainer.flaky_reward:scattered"]  # every step updates
     assert bench.main([*args, "--methods", "DAPO", "ESPO", *signal]) == 0
@@ -49,7 +49,7 @@ def test_algorithms_bench_smoke(tmp_path, capsys):
 # alone it went stale unnoticed (its bandit's samples lacked the reward components collect_groups reads)
 @pytest.mark.long
 def test_zve_bench_smoke(tmp_path, capsys):
-    bench = _load("zve")
+    bench = _load("quality.zve")
     args = "--tiny --budget 8 --evals 1 --workers 1 --seeds 0 --methods GRPO ZVE".split()
     assert bench.main([*args, "--out", str(tmp_path)]) == 0
     payload = json.loads((tmp_path / "zve.json").read_text())
@@ -63,7 +63,7 @@ def test_zve_bench_smoke(tmp_path, capsys):
 
 
 def test_sampling_bench_smoke(tmp_path, capsys):
-    bench = _load("sampling")
+    bench = _load("engine.sampling")
     assert bench.main(["--vocab", "100", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "sampling.json").read_text())["rows"]
     assert [(r["vocab"], r["top_p"]) for r in rows] == [(100, 1.0), (100, 0.9)]
@@ -72,7 +72,7 @@ def test_sampling_bench_smoke(tmp_path, capsys):
 
 
 def test_inversion_bench_smoke(tmp_path, capsys):
-    bench = _load("inversion")
+    bench = _load("quality.inversion")
     assert bench.main(["--groups", "400", "--out", str(tmp_path)]) == 0
     rows = {r["reward"]: r for r in json.loads((tmp_path / "inversion.json").read_text())["rows"]}
     exact = rows["ternary judge, error rate 0.0"]
@@ -87,7 +87,7 @@ def test_chaos_parameter_difference_by_hand(tmp_path):
 
     import torch
 
-    bench = _load("chaos")
+    bench = _load("distributed.chaos")
     a = {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([0.5])}
     assert bench.max_difference(a, {"w": torch.tensor([1.0, 2.25]), "b": torch.tensor([0.0])}) == 0.5
     assert bench.max_difference(a, {"w": torch.tensor([1.0, 2.0])}) == float("inf")  # a tensor missing
@@ -99,7 +99,7 @@ def test_chaos_parameter_difference_by_hand(tmp_path):
 @pytest.mark.slow
 def test_chaos_bench_kills_and_resumes(tmp_path):
     """Two runs killed with SIGKILL (during SFT and during RL), resumed: equal to the uninterrupted run."""
-    bench = _load("chaos")
+    bench = _load("distributed.chaos")
     assert bench.main(["--runs", "2", "--out", str(tmp_path), "--work", str(tmp_path / "work")]) == 0
     summary = json.loads((tmp_path / "chaos.json").read_text())["summary"]
     assert summary["finished"] == 2 and summary["max_parameter_difference"] <= 1e-6
@@ -107,7 +107,7 @@ def test_chaos_bench_kills_and_resumes(tmp_path):
 
 
 def test_genrm_bench_smoke(tmp_path, capsys):
-    bench = _load("genrm")
+    bench = _load("engine.genrm")
     assert bench.main(["--tiny", "--out", str(tmp_path)]) == 0
     payload = json.loads((tmp_path / "genrm.json").read_text())
     assert payload["batch_1"]["completions"] == payload["batch_16"]["completions"] == 16
@@ -117,7 +117,7 @@ def test_genrm_bench_smoke(tmp_path, capsys):
 
 @pytest.mark.slow  # ~30 s: it measures peak memory in a process per set-up
 def test_training_bench_smoke(tmp_path, capsys):
-    bench = _load("training")
+    bench = _load("learner.training")
     chosen = ["fp32", "LoRA", "LoRA + bf16, base in bf16"]
     assert bench.main(["--tiny", "--setups", *chosen, "--out", str(tmp_path)]) == 0
     setups = json.loads((tmp_path / "training.json").read_text())["setups"]
@@ -133,7 +133,7 @@ def test_training_bench_smoke(tmp_path, capsys):
 
 
 def test_scale_projection_by_hand():
-    bench = _load("scale")
+    bench = _load("distributed.scale")
     base = {"step_s": 1.45, "rollout_s": 0.6, "train_s": 0.8}
     ray_one = {"step_s": 1.70, "weight_sync_s": 0.03}
     # overhead 1.70 - 1.45 = 0.25; 2 workers, 2 ranks: 0.6/2 + 0.8/2 + 0.03 + 0.25 = 0.98
@@ -143,7 +143,7 @@ def test_scale_projection_by_hand():
 
 
 def test_smollm2_summary_hand_computed(tmp_path, monkeypatch):
-    bench = _load("smollm2")
+    bench = _load("quality.smollm2")
     before = {"greedy_accuracy": 0.40, "greedy_accuracy/level_1": 0.5, "num_prompts": 150.0}
     runs = {
         seed: {
@@ -177,14 +177,14 @@ def test_smollm2_summary_hand_computed(tmp_path, monkeypatch):
 
 def test_smollm2_run_time_is_the_sum_of_its_steps(tmp_path):
     """A resumed run keeps each step once in metrics.jsonl; their times add up to the run's RL time."""
-    bench = _load("smollm2")
+    bench = _load("quality.smollm2")
     rows = [{"step": 1, "time/step_s": 50.5}, {"step": 2, "time/step_s": 49.5}, {"step": 3}]
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
     assert bench.step_seconds(tmp_path) == pytest.approx(100.0)
 
 
 def test_rl_growth_grid_table_and_plot(tmp_path):
-    bench = _load("rl_growth")
+    bench = _load("learner.rl_growth")
     grid = bench.points(ROOT / "configs" / "smollm2.yaml", [4, 8], [48, 96])
     held = [(p["axis"], p["group_size"], p["max_new_tokens"]) for p in grid]
     # each axis moves while the other stays at the recipe's (group size 8, cap 96)
@@ -213,7 +213,7 @@ def test_rl_growth_grid_table_and_plot(tmp_path):
 
 
 def test_tools_arm_summary_hand_computed_and_its_runs_read_back():
-    bench = _load("tools")
+    bench = _load("environments.tools")
     before = {"greedy_accuracy": 0.2, "num_prompts": 150.0}
     runs = {
         1: {"results": {"greedy_accuracy": 0.5}, "rl_step_seconds": 60.0, "run_dir": "r1"},
@@ -229,7 +229,7 @@ def test_tools_arm_summary_hand_computed_and_its_runs_read_back():
 
 
 def test_tools_call_fraction_counts_completions_that_call(tmp_path):
-    bench = _load("tools")
+    bench = _load("environments.tools")
     rows = [
         {"completion": "<calc>6*7</calc>\ntool\n42"},
         {"completion": "42."},
@@ -242,7 +242,7 @@ def test_tools_call_fraction_counts_completions_that_call(tmp_path):
 @pytest.mark.slow  # two server processes (about 20 s); tests/serve/ runs the server in the default run
 def test_serve_bench_smoke(tmp_path, capsys):
     pytest.importorskip("openai", reason="the openai client is in the dev extra")
-    serve = _load("serve")
+    serve = _load("engine.serve")
 
     assert (
         serve.main(["--concurrency", "4", "--sequential", "2", "--max-tokens", "6", "--out", str(tmp_path)])
@@ -309,7 +309,7 @@ def test_a_probe_returns_its_json_and_shows_what_it_warned_of(tmp_path, capsys):
 
 @pytest.mark.long  # three tiny runs, one beside a spinning process (~50 s)
 def test_contention_bench_smoke(tmp_path, capsys):
-    from bench import contention
+    from bench.learner import contention
 
     out = tmp_path / "contention.json"
     assert contention.main(["--smoke", "--out", str(out)]) == 0

@@ -1,5 +1,5 @@
-"""bench/episodes.py: what an environment's observation costs a multi-turn rollout, and the same workload
-on another git revision's engine (a temporary worktree) as the reference; bench/stepwise.py: step-wise
+"""bench/environments/episodes.py: what an environment's observation costs a multi-turn rollout, and the same workload
+on another git revision's engine (a temporary worktree) as the reference; bench/environments/stepwise.py: step-wise
 episodes scheduled continuously against round by round."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ import json
 import subprocess
 
 import pytest
-from bench import episodes
+from bench.environments import episodes
 
 
+@pytest.mark.long  # 15 s on 2 cores: `make test-long`
 def test_the_episodes_bench_reports_each_observation_length(tmp_path, capsys):
     out = tmp_path / "episodes.json"
     episodes.main(["--tiny", "--observation", "8", "32", "--max-new-tokens", "256", "--out", str(out)])
@@ -38,7 +39,7 @@ def test_against_a_revision_the_bench_measures_its_engine_too_and_removes_the_wo
 
 
 def test_the_stepwise_bench_compares_both_schedules_on_the_same_turns(tmp_path):
-    from bench import stepwise
+    from bench.environments import stepwise
 
     out = tmp_path / "stepwise.json"
     stepwise.main(["--tiny", "--turns", "2", "--latency", "0.05", "--rounds", "1", "--out", str(out)])

@@ -1,4 +1,4 @@
-"""The memory benches: bench/memory.py's probe and bench/heap_trace.py (where a step's host memory goes,
+"""The memory benches: bench/learner/memory.py's probe and bench/learner/heap_trace.py (where a step's host memory goes,
 under which malloc)."""
 
 import ctypes.util
@@ -10,7 +10,7 @@ from tests.test_bench import ROOT, _load, _saved_tiny_model
 
 
 def test_memory_bench_probe_measures_a_pass(tmp_path):
-    bench = _load("memory")
+    bench = _load("learner.memory")
     model = str(_saved_tiny_model(tmp_path / "tiny"))
     for grad in (False, True):
         for chunk in (0, 8):
@@ -22,7 +22,7 @@ def test_memory_bench_probe_measures_a_pass(tmp_path):
 
 @pytest.mark.slow  # ~40 s: two settings, each a process of two RL steps
 def test_heap_trace_bench_smoke(tmp_path, capsys, monkeypatch):
-    bench = _load("heap_trace")
+    bench = _load("learner.heap_trace")
     monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the probes import the test reward below
     model = _saved_tiny_model(tmp_path / "tiny")
     recipe = tmp_path / "tiny.yaml"
@@ -52,7 +52,7 @@ def test_heap_trace_bench_smoke(tmp_path, capsys, monkeypatch):
 
 
 def test_heap_trace_settings_are_sizes_with_known_flags(tmp_path, capsys):
-    bench = _load("heap_trace")
+    bench = _load("learner.heap_trace")
     assert bench._setting("1024") == ("1024", 1024, [])
     assert bench._setting("4+thp+trim") == ("4+thp+trim", 4, ["thp", "trim"])
     assert bench._setting("1024+jemalloc") == ("1024+jemalloc", 1024, ["jemalloc"])
@@ -71,7 +71,7 @@ def test_heap_trace_refuses_a_run_on_another_malloc_than_named(tmp_path, capsys,
     whatever the recipe's `malloc`)."""
     from everyprompt.devices import malloc
 
-    bench = _load("heap_trace")
+    bench = _load("learner.heap_trace")
     model = _saved_tiny_model(tmp_path / "tiny")
     out = tmp_path / "out"
     monkeypatch.setattr(malloc, "installed", lambda name: name == "glibc")
@@ -95,7 +95,7 @@ def test_heap_trace_refuses_a_run_on_another_malloc_than_named(tmp_path, capsys,
 @pytest.mark.slow  # ~20 s: a process of two RL steps
 @pytest.mark.skipif(ctypes.util.find_library("jemalloc") is None, reason="libjemalloc is not installed")
 def test_heap_trace_runs_on_the_preloaded_malloc(tmp_path, monkeypatch):
-    bench = _load("heap_trace")
+    bench = _load("learner.heap_trace")
     model = _saved_tiny_model(tmp_path / "tiny")
     recipe = tmp_path / "tiny.yaml"
     recipe.write_text("sft:\n  steps: 0\nrollout:\n  max_new_tokens: 8\nrl:\n  prompts_per_step: 2\n")
@@ -111,7 +111,7 @@ def test_heap_trace_reads_each_phase_at_its_peak():
     """By hand: the phase's highest resident sample carries its in-use and free bytes; the in-use
     maximum is over all of the phase's samples; the seconds and page faults between two samples count to
     the first one's phase (samples appended out of time order by the two threads are put back in it)."""
-    bench = _load("heap_trace")
+    bench = _load("learner.heap_trace")
     sampler = bench.Sampler()  # not started: the samples are given
     gib = 2**30
     # (phase, resident, in use, free, time in s, page faults so far)

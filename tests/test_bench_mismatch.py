@@ -1,4 +1,4 @@
-"""The mismatch bench (bench/mismatch.py) and its analysis of flipped tokens (bench/mismatch_analysis.py)."""
+"""The mismatch bench (bench/engine/mismatch.py) and its analysis of flipped tokens (bench/engine/mismatch_analysis.py)."""
 
 import json
 
@@ -10,7 +10,7 @@ from tests.test_bench import _load
 def test_mismatch_bench_smoke(tmp_path, capsys):
     import torch
 
-    bench = _load("mismatch")
+    bench = _load("engine.mismatch")
     assert bench.main(["--tiny", "--batches", "1", "--rl-steps", "1", "--out", str(tmp_path)]) == 0
     payload = json.loads((tmp_path / "mismatch.json").read_text())
     cells = {(c["precision"], c["replay"]): c for c in payload["cells"]}
@@ -31,7 +31,7 @@ def test_mismatch_bench_smoke(tmp_path, capsys):
 def test_flipped_token_analysis_matches_on_entropy():
     import torch
 
-    bench = _load("mismatch")
+    bench = _load("engine.mismatch")
     # unflipped tokens: |dlogp| = entropy / 10; flipped: twice that. The raw means mix entropies (the
     # flipped sit at high entropy), the entropy-matched ratio recovers the factor 2 exactly.
     entropy = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 0.9, 1.0])
@@ -55,7 +55,7 @@ def test_flipped_token_analysis_matches_on_entropy():
 def test_flipped_token_analysis_matches_on_router_perturbation():
     import torch
 
-    bench = _load("mismatch")
+    bench = _load("engine.mismatch")
     # |dlogp| = perturbation / 10 for every token, flipped or not; the two flipped tokens sit at the two
     # largest perturbations. Raw means say flipped tokens are worse (0.095 vs 0.055); matched on the
     # perturbation (nearest neighbour: the unflipped token with the same one) they are not: ratio 1.
@@ -78,7 +78,7 @@ def test_flipped_token_analysis_matches_on_router_perturbation():
 def test_flipped_token_analysis_matches_on_the_sampled_log_prob_and_caps_outliers():
     import torch
 
-    bench = _load("mismatch")
+    bench = _load("engine.mismatch")
     # |dlogp| = -logprob / 100 for every token (a rarer sample moves more under the same logit error);
     # the two flipped tokens are the two rarest samples. Entropy and perturbation are equal everywhere,
     # so only the log-prob separates them: matched on all three, the ratio is exactly 1.
@@ -108,7 +108,7 @@ def test_flipped_token_analysis_matches_on_the_sampled_log_prob_and_caps_outlier
 def test_downstream_ratio_by_hand():
     import torch
 
-    bench = _load("mismatch")
+    bench = _load("engine.mismatch")
     perturbation = torch.tensor(
         [
             [1.0, 1.0, 1.0],  # unflipped
@@ -134,7 +134,7 @@ def test_router_perturbation_is_the_engines_precision_error(tmp_path, precision)
     from everyprompt.config import load_config
     from everyprompt.pipeline import Run
 
-    bench = _load("mismatch")
+    bench = _load("engine.mismatch")
     overrides = [*bench.TINY, "logging.progress=false", "logging.tensorboard=false", "sft.steps=0"]
     overrides += [f"rollout.precision={precision}", "rl.router_replay=r3", "rl.old_logprobs=recompute"]
     trainer = Run(load_config(None, overrides), tmp_path).trainer()

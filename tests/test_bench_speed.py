@@ -1,5 +1,5 @@
 """The speed benches: bench/throughput (the engine against generate, a real model, the compiled step) and
-bench/rl_step.py (an RL step against TRL), and the README speed table they give."""
+bench/learner/rl_step.py (an RL step against TRL), and the README speed table they give."""
 
 import importlib.util
 import json
@@ -111,13 +111,13 @@ def test_throughput_bench_refuses_a_missing_model_and_a_device_it_lacks(tmp_path
 
 
 def test_the_readme_speed_table_is_the_one_the_results_give():
-    """The README's speed table is generated (bench/speed_table.py); it must match the committed results."""
-    bench = _load("speed_table")
+    """The README's speed table is generated (bench/learner/speed_table.py); it must match the committed results."""
+    bench = _load("learner.speed_table")
     results = bench.model_results()
     assert results, "no model benchmark results in bench/results"
     readme = (ROOT / "README.md").read_text()
     expected = bench.readme_section(results, bench.rl_step_results())
-    assert bench.section(readme) == expected, "run `python -m bench.speed_table`"
+    assert bench.section(readme) == expected, "run `python -m bench.learner.speed_table`"
     # the README's table is one machine's: the CPU's; the GPU's results are kept apart (docs/gpu.md)
     assert {r["device"] for r in results} == {"cpu"}
     gpu = bench.model_results(device="cuda")  # the H100's eager run, the H200's with graphs (dense, MoE)
@@ -130,14 +130,14 @@ def test_the_readme_speed_table_is_the_one_the_results_give():
 def test_rl_step_decodes_in_trls_arithmetic_and_the_table_keeps_that_comparison(tmp_path):
     from everyprompt.config import load_config
 
-    bench = _load("rl_step")
+    bench = _load("learner.rl_step")
     recipe = ROOT / "configs" / "smollm2.yaml"  # trained in bf16: TRL's generate runs under its autocast
     matched = bench.matched_precision(recipe, [])
     assert matched == ["rollout.precision=bf16", "rl.old_logprobs=recompute"]
     config = load_config(recipe, matched)  # a set-up the config accepts
     assert config.rollout.precision == "bf16" and config.rl.mini_batches == 1  # no extra old-policy pass
     assert bench.matched_precision(recipe, ["model.dtype=fp32"]) == []
-    table = _load("speed_table")
+    table = _load("learner.speed_table")
     row = {"benchmark": "rl_step", "step_ratio": 0.5, "trl_micro_batch": "matched"}
     for name, precision in (("a", "matched"), ("b", "recipe")):
         (tmp_path / f"rl_step_{name}.json").write_text(json.dumps({**row, "rollout_precision": precision}))
@@ -156,7 +156,7 @@ def test_rl_step_decodes_in_trls_arithmetic_and_the_table_keeps_that_comparison(
 
 @pytest.mark.slow  # each trainer in a process of its own (~40 s)
 def test_rl_step_bench_smoke(tmp_path, capsys):
-    bench = _load("rl_step")
+    bench = _load("learner.rl_step")
     model = _saved_tiny_model(tmp_path / "tiny")
     recipe = tmp_path / "tiny.yaml"
     recipe.write_text(

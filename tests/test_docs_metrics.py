@@ -48,6 +48,7 @@ def test_the_patterns_read_the_table_as_written():
     assert not named("entropy_sum") and not named("mismatch/logp_abs_diff_sideways")
 
 
+@pytest.mark.long  # 7 s on 2 cores: `make test-long`
 @pytest.mark.parametrize(
     "overrides",
     [

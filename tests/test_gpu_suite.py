@@ -1,4 +1,4 @@
-"""bench/gpu_suite.sh --smoke: the GPU suite's every step on tiny models on the CPU, so that the one call a
+"""bench/gpu/suite.sh --smoke: the GPU suite's every step on tiny models on the CPU, so that the one call a
 lent GPU gets runs a script that is known to work (its GPU figures are the GPU's to give)."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def test_the_gpu_suite_runs_every_step_on_tiny_models(tmp_path):
     out = tmp_path / "gpu"
     env = {**os.environ, "PYTHON": sys.executable}
     done = subprocess.run(
-        ["bash", "bench/gpu_suite.sh", "--smoke", "--out", str(out)],
+        ["bash", "bench/gpu/suite.sh", "--smoke", "--out", str(out)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -86,7 +86,7 @@ def test_the_gpu_suites_evidence_mode_runs_the_bench_it_is_given(tmp_path):
     args = "--comparison c1 --setup tiny --tiny --seeds 0 --workers 3 --seed-by-seed"  # as a GPU call runs it
     shutil.rmtree(ROOT / "bench" / "results" / "gpu-evidence", ignore_errors=True)  # kept by a warm machine
     done = subprocess.run(
-        ["bash", "bench/gpu_suite.sh", "--smoke", "--evidence", args, "--out", str(out)],
+        ["bash", "bench/gpu/suite.sh", "--smoke", "--evidence", args, "--out", str(out)],
         cwd=ROOT,
         env={**os.environ, "PYTHON": sys.executable},
         capture_output=True,
@@ -117,7 +117,7 @@ def test_the_gpu_suites_evidence_mode_runs_the_bench_it_is_given(tmp_path):
 
 def _dry_run(*args: str) -> dict[str, list[str]]:
     done = subprocess.run(
-        ["bash", "bench/gpu_suite.sh", "--dry-run", *args],
+        ["bash", "bench/gpu/suite.sh", "--dry-run", *args],
         cwd=ROOT,
         env={**os.environ, "OUT": ""},
         capture_output=True,
@@ -149,7 +149,7 @@ def test_the_gpu_suites_recipes_load_as_the_gpu_runs_them(tmp_path):
 
     steps = _dry_run("--out", str(tmp_path))
     assert list(steps) == ["setup", "models", "rl_step", "dense", "learner", "rl_fused", "test-gpu", "moe"]
-    rl_step = _load("rl_step")
+    rl_step = _load("learner.rl_step")
     command = steps["rl_step"]
     config = ROOT / _option(command, "--config")
     overrides = rl_step.bench_overrides(Path(_option(command, "--model")), _sets(command))
@@ -184,7 +184,7 @@ def test_the_learner_profile_switches_the_attention_it_is_asked_to():
     from tests.conftest import tiny_config
     from tests.trainer.test_sides import _model
 
-    profile_bench = _load("learner_profile")
+    profile_bench = _load("learner.learner_profile")
     model, _ = _model(tiny_config())
     register()
     model.set_attn_implementation(CUDA_SDPA)  # as the learner's policy has it on CUDA
@@ -203,7 +203,7 @@ def test_the_learner_profile_ranks_a_gpu_by_a_time_its_profiler_reports():
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    profile_bench = _load("learner_profile")
+    profile_bench = _load("learner.learner_profile")
     key = profile_bench.time_key(torch.device("cuda:0"))
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         torch.ones(4) @ torch.ones(4)
@@ -220,7 +220,7 @@ def test_trl_runs_on_the_device_the_recipe_trains_on(monkeypatch):
     import everyprompt.devices.placement as placement
     from everyprompt.config import load_config
 
-    rl = importlib.import_module("bench.trl_grpo")
+    rl = importlib.import_module("bench.learner.trl_grpo")
     config = load_config(ROOT / "configs" / "smollm2.yaml", [])
     assert rl.trl_on_cpu(config) is (not torch.cuda.is_available())  # model.device=auto
     assert rl.trl_on_cpu(load_config(ROOT / "configs" / "smollm2.yaml", ["model.device=cpu"])) is True
@@ -234,12 +234,12 @@ def test_a_failed_models_step_skips_the_steps_that_need_a_model_at_once(tmp_path
     take no time, instead of each failing on its own."""
     python = tmp_path / "python"
     python.write_text(
-        f'#!/bin/sh\ncase "$2" in bench.gpu_models) echo "no GGUF here" >&2; exit 1;; esac\n'
+        f'#!/bin/sh\ncase "$2" in bench.gpu.gpu_models) echo "no GGUF here" >&2; exit 1;; esac\n'
         f'exec {sys.executable} "$@"\n'
     )
     python.chmod(0o755)
     done = subprocess.run(
-        ["bash", "bench/gpu_suite.sh", "--smoke", "--only", "dense,rl_step", "--out", str(tmp_path / "gpu")],
+        ["bash", "bench/gpu/suite.sh", "--smoke", "--only", "dense,rl_step", "--out", str(tmp_path / "gpu")],
         cwd=ROOT,
         env={**os.environ, "PYTHON": str(python)},
         capture_output=True,
@@ -260,7 +260,7 @@ def test_the_full_suite_refuses_a_machine_whose_python_sees_no_gpu(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     done = subprocess.run(
-        ["bash", "bench/gpu_suite.sh", "--out", str(tmp_path)],
+        ["bash", "bench/gpu/suite.sh", "--out", str(tmp_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -276,7 +276,7 @@ def test_the_c7_mode_tells_its_runner_the_calls_time(tmp_path):
     work = ROOT / "bench" / "results" / "gpu-evidence"
     existed = work.exists()
     done = subprocess.run(
-        ["bash", "bench/gpu_suite.sh", "--smoke", "--dry-run", "--c7", "--smoke --seeds 0", "--out", str(tmp_path)],
+        ["bash", "bench/gpu/suite.sh", "--smoke", "--dry-run", "--c7", "--smoke --seeds 0", "--out", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -289,7 +289,7 @@ def test_the_c7_mode_tells_its_runner_the_calls_time(tmp_path):
 
 
 def test_the_docs_decode_table_is_made_from_a_result_and_says_a_failed_compile():
-    tables = _load("gpu_tables")
+    tables = _load("gpu.gpu_tables")
     row = {
         "batch": 1,
         "graphs_step_ms": 1.678,

@@ -15,6 +15,7 @@ from everyprompt.processes import descendants, is_alive
 from tests.conftest import TINY_OVERRIDES
 
 
+@pytest.mark.long  # 13 s on 2 cores: `make test-long`
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the process tree from /proc")
 def test_a_run_killed_during_rl_leaves_no_reward_worker(tmp_path):
     overrides = [*TINY_OVERRIDES, "rl.steps=200", "rewards.workers=2", "checkpoint.every=0"]

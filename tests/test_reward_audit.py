@@ -1,8 +1,8 @@
-"""bench/reward_audit.py: a sheet of completions a person read, scored against the math reward by hand."""
+"""bench/quality/reward_audit.py: a sheet of completions a person read, scored against the math reward by hand."""
 
 import json
 
-from bench.reward_audit import main, sample, score
+from bench.quality.reward_audit import main, sample, score
 
 
 def _row(completion, answer, reader, reward):

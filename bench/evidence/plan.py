@@ -105,8 +105,8 @@ COMPARISONS = {
     "c4": Comparison(
         "a ternary judge against a scalar reward model (simulated, same error rate)",
         {
-            "scalar-rm": ["rewards.function=evidence_rewards:scalar_rm"],
-            "genrm": ["rewards.function=evidence_rewards:genrm"],
+            "scalar-rm": ["rewards.function=bench.evidence.rewards:scalar_rm"],
+            "genrm": ["rewards.function=bench.evidence.rewards:genrm"],
         },
         ("genrm",),
         (),

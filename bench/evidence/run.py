@@ -30,21 +30,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
 
-from bench.algorithms import TINY, prepare_sft
 from bench.common import RESULTS, repo_override, repo_path
 from bench.evidence.plan import COMPARISONS, SETUPS, TEACHER_SEED, Comparison, Setup
 from bench.evidence.store import load, locked, merge_file, save, write
 from bench.evidence.verdicts import write_readme
-
-BENCH = Path(__file__).resolve().parent.parent  # bench/: evidence_rewards.py, C4's reward functions
-
+from bench.quality.algorithms import TINY, prepare_sft
 
 QUIET = ["logging.progress=false", "logging.tensorboard=false"]
 
@@ -225,7 +221,6 @@ def run(
             f"{setup_name} needs {repo_path(setup.needs)}: `make smollm2` (and `make smollm2-moe`)"
         )
     console = Console(width=110)
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCH), os.environ.get("PYTHONPATH")]))
     base = TINY + ["eval.num_samples=2", "eval.pass_k=2"] if smoke else []
     sft_dir = None
     if setup.shared_sft:

@@ -33,8 +33,8 @@ import sys
 import time
 from pathlib import Path
 
-from bench.algorithms import TINY, prepare_sft
 from bench.common import RESULTS, repo_path, write_results
+from bench.quality.algorithms import TINY, prepare_sft
 from bench.throughput.engine import engine_vs_hf, engine_vs_hf_rollout, short_op
 from bench.throughput.floor import compile_cost, compile_probe, decode_floor, training_floor
 from bench.throughput.rl import everyprompt_steps, trl_steps

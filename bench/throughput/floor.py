@@ -1,4 +1,4 @@
-"""(e) of bench/throughput: the decode step and the RL update against their GEMMs alone (bench/floor.py), and
+"""(e) of bench/throughput: the decode step and the RL update against their GEMMs alone (bench/engine/floor.py), and
 what compiling the decode step costs and when it pays."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ def _step_ms(stats: dict) -> float:
 
 
 def middle_step_gemms(engine, requests, new_tokens: int) -> list:
-    """The GEMMs of an eager engine's middle decode step (bench/floor.py), recorded during one generate
+    """The GEMMs of an eager engine's middle decode step (bench/engine/floor.py), recorded during one generate
     call of `requests` decoding `new_tokens` each."""
-    from bench.floor import GemmRecorder
+    from bench.engine.floor import GemmRecorder
     from everyprompt.rollout import SamplingParams
 
     recorder, middle, seen = GemmRecorder(), max(new_tokens // 2, 1), [0]
@@ -44,7 +44,7 @@ def middle_step_gemms(engine, requests, new_tokens: int) -> list:
 def decode_floor(model, tokenizer, prompts: list[str], batch: int, new_tokens: int, engine_vs: dict) -> dict:
     """The decode step's GEMMs alone (recorded at the middle decode step of an eager call of (a)'s
     workload, each with operands of its own), against the eager and the compiled engine's step in (a)."""
-    from bench.floor import replay_seconds
+    from bench.engine.floor import replay_seconds
 
     _, requests = fixed_batch(tokenizer, prompts, batch)
     calls = middle_step_gemms(native_engine(model, tokenizer, batch, eos=False), requests, new_tokens)
@@ -108,7 +108,7 @@ def compile_cost(base: list[str], batch: int, new_tokens: int, floor: dict, cold
 def training_floor(rl_base: list[str], run_dir: Path, updates: int = 3) -> dict:
     """One RL update of (d)'s set-up (synchronous, so a batch can be taken and trained by hand) against
     the GEMMs it dispatches (forwards and backward), replayed alone with operands shared by shape."""
-    from bench.floor import GemmRecorder, replay_seconds
+    from bench.engine.floor import GemmRecorder, replay_seconds
     from everyprompt.config import load_config
     from everyprompt.pipeline import Run
 

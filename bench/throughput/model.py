@@ -2,7 +2,7 @@
 `.gguf` file) against transformers' `generate` on the same device, dtype and prompts, in one process.
 
   decode      tokens/s at several batch sizes, both sides decoding exactly `new_tokens` a sequence;
-  floor       the decode step against its own matrix products replayed alone (bench/floor.py), and at
+  floor       the decode step against its own matrix products replayed alone (bench/engine/floor.py), and at
               batch 1 against the memory-bandwidth bound (every weight read once a step);
   long_tail   a rollout's long-tailed lengths: the engine's continuous batching against `generate` in
               static batches of the same size, each run until its longest request is done;
@@ -144,7 +144,7 @@ def decode_at(model, tokenizer, work, new_tokens, repeats, dtype, device) -> dic
 
 def step_floor(native, work, new_tokens: int, device: torch.device) -> dict:
     """The GEMMs of the engine's middle decode step, replayed alone on `device`."""
-    from bench.floor import replay_seconds
+    from bench.engine.floor import replay_seconds
 
     calls = middle_step_gemms(native, work, new_tokens)
     flops = sum(call.flops() for call in calls)

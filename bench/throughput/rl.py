@@ -96,13 +96,13 @@ def rollout_profile(trainer, step: int) -> dict:
 def trl_steps(
     base: list[str], steps: int, run_dir: Path, config_path: Path | None = None, matched: bool = False
 ) -> dict:
-    """TRL's GRPOTrainer on the recipe (bench/trl_grpo.py). `matched`: its micro-batch is the recipe's
+    """TRL's GRPOTrainer on the recipe (bench/learner/trl_grpo.py). `matched`: its micro-batch is the recipe's
     `rl.micro_batch_size` (gradient accumulation up to the mini-batch, as everyprompt's learner does);
     else one micro-batch holds a whole mini-batch."""
     import torch
     from transformers import TrainerCallback
 
-    from bench.trl_grpo import grpo_config, grpo_trainer, trl_dataset
+    from bench.learner.trl_grpo import grpo_config, grpo_trainer, trl_dataset
     from everyprompt.config import load_config
     from everyprompt.models.io import load_model_and_tokenizer
     from everyprompt.pipeline import Run

@@ -7,7 +7,7 @@ fused ones are the way down); one with long gaps waits on the host (launches, Py
 back). Where the code marks its phases for the profiler (devices/phases.py: the native engine's prefill,
 sample, forward and read), each gap's time is put to the phase the host was in meanwhile (`idle_by_phase`; the
 rest of the loop, between the marked phases, is `unmarked`), beside each phase's host time
-(`host_by_phase`). bench/rl_step.py profiles one more rollout of the recipe after its steps
+(`host_by_phase`). bench/learner/rl_step.py profiles one more rollout of the recipe after its steps
 (`rollout_profile`), so a lent GPU says why its decode steps take longer in an RL step than in the decode
 bench (an H200, 2026-11-28: about 3.5 ms a step in the RL step's generation against 2.2-2.4 ms in the bench
 at batch 32-64).

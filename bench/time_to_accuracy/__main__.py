@@ -68,7 +68,7 @@ def cell_environment(arm: str, overrides: list[str]) -> dict | None:
 
 def smoke_model(work: Path) -> Path:
     """A 2-layer chat model (tiny-chat-moe) saved once: every arm of the smoke starts from it."""
-    from bench.algorithms import TINY_MODEL
+    from bench.quality.algorithms import TINY_MODEL
     from everyprompt.config import load_config
     from everyprompt.models.io import load_model_and_tokenizer, save_pretrained
 

@@ -1,6 +1,6 @@
 """C7's arms, each trained for the same seconds of its training clock (clock.py) from its first step, with
 snapshots of the policy at the marks: everyprompt through `RLTrainer.train(hooks=...)`, TRL's
-GRPOTrainer (bench/trl_grpo.py) through a callback, on the same prompts in the same order."""
+GRPOTrainer (bench/learner/trl_grpo.py) through a callback, on the same prompts in the same order."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def train_trl(config, out: Path, marks: list[float]) -> dict:
     import torch
     from transformers import TrainerCallback
 
-    from bench.trl_grpo import grpo_config, grpo_trainer, trl_dataset, trl_on_cpu
+    from bench.learner.trl_grpo import grpo_config, grpo_trainer, trl_dataset, trl_on_cpu
     from everyprompt.models.io import load_model_and_tokenizer, save_pretrained
     from everyprompt.pipeline import Run
     from everyprompt.trainer.learner_side.optim import build_optimizer, build_scheduler

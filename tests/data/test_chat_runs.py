@@ -94,6 +94,7 @@ def test_a_missing_column_exits_2_naming_the_file_and_its_columns(chat_setup, tm
     assert "['answer', 'question']" in err[0]
 
 
+@pytest.mark.long  # 19 s on 2 cores: `make test-long`
 def test_the_cpu_twin_config_runs_end_to_end(tmp_path, monkeypatch, capsys):
     """configs/gsm8k-qwen3-moe-cpu.yaml as shipped (its data paths are relative to the repository root),
     shortened: SFT on chat data, RL with LoRA on attention, experts and routers, then the evaluation."""

@@ -52,6 +52,7 @@ def test_every_installed_task_is_covered():
     assert set(REFUSED) | set(OPEN_ENDED) <= set(DATASETS)
 
 
+@pytest.mark.long  # 19 s on 2 cores: `make test-long`
 @pytest.mark.parametrize("task", sorted(DATASETS))
 def test_each_task_scores_its_gold_answer_after_a_json_round_trip(task):
     recipe = Recipe(task, None, {}, 1234, 2)

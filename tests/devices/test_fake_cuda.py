@@ -114,6 +114,7 @@ def test_a_module_moved_to_fake_cuda_trains_there():
 
 
 # ------------------------------------------------------------------ the native engine on it
+@pytest.mark.long  # 40 s on 2 cores: `make test-long`
 @pytest.mark.parametrize(
     "precision,params",
     [
@@ -222,6 +223,7 @@ def test_a_cpu_tensor_planted_in_a_path_is_named(tiny_model, monkeypatch, plant,
 
 
 # ------------------------------------------------------------------ the hf engine on it
+@pytest.mark.long  # 7 s on 2 cores: `make test-long`
 @pytest.mark.parametrize("params", [{}, {"record_routes": True, "greedy": True}], ids=["sampled", "routes"])
 def test_an_hf_engine_rollout_on_fake_cuda_equals_the_cpu_one(params):
     model, tokenizer = make_tiny_model()

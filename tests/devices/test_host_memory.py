@@ -35,6 +35,7 @@ def _probe(mode: str, kept_mib: int = 1024, block_mib: int = 96) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.long  # 8 s on 2 cores: `make test-long`
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc settings: Linux only")
 def test_large_tensors_come_from_the_heap_where_freed_memory_is_kept():
     """glibc's default gives a 96 MiB block a mapping of its own, returned to the OS on free (the next one
@@ -45,6 +46,7 @@ def test_large_tensors_come_from_the_heap_where_freed_memory_is_kept():
     assert not default["released"] and kept["released"]  # a step's end trims only where memory is kept
 
 
+@pytest.mark.long  # 7 s on 2 cores: `make test-long`
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc settings: Linux only")
 def test_blocks_above_the_kept_size_get_mappings_of_their_own():
     """`kept_block_mib`: with 64 MiB kept, a 48 MiB block comes from the heap and a 96 MiB one is mapped

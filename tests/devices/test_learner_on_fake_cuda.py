@@ -69,6 +69,7 @@ def _losses_the_demo_can_use():
     return sorted(registered_policy_losses())
 
 
+@pytest.mark.long  # 55 s on 2 cores: `make test-long`
 @pytest.mark.parametrize(
     "overrides",
     [[f"rl.loss={name}"] for name in _losses_the_demo_can_use()]
@@ -100,6 +101,7 @@ def _same_step_on_both_devices(config) -> tuple[dict, dict, object]:
     return expected_metrics, metrics, check
 
 
+@pytest.mark.long  # 10 s on 2 cores: `make test-long`
 @pytest.mark.parametrize("several", [False, True], ids=["one-teacher", "teachers-by-column"])
 def test_a_distillation_step_on_fake_cuda_equals_the_cpu_one(tmp_path, several):
     """The teacher is loaded onto the learner's (fake) device and scores there; with several teachers each
@@ -218,6 +220,7 @@ def test_the_startup_parity_check_runs_with_the_policy_on_the_device():
     assert got == pytest.approx(expected, abs=1e-5)
 
 
+@pytest.mark.long  # 7 s on 2 cores: `make test-long`
 def test_an_update_reads_the_device_back_once_a_mini_batch(monkeypatch):
     """A second update (the once-a-run checks done): the old policy's pass reads back once (its mismatch
     figures), each mini-batch's step once (its finite flag, gradient norm, figures together; it used to be

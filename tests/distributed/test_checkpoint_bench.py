@@ -1,4 +1,4 @@
-"""The Ray checkpoint bench (bench/ray_checkpoint.py) end to end, in a process of its own: it starts and
+"""The Ray checkpoint bench (bench/distributed/ray_checkpoint.py) end to end, in a process of its own: it starts and
 ends its own Ray instance."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from tests.distributed.conftest import needs_ray, run_ray_bench
 @needs_ray
 @pytest.mark.slow  # two set-ups of two Ray learner ranks: under a minute on 2 cores
 def test_the_checkpoint_bench_measures_both_ways_and_leaves_nothing(tmp_path):
-    setups = run_ray_bench("bench.ray_checkpoint", tmp_path / "ray_checkpoint.json")["setups"]
+    setups = run_ray_bench("bench.distributed.ray_checkpoint", tmp_path / "ray_checkpoint.json")["setups"]
     assert set(setups) == {"2 ranks ddp", "2 ranks fsdp2"}
     for name, row in setups.items():
         gathered, mine = row["gathered into the driver"], row["written by the ranks"]

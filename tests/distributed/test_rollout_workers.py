@@ -110,6 +110,7 @@ def test_a_rollout_worker_killed_mid_step_is_replaced_and_its_requests_requeued(
     assert actors_left("RolloutWorker") == []
 
 
+@pytest.mark.long  # 12 s on 2 cores: `make test-long`
 def test_workers_that_cannot_be_placed_fail_clearly(ray_instance):
     from everyprompt.distributed.runtime import RaySession
     from everyprompt.errors import ClusterError

@@ -1,4 +1,4 @@
-"""The weight-sync bench (bench/weight_sync.py) end to end, in a process of its own: it starts and ends its
+"""The weight-sync bench (bench/distributed/weight_sync.py) end to end, in a process of its own: it starts and ends its
 own Ray instance."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from tests.distributed.conftest import needs_ray, run_ray_bench
 @needs_ray
 @pytest.mark.slow  # ten set-ups of Ray actors: about three minutes on 2 cores
 def test_the_weight_sync_bench_measures_each_setup_and_leaves_nothing(tmp_path):
-    setups = run_ray_bench("bench.weight_sync", tmp_path / "weight_sync.json")["setups"]
+    setups = run_ray_bench("bench.distributed.weight_sync", tmp_path / "weight_sync.json")["setups"]
     assert len(setups) == 10
     for name, row in setups.items():
         assert row["weights_mib"] > 0 and row["sync_s"] > 0, name

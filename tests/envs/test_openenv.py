@@ -39,6 +39,7 @@ def episode(**options):
     return make_environment("openenv", app=APP, row_fields=["answer", "question"], **options)
 
 
+@pytest.mark.long  # 13 s on 2 cores: `make test-long`
 def test_an_episode_speaks_the_protocol_turn_by_turn(server):
     env = episode()
     assert env.action_field == "message"  # the action's one required string field, from /schema
@@ -55,6 +56,7 @@ def test_an_episode_speaks_the_protocol_turn_by_turn(server):
     assert both == [{"role": "user", "content": "Q?\n\nAnswer with one number."}]
 
 
+@pytest.mark.long  # 13 s on 2 cores: `make test-long`
 def test_an_error_a_slow_answer_and_a_killed_server_end_the_episode_with_their_reason(server):
     env = episode()
     env.init({"answer": "1", "question": ""})
@@ -76,6 +78,7 @@ def test_an_error_a_slow_answer_and_a_killed_server_end_the_episode_with_their_r
     assert server.starts == starts + 1 and again.step("2").reward == 1.0
 
 
+@pytest.mark.long  # 26 s on 2 cores: `make test-long`
 def test_each_run_has_its_own_restarts(server):
     """The restarts a run may spend (`env.options.restarts`) are counted per run: one that ended gives the
     next run in the same process (a sweep's, a notebook's) a full budget, and leaves no server behind."""
@@ -89,6 +92,7 @@ def test_each_run_has_its_own_restarts(server):
     assert server.starts == 1 and server.alive()
 
 
+@pytest.mark.long  # 13 s on 2 cores: `make test-long`
 def test_a_server_given_by_url_that_is_gone_stops_the_run(server):
     env = make_environment("openenv", url=server.url, row_fields=["answer"])
     server.stop()

@@ -130,6 +130,7 @@ def test_compiled_kernels_without_a_working_compiler_exit_2_before_any_work(monk
     assert not run_dir.exists() or not any(run_dir.iterdir())
 
 
+@pytest.mark.long  # 23 s on 2 cores: `make test-long`
 def test_compiled_layers_take_every_packed_width_with_one_graph_and_equal_the_eager_ones():
     """A dense Llama's packed forwards at four widths: log-probs and gradients equal the eager layers', and
     the layers compile two graphs in all (dynamic shapes; both layers share each): one for rows of one
@@ -158,6 +159,7 @@ def test_compiled_layers_take_every_packed_width_with_one_graph_and_equal_the_ea
     assert compiled_layer_count(model) == 2
 
 
+@pytest.mark.long  # 90 s on 2 cores: `make test-long`
 @pytest.mark.parametrize(
     "settings",
     [

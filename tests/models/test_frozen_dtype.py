@@ -126,6 +126,7 @@ def _lines(run_dir) -> list[dict]:
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.long  # 11 s on 2 cores: `make test-long`
 def test_a_lora_run_on_a_bf16_base_trains_checks_in_float32_and_resumes_exactly(tmp_path):
     """bf16 training on the CPU with the base held in bf16 (asked for: auto keeps fp32 on a CPU), the adapters train in float32; the
     startup parity check and the learner's packing check compare in float32 (without the widening the
@@ -193,6 +194,7 @@ def _rank_holds_the_base_in_bf16(rank: int, port: int) -> None:
             dist.destroy_process_group()
 
 
+@pytest.mark.long  # 30 s on 2 cores: `make test-long`
 def test_a_learner_rank_holds_the_base_as_its_own_device_decides():
     """Under Ray the driver's copy lives on its CPU (a float32 base under `auto`); the learner rank casts
     the base it rebuilds by its own settings and device (here asked for bf16), the adapters float32."""

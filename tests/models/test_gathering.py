@@ -94,6 +94,7 @@ def gathered(tmp_path_factory) -> str:
     return out
 
 
+@pytest.mark.long  # 70 s on 2 cores: `make test-long`
 @pytest.mark.parametrize("setup", ["plain", "lora", "lora-bf16"])
 def test_a_sharded_policy_is_gathered_one_layer_at_a_time_to_its_merged_weights(gathered, setup):
     """Rank 0 gets every weight an engine loads, whole, on the host, equal to the unsharded policy's

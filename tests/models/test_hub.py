@@ -123,6 +123,7 @@ def test_a_one_step_run_trains_a_model_named_by_its_id(offline_cache, saved, tmp
     assert looked_up == ["org/tiny"]  # checked before the run directory, then loaded: one lookup
 
 
+@pytest.mark.long  # 6 s on 2 cores: `make test-long`
 def test_eval_upcycle_filter_and_serve_take_an_id_and_write_nothing_into_the_cache(
     offline_cache, saved, tmp_path, monkeypatch
 ):

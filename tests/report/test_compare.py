@@ -205,6 +205,7 @@ def test_report_cli_single_run_html_and_several_runs(tmp_path, capsys):
     assert main(["report", str(tmp_path / "nowhere")]) == 2
 
 
+@pytest.mark.long  # 9 s on 2 cores: `make test-long`
 @needs_chromium
 def test_the_page_in_headless_chromium(tmp_path):
     """The browser's view: the table and every figure are there, and every figure decodes as an image."""

@@ -6,6 +6,8 @@ import base64
 import json
 import re
 
+import pytest
+
 from everyprompt.cli import main
 from everyprompt.report.evidence import is_evidence, render_evidence
 from tests.report.browser import laid_out, needs_chromium
@@ -32,6 +34,7 @@ def _payload() -> dict:
     }
 
 
+@pytest.mark.long  # 7 s on 2 cores: `make test-long`
 def test_the_page_shows_every_seed_each_contrast_and_its_verdict():
     page = render_evidence(_payload())
     assert "C1: the policy loss, tiny" in page

@@ -1,4 +1,4 @@
-"""docs/evidence.md's verdict rules under simulation (bench/verdict_rule.py, seconds): with no effect, the
+"""docs/evidence.md's verdict rules under simulation (bench/evidence/verdict_rule.py, seconds): with no effect, the
 amended rule (paired t-test, Holm in a family) gives a verdict at most as often as it says (5% plus
 Monte-Carlo error, for normal and heavy-tailed differences at 3, 6 and 10 seeds), where the rule as first
 written (a percentile bootstrap) gives one about a quarter of the time at 3 seeds; its power is what the
@@ -20,7 +20,7 @@ BOUND = 0.05 + 3 * math.sqrt(0.05 * 0.95 / REPS)  # the nominal level plus three
 
 @pytest.fixture(scope="module")
 def bench():
-    return _load("verdict_rule")
+    return _load("evidence.verdict_rule")
 
 
 def test_the_simulations_t_test_is_the_reports(bench):

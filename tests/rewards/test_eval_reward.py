@@ -1,8 +1,6 @@
 """`eval.reward`: the held-out answers judged by another reward than the training one."""
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -10,8 +8,6 @@ from everyprompt.evaluate import held_out_rewards
 from everyprompt.pipeline import Run, train
 from everyprompt.rewards import RewardError
 from tests.conftest import tiny_config
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 def test_the_held_out_reward_replaces_the_training_one_and_its_components():
@@ -42,11 +38,8 @@ def test_a_run_trained_on_one_reward_is_evaluated_by_another(tmp_path):
 
 
 def test_the_simulated_reward_models_misjudge_equally_often():
-    sys.path.insert(0, str(BENCH))
-    try:
-        import evidence_rewards as sim
-    finally:
-        sys.path.remove(str(BENCH))
+    from bench.evidence import rewards as sim
+
     assert sim.WRONG_CALL == pytest.approx(0.0478, abs=1e-4)  # P(N(0, 0.3^2) > 0.5), by hand
     texts = [f"the answer is {i % 2}" for i in range(4000)]
     answers = ["1"] * len(texts)  # every other completion right

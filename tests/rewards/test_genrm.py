@@ -169,6 +169,7 @@ def test_a_judge_of_any_family_renders_its_chat_template_and_judges_in_batches(f
         assert pool.wait(list(range(6))) == one_at_a_time and pool.stats.errors == 0
 
 
+@pytest.mark.long  # 9 s on 2 cores: `make test-long`
 def test_a_run_scores_with_a_judge_slower_to_load_than_the_call_timeout(judge_dir, tmp_path, monkeypatch):
     import json
     import time

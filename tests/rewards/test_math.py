@@ -154,7 +154,7 @@ def test_the_audits_misreads_are_gone_and_no_reading_got_worse():
     reward where the person reads none); today's reward misreads none, and reads as the person does
     everywhere but nine completions, each scored 0 either way: eight that state no answer (it takes a number
     of their talk) and one whose last equation answers another question than the one asked (row 70)."""
-    from bench.reward_audit import score
+    from bench.quality.reward_audit import score
 
     rows = [json.loads(line) for line in AUDIT.open()]
     result = score(rows)

@@ -293,6 +293,7 @@ def test_the_static_steps_compiled_bodies_give_the_eager_static_steps_samples(ti
                 )
 
 
+@pytest.mark.long  # 16 s on 2 cores: `make test-long`
 def test_a_resumed_run_keeps_the_compile_switch_of_the_run_it_continues(tmp_path, monkeypatch):
     """`auto` switches on time spent, and compiled log-probs differ from eager ones in the last bits: a run
     resumed after the switch must decode compiled from its first step, as the run it continues did, or its

@@ -46,6 +46,7 @@ def test_auto_takes_native_where_it_runs_the_family(family):
     assert engines_for(model.config) == (["native", "hf"] if name in NATIVE else ["hf"])
 
 
+@pytest.mark.long  # 7 s on 2 cores: `make test-long`
 @pytest.mark.parametrize("engine", ["native", "hf"])
 def test_engine_log_probs_equal_a_transformers_forward(family, engine):
     name, model, tokenizer = family
@@ -60,6 +61,7 @@ def test_engine_log_probs_equal_a_transformers_forward(family, engine):
         torch.testing.assert_close(completion.entropies, entropies, atol=1e-4, rtol=0)
 
 
+@pytest.mark.long  # 17 s on 2 cores: `make test-long`
 @pytest.mark.parametrize("engine", ["native", "hf"])
 def test_continuous_batching_equals_one_at_a_time(family, engine):
     name, model, tokenizer = family
@@ -121,6 +123,7 @@ def test_routes_equal_the_routers_top_k_and_replay_reproduces_the_engine(family,
         torch.testing.assert_close(logprobs, completion.logprobs, atol=1e-4, rtol=0)
 
 
+@pytest.mark.long  # 13 s on 2 cores: `make test-long`
 @pytest.mark.parametrize("name", FAMILIES)
 def test_train_runs_on_a_checkpoint_of_the_family(tmp_path, name, capsys):
     checkpoint = save_family_checkpoint(name, tmp_path / name)

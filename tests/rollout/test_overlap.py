@@ -79,6 +79,7 @@ def test_on_a_cuda_device_the_forward_is_sent_before_the_tokens_are_read(tiny, m
     _assert_same(got, expected)
 
 
+@pytest.mark.long  # 11 s on 2 cores: `make test-long`
 def test_overlapped_episodes_stop_strings_and_live_settings_decode_as_the_cpu_does(tiny):
     """Observations fed in place of samples (known before the forward is sent), turns ended by a stop
     string while the forward of the turn's last token runs, rows finishing and refilled: the completions
@@ -109,6 +110,7 @@ def test_overlapped_episodes_stop_strings_and_live_settings_decode_as_the_cpu_do
     _assert_same(live, live_expected)
 
 
+@pytest.mark.long  # 11 s on 2 cores: `make test-long`
 def test_a_row_that_ends_at_the_caches_last_position_stays_inside_it_as_an_idle_row(tiny):
     """Overlapping, a row that reaches its token limit has its last token fed too, so its length is one
     past what the call's width allows; left idle inside the bucket (one bucket of two rows: no move to the

@@ -226,6 +226,7 @@ def _addresses(engine) -> dict[str, int]:
     return out
 
 
+@pytest.mark.long  # 19 s on 2 cores: `make test-long`
 @pytest.mark.parametrize(
     "which,params",
     [

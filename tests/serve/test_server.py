@@ -110,6 +110,7 @@ def server(checkpoint):
         running.stop()
 
 
+@pytest.mark.long  # 14 s on 2 cores: `make test-long`
 def test_a_chat_completion_has_the_models_logprobs_and_token_ids(server, checkpoint):
     response = server.client().chat.completions.create(
         model="tiny-chat",
@@ -161,6 +162,7 @@ def test_a_stream_writes_the_same_text_as_the_whole_response(server):
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
 
 
+@pytest.mark.long  # 13 s on 2 cores: `make test-long`
 def test_seeded_samples_repeat_and_n_choices_differ(server):
     client = server.client()
 

@@ -51,6 +51,7 @@ def test_max_staleness_0_is_the_two_sides_composed_by_hand(tmp_path):
     assert not any(key.startswith("async/") for row in _metrics(tmp_path / "loop") for key in row)
 
 
+@pytest.mark.long  # 7 s on 2 cores: `make test-long`
 @pytest.mark.parametrize("k", [1, 2])
 def test_tokens_are_never_staler_than_the_bound_and_no_batch_is_thrown_away(tmp_path, monkeypatch, k):
     seen: list[tuple[int, set[int]]] = []  # (learner version, token versions) per update
@@ -79,6 +80,7 @@ def test_tokens_are_never_staler_than_the_bound_and_no_batch_is_thrown_away(tmp_
     assert _no_rollout_thread()
 
 
+@pytest.mark.long  # 7 s on 2 cores: `make test-long`
 def test_a_resumed_asynchronous_run_equals_an_uninterrupted_one(tmp_path, monkeypatch):
     overrides = ["rl.steps=4", "rl.max_staleness=1", *ASYNC, *SIGNAL]
     straight = train(tiny_config(*overrides), run_dir=tmp_path / "straight")
@@ -156,6 +158,7 @@ def test_the_mismatch_is_measured_against_the_weights_that_sampled(tmp_path, mon
     assert all(row["async/proximal_logp_abs_diff"] > 10 * row["mismatch/logp_abs_diff"] for row in rows[1:])
 
 
+@pytest.mark.long  # 7 s on 2 cores: `make test-long`
 def test_the_two_sides_share_the_cores_unless_threads_is_set(tmp_path, monkeypatch):
     """threads: 0 (torch's default): each side computes with half the threads during the asynchronous
     phase, and the process gets all of them back after it; an explicit `threads` is left as set."""

@@ -82,6 +82,7 @@ def test_a_project_without_wandb_installed_stops_the_run_at_its_start(tmp_path, 
     assert not (tmp_path / "cli" / "metrics.jsonl").exists()
 
 
+@pytest.mark.long  # 6 s on 2 cores: `make test-long`
 def test_wandb_offline_for_real(tmp_path, monkeypatch):
     """The real library in offline mode: its run file holds our keys, values and config."""
     pytest.importorskip("wandb")

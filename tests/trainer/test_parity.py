@@ -142,6 +142,7 @@ def _sharded_model_checked_whole(rank: int, port: int) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.long  # 16 s on 2 cores: `make test-long`
 def test_a_sharded_model_is_checked_whole():
     """The learner checks fsdp2's float32 shards (DTensors) themselves: each rank holds a share, no copy is
     needed (a bf16 base's: tests/models/test_gathering.py)."""
@@ -152,6 +153,7 @@ def test_a_sharded_model_is_checked_whole():
     mp.spawn(_sharded_model_checked_whole, args=(_free_port(),), nprocs=1, join=True)
 
 
+@pytest.mark.long  # 7 s on 2 cores: `make test-long`
 @pytest.mark.parametrize(("base", "learner_layers"), [("bf16", 4), ("fp32", 5)])
 def test_a_large_models_checks_copy_no_whole_model(tmp_path, monkeypatch, base, learner_layers):
     """A (pretend) large LoRA policy: the parity check always runs on a float32 slice of its first 4

@@ -155,6 +155,7 @@ def test_a_prompt_in_flight_is_neither_drawn_again_nor_recorded_twice(tmp_path, 
     assert sum(recorded) == spy_batch.groups
 
 
+@pytest.mark.long  # 6 s on 2 cores: `make test-long`
 def test_a_resumed_run_with_sequences_in_flight_equals_an_uninterrupted_one(tmp_path, monkeypatch):
     overrides = ["rl.steps=4", "rl.max_staleness=1", *ASYNC, *SIGNAL, *PARTIAL]
     straight = train(tiny_config(*overrides), run_dir=tmp_path / "straight")

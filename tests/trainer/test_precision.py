@@ -75,6 +75,7 @@ def test_a_model_without_checkpointing_support_is_refused_by_name():
         enable_gradient_checkpointing(torch.nn.Linear(2, 2))
 
 
+@pytest.mark.long  # 6 s on 2 cores: `make test-long`
 @pytest.mark.parametrize("replay", ["r2", "r3"])
 def test_checkpointed_training_with_router_replay_equals_the_plain_run(tmp_path, replay):
     """The backward recomputes each layer's forward, routers included: the replayed routes must still be

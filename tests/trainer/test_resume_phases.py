@@ -52,6 +52,7 @@ def test_sft_cut_short_continues_from_its_checkpoint(tmp_path, monkeypatch):
     assert not list((tmp_path / "cut" / "checkpoints").glob("sft_step_*"))  # the finished SFT cleans up
 
 
+@pytest.mark.long  # 11 s on 2 cores: `make test-long`
 @pytest.mark.parametrize("zve", [False, True])
 def test_rl_cut_short_before_its_first_checkpoint_restarts_rl_exactly(tmp_path, monkeypatch, zve):
     options = ["rl.steps=3", "checkpoint.every=0"]

@@ -164,6 +164,7 @@ def test_update_moves_log_probs_along_the_advantages(tmp_path):
     assert objective() > before + 1e-3
 
 
+@pytest.mark.long  # 24 s on 2 cores: `make test-long`
 @pytest.mark.parametrize(
     "overrides",
     [

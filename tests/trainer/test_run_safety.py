@@ -13,6 +13,7 @@ from tests.conftest import tiny_config
 from tests.trainer.test_rl import _parameters
 
 
+@pytest.mark.long  # 6 s on 2 cores: `make test-long`
 def test_resume_equals_an_uninterrupted_run(tmp_path):
     straight = train(tiny_config("rl.steps=4"), run_dir=tmp_path / "straight")
     first = train(tiny_config("rl.steps=2"), run_dir=tmp_path / "split")

@@ -87,6 +87,7 @@ def test_a_step_whose_groups_are_all_dropped_skips_the_update(tmp_path):
     assert all(torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
 
 
+@pytest.mark.long  # 7 s on 2 cores: `make test-long`
 def test_resume_with_zve_equals_an_uninterrupted_run(tmp_path):
     options = ("zve.enabled=true", "zve.retirement.retire_after=1", "zve.expansion.max_group_size=4")
     straight = train(tiny_config("rl.steps=4", *options), run_dir=tmp_path / "straight")

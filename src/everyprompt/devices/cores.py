@@ -5,7 +5,7 @@ barrier: the operator takes as long as its slowest thread. When another process 
 one of torch's threads shares a core with it and runs only part of the time, so every operator waits for
 it; a decode step is thousands of small operators, each paying a scheduler slice. On 2 cores beside one
 busy process the smollm2 recipe's step ran about 10x its quiet time with 2 threads; the same operators on
-1 thread run at about their quiet speed (bench/contention.py measures both).
+1 thread run at about their quiet speed (bench/learner/contention.py measures both).
 
 `CoreShare.fit()`, called where a phase starts (the trainer: before the rollout and before the update), sets
 torch's thread count to the cores the other processes left over during the phase before: how much of the

@@ -6,7 +6,7 @@ threshold moves (up to 32 MiB) with the blocks freed. `keep_freed_memory(block_m
 to `block_mib` MiB come from the heap and stay there when freed, for the next tensor; larger ones get a
 mapping of their own. Kept blocks fragment: freed activations leave holes that the backward's differently
 sized tensors do not fit, and the heap grows past what is in use. So the size trades page faults against
-resident memory (bench/heap_trace.py, SmolLM2-135M's RL step on 2 cores, docs/performance.md): with 1
+resident memory (bench/learner/heap_trace.py, SmolLM2-135M's RL step on 2 cores, docs/performance.md): with 1
 GiB kept (`kept_block_mib`'s default), the recipe's step peaked at 8.09 GiB resident for at most 4.94 GiB
 in use, its update 17.5 s; with 4 MiB, 6.50 GiB for 5.00 GiB, the update 19.7 s in that run and 26.2 s
 in another: a run short of memory sets 4, the default keeps the speed. `release_freed_memory` hands
@@ -85,7 +85,7 @@ class _MallInfo2(ctypes.Structure):  # malloc.h's `struct mallinfo2` (glibc 2.33
 def heap_usage() -> tuple[int, int] | None:
     """(bytes malloc has handed out and not had back, bytes free inside the heap) of this process, from
     glibc's `mallinfo2`; None where the C library lacks it. A resident set well above the first is the
-    heap's fragmentation (bench/heap_trace.py)."""
+    heap's fragmentation (bench/learner/heap_trace.py)."""
     mallinfo2 = _glibc("mallinfo2")
     if mallinfo2 is None:
         return None

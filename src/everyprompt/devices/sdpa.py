@@ -3,7 +3,7 @@
 
 On Hopper and later, torch tries cuDNN's attention first. cuDNN builds an execution plan, with kernels
 compiled at run time, for each new shape of its inputs, and its host time dwarfs its kernels'. Measured
-on an H200 (2026-11-28, torch 2.11.0+cu130, SmolLM2-135M, bench/learner_profile.py): over one profiled
+on an H200 (2026-11-28, torch 2.11.0+cu130, SmolLM2-135M, bench/learner/learner_profile.py): over one profiled
 update's 120 calls each way, 2.0 ms of host time a forward call and 1.8 ms a backward one, where the
 device computed 16 and 33 us; and 0.59 s and 1.20 s for an update's 30 calls each at a width not
 planned before. Flash attention (causal rows, no mask) and the memory-efficient kernel (a mask) build

@@ -7,7 +7,7 @@ a few fused kernels forward and backward, and the matrix products stay the vendo
 project's 2-core CPU (SmolLM2, configs/smollm2.yaml's update of 64 sequences, bf16 products emulated;
 bench/results/learner_compiled_cpu/): the same four batches took 12.8-19.4 s compiled against 15.8-21.5 s
 eager, 8-27% less each; the first two updates compile (a graph without a mask, then one with). On a GPU not
-measured yet: the learner profile's `compiled` variant (bench/learner_profile.py) is for a lent one to say.
+measured yet: the learner profile's `compiled` variant (bench/learner/learner_profile.py) is for a lent one to say.
 
 Each decoder layer (transformers' `GradientCheckpointingLayer`) is compiled in place, as `nn.Module.compile`
 does it (its parameters and state-dict keys unchanged, so checkpoints and weight syncs see the same names),

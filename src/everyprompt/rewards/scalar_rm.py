@@ -1,7 +1,7 @@
 """Scalar reward model: a sequence-classification checkpoint (one output) scores each response.
 
 Group normalisation turns such a model's noise on equal-quality responses into advantages of magnitude
-~1 and random sign (bench/inversion.py); pair it with `rl.dead_zone` or prefer a ternary judge
+~1 and random sign (bench/quality/inversion.py); pair it with `rl.dead_zone` or prefer a ternary judge
 (`rewards.function=genrm`).
 """
 

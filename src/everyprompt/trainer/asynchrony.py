@@ -14,7 +14,7 @@ With k = 1 this is also the schedule "latest weights available" gives: batch b c
 b - 1 is finished, and the learner's update on b - 1 (version b) cannot have finished by then.
 
 Threads, not processes: the engine's and the learner's torch kernels release the GIL, and a torch
-intra-op pool of one thread each keeps them on separate cores (bench/async.py). With the Ray backend
+intra-op pool of one thread each keeps them on separate cores (bench/distributed/async.py). With the Ray backend
 both sides' work runs in actors and the two threads of the driver mostly wait.
 """
 
