@@ -148,9 +148,17 @@ def write_readme(results: list[dict], rl_steps: list[dict], readme: Path = READM
     readme.write_text(text[: start + len(MARKERS[0])] + "\n" + body + "\n" + text[end:])
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     found = model_results()
     if not found:
         sys.exit("no model benchmark results in bench/results (run bench/throughput --model PATH)")
     write_readme(found, rl_step_results())
     print(f"wrote the speed table of {len(found)} model(s) into README.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
