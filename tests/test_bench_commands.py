@@ -21,9 +21,8 @@ def named_modules() -> dict[str, list[str]]:
     named: dict[str, list[str]] = {}
     for page in PAGES:
         for module in COMMAND.findall(page.read_text()):
-            if module.endswith((".ROOM", ".NAME")) or module in ("bench", "bench.ROOM"):
-                continue  # the README's pattern for a command, not one
-            named.setdefault(module.removesuffix(".NAME"), []).append(page.name)
+            if module != "bench":  # `python -m bench.ROOM.NAME`, the README's pattern, stops at "bench"
+                named.setdefault(module, []).append(page.name)
     return named
 
 

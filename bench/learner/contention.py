@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         "quiet": quiet,
         "loaded": loaded,
         "compared_steps": clean,  # the steps whose quiet arm ran on every thread (others were disturbed)
-        "loaded_ratio": _mean([loaded["step_s"][i] for i in clean]) / _mean([quiet["step_s"][i] for i in clean]),
+        "loaded_ratio": _mean([loaded["step_s"][i] for i in clean])
+        / _mean([quiet["step_s"][i] for i in clean]),
     }
     if args.fixed_steps:
         fixed = arm(config, [*overrides, "cpu_threads=fixed"], args.fixed_steps, args.load)

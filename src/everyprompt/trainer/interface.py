@@ -24,6 +24,7 @@ class RolloutSide(ABC):
 
     version: int = 0  # the policy version (updates behind it) of the weights the side samples with
     episodes = None  # multi-turn environments (`envs/`): their episodes, or None (single-turn prompts)
+    prompt_format = None  # how a prompt row becomes the model's tokens (data/formatting.py): the run shows it
 
     @property
     @abstractmethod

@@ -5,15 +5,18 @@ sampling settings. The admission, the step, the extend and the finish each take 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from everyprompt.rollout.base import GenerationRequest, SamplingParams
 from everyprompt.rollout.native.rows import Record, Rows
 
+if TYPE_CHECKING:
+    from everyprompt.rollout.native.engine import NativeEngine
+
 
 @dataclass
 class Call:
-    engine: Any  # the NativeEngine (engine.py imports this module: no annotation by type)
+    engine: NativeEngine
     layers: list  # the call's decode layers (fp8's dequantised)
     caches: list  # per layer, the call's cache views (replaced when the pool compacts)
     rows: Rows

@@ -43,20 +43,20 @@ class DecodeCall:
     def __init__(
         self, engine, source: Queue | LiveRequests, params: SamplingParams, stepper: DecodeStep, shared
     ):
-        self.engine, self.source, self.params, self.stepper = engine, source, params, stepper
-        self.began, self.requests = time.perf_counter(), source.requests
+        self.engine, self.source, self.stepper = engine, source, stepper
+        self.began = time.perf_counter()
         self.pool, width = source.pool(engine.batch_size), source.width(params)
         self.overlap = engine.decoding.overlap and stepper.static
         self.stops = StopStrings(engine.tokenizer, params.stop)
-        self.state = stepper.rows(self.pool)
         # overlapping, a row that finishes at its limit has its last token fed too: one position more
         caches = stepper.views(self.pool, width + self.overlap, shared)
         layers = engine.call_layers(stepper.static)
         stepper.start(caches, layers, self.pool)
-        self.record = Record.start(engine, params, self.pool, width)
-        self.call = Call(engine, layers, caches, self.state, self.record, self.requests, params)
+        record = Record.start(engine, params, self.pool, width)
+        # the call's rows, cache, record, requests and settings: one owner, which the operations take
+        self.call = Call(engine, layers, caches, stepper.rows(self.pool), record, source.requests, params)
         self.clock = dict.fromkeys(TIMES, 0.0) | dict.fromkeys(COUNTS, 0)
-        self.rows: tuple[list[int], torch.Tensor] = (
+        self.indexed: tuple[list[int], torch.Tensor] = (  # the last rows uploaded as an index
             [],
             torch.zeros(0, dtype=torch.long, device=engine.device),
         )
@@ -64,7 +64,7 @@ class DecodeCall:
         self.pending: list = []  # finished rows' completions waiting for their routes' copy (`_finish`)
 
     def __iter__(self) -> Iterator[Completion]:
-        state, source, turns = self.state, self.source, self.turns
+        state, source, turns = self.call.rows, self.source, self.turns
         while True:
             if turns.pending and (ended := self._resolve()):
                 yield from self._finish(ended)
@@ -120,7 +120,7 @@ class DecodeCall:
     def _resolve(self) -> list[int]:
         """The episodes whose environment answered: their observations fed (extend.py); returns the slots
         that ended (no observation, an error, the time limit, or the token cap reached by the observation)."""
-        ended, answered = self.turns.resolve(self.state, self.requests)
+        ended, answered = self.turns.resolve(self.call.rows, self.call.requests)
         if answered:
             tick = time.perf_counter()
             with phase("extend"):
@@ -132,7 +132,7 @@ class DecodeCall:
 
     def _admit(self) -> None:
         """Free rows filled from the source: the admitted prompts prefilled."""
-        free = self.state.free
+        free = self.call.rows.free
         admitted = self.source.take(len(free)) if free else []
         if not admitted:
             return
@@ -144,15 +144,15 @@ class DecodeCall:
 
     def _index(self, rows: list[int]) -> torch.Tensor:
         """`rows` on the device (the active rows' index, uploaded again only when they change)."""
-        if self.rows[0] != rows:
-            self.rows = (rows, on_device(rows, self.engine.device))
-        return self.rows[1]
+        if self.indexed[0] != rows:
+            self.indexed = (rows, on_device(rows, self.engine.device))
+        return self.indexed[1]
 
     def _sample(self, active: list[int], index: torch.Tensor):
         """The active rows' tokens, log-probs and entropies [n] (on the device); their counts of sampled
         tokens advanced."""
-        state = self.state
-        settings = self.source.sampling(active, state, self.params)
+        state = self.call.rows
+        settings = self.source.sampling(active, state, self.call.params)
         sampled, logprobs, entropies = self.stepper.sample(state, active, index, settings)
         state.count_sampled(index)
         return sampled, logprobs, entropies
@@ -160,7 +160,7 @@ class DecodeCall:
     def _feed(self, running: list[int], index: torch.Tensor | None, fed: torch.Tensor) -> float:
         """The forward of `fed` [n] into rows `running` (host, ascending; `index`: on the device, made here
         when None); its host seconds."""
-        tick, state = time.perf_counter(), self.state
+        tick, state = time.perf_counter(), self.call.rows
         index = self._index(running) if index is None else index
         with phase("forward"):  # attention: torch's choice of kernel (devices/sdpa.py says why)
             logits = self.stepper.forward(self.call, running, index, fed)
@@ -173,14 +173,14 @@ class DecodeCall:
     def _compacted(self, running: list[int]) -> list[int]:
         """With nothing left to admit, the running rows moved to the front and the idle ones dropped where
         that makes the steps cheaper (step.py: `compacts`); the running rows then."""
-        state, source = self.state, self.source
+        state, source = self.call.rows, self.source
         if not (source.drained and not self.turns.pending and self.stepper.compacts(running, state.pool)):
             return running
         kept = on_device(running, self.engine.device)
         self.call.caches = compact(self.call.caches, kept)
         state.select(running, kept)
-        if self.record is not None:
-            self.record.select(kept)
+        if self.call.record is not None:
+            self.call.record.select(kept)
         self.clock["shrinks"] += 1
         return list(range(len(running)))
 
@@ -189,7 +189,7 @@ class DecodeCall:
         the next read, by when the routes' copy has arrived without the host waiting for the forward
         already sent): `_ready`."""
         made = finish(self.call, slots, self.began, self.stops)
-        if self.overlap and self.record is not None:
+        if self.overlap and self.call.record is not None:
             self.pending.append(made)
             return
         # a loop, not `yield from` a list: a value sent into this generator (a Ray rollout worker's generator
@@ -210,7 +210,7 @@ class DecodeCall:
         stats = call_stats(clock, time.perf_counter() - self.began, self.pool)
         stats["sample_ms"] = 1000 * clock["sample_s"] / max(clock["sample_steps"], 1)
         stats["overlapped"] = float(self.overlap)
-        if any(request.episode is not None for request in self.requests):
+        if any(request.episode is not None for request in self.call.requests):
             # episodes' observations (extend.py): the forwards that fed them and their seconds
             stats["extends"], stats["extend_s"] = float(clock["extends"]), clock["extend_s"]
         stats.update(self.engine.compiler.stats())

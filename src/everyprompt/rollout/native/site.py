@@ -16,7 +16,7 @@ class Site(NamedTuple):
     decode step (`bias`: one token a row, attending over the cache's width)."""
 
     rows: torch.Tensor  # [B] the cache rows of the forward's rows
-    positions: torch.Tensor  # [B] each row's last position (a decode step: its one token's)
+    positions: torch.Tensor  # [B] the forward's last position in each row (a decode step: its one token's)
     bias: torch.Tensor | None  # the decode step's additive attention bias, by row's length (attention.py)
     extend: Extend | None = None
 
