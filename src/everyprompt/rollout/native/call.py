@@ -5,18 +5,15 @@ sampling settings. The admission, the step, the extend and the finish each take 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 from everyprompt.rollout.base import GenerationRequest, SamplingParams
 from everyprompt.rollout.native.rows import Record, Rows
 
-if TYPE_CHECKING:
-    from everyprompt.rollout.native.engine import NativeEngine
-
 
 @dataclass
 class Call:
-    engine: NativeEngine
+    engine: Any  # the NativeEngine, untyped: engine.py imports the loop, which imports this module
     layers: list  # the call's decode layers (fp8's dequantised)
     caches: list  # per layer, the call's cache views (replaced when the pool compacts)
     rows: Rows
