@@ -1,6 +1,6 @@
 """Every benchmark command the README and docs name is a module of bench/ that starts and parses its
 arguments from the repository's root (`python -m bench.ROOM.NAME --help`): a moved or renamed benchmark
-fails here, not in a reader's terminal. (Each benchmark's run itself is smoke-tested in tests/test_bench*.py.)"""
+fails here, not in a reader's terminal. (Each one's short run: tests/test_bench_runs.py.)"""
 
 from __future__ import annotations
 

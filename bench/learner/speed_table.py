@@ -151,12 +151,17 @@ def write_readme(results: list[dict], rl_steps: list[dict], readme: Path = READM
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
-    found = model_results()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=RESULTS, help="the benchmarks' results (bench/results)")
+    parser.add_argument("--readme", type=Path, default=README, help="the page whose table is rewritten (README.md)")
+    args = parser.parse_args(argv)
+    found = model_results(args.results)
     if not found:
-        sys.exit("no model benchmark results in bench/results (run bench/throughput --model PATH)")
-    write_readme(found, rl_step_results())
-    print(f"wrote the speed table of {len(found)} model(s) into README.md")
+        sys.exit(f"no model benchmark results in {args.results} (run bench/throughput --model PATH)")
+    if not args.readme.is_file():
+        sys.exit(f"--readme {args.readme}: no such page")
+    write_readme(found, rl_step_results(args.results), args.readme)
+    print(f"wrote the speed table of {len(found)} model(s) into {args.readme}")
     return 0
 
 
