@@ -19,11 +19,12 @@ relative to the repository.
 
 # Each benchmark command the README and docs name, as a run of seconds to a minute on a tiny model
 # (tests/test_bench_runs.py runs every one from the repository's root, a command a page names without an
-# entry here failing that test). `{model}`: a 2-layer checkpoint directory; `{recipe}`: a recipe of a few
+# entry here failing that test). `{model}`: a 2-layer checkpoint directory
+# (`{chat_model}`: the same with a chat template, for the chat endpoint and multi-turn environments); `{recipe}`: a recipe of a few
 # completions a step; `{out}`: a fresh directory for the results (a smoke run never writes into the repo);
 # `{completions}`: an eval's completions.jsonl of four rows; `{results}`: the repository's bench/results (read
 # only). TINY_RUN shrinks a real recipe through overrides. Named commands without a run yet:
-# tests/test_bench_runs.py's NOT_YET, each with why.
+# tests/test_bench_runs.py's NOT_YET (none now).
 TINY_RUN = (
     "model.path={model}",
     "data.num_train=4",
@@ -40,6 +41,24 @@ SMOKE: dict[str, tuple[str, ...]] = {
     "bench.distributed.ray_checkpoint": ("--tiny", "--repeats", "1", "--out", "{out}/ray_checkpoint.json"),
     "bench.distributed.scale": ("--tiny", "--out", "{out}"),
     "bench.distributed.weight_sync": ("--tiny", "--syncs", "1", "--out", "{out}/weight_sync.json"),
+    "bench.engine.serve": (
+        "--model",
+        "{chat_model}",
+        "--concurrency",
+        "2",
+        "--max-tokens",
+        "4",
+        "--out",
+        "{out}",
+    ),
+    "bench.environments.tools": (
+        "--seeds",
+        "0",
+        "--set",
+        *(o.replace("{model}", "{chat_model}") for o in TINY_RUN),
+        "--out",
+        "{out}",
+    ),
     "bench.environments.episodes": ("--tiny", "--rounds", "1", "--out", "{out}/episodes.json"),
     "bench.environments.stepwise": ("--tiny", "--rounds", "1", "--out", "{out}/stepwise.json"),
     "bench.evidence": ("--summary", "--out", "{results}"),
