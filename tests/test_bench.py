@@ -18,10 +18,12 @@ def _load(name: str):
     return importlib.import_module(f"bench.{name.replace('evidence_', 'evidence.')}")
 
 
-def _saved_tiny_model(directory: Path) -> Path:
+def _saved_tiny_model(directory: Path, chat_template: str | None = None) -> Path:
     from tests.conftest import make_tiny_model
 
     model, tokenizer = make_tiny_model()
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory

@@ -1,21 +1,23 @@
 """Every benchmark command the README and docs name runs, from the repository's root, as a reader would
 start it: `python -m bench.ROOM.NAME` with the short arguments of bench/__init__.py's SMOKE (a tiny model,
-a few steps), its results in a fresh directory. A command a page names without a smoke entry fails here;
-so does one that writes into the repository."""
+a few steps), what it writes in a fresh directory. A command a page names without a smoke entry fails here;
+so does a run that fails, writes nothing, or writes into the repository."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
-import shutil
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from bench import SMOKE
+from bench.learner.speed_table import MARKERS
 
+from tests.test_bench import _saved_tiny_model
 from tests.test_bench_commands import named_modules
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,13 +27,12 @@ NEEDS = {
     "bench.quality.gym_agreement": "reasoning_gym",
     "bench.learner.rl_growth": "trl",  # each point against TRL's GRPOTrainer
 }
-# Named commands with no smoke run yet, each with why (none now): this set may only shrink
-NOT_YET: dict[str, str] = {}
+# the two that read the repository's results and print, writing nothing: what their output must hold
+PRINTS = {"bench.evidence": "pre-registered contrasts", "bench.gpu.gpu_tables": "| batch"}
 
 
 def test_every_named_benchmark_command_has_a_smoke_run():
-    assert sorted(set(named_modules()) - set(SMOKE) - set(NOT_YET)) == []
-    assert set(NOT_YET) <= set(named_modules()) and not set(NOT_YET) & set(SMOKE)
+    assert sorted(set(named_modules()) - set(SMOKE)) == []
 
 
 def _repo_state() -> str:
@@ -40,19 +41,14 @@ def _repo_state() -> str:
         cwd=ROOT,
         capture_output=True,
         text=True,
+        check=True,
     )
-    return done.stdout if done.returncode == 0 else "(not a git checkout)"
-
-
-def _fill(argument: str, places: dict[str, Path]) -> str:
-    for name, place in places.items():
-        argument = argument.replace("{" + name + "}", str(place))
-    return argument
+    return done.stdout
 
 
 @pytest.fixture(scope="module")
 def places(tmp_path_factory):
-    from tests.test_bench import _saved_tiny_model
+    from everyprompt.models.tokenizer import CHAT_TEMPLATE
 
     base = tmp_path_factory.mktemp("bench_runs")
     recipe = base / "tiny.yaml"
@@ -61,52 +57,57 @@ def places(tmp_path_factory):
         "rl:\n  prompts_per_step: 2\n  group_size: 2\n  micro_batch_size: 2\n  mini_batches: 1\n"
     )
     completions = base / "completions.jsonl"
-    completions.write_text(
-        "".join(
-            json.dumps(
-                {
-                    "prompt": f"What is {n} + 1?",
-                    "completion": f"It is \\boxed{{{n + 1}}}.",
-                    "answer": str(n + 1),
-                    "reward": 1.0,
-                }
-            )
-            + "\n"
-            for n in range(4)
-        )
-    )
-    from everyprompt.models.tokenizer import CHAT_TEMPLATE
-    from tests.conftest import make_tiny_model
-
-    model, tokenizer = make_tiny_model()  # the same tiny model with a chat template
-    tokenizer.chat_template = CHAT_TEMPLATE
-    model.save_pretrained(base / "chat")
-    tokenizer.save_pretrained(base / "chat")
+    rows = [
+        {
+            "prompt": f"What is {n} + 1?",
+            "completion": f"It is \\boxed{{{n + 1}}}.",
+            "answer": str(n + 1),
+            "reward": 1.0,
+        }
+        for n in range(4)
+    ]
+    completions.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return {
         "model": _saved_tiny_model(base / "tiny"),
-        "chat_model": base / "chat",
+        "chat_model": _saved_tiny_model(base / "chat", chat_template=CHAT_TEMPLATE),
         "recipe": recipe,
         "completions": completions,
         "results": ROOT / "bench" / "results",
     }
 
 
-@pytest.mark.slow  # seconds to a minute each; `make test-slow`
+def _blanked_readme(path: Path) -> str:
+    """The README with its speed table emptied, at `path`; returns the README as it is."""
+    text = (ROOT / "README.md").read_text()
+    start, end = (text.index(marker) for marker in MARKERS)
+    path.write_text(text[: start + len(MARKERS[0])] + "\n" + text[end:])
+    return text
+
+
+@pytest.mark.slow  # seconds to a few minutes each; `make test-slow`
 @pytest.mark.parametrize("module", sorted(SMOKE))
 def test_each_benchmark_command_runs_its_smoke(module, places, tmp_path):
     if module in NEEDS and importlib.util.find_spec(NEEDS[module]) is None:
         pytest.skip(f"{module} needs {NEEDS[module]} (its extra is not installed)")
     out = tmp_path / "out"
     out.mkdir()
-    shutil.copy(ROOT / "README.md", out / "README.md")  # the speed table's page, rewritten there
-    argv = [_fill(argument, {**places, "out": out}) for argument in SMOKE[module]]
+    readme = _blanked_readme(out / "README.md") if module == "bench.learner.speed_table" else None
+    filled = {**places, "out": out}
+    argv = [argument.format(**filled) for argument in shlex.split(SMOKE[module])]
     before = _repo_state()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(
-        [sys.executable, "-m", module, *argv], cwd=ROOT, capture_output=True, text=True, timeout=600, env=env
+        [sys.executable, "-m", module, *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
     assert done.returncode == 0, f"{module} {' '.join(argv)}:\n{done.stdout[-1500:]}\n{done.stderr[-3000:]}"
     assert _repo_state() == before, f"{module} wrote into the repository"
-    if module != "bench.evidence" and module != "bench.gpu.gpu_tables":  # these two print, reading results
-        written = [path for path in out.rglob("*") if path.is_file() and path.name != "README.md"]
-        assert written or module == "bench.learner.speed_table", f"{module} wrote no results under {out}"
+    if readme is not None:  # the table written back, as the repository's results give it
+        assert (out / "README.md").read_text() == readme
+    elif module in PRINTS:
+        assert PRINTS[module] in done.stdout, done.stdout[-1500:]
+    else:
+        assert any(path.is_file() for path in out.rglob("*")), f"{module} wrote nothing under {out}"
